@@ -1,0 +1,37 @@
+# One command each: `make run` (the runtime on the embedded default) and
+# `make test` (the whole suite). Both create and reuse .venv from requirements/.
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
+
+.PHONY: run test lint typecheck bench doctor venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements/base.txt requirements/dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) manage.py up
+
+doctor: $(STAMP)
+	$(PY) manage.py doctor
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: $(STAMP)
+	$(PY) -m mypy apps workers
+
+bench: $(STAMP)
+	$(PY) bench/loop.py
+
+clean:
+	rm -rf .loomcycle/test .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,36 @@
+"""Server-minted identifiers in loomcycle's formats (SPEC 2.0)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+IDENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def _hex16() -> str:
+    return secrets.token_hex(8)
+
+
+def new_run_id() -> str:
+    return f"r_{_hex16()}"
+
+
+def new_agent_id() -> str:
+    return f"a_{_hex16()}"
+
+
+def new_session_id() -> str:
+    return f"s_{_hex16()}"
+
+
+def new_def_id() -> str:
+    return f"def_{_hex16()}"
+
+
+def new_mock_tool_id() -> str:
+    return f"mock_tu_{_hex16()}"
+
+
+def is_ident(value: str) -> bool:
+    return bool(IDENT_RE.match(value))

@@ -1,0 +1,171 @@
+"""`manage.py up`: migrate, load loomcycle.yaml, then run and supervise the
+web server (Daphne), Celery workers, Celery beat and Flower as children.
+
+A child that dies is restarted (with a back-off); Ctrl-C / SIGTERM stops
+every child (SIGTERM, then SIGKILL after a grace period) and then the
+embedded Postgres/Redis this process started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.core.bootstrap import boot
+from loomcycle_project import env as E
+
+log = logging.getLogger("loomcycle.up")
+GRACE_S = 20.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = field(default=0.0)
+
+    def start(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True)
+        self.started_at = time.monotonic()
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise CommandError(f"LOOMCYCLE_LISTEN_ADDR must be host:port, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def children(host: str, port: int) -> list[Child]:
+    py = sys.executable
+    celery = [py, "-m", "celery", "-A", "workers.celery:app"]
+    out = [Child("web", [py, "-m", "daphne", "-b", host, "-p", str(port), "loomcycle_project.asgi:application"])]
+    for i in range(E.WORKER_PROCESSES):
+        out.append(
+            Child(
+                f"worker{i}",
+                [
+                    *celery,
+                    "worker",
+                    "--pool",
+                    "threads",
+                    "-c",
+                    str(E.WORKER_CONCURRENCY),
+                    "-Q",
+                    "runs,maintenance",
+                    "-n",
+                    f"w{i}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--loglevel",
+                    "INFO",
+                ],
+            )
+        )
+    out.append(Child("beat", [*celery, "beat", "--loglevel", "INFO", "-s", str(E.DATA_DIR / "celerybeat-schedule")]))
+    if E.FLOWER_ENABLED:
+        out.append(Child("flower", [*celery, "flower", f"--port={E.FLOWER_PORT}", "--address=127.0.0.1"]))
+    return out
+
+
+class Command(BaseCommand):
+    help = "Run the whole runtime: web, workers, beat and Flower (embedded Postgres/Redis by default)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        host, port = split_addr(settings.LOOMCYCLE.listen_addr)
+        if not settings.LOOMCYCLE.auth_token:
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                raise CommandError("refusing to listen on a non-loopback address with no LOOMCYCLE_AUTH_TOKEN")
+            self.stderr.write(
+                self.style.WARNING(
+                    "OPEN MODE: no LOOMCYCLE_AUTH_TOKEN is set; the API accepts unauthenticated loopback clients."
+                )
+            )
+        if not port_free(host, port):
+            raise CommandError(f"{host}:{port} is already in use (set LOOMCYCLE_LISTEN_ADDR)")
+        agents = boot(migrate=True, verbosity=1)
+        self.stdout.write(f"agents: {', '.join(sorted(a.name for a in agents)) or '(none)'}")
+        env = {
+            **os.environ,
+            "DATABASE_URL": os.environ["DATABASE_URL"],
+            "REDIS_URL": os.environ["REDIS_URL"],
+            "PYTHONUNBUFFERED": "1",
+        }
+        kids = children(host, port)
+        for child in kids:
+            child.start(env)
+        base = f"http://{host}:{port}"
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"loomcycle is up\n  API      {base}/v1  (OpenAPI docs {base}/v1/docs)\n  health   {base}/healthz\n"
+                f"  admin    {base}/admin/\n  flower   http://127.0.0.1:{E.FLOWER_PORT}/\n"
+                f"  data     {E.DATA_DIR}\nCtrl-C stops everything."
+            )
+        )
+        self._supervise(kids, env)
+
+    def _supervise(self, kids: list[Child], env: dict[str, str]) -> None:
+        stopping = {"flag": False}
+
+        def _stop(signum: int, _frame: Any) -> None:
+            stopping["flag"] = True
+
+        signal.signal(signal.SIGINT, _stop)
+        signal.signal(signal.SIGTERM, _stop)
+        while not stopping["flag"]:
+            for child in kids:
+                self._restart_if_dead(child, env)
+            time.sleep(0.5)
+        self.stdout.write("stopping children ...")
+        stop_children(kids)
+        self.stdout.write("stopped.")
+
+    def _restart_if_dead(self, child: Child, env: dict[str, str]) -> None:
+        if child.proc is None or child.proc.poll() is None:
+            return
+        now = time.monotonic()
+        if child.next_start == 0.0:
+            delay = min(30.0, 2.0 ** min(child.restarts, 5)) if now - child.started_at < 60 else 1.0
+            child.next_start = now + delay
+            self.stderr.write(
+                self.style.ERROR(f"{child.name} exited with {child.proc.returncode}; restarting in {delay:.0f} s")
+            )
+        elif now >= child.next_start:
+            child.restarts += 1
+            child.next_start = 0.0
+            child.start(env)
+
+
+def stop_children(kids: list[Child]) -> None:
+    live = [c.proc for c in kids if c.proc is not None and c.proc.poll() is None]
+    for proc in live:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for proc in live:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session, started with start_new_session
+            proc.wait(5)

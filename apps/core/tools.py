@@ -1,0 +1,59 @@
+"""The tool base type shared by every app that contributes agent-facing tools.
+
+A tool is a name, a description, a JSON schema for its input and an execute
+function. Tools never raise for expected failures: they return
+`ToolResult(is_error=True)` and the model sees the message. An unexpected
+exception is turned into an `is_error` result by the engine as well, so a
+tool can never crash a run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    text: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may know about the call. `idempotency_key` is
+    `(run_id, step, call_id)`: a redelivered iteration repeats the same key."""
+
+    run_id: str
+    agent_id: str
+    session_id: str
+    tenant_id: str
+    user_id: str
+    agent_name: str
+    agent_def_id: str
+    agent_def_sha256: str
+    provider: str
+    model: str
+    step: int
+    call_id: str
+    tools: tuple[str, ...]
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run_id}:{self.step}:{self.call_id}"
+
+
+ToolFn = Callable[[ToolContext, dict[str, Any]], ToolResult]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    execute: ToolFn
+    # True when re-running the call has no side effects (pause may cut it short).
+    idempotent: bool = False

@@ -1,0 +1,34 @@
+"""Provider drivers. `get_provider(id)` is the one entry point the engine uses."""
+
+from apps.gateway.providers.base import (
+    Capabilities,
+    Done,
+    Provider,
+    ProviderCancelled,
+    ProviderError,
+    ProviderEvent,
+    ProviderRequest,
+    TextDelta,
+    ThinkingDelta,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+from apps.gateway.providers.registry import get_provider, provider_ids
+
+__all__ = [
+    "Capabilities",
+    "Done",
+    "Provider",
+    "ProviderCancelled",
+    "ProviderError",
+    "ProviderEvent",
+    "ProviderRequest",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCall",
+    "ToolSpec",
+    "Usage",
+    "get_provider",
+    "provider_ids",
+]

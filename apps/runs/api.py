@@ -1,0 +1,245 @@
+"""Runs routes (SPEC 2.3, 2.4): auth -> schema -> service/selector -> schema."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from ninja import Router
+
+from apps.core.errors import Invalid
+from apps.core.http import openapi_body, parse_body
+from apps.core.ids import is_ident
+from apps.core.types import Principal
+from apps.runs import selectors, services
+from apps.runs.models import PARKED, RUNNABLE, Run, RunStatus
+from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
+from apps.runs.streams import Frame, run_frames, sse_encode
+
+log = logging.getLogger("loomcycle.api.runs")
+router = Router(tags=["runs"])
+
+_AWAITED = {
+    RunStatus.WAITING_CHANNEL: "channel",
+    RunStatus.AWAITING_INTERRUPT: "interrupted",
+    RunStatus.AWAITING_INPUT: "input",
+    RunStatus.WAITING_CHILDREN: "children",
+    RunStatus.PAUSED: "paused",
+}
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _check_ident(value: str, what: str) -> None:
+    if not is_ident(value):
+        raise Invalid(f"invalid {what}: must match [A-Za-z0-9_-]{{1,128}}", code="invalid_request")
+
+
+def _ts(value: Any) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def agent_out(run: Run) -> dict[str, Any]:
+    live = run.status in RUNNABLE or run.status in PARKED
+    return {
+        "agent_id": run.agent_id,
+        "run_id": run.id,
+        "session_id": run.session_id,
+        "agent": run.agent_name,
+        "user_id": run.user_id,
+        "parent_agent_id": run.parent.agent_id if run.parent_id and run.parent else None,
+        "status": "running" if live else run.status,
+        "state": run.status,
+        "step": run.step,
+        "started_at": _ts(run.started_at or run.created_at),
+        "completed_at": _ts(run.completed_at),
+        "stop_reason": run.stop_reason,
+        "error": run.error,
+        "usage": run.usage,
+        "last_heartbeat_at": _ts(run.last_heartbeat_at),
+        "live": live,
+        "interactive": run.interactive,
+        "awaited_state": _AWAITED.get(RunStatus(run.status), ""),
+        "awaited_on": "",
+        "agent_def_id": run.agent_def_id,
+        "content_sha256": run.agent_def_sha256,
+        "last_seq": run.last_seq,
+    }
+
+
+def _create(principal: Principal, data: RunCreateIn) -> Run:
+    try:
+        return services.run_create(
+            principal=principal,
+            data=services.RunCreate(
+                agent=data.agent,
+                segments=data.segment_list(),
+                tools=data.tools,
+                user_id=data.user_id or "",
+                agent_id=data.agent_id,
+                metadata=data.metadata,
+                interactive=data.interactive,
+                max_iterations=data.max_iterations,
+            ),
+        )
+    finally:
+        connection.close()
+
+
+@router.post(
+    "/runs",
+    response={202: RunCreatedOut},
+    openapi_extra=openapi_body(RunCreateIn),
+    summary="Start a run (SSE by default; background:true returns 202 JSON)",
+)
+async def runs_create(request: HttpRequest) -> HttpResponseBase:
+    data = parse_body(request, RunCreateIn, max_bytes=settings.LOOMCYCLE.max_request_bytes)
+    principal: Principal = request.auth  # type: ignore[attr-defined]
+    run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
+    if data.background:
+        body = {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
+        return JsonResponse(body, status=202)
+    stream = _post_stream(run, principal, cancel_on_disconnect=data.cancel_on_disconnect)
+    return StreamingHttpResponse(stream, content_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+async def _post_stream(run: Run, principal: Principal, *, cancel_on_disconnect: bool) -> AsyncIterator[bytes]:
+    yield sse_encode(Frame("session", {"type": "session", "text": run.session_id}))
+    yield sse_encode(
+        Frame(
+            "agent",
+            {
+                "agent_id": run.agent_id,
+                "run_id": run.id,
+                "session_id": run.session_id,
+                "parent_agent_id": None,
+                "parent_context": None,
+            },
+        )
+    )
+    finished = False
+    try:
+        async for frame in run_frames(run.id, run.last_seq, _keepalive_s()):
+            yield sse_encode(frame)
+        finished = True
+    finally:
+        if not finished and cancel_on_disconnect:
+            asyncio.get_running_loop().create_task(_cancel_async(principal, run.agent_id, "client disconnected"))
+
+
+async def _cancel_async(principal: Principal, agent_id: str, reason: str) -> None:
+    await sync_to_async(_cancel, thread_sensitive=False)(principal, agent_id, reason)
+
+
+def _cancel(principal: Principal, agent_id: str, reason: str) -> dict[str, Any]:
+    try:
+        return services.run_cancel(principal=principal, agent_id=agent_id, reason=reason)
+    finally:
+        connection.close()
+
+
+def _keepalive_s() -> float:
+    return max(1.0, min(300.0, settings.LOOMCYCLE.sse_keepalive_ms / 1000))
+
+
+@router.get("/agents/{agent_id}", summary="Run status by the caller's agent_id")
+def agents_get(request: HttpRequest, agent_id: str) -> dict[str, Any]:
+    _check_ident(agent_id, "agent_id")
+    return agent_out(selectors.run_get(tenant_id=request.auth.tenant_id, agent_id=agent_id))  # type: ignore[attr-defined]
+
+
+@router.get("/runs/{run_id}", summary="Run status by run_id")
+def runs_get(request: HttpRequest, run_id: str) -> dict[str, Any]:
+    _check_ident(run_id, "run_id")
+    return agent_out(selectors.run_get(tenant_id=request.auth.tenant_id, run_id=run_id))  # type: ignore[attr-defined]
+
+
+@router.get("/users/{user_id}/agents", summary="A user's runs (?status=running|all|<list>)")
+def users_agents(request: HttpRequest, user_id: str, status: str = "running") -> dict[str, Any]:
+    _check_ident(user_id, "user_id")
+    runs = selectors.runs_for_user(tenant_id=request.auth.tenant_id, user_id=user_id, status=status)  # type: ignore[attr-defined]
+    return {"agents": [agent_out(r) for r in runs]}
+
+
+@router.get("/runs/{run_id}/events", response=EventsOut, summary="Persisted events with seq > from_seq")
+def runs_events(request: HttpRequest, run_id: str, from_seq: int = 0, limit: int = 500) -> dict[str, Any]:
+    _check_ident(run_id, "run_id")
+    if from_seq < 0 or not 1 <= limit <= 5000:
+        raise Invalid("from_seq must be >= 0 and limit between 1 and 5000", code="invalid_limit")
+    run = selectors.run_get(tenant_id=request.auth.tenant_id, run_id=run_id)  # type: ignore[attr-defined]
+    rows = selectors.run_events_since(run_id=run.id, from_seq=from_seq, limit=limit)
+    events = [{**r, "created_at": _ts(r["created_at"])} for r in rows]
+    return {"run_id": run.id, "events": events, "last_seq": run.last_seq, "status": run.status}
+
+
+def _resume_from(request: HttpRequest, from_seq: int | None) -> int:
+    if from_seq is not None:
+        return from_seq
+    last = request.headers.get("Last-Event-ID", "")
+    return int(last) if last.isdigit() else 0
+
+
+@router.get("/runs/{run_id}/stream", summary="SSE: replay from Postgres, then live tail")
+async def runs_stream(request: HttpRequest, run_id: str, from_seq: int | None = None) -> HttpResponseBase:
+    _check_ident(run_id, "run_id")
+    principal: Principal = request.auth  # type: ignore[attr-defined]
+    run = await sync_to_async(_get_run, thread_sensitive=False)(principal, run_id)
+    start = _resume_from(request, from_seq)
+    if start < 0:
+        raise Invalid("from_seq must be >= 0", code="invalid_request")
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield sse_encode(Frame("agent", {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id}))
+        async for frame in run_frames(run.id, start, _keepalive_s()):
+            yield sse_encode(frame)
+
+    return StreamingHttpResponse(stream(), content_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+def _get_run(principal: Principal, run_id: str) -> Run:
+    try:
+        return selectors.run_get(tenant_id=principal.tenant_id, run_id=run_id)
+    finally:
+        connection.close()
+
+
+@router.post(
+    "/agents/{agent_id}/cancel", openapi_extra=openapi_body(CancelIn), summary="Cancel a run and its live descendants"
+)
+def agents_cancel(request: HttpRequest, agent_id: str) -> dict[str, Any]:
+    _check_ident(agent_id, "agent_id")
+    data = parse_body(request, CancelIn, max_bytes=1024 * 1024, required=False)
+    return services.run_cancel(principal=request.auth, agent_id=agent_id, reason=data.reason)  # type: ignore[attr-defined]
+
+
+@router.post(
+    "/runs/{run_id}/input",
+    openapi_extra=openapi_body(InputIn),
+    summary="Steer a running run, or continue a parked interactive run",
+)
+def runs_input(request: HttpRequest, run_id: str) -> dict[str, Any]:
+    _check_ident(run_id, "run_id")
+    data = parse_body(request, InputIn, max_bytes=1024 * 1024 + 1024)
+    return services.run_input(principal=request.auth, run_id=run_id, text=data.text)  # type: ignore[attr-defined]
+
+
+@router.post("/_pause", openapi_extra=openapi_body(PauseIn), summary="Park every run at its next boundary")
+def runtime_pause(request: HttpRequest) -> dict[str, Any]:
+    data = parse_body(request, PauseIn, max_bytes=1024 * 1024, required=False)
+    return services.runtime_pause(timeout_ms=data.timeout_ms)
+
+
+@router.post("/_resume", summary="Resume parked runs")
+def runtime_resume(request: HttpRequest) -> dict[str, Any]:
+    return services.runtime_resume()
+
+
+@router.get("/_state", summary="Runtime pause state")
+def runtime_state(request: HttpRequest) -> dict[str, Any]:
+    return {"state": services.runtime_state_get(), "paused_runs_count": selectors.paused_runs_count()}

@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class RunsConfig(AppConfig):
+    name = "apps.runs"
+    label = "runs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.runs import registry
+        from apps.runs.tools import CONTEXT_TOOL
+
+        registry.register(CONTEXT_TOOL)

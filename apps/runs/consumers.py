@@ -1,0 +1,68 @@
+"""WebSocket `/ws/runs/{run_id}/?from_seq=N`: the SSE stream's contract over WS.
+
+Each message is `{"seq": N|null, "event": "<type>", "data": {...}}`; the
+socket closes (1000) once the run is terminal and drained. Unknown or
+another tenant's run closes with 4404, bad credentials with 4401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import parse_qs
+
+from asgiref.sync import sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.db import connection
+
+from apps.core.errors import ApplicationError
+from apps.core.ids import is_ident
+from apps.runs.selectors import run_get
+from apps.runs.streams import KEEPALIVE, run_frames
+from apps.substrate.auth import authenticate, bearer_from_headers
+
+
+def _owned_run_id(tenant_id: str, run_id: str) -> str:
+    try:
+        return run_get(tenant_id=tenant_id, run_id=run_id).id
+    finally:
+        connection.close()
+
+
+class RunStreamConsumer(AsyncWebsocketConsumer):
+    task: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        headers = {k.decode().lower(): v.decode() for k, v in self.scope.get("headers", [])}
+        client = self.scope.get("client") or (None, None)
+        run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        from_seq_raw = (query.get("from_seq") or ["0"])[-1]
+        try:
+            principal = authenticate(bearer_from_headers(headers), client[0])
+            if not is_ident(run_id) or not from_seq_raw.isdigit():
+                await self.close(code=4400)
+                return
+            run_id = await sync_to_async(_owned_run_id, thread_sensitive=False)(principal.tenant_id, run_id)
+        except ApplicationError as exc:
+            await self.close(code=4000 + exc.status)
+            return
+        protos = [p for p in self.scope.get("subprotocols", []) if p.startswith("bearer.")]
+        await self.accept(subprotocol=protos[0] if protos else None)
+        self.task = asyncio.get_running_loop().create_task(self._pump(run_id, int(from_seq_raw)))
+
+    async def _pump(self, run_id: str, from_seq: int) -> None:
+        keepalive = max(1.0, settings.LOOMCYCLE.sse_keepalive_ms / 1000)
+        async for frame in run_frames(run_id, from_seq, keepalive):
+            if frame is KEEPALIVE:
+                message: dict[str, Any] = {"seq": None, "event": "keepalive", "data": {}}
+            else:
+                message = {"seq": frame.seq, "event": frame.event, "data": frame.data}
+            await self.send(text_data=json.dumps(message, separators=(",", ":")))
+        await self.close(code=1000)
+
+    async def disconnect(self, code: int) -> None:
+        if self.task is not None:
+            self.task.cancel()

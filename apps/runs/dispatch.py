@@ -1,0 +1,25 @@
+"""Doorbells and wake-ups. The message is a doorbell carrying (run_id, step);
+Postgres is the truth. Everything here is called only AFTER a commit."""
+
+from __future__ import annotations
+
+import json
+
+from celery import current_app
+
+from apps.core.redis import sync_client
+
+ITERATE_TASK = "runs.iterate"
+
+
+def run_channel(run_id: str) -> str:
+    return f"lc:run:{run_id}"
+
+
+def enqueue_iteration(run_id: str, step: int) -> None:
+    current_app.send_task(ITERATE_TASK, args=(run_id, step))
+
+
+def notify_events(run_id: str, last_seq: int) -> None:
+    """Wake stream readers; at-most-once, readers re-read Postgres."""
+    sync_client().publish(run_channel(run_id), json.dumps({"seq": last_seq}))

@@ -1,0 +1,115 @@
+"""Per-process registry of runs whose iteration executes here.
+
+Two daemon threads per worker process, started on first use:
+- a Redis subscriber on `lc:cancel` that sets the cancel event of a run that
+  is in flight here, so cancel lands within a second on any worker;
+- a heartbeat that extends the leases of every in-flight run with ONE
+  fenced UPDATE every LEASE heartbeat period (not one query per run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+from redis import RedisError
+
+from apps.core.redis import sync_client
+
+log = logging.getLogger("loomcycle.live")
+
+CANCEL_CHANNEL = "lc:cancel"
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _Live:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, tuple[threading.Event, int]] = {}
+        self._started = False
+
+    def _ensure_threads(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._cancel_listener, name="lc-cancel", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="lc-heartbeat", daemon=True).start()
+
+    @contextmanager
+    def track(self, run_id: str) -> Iterator[threading.Event]:
+        """Register before the claim so a cancel published meanwhile is not missed."""
+        self._ensure_threads()
+        event = threading.Event()
+        with self._lock:
+            self._runs[run_id] = (event, -1)
+        try:
+            yield event
+        finally:
+            with self._lock:
+                self._runs.pop(run_id, None)
+
+    def set_token(self, run_id: str, token: int) -> None:
+        with self._lock:
+            if run_id in self._runs:
+                self._runs[run_id] = (self._runs[run_id][0], token)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._runs)
+
+    def _cancel_listener(self) -> None:
+        while True:
+            try:
+                pubsub = sync_client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                pubsub.subscribe(CANCEL_CHANNEL)
+                for message in pubsub.listen():
+                    run_id = message["data"].decode()
+                    with self._lock:
+                        entry = self._runs.get(run_id)
+                    if entry is not None:
+                        entry[0].set()
+            except (RedisError, OSError) as exc:  # the listener must outlive Redis restarts; log and reconnect
+                log.warning("cancel listener lost its Redis subscription (%s); reconnecting", exc)
+                time.sleep(1.0)
+
+    def _heartbeat(self) -> None:
+        period = settings.LOOMCYCLE.heartbeat_seconds
+        lease = settings.LOOMCYCLE.lease_seconds
+        while True:
+            time.sleep(period)
+            with self._lock:
+                leased = [(rid, tok) for rid, (_, tok) in self._runs.items() if tok >= 0]
+            if not leased:
+                continue
+            try:
+                close_old_connections()
+                with connection.cursor() as cur:
+                    # Fenced: only leases this process still holds are extended.
+                    cur.execute(
+                        "UPDATE runs_run r SET lease_until = now() + make_interval(secs => %s),"
+                        " last_heartbeat_at = now()"
+                        " FROM unnest(%s::text[], %s::bigint[]) AS l(id, tok)"
+                        " WHERE r.id = l.id AND r.lease_token = l.tok AND r.lease_owner = %s",
+                        [lease, [r for r, _ in leased], [t for _, t in leased], WORKER_ID],
+                    )
+            except DatabaseError:  # a failed beat is retried next period; the lease is long enough for one miss
+                log.exception("lease heartbeat failed")
+            finally:
+                connection.close()
+
+
+LIVE = _Live()
+
+
+def publish_cancel(run_ids: list[str]) -> None:
+    client = sync_client()
+    for run_id in run_ids:
+        client.publish(CANCEL_CHANNEL, run_id)

@@ -1,0 +1,175 @@
+"""Runs, their events, their append-only transcript, steering inputs and tool calls.
+
+A run is a row; a worker holds it only for one iteration (lease + fencing
+token). `step` counts committed iterations; `last_seq` and `transcript_len`
+are the counters the step commit advances under the fence, so event seqs and
+transcript indexes are consecutive without a separate lock.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.substrate.models import AgentDef
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_INPUT = "awaiting_input"
+    WAITING_CHILDREN = "waiting_children"
+    AWAITING_INTERRUPT = "awaiting_interrupt"
+    WAITING_CHANNEL = "waiting_channel"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+RUNNABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
+PARKED = (
+    RunStatus.AWAITING_INPUT,
+    RunStatus.WAITING_CHILDREN,
+    RunStatus.AWAITING_INTERRUPT,
+    RunStatus.WAITING_CHANNEL,
+    RunStatus.PAUSED,
+)
+TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class Run(models.Model):
+    id = models.CharField(primary_key=True, max_length=32)  # r_<16hex>
+    agent_id = models.CharField(max_length=128, unique=True)  # caller handle, a_<16hex> by default
+    session_id = models.CharField(max_length=32, db_index=True)  # s_<16hex>
+    tenant_id = models.CharField(max_length=128, default="", blank=True)
+    user_id = models.CharField(max_length=128, default="", blank=True)
+    agent_name = models.CharField(max_length=128)
+    agent_def = models.ForeignKey(AgentDef, on_delete=models.PROTECT, related_name="runs")
+    agent_def_sha256 = models.CharField(max_length=80)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+
+    status = models.CharField(max_length=24, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    step = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=128, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    lease_token = models.BigIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    cancel_reason = models.CharField(max_length=1024, blank=True, default="")
+
+    provider = models.CharField(max_length=64)
+    model = models.CharField(max_length=256)
+    system = models.JSONField(default=list)  # resolved system blocks (agent prompt, system segments, metadata)
+    max_tokens = models.PositiveIntegerField(default=4096)
+    interactive = models.BooleanField(default=False)
+    max_iterations = models.PositiveIntegerField(default=16)
+    tools = models.JSONField(default=list)  # effective tool names (operator ∩ agent ∩ caller)
+    metadata = models.JSONField(default=dict)
+    stop_reason = models.CharField(max_length=128, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    usage = models.JSONField(default=dict)
+    last_seq = models.PositiveIntegerField(default=0)
+    transcript_len = models.PositiveIntegerField(default=0)
+    pending_inputs = models.PositiveIntegerField(default=0)  # RunInput rows not yet drained
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant_id", "user_id", "status"], name="run_user_status"),
+            # The sweeper scans live runs only.
+            models.Index(
+                fields=["status", "lease_until"],
+                name="run_live_lease",
+                condition=models.Q(status__in=["queued", "running"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.agent_name} {self.status}"
+
+
+class RunEvent(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    step = models.PositiveIntegerField(default=0)
+    type = models.CharField(max_length=48)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="runevent_run_seq")]
+        ordering = ["run", "seq"]
+
+
+class TranscriptEntry(models.Model):
+    """One message or one tool result; never rewritten."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="transcript")
+    idx = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    role = models.CharField(max_length=16)  # user | assistant
+    content = models.JSONField()  # list of provider-neutral blocks
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "idx"], name="transcript_run_idx")]
+        ordering = ["run", "idx"]
+
+
+class RunInput(models.Model):
+    """Steering / continuation text, drained at the top of the next iteration."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="inputs")
+    text = models.TextField()
+    source = models.CharField(max_length=16, default="api")
+    created_at = models.DateTimeField(auto_now_add=True)
+    consumed_step = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run"], name="runinput_pending", condition=models.Q(consumed_step__isnull=True)),
+        ]
+
+
+class ToolCallStatus(models.TextChoices):
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+class ToolCallRecord(models.Model):
+    """Recorded as started before the tool runs; (run, step, call_id) is the
+    idempotency key a redelivered iteration repeats."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    step = models.PositiveIntegerField()
+    call_id = models.CharField(max_length=128)
+    name = models.CharField(max_length=128)
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=ToolCallStatus.choices, default=ToolCallStatus.STARTED)
+    is_error = models.BooleanField(default=False)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step", "call_id"], name="toolcall_idempotency_key"),
+        ]
+
+
+class RuntimeStateValue(models.TextChoices):
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+
+
+class RuntimeState(models.Model):
+    """Singleton row (id=1): the runtime-wide pause switch."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    state = models.CharField(max_length=16, choices=RuntimeStateValue.choices, default=RuntimeStateValue.RUNNING)
+    updated_at = models.DateTimeField(auto_now=True)

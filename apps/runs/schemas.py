@@ -1,0 +1,84 @@
+"""Pydantic schemas of the runs API (SPEC 2.3 field names)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from apps.core.ids import IDENT_RE
+from apps.runs.prompt import Segment
+
+
+def _ident(value: str | None, field: str) -> str | None:
+    if value is not None and not IDENT_RE.match(value):
+        raise ValueError(f"{field} must match [A-Za-z0-9_-]{{1,128}}")
+    return value
+
+
+class RunCreateIn(BaseModel):
+    agent: str = Field(min_length=1, max_length=128)
+    prompt: str | None = None
+    segments: list[Segment] | None = None
+    tools: list[str] | None = None
+    user_id: str | None = None
+    agent_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    interactive: bool | None = None
+    max_iterations: int | None = Field(default=None, ge=1, le=2**20)
+    background: bool = False
+    cancel_on_disconnect: bool = False
+    model_config = {"extra": "ignore"}
+
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        return _ident(v, "agent") or v
+
+    @field_validator("user_id")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return _ident(v, "user_id")
+
+    @field_validator("agent_id")
+    @classmethod
+    def _agent_id(cls, v: str | None) -> str | None:
+        return _ident(v, "agent_id")
+
+    def segment_list(self) -> list[Segment]:
+        if self.segments:
+            return self.segments
+        return [Segment(role="user", type="trusted-text", text=self.prompt or "")]
+
+
+class RunCreatedOut(BaseModel):
+    agent_id: str
+    run_id: str
+    session_id: str
+    status: str
+
+
+class CancelIn(BaseModel):
+    reason: str = Field(default="", max_length=1024)
+
+
+class InputIn(BaseModel):
+    text: str = Field(max_length=1024 * 1024)
+
+
+class PauseIn(BaseModel):
+    timeout_ms: int = Field(default=30_000, ge=0, le=300_000)
+
+
+class EventOut(BaseModel):
+    seq: int
+    type: str
+    payload: Any
+    created_at: str
+
+
+class EventsOut(BaseModel):
+    run_id: str
+    events: list[EventOut]
+    last_seq: int
+    status: str

@@ -1,0 +1,41 @@
+"""Tenant-scoped run reads. Another tenant's run is NotFound, never Forbidden."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.core.errors import NotFound
+from apps.runs.models import PARKED, RUNNABLE, Run, RunEvent, RunStatus
+
+
+def run_get(*, tenant_id: str, agent_id: str | None = None, run_id: str | None = None) -> Run:
+    qs = Run.objects.filter(tenant_id=tenant_id)
+    qs = qs.filter(agent_id=agent_id) if agent_id is not None else qs.filter(id=run_id)
+    run = qs.first()
+    if run is None:
+        if agent_id is not None:
+            raise NotFound(f"unknown agent_id {agent_id}", code="unknown_agent_id")
+        raise NotFound(f"unknown run {run_id}", code="not_found")
+    return run
+
+
+def runs_for_user(*, tenant_id: str, user_id: str, status: str = "running") -> list[Run]:
+    qs = Run.objects.filter(tenant_id=tenant_id, user_id=user_id).order_by("-created_at")
+    if status == "running":  # loomcycle's "running" is every live state
+        qs = qs.filter(status__in=[*RUNNABLE, *PARKED])
+    elif status != "all":
+        qs = qs.filter(status__in=[s.strip() for s in status.split(",")])
+    return list(qs[:1000])
+
+
+def run_events_since(*, run_id: str, from_seq: int, limit: int = 500) -> list[dict[str, Any]]:
+    rows = RunEvent.objects.filter(run_id=run_id, seq__gt=from_seq).order_by("seq")[:limit]
+    return [{"seq": r.seq, "type": r.type, "payload": r.payload, "created_at": r.created_at} for r in rows]
+
+
+def run_status(*, run_id: str) -> str | None:
+    return Run.objects.filter(id=run_id).values_list("status", flat=True).first()
+
+
+def paused_runs_count() -> int:
+    return Run.objects.filter(status=RunStatus.PAUSED).count()

@@ -1,0 +1,304 @@
+"""Run verbs that change state. Invariants:
+- every state change of a run that is not leased is a conditional UPDATE on
+  its current status, so a wake-up or cancel happens exactly once;
+- a run that holds a lease is changed only by its worker (fenced commit);
+  others set flags (cancel) or queue rows (input) and ring the doorbell;
+- doorbells, cancel signals and stream notifications go out on commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused
+from apps.core.ids import new_agent_id, new_run_id, new_session_id
+from apps.core.types import Principal
+from apps.gateway.providers import get_provider
+from apps.runs import registry
+from apps.runs.dispatch import enqueue_iteration, notify_events
+from apps.runs.live import publish_cancel
+from apps.runs.models import (
+    PARKED,
+    RUNNABLE,
+    TERMINAL,
+    Run,
+    RunEvent,
+    RunInput,
+    RunStatus,
+    RuntimeState,
+    RuntimeStateValue,
+    TranscriptEntry,
+)
+from apps.runs.prompt import Segment, split_segments, system_blocks
+from apps.substrate.selectors import agent_def_resolve
+
+log = logging.getLogger("loomcycle.runs")
+
+UNBOUNDED_ITERATIONS = 2**20
+
+
+@dataclass(frozen=True)
+class RunCreate:
+    agent: str
+    segments: list[Segment]
+    tools: list[str] | None = None
+    user_id: str = ""
+    agent_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    interactive: bool | None = None
+    max_iterations: int | None = None
+    parent_id: str | None = None  # set by sub-agent spawns
+
+
+def runtime_state_get() -> str:
+    state = RuntimeState.objects.filter(id=1).values_list("state", flat=True).first()
+    return state or RuntimeStateValue.RUNNING
+
+
+def run_create(*, principal: Principal, data: RunCreate) -> Run:
+    """Resolve and pin the agent, insert the run with its first transcript row
+    and `user_input`/`system_prompt` events, enqueue step 0 on commit."""
+    if runtime_state_get() != RuntimeStateValue.RUNNING:
+        raise RuntimePaused("runtime is paused; retry after resume")
+    try:
+        agent_def = agent_def_resolve(tenant_id=principal.tenant_id, name=data.agent)
+    except NotFound as exc:  # loomcycle answers 400 for an unknown agent on /v1/runs
+        raise Invalid(exc.message, code="unknown_agent") from exc
+    d = agent_def.definition
+    get_provider(str(d["provider"]))  # unknown provider -> 400 before any row exists
+    request_system, user_text = split_segments(data.segments)
+    interactive = bool(d.get("interactive", False)) if data.interactive is None else data.interactive
+    max_it = data.max_iterations or d.get("max_iterations")
+    if max_it is None:
+        max_it = UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
+    tools = registry.effective_tools(
+        operator=list(settings.LOOMCYCLE.tools_enabled),
+        agent=list(d.get("tools", [])),
+        caller=data.tools,
+        disable_context=bool(d.get("disable_context", False)),
+    )
+    agent_id = data.agent_id or new_agent_id()
+    with transaction.atomic():
+        if Run.objects.filter(agent_id=agent_id).exists():
+            raise Conflict(f"agent_id {agent_id!r} is already in use", code="agent_id_in_use")
+        run = Run.objects.create(
+            id=new_run_id(),
+            agent_id=agent_id,
+            session_id=new_session_id(),
+            tenant_id=principal.tenant_id,
+            user_id=data.user_id,
+            agent_name=agent_def.name,
+            agent_def=agent_def,
+            agent_def_sha256=agent_def.content_sha256,
+            provider=str(d["provider"]),
+            model=str(d["model"]),
+            system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
+            max_tokens=int(d.get("max_tokens", 4096)),
+            interactive=interactive,
+            max_iterations=max_it,
+            tools=tools,
+            metadata=data.metadata or {},
+            parent_id=data.parent_id,
+        )
+        _create_rows(run, data, user_text, agent_def.id)
+        transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+    return run
+
+
+def _create_rows(run: Run, data: RunCreate, user_text: str, def_id: str) -> None:
+    TranscriptEntry.objects.create(run=run, idx=0, step=0, role="user", content=[{"type": "text", "text": user_text}])
+    events: list[dict[str, Any]] = [
+        {"type": "user_input", "segments": [seg.model_dump(exclude_none=True) for seg in data.segments]}
+    ]
+    if run.system:
+        events.append(
+            {
+                "type": "system_prompt",
+                "system_prompt": "\n\n".join(run.system),
+                "agent_def_id": def_id,
+                "content_sha256": run.agent_def_sha256,
+            }
+        )
+    RunEvent.objects.bulk_create(
+        [RunEvent(run=run, seq=i + 1, step=0, type=e["type"], payload=e) for i, e in enumerate(events)]
+    )
+    Run.objects.filter(id=run.id).update(last_seq=len(events), transcript_len=1)
+    run.last_seq, run.transcript_len = len(events), 1
+
+
+def _live_descendants(run: Run) -> list[Run]:
+    """Breadth-first over children that are not terminal."""
+    found: list[Run] = []
+    frontier = [run.id]
+    while frontier:
+        kids = list(Run.objects.filter(parent_id__in=frontier).exclude(status__in=TERMINAL))
+        found.extend(kids)
+        frontier = [k.id for k in kids]
+    return found
+
+
+def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict[str, Any]:
+    """Cancel a run and its live descendants. Idempotent on terminal runs."""
+    run = _run_for(principal, agent_id=agent_id)
+    if run.status in TERMINAL:
+        return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
+    reason = reason or "cancelled by api"
+    descendants = _live_descendants(run)
+    targets = [(run, reason)] + [(d, "parent run cancelled") for d in descendants]
+    signal: list[str] = []
+    for target, why in targets:
+        if not _finish_unleased(target.id, why):
+            signal.append(target.id)
+    if signal:
+        publish_cancel(signal)  # leased runs: the worker holding the lease finishes them
+    return {
+        "cancelled": True,
+        "agent_id": run.agent_id,
+        "cascaded": [d.agent_id for d in descendants],
+        "reason": reason,
+    }
+
+
+def _finish_unleased(run_id: str, reason: str) -> bool:
+    """Set the cancel flag; finish the run here if no worker holds a lease."""
+    now = timezone.now()
+    with transaction.atomic():
+        Run.objects.filter(id=run_id).exclude(status__in=TERMINAL).update(cancel_requested=True, cancel_reason=reason)
+        # Conditional: only a run no live worker holds is finished here; bumping
+        # lease_token voids any fence a slow, lease-expired worker still has.
+        updated = Run.objects.filter(
+            Q(lease_until__isnull=True) | Q(lease_until__lt=now),
+            id=run_id,
+            status__in=[*RUNNABLE, *PARKED],
+        ).update(
+            status=RunStatus.CANCELLED,
+            stop_reason=reason,
+            completed_at=now,
+            updated_at=now,
+            lease_owner="",
+            lease_until=None,
+            lease_token=F("lease_token") + 1,
+            last_seq=F("last_seq") + 1,
+            step=F("step") + 1,
+        )
+        if not updated:
+            return False
+        seq = Run.objects.filter(id=run_id).values_list("last_seq", flat=True).get()
+        payload = {"type": "done", "stop_reason": reason, "cancelled": True}
+        RunEvent.objects.create(run_id=run_id, seq=seq, type="done", payload=payload)
+        transaction.on_commit(lambda: notify_events(run_id, seq))
+    return True
+
+
+def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]:
+    """Queue steering text; a parked interactive run is woken to consume it."""
+    if not text.strip():
+        raise Invalid("text must not be empty", code="empty_input")
+    run = _run_for(principal, run_id=run_id)
+    if run.status in TERMINAL:
+        raise NotFound(f"run {run_id} is not in flight", code="not_in_flight")
+    cap = settings.LOOMCYCLE.steer_queue_cap
+    with transaction.atomic():
+        # Row lock: the cap check and the counter move together.
+        locked = Run.objects.select_for_update().get(id=run.id)
+        if locked.pending_inputs >= cap:
+            raise QuotaExhausted(
+                f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"}
+            )
+        RunInput.objects.create(run_id=run.id, text=text)
+        Run.objects.filter(id=run.id).update(pending_inputs=F("pending_inputs") + 1)
+        # Conditional wake: exactly one caller flips awaiting_input -> running.
+        woke = Run.objects.filter(id=run.id, status=RunStatus.AWAITING_INPUT).update(
+            status=RunStatus.RUNNING, updated_at=timezone.now()
+        )
+        if woke:
+            transaction.on_commit(lambda: enqueue_iteration(run.id, locked.step))
+    return {"run_id": run.id, "delivered": True}
+
+
+def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
+    """Park every run at its next boundary; wait up to timeout for in-flight iterations."""
+    started = time.monotonic()
+    with transaction.atomic():
+        state, _ = RuntimeState.objects.select_for_update().get_or_create(id=1)
+        if state.state != RuntimeStateValue.RUNNING:
+            raise Conflict("runtime is already paused or pausing", code="already_pausing")
+        RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.PAUSING, updated_at=timezone.now())
+    now = timezone.now()
+    # Unleased runnable runs park right away; their queued doorbells become no-ops.
+    Run.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), status__in=RUNNABLE).update(
+        status=RunStatus.PAUSED, updated_at=now, lease_token=F("lease_token") + 1
+    )
+    warnings: list[str] = []
+    deadline = started + timeout_ms / 1000
+    while Run.objects.filter(status__in=RUNNABLE).exists():
+        if time.monotonic() > deadline:
+            left = Run.objects.filter(status__in=RUNNABLE).count()
+            warnings.append(f"{left} run(s) had not parked after {timeout_ms} ms; they park at their next boundary")
+            break
+        time.sleep(0.05)
+    RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.PAUSED, updated_at=timezone.now())
+    return {
+        "state": "paused",
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "force_cancelled_count": 0,
+        "paused_runs_count": Run.objects.filter(status=RunStatus.PAUSED).count(),
+        "warnings": warnings,
+    }
+
+
+def runtime_resume() -> dict[str, Any]:
+    with transaction.atomic():
+        state, _ = RuntimeState.objects.select_for_update().get_or_create(id=1)
+        if state.state == RuntimeStateValue.RUNNING:
+            raise Conflict("runtime is not paused", code="not_paused")
+        RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.RUNNING, updated_at=timezone.now())
+        resumed = list(
+            Run.objects.select_for_update(skip_locked=True).filter(status=RunStatus.PAUSED).values_list("id", "step")
+        )
+        Run.objects.filter(id__in=[r for r, _ in resumed]).update(status=RunStatus.RUNNING, updated_at=timezone.now())
+        transaction.on_commit(lambda: _enqueue_all(resumed))
+    return {"state": "running", "resumed_runs_count": len(resumed), "warnings": []}
+
+
+def run_leases_sweep() -> int:
+    """Requeue runnable runs whose lease expired (crashed worker) or that sat
+    unleased past the grace period (a doorbell lost before it was sent).
+    Each run gets at most one doorbell per grace period."""
+    now = timezone.now()
+    grace = timedelta(seconds=settings.LOOMCYCLE.requeue_grace_seconds)
+    with transaction.atomic():
+        # SKIP LOCKED: several beat/sweeper instances never requeue the same run twice.
+        stale = list(
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(
+                Q(lease_until__lt=now) | Q(lease_until__isnull=True, updated_at__lt=now - grace), status__in=RUNNABLE
+            )
+            .values_list("id", "step")[:1000]
+        )
+        if not stale:
+            return 0
+        Run.objects.filter(id__in=[r for r, _ in stale]).update(updated_at=now, lease_until=None, lease_owner="")
+        transaction.on_commit(lambda: _enqueue_all(stale))
+    log.info("sweeper requeued %d run(s)", len(stale))
+    return len(stale)
+
+
+def _enqueue_all(doorbells: list[tuple[str, int]]) -> None:
+    for run_id, step in doorbells:
+        enqueue_iteration(run_id, step)
+
+
+def _run_for(principal: Principal, *, agent_id: str | None = None, run_id: str | None = None) -> Run:
+    from apps.runs.selectors import run_get
+
+    return run_get(tenant_id=principal.tenant_id, agent_id=agent_id, run_id=run_id)

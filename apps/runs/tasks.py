@@ -1,0 +1,22 @@
+"""Thin Celery adapters over the run services. Tasks take ids, never transcripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from apps.runs import engine, services
+from workers.base import AgentTask
+
+
+@shared_task(base=AgentTask, name="runs.iterate")
+def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
+    """One agent-loop iteration; duplicates and stale steps are no-ops."""
+    return engine.run_iterate(run_id=run_id, step=step)
+
+
+@shared_task(base=AgentTask, name="maintenance.run_leases_sweep")
+def run_leases_sweep_task(**_: Any) -> int:
+    """Requeue runs whose lease expired or whose doorbell was lost."""
+    return services.run_leases_sweep()

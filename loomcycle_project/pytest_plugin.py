@@ -1,0 +1,34 @@
+"""pytest plugin (loaded with -p before pytest-django reads settings): with
+no DATABASE_URL / REDIS_URL, start the embedded Postgres and Redis under
+LOOMCYCLE_DATA_DIR/test and stop them when the session ends. Engine timings
+are shortened so crash-recovery tests finish in seconds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from loomcycle_project.embedded import EmbeddedServices, ensure_services
+
+_TEST_ENV = {
+    "LOOMCYCLE_MOCK_LATENCY_MS": "0",
+    "LOOMCYCLE_MOCK_LATENCY_JITTER_MS": "0",
+    "LOOMCYCLE_MOCK_ALLOW_CRASH": "1",
+    "LOOMCYCLE_LEASE_SECONDS": "3",
+    "LOOMCYCLE_HEARTBEAT_SECONDS": "1",
+    "LOOMCYCLE_SWEEP_SECONDS": "1",
+    "LOOMCYCLE_REQUEUE_GRACE_SECONDS": "10",
+    "LOOMCYCLE_FLOWER_ENABLED": "0",
+}
+
+for _key, _value in _TEST_ENV.items():
+    os.environ.setdefault(_key, _value)
+_base = Path(__file__).resolve().parent.parent
+_data = Path(os.environ.get("LOOMCYCLE_DATA_DIR", str(_base / ".loomcycle"))) / "test"
+os.environ["LOOMCYCLE_DATA_DIR"] = str(_data)
+os.environ.setdefault("LOOMCYCLE_CONFIG_FILES", f"{_base / 'loomcycle.yaml'},{_base / 'tests' / 'loomcycle.test.yaml'}")
+_SERVICES: EmbeddedServices = ensure_services(_data)
+
+
+def pytest_unconfigure(config: object) -> None:
+    _SERVICES.stop()

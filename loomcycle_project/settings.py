@@ -1,0 +1,131 @@
+"""Django settings. Every value comes from `loomcycle_project.env`."""
+
+from __future__ import annotations
+
+import secrets
+
+from loomcycle_project import env as E
+from workers.beat import beat_schedule
+
+BASE_DIR = E.BASE_DIR
+DEBUG = E.DEBUG
+# No secret has a default: without DJANGO_SECRET_KEY each process gets a random
+# key (sessions do not survive restarts; the API uses bearer tokens, not cookies).
+SECRET_KEY = E.SECRET_KEY or secrets.token_urlsafe(50)
+ALLOWED_HOSTS = ["*"]  # Host header is not an auth boundary here; bearer tokens are.
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "apps.core",
+    "apps.substrate",
+    "apps.gateway",
+    "apps.runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "loomcycle_project.urls"
+ASGI_APPLICATION = "loomcycle_project.asgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+
+def _database() -> dict[str, object]:
+    if not E.DATABASE_URL:
+        # manage.py / up / the pytest plugin fill DATABASE_URL with the embedded
+        # server before Django starts; reaching here means another entry point.
+        return {"ENGINE": "django.db.backends.postgresql", "NAME": "loomcycle", "OPTIONS": {}}
+    cfg: dict[str, object] = dict(E.env.db_url_config(E.DATABASE_URL))
+    options = dict(cfg.get("OPTIONS") or {})  # type: ignore[call-overload]
+    # psycopg pool: a worker thread hands its connection back before every
+    # provider call, so 1,000 in-flight calls do not hold 1,000 connections.
+    options["pool"] = {"min_size": 1, "max_size": E.PG_POOL_MAX, "timeout": 30}
+    cfg["OPTIONS"] = options
+    cfg["CONN_MAX_AGE"] = 0
+    cfg["TEST"] = {"NAME": "test_loomcycle"}
+    return cfg
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_TZ = True
+USE_I18N = False
+STATIC_URL = "static/"
+STATIC_ROOT = E.DATA_DIR / "static"
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = E.MAX_REQUEST_BYTES
+
+REDIS_URL = E.REDIS_URL or ""
+
+# Celery (DESIGN.md "Celery settings for this workload").
+CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7200}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_TIME_LIMIT = 1800  # well under the broker visibility timeout
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
+CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
+CELERY_BEAT_SCHEDULE_FILENAME = str(E.DATA_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = beat_schedule()
+
+LOOMCYCLE = E.RuntimeSettings(
+    listen_addr=E.LISTEN_ADDR,
+    auth_token=E.AUTH_TOKEN,
+    config_files=tuple(E.CONFIG_FILES),
+    max_request_bytes=E.MAX_REQUEST_BYTES,
+    sse_keepalive_ms=E.SSE_KEEPALIVE_MS,
+    tool_parallelism=E.TOOL_PARALLELISM,
+    tools_enabled=tuple(E.TOOLS_ENABLED),
+    lease_seconds=E.LEASE_SECONDS,
+    heartbeat_seconds=E.HEARTBEAT_SECONDS,
+    sweep_seconds=E.SWEEP_SECONDS,
+    requeue_grace_seconds=E.REQUEUE_GRACE_SECONDS,
+    max_attempts=E.MAX_ATTEMPTS,
+    steer_queue_cap=E.STEER_QUEUE_CAP,
+)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": E.LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env python
+"""Django's command-line utility. With no DATABASE_URL / REDIS_URL, the
+embedded Postgres and Redis under LOOMCYCLE_DATA_DIR are started (or joined)
+first, so every command works on a fresh machine."""
+
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
+    from loomcycle_project import env as E
+    from loomcycle_project.embedded import ensure_services
+
+    if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+        ensure_services(E.DATA_DIR)
+        # env.py read the environment before the services existed
+        E.DATABASE_URL, E.REDIS_URL = os.environ["DATABASE_URL"], os.environ["REDIS_URL"]
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Shared fixtures: real Postgres + Redis (embedded, started by the pytest
+plugin), real Celery workers, beat and Daphne against the test database."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+
+from apps.core.bootstrap import load_yaml_config
+from apps.core.types import Principal
+from apps.runs.models import Run
+from tests import procs
+
+ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
+
+
+@pytest.fixture(scope="session")
+def stack_env(django_db_setup: None) -> dict[str, str]:
+    """Environment for child processes: same services, the test database."""
+    name = connection.settings_dict["NAME"]
+    url = os.environ["DATABASE_URL"].replace("/loomcycle?", f"/{name}?")
+    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="session")
+def logdir() -> Path:
+    path = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "logs" / time.strftime("%Y%m%d-%H%M%S")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def workers(stack_env: dict[str, str], logdir: Path) -> Iterator[procs.WorkerPool]:
+    pool = procs.WorkerPool(stack_env, logdir)
+    pool.ensure()
+    beat = procs.spawn(
+        [*procs.CELERY, "beat", "--loglevel", "INFO", "-s", str(logdir / "beat-schedule")],
+        stack_env,
+        logdir / "beat.log",
+    )
+    try:
+        yield pool
+    finally:
+        procs.stop(beat)
+        pool.stop()
+
+
+@pytest.fixture
+def stack(workers: procs.WorkerPool) -> procs.WorkerPool:
+    """The worker pool, topped up to full size for this test."""
+    workers.ensure()
+    return workers
+
+
+@pytest.fixture(scope="session")
+def web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
+    port = procs.free_port()
+    argv = [
+        procs.sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "loomcycle_project.asgi:application",
+    ]
+    proc = procs.spawn(argv, stack_env, logdir / "daphne.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        procs.wait_http(base + "/healthz")
+        yield base
+    finally:
+        procs.stop(proc)
+
+
+@pytest.fixture
+def agents(transactional_db: None) -> None:
+    load_yaml_config()
+
+
+@pytest.fixture
+def http(web: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=web, timeout=30) as client:
+        yield client
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def run_row(run_id: str) -> Run:
+    return Run.objects.get(id=run_id)
+
+
+def wait_status(run_id: str, *statuses: str, timeout: float = 20.0) -> Run:
+    return wait_for(lambda: (r := run_row(run_id)).status in statuses and r, timeout=timeout)  # type: ignore[no-any-return]

@@ -1,0 +1,102 @@
+"""Real processes for integration tests: Celery workers, beat and Daphne.
+Every process binds to loopback and is stopped by the fixture that started it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CELERY = [sys.executable, "-m", "celery", "-A", "workers.celery:app"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = log.open("ab")
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+class WorkerPool:
+    """N Celery worker processes (threads pool); can kill one and top up."""
+
+    def __init__(self, env: dict[str, str], logdir: Path, size: int = 2, concurrency: int = 16) -> None:
+        self.env, self.logdir, self.size, self.concurrency = env, logdir, size, concurrency
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._n = 0
+
+    def _start_one(self) -> subprocess.Popen[bytes]:
+        self._n += 1
+        argv = [
+            *CELERY,
+            "worker",
+            "--pool",
+            "threads",
+            "-c",
+            str(self.concurrency),
+            "-Q",
+            "runs,maintenance",
+            "-n",
+            f"test{self._n}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+        ]
+        proc = spawn(argv, self.env, self.logdir / f"worker{self._n}.log")
+        self.procs.append(proc)
+        return proc
+
+    def ensure(self) -> None:
+        self.procs = [p for p in self.procs if p.poll() is None]
+        while len(self.procs) < self.size:
+            self._start_one()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.poll() is None]
+
+    def kill(self, pid: int) -> None:
+        os.killpg(pid, signal.SIGKILL)
+        for p in self.procs:
+            if p.pid == pid:
+                p.wait(5)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            stop(p)
+        self.procs = []
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout} s")

@@ -1,0 +1,17 @@
+"""The beat schedule: the lease sweeper (ScheduleDef fires arrive with the substrate issue)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loomcycle_project import env as E
+
+
+def beat_schedule() -> dict[str, dict[str, Any]]:
+    return {
+        "run-leases-sweep": {
+            "task": "maintenance.run_leases_sweep",
+            "schedule": E.SWEEP_SECONDS,
+            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
+        },
+    }

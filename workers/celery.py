@@ -1,0 +1,22 @@
+"""The Celery app. Configuration lives in Django settings (CELERY_ namespace)."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from workers.queues import MAINTENANCE, RUNS, TASK_ROUTES
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
+
+app = Celery("loomcycle")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_routes = TASK_ROUTES
+app.conf.task_default_queue = RUNS
+app.conf.task_create_missing_queues = True
+app.autodiscover_tasks(["apps.runs"])
+
+import workers.signals  # noqa: E402,F401  (connects worker signal handlers)
+
+__all__ = ["MAINTENANCE", "RUNS", "app"]

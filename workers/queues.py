@@ -1,0 +1,9 @@
+"""Queue names and routing (DESIGN.md: `runs` for iterations, `maintenance` for sweeps)."""
+
+RUNS = "runs"
+MAINTENANCE = "maintenance"
+
+TASK_ROUTES = {
+    "runs.*": {"queue": RUNS},
+    "maintenance.*": {"queue": MAINTENANCE},
+}

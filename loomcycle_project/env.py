@@ -57,6 +57,10 @@ MOCK_500_RATE: float = env.float("LOOMCYCLE_MOCK_500_RATE", default=0.0)
 # Lets the `mock-crash` model kill its worker (crash-recovery tests only).
 MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
 
+# Opt-in engine timing samples: each iteration RPUSHes "total_ms,provider_ms"
+# to this Redis list (bench/loop.py reads it). Off when unset.
+ENGINE_TIMINGS_KEY: str | None = env.str("LOOMCYCLE_ENGINE_TIMINGS_KEY", default=None) or None
+
 OTEL_ENDPOINT: str | None = env.str("LOOMCYCLE_OTEL_EXPORTER_OTLP_ENDPOINT", default=None)
 OTEL_SERVICE_NAME: str = env.str("LOOMCYCLE_OTEL_SERVICE_NAME", default="loomcycle")
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")

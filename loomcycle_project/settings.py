@@ -66,6 +66,9 @@ def _database() -> dict[str, object]:
     # psycopg pool: a worker thread hands its connection back before every
     # provider call, so 1,000 in-flight calls do not hold 1,000 connections.
     options["pool"] = {"min_size": 1, "max_size": E.PG_POOL_MAX, "timeout": 30}
+    # Server-side binding: psycopg prepares statements a connection runs often
+    # (the claim and the step commit), so Postgres plans them once per connection.
+    options["server_side_binding"] = True
     cfg["OPTIONS"] = options
     cfg["CONN_MAX_AGE"] = 0
     cfg["TEST"] = {"NAME": "test_loomcycle"}
@@ -99,7 +102,9 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_TIME_LIMIT = 1800  # well under the broker visibility timeout
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
+# Off by default: task events cost several broker writes per iteration. Flower
+# switches them on at runtime while it runs (its --enable_events default).
+CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
 CELERY_BEAT_SCHEDULE_FILENAME = str(E.DATA_DIR / "celerybeat-schedule")

@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F
-from django.utils import timezone
+from django.db import connection
 
 from apps.core.tools import ToolContext
 from apps.gateway.providers import (
@@ -38,31 +37,17 @@ from apps.gateway.providers import (
     ToolSpec,
     get_provider,
 )
-from apps.runs import registry
-from apps.runs.dispatch import enqueue_iteration, notify_events
+from apps.runs import registry, store
+from apps.runs.dispatch import enqueue_iteration, notify_events, record_timing
 from apps.runs.live import LIVE, WORKER_ID
-from apps.runs.models import Run, RunEvent, RunInput, RunStatus, ToolCallRecord, ToolCallStatus, TranscriptEntry
+from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import messages_from_rows
+from apps.runs.store import ClaimedRun, StepRows
 from apps.runs.toolrun import run_calls
 
 log = logging.getLogger("loomcycle.engine")
 
 PROVIDER_RETRIES = 3
-
-_CLAIM_SQL = """
-UPDATE runs_run SET
-  status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
-  started_at = COALESCE(started_at, now()),
-  attempts = attempts + 1,
-  lease_owner = %s,
-  lease_until = now() + make_interval(secs => %s),
-  lease_token = lease_token + 1,
-  last_heartbeat_at = now(),
-  updated_at = now()
-WHERE id = %s AND step = %s AND status IN ('queued', 'running')
-  AND (lease_until IS NULL OR lease_until < now())
-RETURNING *, COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), 'running') AS runtime_state
-"""
 
 
 @dataclass
@@ -79,10 +64,12 @@ class StepWrite:
     consumed_inputs: list[int] = field(default_factory=list)
     finished_calls: list[tuple[str, bool]] = field(default_factory=list)
     advance: bool = True  # False for a pause park: no provider call was made
+    provider_s: float = 0.0  # time inside the provider call(s), for timing samples
 
 
 def run_iterate(*, run_id: str, step: int) -> str:
     """Execute iteration `step` of `run_id` if this delivery wins the claim."""
+    started = time.perf_counter()
     with LIVE.track(run_id) as cancel:
         run = _claim(run_id, step)
         if run is None:
@@ -94,20 +81,19 @@ def run_iterate(*, run_id: str, step: int) -> str:
         log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
         return "fence_lost"
     _after_commit(run, write)
+    record_timing(time.perf_counter() - started, write.provider_s)
     return write.next
 
 
-def _claim(run_id: str, step: int) -> Run | None:
+def _claim(run_id: str, step: int) -> ClaimedRun | None:
     lease = settings.LOOMCYCLE.lease_seconds
-    # Compare-and-set: zero rows means a duplicate/stale doorbell or a live lease elsewhere.
-    rows = list(Run.objects.raw(_CLAIM_SQL, [WORKER_ID, lease, run_id, step]))
-    return rows[0] if rows else None
+    return store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
 
 
-def _execute(run: Run, cancel: threading.Event) -> StepWrite:
+def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     if run.cancel_requested or cancel.is_set():
         return cancelled_write(run.cancel_reason)
-    if getattr(run, "runtime_state", "running") != "running":
+    if run.runtime_state != "running":
         return StepWrite(status=RunStatus.PAUSED, next="park", advance=False)
     max_attempts = settings.LOOMCYCLE.max_attempts
     if run.attempts > max_attempts:
@@ -134,32 +120,27 @@ def _execute(run: Run, cancel: threading.Event) -> StepWrite:
     return _end_turn(run, write, done.stop_reason)
 
 
-def _cancel_reason(run: Run) -> str:
+def _cancel_reason(run: ClaimedRun) -> str:
     fresh = Run.objects.filter(id=run.id).values_list("cancel_reason", flat=True).first()
     connection.close()
     return fresh or ""
 
 
-def _load_messages(run: Run, write: StepWrite) -> list[dict[str, Any]]:
-    rows = [(r.role, r.content) for r in TranscriptEntry.objects.filter(run_id=run.id).order_by("idx")]
+def _load_messages(run: ClaimedRun, write: StepWrite) -> list[dict[str, Any]]:
+    rows = list(run.transcript)
     if run.pending_inputs:
-        for inp in RunInput.objects.filter(run_id=run.id, consumed_step__isnull=True).order_by("id"):
-            content = [{"type": "text", "text": inp.text}]
+        for input_id, text, source in store.pending_inputs(run_id=run.id):
+            content = [{"type": "text", "text": text}]
             rows.append(("user", content))
             write.transcript.append(("user", content))
-            write.consumed_inputs.append(inp.id)
-            write.events.append(
-                {
-                    "type": "user_input",
-                    "segments": [{"role": "user", "type": "trusted-text", "text": inp.text}],
-                    "source": inp.source,
-                }
-            )
+            write.consumed_inputs.append(input_id)
+            segment = {"role": "user", "type": "trusted-text", "text": text}
+            write.events.append({"type": "user_input", "segments": [segment], "source": source})
     return messages_from_rows(rows)
 
 
 def _call_model(
-    run: Run, messages: list[dict[str, Any]], cancel: threading.Event, write: StepWrite
+    run: ClaimedRun, messages: list[dict[str, Any]], cancel: threading.Event, write: StepWrite
 ) -> tuple[str, list[ToolCall], Done]:
     provider = get_provider(run.provider)
     tools = [ToolSpec(t.name, t.description, t.input_schema) for n in run.tools if (t := registry.get(n))]
@@ -167,6 +148,7 @@ def _call_model(
         model=run.model, system=list(run.system), messages=messages, tools=tools, max_tokens=run.max_tokens
     )
     for attempt in range(1, PROVIDER_RETRIES + 2):
+        t0 = time.perf_counter()
         try:
             return _consume(provider.stream(request, cancel))
         except ProviderError as exc:
@@ -174,21 +156,22 @@ def _call_model(
                 raise
             wait_s = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
             wait_s = min(wait_s, 30.0) + random.uniform(0, 0.1)
-            write.events.append(
-                {
-                    "type": "retry",
-                    "retry": {
-                        "provider": provider.id,
-                        "attempt": attempt,
-                        "wait_ms": int(wait_s * 1000),
-                        "reason": "retry-after header" if exc.retry_after is not None else "exponential backoff",
-                        "error": str(exc),
-                    },
-                }
-            )
+            write.events.append({"type": "retry", "retry": _retry_info(provider.id, attempt, wait_s, exc)})
             if cancel.wait(wait_s):
                 raise ProviderCancelled() from exc
+        finally:
+            write.provider_s += time.perf_counter() - t0
     raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _retry_info(provider_id: str, attempt: int, wait_s: float, exc: ProviderError) -> dict[str, Any]:
+    return {
+        "provider": provider_id,
+        "attempt": attempt,
+        "wait_ms": int(wait_s * 1000),
+        "reason": "retry-after header" if exc.retry_after is not None else "exponential backoff",
+        "error": str(exc),
+    }
 
 
 def _consume(stream: Any) -> tuple[str, list[ToolCall], Done]:
@@ -209,7 +192,7 @@ def _consume(stream: Any) -> tuple[str, list[ToolCall], Done]:
     return "".join(text), calls, done
 
 
-def _record_reply(run: Run, write: StepWrite, text: str, calls: list[ToolCall], done: Done) -> None:
+def _record_reply(run: ClaimedRun, write: StepWrite, text: str, calls: list[ToolCall], done: Done) -> None:
     content: list[dict[str, Any]] = []
     if text:
         content.append({"type": "text", "text": text})
@@ -232,7 +215,9 @@ def _add_usage(total: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _run_tools(run: Run, calls: list[ToolCall], cancel: threading.Event, write: StepWrite, done: Done) -> StepWrite:
+def _run_tools(
+    run: ClaimedRun, calls: list[ToolCall], cancel: threading.Event, write: StepWrite, done: Done
+) -> StepWrite:
     _record_tool_starts(run, calls)
     base = ToolContext(
         run_id=run.id,
@@ -273,16 +258,12 @@ def _run_tools(run: Run, calls: list[ToolCall], cancel: threading.Event, write: 
     return write
 
 
-def _record_tool_starts(run: Run, calls: list[ToolCall]) -> None:
-    """Recorded before the tools run; a redelivery repeats the same keys."""
-    ToolCallRecord.objects.bulk_create(
-        [ToolCallRecord(run_id=run.id, step=run.step, call_id=c.id, name=c.name, input=c.input) for c in calls],
-        ignore_conflicts=True,
-    )
+def _record_tool_starts(run: ClaimedRun, calls: list[ToolCall]) -> None:
+    store.record_tool_starts(run_id=run.id, step=run.step, calls=[(c.id, c.name, c.input) for c in calls])
     connection.close()
 
 
-def _end_turn(run: Run, write: StepWrite, stop_reason: str) -> StepWrite:
+def _end_turn(run: ClaimedRun, write: StepWrite, stop_reason: str) -> StepWrite:
     if run.interactive:
         write.events.append({"type": "awaiting_input", "awaiting_input": {"since_turn": run.step + 1}})
         write.status, write.next, write.stop_reason = RunStatus.AWAITING_INPUT, "park", stop_reason
@@ -310,61 +291,29 @@ def failed_write(error: str) -> StepWrite:
     return StepWrite(status=RunStatus.FAILED, next="finish", error=error, events=[{"type": "error", "error": error}])
 
 
-def _commit(run: Run, write: StepWrite) -> bool:
-    now = timezone.now()
-    fields: dict[str, Any] = {
-        "status": write.status,
-        "attempts": 0,
-        "lease_owner": "",
-        "lease_until": None,
-        "last_seq": run.last_seq + len(write.events),
-        "transcript_len": run.transcript_len + len(write.transcript),
-        "updated_at": now,
-        "last_heartbeat_at": now,
-        "pending_inputs": F("pending_inputs") - len(write.consumed_inputs),
-    }
-    if write.advance:
-        fields["step"] = run.step + 1
-    if write.usage is not None:
-        fields["usage"] = write.usage
-    if write.next == "finish":
-        fields.update(stop_reason=write.stop_reason, error=write.error, completed_at=now)
-    elif write.stop_reason:
-        fields["stop_reason"] = write.stop_reason
-    with transaction.atomic():
-        # Fenced: only the holder of this step's lease may commit it.
-        if not Run.objects.filter(id=run.id, step=run.step, lease_token=run.lease_token).update(**fields):
-            return False
-        _write_rows(run, write)
-    connection.close()
-    return True
-
-
-def _write_rows(run: Run, write: StepWrite) -> None:
-    step = run.step
-    TranscriptEntry.objects.bulk_create(
-        [
-            TranscriptEntry(run_id=run.id, idx=run.transcript_len + i, step=step, role=role, content=content)
-            for i, (role, content) in enumerate(write.transcript)
-        ]
+def _commit(run: ClaimedRun, write: StepWrite) -> bool:
+    rows = StepRows(
+        transcript=write.transcript,
+        events=write.events,
+        consumed_inputs=write.consumed_inputs,
+        finished_calls=write.finished_calls,
     )
-    RunEvent.objects.bulk_create(
-        [
-            RunEvent(run_id=run.id, seq=run.last_seq + i + 1, step=step, type=e["type"], payload=e)
-            for i, e in enumerate(write.events)
-        ]
-    )
-    if write.consumed_inputs:
-        RunInput.objects.filter(id__in=write.consumed_inputs).update(consumed_step=step)
-    for is_error in (False, True):
-        ids = [cid for cid, err in write.finished_calls if err is is_error]
-        if ids:
-            ToolCallRecord.objects.filter(run_id=run.id, step=step, call_id__in=ids).update(
-                status=ToolCallStatus.FINISHED, is_error=is_error, finished_at=timezone.now()
-            )
+    try:
+        return store.commit_step(
+            run=run,
+            status=write.status,
+            advance=write.advance,
+            finish=write.next == "finish",
+            stop_reason=write.stop_reason,
+            error=write.error,
+            usage=write.usage,
+            rows=rows,
+        )
+    finally:
+        connection.close()
 
 
-def _after_commit(run: Run, write: StepWrite) -> None:
+def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     if write.events:
         notify_events(run.id, run.last_seq + len(write.events))
     if write.next == "requeue":

@@ -81,12 +81,10 @@ class Run(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["tenant_id", "user_id", "status"], name="run_user_status"),
-            # The sweeper scans live runs only.
-            models.Index(
-                fields=["status", "lease_until"],
-                name="run_live_lease",
-                condition=models.Q(status__in=["queued", "running"]),
-            ),
+            # The sweeper scans live runs only. lease_until is deliberately NOT
+            # indexed: claims and step commits then update the row HOT (no index
+            # writes), which is most of Postgres's cost per iteration.
+            models.Index(fields=["status"], name="run_live", condition=models.Q(status__in=["queued", "running"])),
         ]
 
     def __str__(self) -> str:
@@ -94,7 +92,8 @@ class Run(models.Model):
 
 
 class RunEvent(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # No separate run_id index: the (run, seq) unique index serves every lookup.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     step = models.PositiveIntegerField(default=0)
     type = models.CharField(max_length=48)
@@ -109,7 +108,7 @@ class RunEvent(models.Model):
 class TranscriptEntry(models.Model):
     """One message or one tool result; never rewritten."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="transcript")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="transcript", db_index=False)
     idx = models.PositiveIntegerField()
     step = models.PositiveIntegerField()
     role = models.CharField(max_length=16)  # user | assistant
@@ -145,7 +144,7 @@ class ToolCallRecord(models.Model):
     """Recorded as started before the tool runs; (run, step, call_id) is the
     idempotency key a redelivered iteration repeats."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     step = models.PositiveIntegerField()
     call_id = models.CharField(max_length=128)
     name = models.CharField(max_length=128)

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused
+from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
 from apps.core.ids import new_agent_id, new_run_id, new_session_id
 from apps.core.types import Principal
 from apps.gateway.providers import get_provider
@@ -202,7 +202,7 @@ def _finish_unleased(run_id: str, reason: str) -> bool:
 def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]:
     """Queue steering text; a parked interactive run is woken to consume it."""
     if not text.strip():
-        raise Invalid("text must not be empty", code="empty_input")
+        raise Unprocessable("text must not be empty", code="empty_input")
     run = _run_for(principal, run_id=run_id)
     if run.status in TERMINAL:
         raise NotFound(f"run {run_id} is not in flight", code="not_in_flight")

@@ -83,7 +83,7 @@ class _Hub:
             if not msg:
                 continue
             run_id = msg["channel"].decode().removeprefix("lc:run:")
-            seq = int(json.loads(msg["data"]).get("seq", 0))
+            seq = int(msg["data"])
             for queue in list(self._queues.get(run_id, ())):
                 if not queue.full():  # a doorbell: one pending ring is enough
                     queue.put_nowait(seq)

@@ -1,0 +1,107 @@
+"""`manage.py doctor`: PASS/WARN/FAIL lines for what the runtime needs; exit 1 on any FAIL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import DatabaseError, connection
+from redis import RedisError
+
+from apps.core.management.commands.up import port_free, split_addr
+from apps.core.redis import sync_client
+from apps.gateway.providers import provider_ids
+from loomcycle_project import env as E
+
+Check = tuple[str, str, str]  # (PASS|WARN|FAIL, name, detail)
+
+
+def check_config() -> list[Check]:
+    from apps.core.errors import ApplicationError
+
+    try:
+        from apps.substrate.config import default_config_paths, load_config
+
+        paths = default_config_paths(settings.BASE_DIR, list(settings.LOOMCYCLE.config_files))
+        if not paths:
+            return [("WARN", "config", "no loomcycle.yaml found; no static agents")]
+        agents = load_config(paths).get("agents") or {}
+        return [("PASS", "config", f"{', '.join(str(p) for p in paths)}: {len(agents)} agent(s)")]
+    except ApplicationError as exc:
+        return [("FAIL", "config", exc.message)]
+
+
+def check_postgres() -> list[Check]:
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT version()")
+            version = str(cur.fetchone()[0]).split(" on ")[0]
+            cur.execute("SELECT default_version FROM pg_available_extensions WHERE name = 'vector'")
+            vec = cur.fetchone()
+    except DatabaseError as exc:
+        return [("FAIL", "postgres", f"not reachable: {exc}")]
+    out: list[Check] = [("PASS", "postgres", version)]
+    if vec:
+        out.append(("PASS", "pgvector", f"available ({vec[0]})"))
+    else:
+        out.append(("FAIL", "pgvector", "extension not available"))
+    return out
+
+
+def check_redis() -> list[Check]:
+    try:
+        info = sync_client().info("server")
+        return [("PASS", "redis", f"redis {info['redis_version']}")]
+    except (RedisError, OSError) as exc:
+        return [("FAIL", "redis", f"not reachable: {exc}")]
+
+
+def check_listen() -> list[Check]:
+    host, port = split_addr(settings.LOOMCYCLE.listen_addr)
+    if port_free(host, port):
+        return [("PASS", "listen", f"{host}:{port} is free")]
+    return [("WARN", "listen", f"{host}:{port} is in use (already running, or set LOOMCYCLE_LISTEN_ADDR)")]
+
+
+def check_auth() -> list[Check]:
+    if settings.LOOMCYCLE.auth_token:
+        return [("PASS", "auth", "LOOMCYCLE_AUTH_TOKEN is set")]
+    return [("WARN", "auth", "open mode: no LOOMCYCLE_AUTH_TOKEN; loopback clients only")]
+
+
+def check_providers() -> list[Check]:
+    out: list[Check] = [("PASS", "providers", f"available: {', '.join(provider_ids()) or 'none'}")]
+    keys = [k for k, v in E.PROVIDER_KEYS.items() if v]
+    if keys:
+        detail = f"{', '.join(keys)} set, but this build has no real provider drivers yet"
+        out.append(("WARN", "provider keys", detail))
+    else:
+        out.append(("WARN", "provider keys", "none set; only the mock provider is usable"))
+    return out
+
+
+CHECKS: list[Callable[[], list[Check]]] = [
+    check_config,
+    check_postgres,
+    check_redis,
+    check_listen,
+    check_auth,
+    check_providers,
+]
+
+
+class Command(BaseCommand):
+    help = "Check configuration, Postgres (+pgvector), Redis, the listen port, auth and providers."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        failed = False
+        for check in CHECKS:
+            for level, name, detail in check():
+                style = {"PASS": self.style.SUCCESS, "WARN": self.style.WARNING, "FAIL": self.style.ERROR}[level]
+                self.stdout.write(f"{style(level):<4} {name}: {detail}")
+                failed |= level == "FAIL"
+        connection.close()
+        if failed:
+            raise SystemExit(1)

@@ -1,0 +1,242 @@
+"""The engine's persistence, in plain SQL on the hot path.
+
+Three writes per tool-calling iteration, each one statement in autocommit:
+- `claim`: compare-and-set of the lease (UPDATE ... RETURNING the run, with
+  its transcript aggregated in the same round trip);
+- `record_tool_starts`: the started records (INSERT ... ON CONFLICT DO NOTHING);
+- `commit_step`: ONE statement whose fenced UPDATE of the run feeds writable
+  CTEs that append transcript rows and events and close inputs and tool
+  calls; the rows travel as one JSONB parameter unpacked in SQL. A lost
+  fence returns no run row, so the CTEs insert nothing: the whole step
+  lands or none of it does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection
+
+_CLAIM_COLUMNS = (
+    "id",
+    "agent_id",
+    "session_id",
+    "tenant_id",
+    "user_id",
+    "agent_name",
+    "agent_def_id",
+    "agent_def_sha256",
+    "parent_id",
+    "status",
+    "step",
+    "attempts",
+    "lease_token",
+    "cancel_requested",
+    "cancel_reason",
+    "provider",
+    "model",
+    "system",
+    "max_tokens",
+    "interactive",
+    "max_iterations",
+    "tools",
+    "usage",
+    "last_seq",
+    "transcript_len",
+    "pending_inputs",
+)
+
+# The claim and the tool-start records commit asynchronously (no WAL flush of
+# their own): the step commit is synchronous and WAL is sequential, so flushing
+# it flushes them too. After a Postgres crash either all three survive, or the
+# step is lost with them and the iteration repeats, as after any crash.
+_ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true) AS a"
+
+_CLAIM_SQL = f"""
+WITH s AS ({_ASYNC_COMMIT}), c AS (
+  UPDATE runs_run SET
+    status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
+    started_at = COALESCE(started_at, now()),
+    attempts = attempts + 1,
+    lease_owner = %s,
+    lease_until = now() + make_interval(secs => %s),
+    lease_token = lease_token + 1,
+    last_heartbeat_at = now(),
+    updated_at = now()
+  WHERE id = %s AND step = %s AND status IN ('queued', 'running')
+    AND (lease_until IS NULL OR lease_until < now())
+  RETURNING {", ".join(_CLAIM_COLUMNS)}
+)
+SELECT c.*,
+  COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), 'running'),
+  (SELECT COALESCE(json_agg(json_build_array(t.role, t.content) ORDER BY t.idx), '[]')
+   FROM runs_transcriptentry t WHERE t.run_id = c.id)
+FROM c, s
+"""
+
+_TOOL_STARTS_SQL = f"""
+WITH s AS ({_ASYNC_COMMIT})
+INSERT INTO runs_toolcallrecord (run_id, step, call_id, name, input, status, is_error, started_at)
+SELECT %s, %s, x.cid, x.name, x.input::jsonb, 'started', false, now()
+FROM s, unnest(%s::text[], %s::text[], %s::text[]) AS x(cid, name, input)
+ON CONFLICT (run_id, step, call_id) DO NOTHING
+"""
+
+_COMMIT_SQL = """
+WITH d AS (SELECT %(rows)s::jsonb AS j),
+r AS (
+  UPDATE runs_run SET
+    status = %(status)s, attempts = 0, lease_owner = '', lease_until = NULL,
+    step = %(new_step)s, last_seq = %(last_seq)s, transcript_len = %(transcript_len)s,
+    pending_inputs = pending_inputs - %(consumed)s,
+    usage = COALESCE(%(usage)s::jsonb, usage),
+    stop_reason = CASE WHEN %(set_stop)s THEN %(stop_reason)s ELSE stop_reason END,
+    error = CASE WHEN %(finish)s THEN %(error)s ELSE error END,
+    completed_at = CASE WHEN %(finish)s THEN now() ELSE completed_at END,
+    updated_at = now(), last_heartbeat_at = now()
+  WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
+  RETURNING id
+), t AS (
+  INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
+  SELECT r.id, %(transcript_base)s + x.n - 1, %(step)s, x.v->>'role', x.v->'content', now()
+  FROM r, d, jsonb_array_elements(d.j->'t') WITH ORDINALITY AS x(v, n)
+), e AS (
+  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
+  SELECT r.id, %(seq_base)s + x.n, %(step)s, x.v->>'type', x.v, now()
+  FROM r, d, jsonb_array_elements(d.j->'e') WITH ORDINALITY AS x(v, n)
+), i AS (
+  UPDATE runs_runinput SET consumed_step = %(step)s
+  FROM r, d WHERE runs_runinput.run_id = r.id
+    AND runs_runinput.id IN (SELECT (jsonb_array_elements_text(d.j->'i'))::bigint)
+), c AS (
+  UPDATE runs_toolcallrecord SET status = 'finished', is_error = (x.v->>1)::boolean, finished_at = now()
+  FROM r, d, jsonb_array_elements(d.j->'c') AS x(v)
+  WHERE runs_toolcallrecord.run_id = r.id AND runs_toolcallrecord.step = %(step)s
+    AND runs_toolcallrecord.call_id = x.v->>0
+)
+SELECT count(*) FROM r
+"""
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@dataclass
+class ClaimedRun:
+    """The run row as the claim returned it (the iteration's view of the run)."""
+
+    id: str
+    agent_id: str
+    session_id: str
+    tenant_id: str
+    user_id: str
+    agent_name: str
+    agent_def_id: str
+    agent_def_sha256: str
+    parent_id: str | None
+    status: str
+    step: int
+    attempts: int
+    lease_token: int
+    cancel_requested: bool
+    cancel_reason: str
+    provider: str
+    model: str
+    system: list[str]
+    max_tokens: int
+    interactive: bool
+    max_iterations: int
+    tools: list[str]
+    usage: dict[str, Any]
+    last_seq: int
+    transcript_len: int
+    pending_inputs: int
+    runtime_state: str = "running"
+    transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+
+
+@dataclass
+class StepRows:
+    """What `commit_step` writes besides the run row itself."""
+
+    transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    consumed_inputs: list[int] = field(default_factory=list)
+    finished_calls: list[tuple[str, bool]] = field(default_factory=list)
+
+
+def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
+    """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere."""
+    with connection.cursor() as cur:
+        cur.execute(_CLAIM_SQL, [owner, lease_seconds, run_id, step])
+        row = cur.fetchone()
+    if row is None:
+        return None
+    values = dict(zip(_CLAIM_COLUMNS, row, strict=False))
+    for key in ("system", "tools", "usage"):
+        values[key] = _json(values[key])
+    transcript = [(role, content) for role, content in _json(row[-1])]
+    return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)
+
+
+def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, text, source FROM runs_runinput WHERE run_id = %s AND consumed_step IS NULL ORDER BY id",
+            [run_id],
+        )
+        return [(int(i), str(t), str(s)) for i, t, s in cur.fetchall()]
+
+
+def record_tool_starts(*, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Recorded before the tools run; a redelivery repeats the same (run, step, call_id) keys."""
+    with connection.cursor() as cur:
+        cur.execute(
+            _TOOL_STARTS_SQL,
+            [run_id, step, [c[0] for c in calls], [c[1] for c in calls], [json.dumps(c[2]) for c in calls]],
+        )
+
+
+def commit_step(
+    *,
+    run: ClaimedRun,
+    status: str,
+    advance: bool,
+    finish: bool,
+    stop_reason: str,
+    error: str,
+    usage: dict[str, Any] | None,
+    rows: StepRows,
+) -> bool:
+    """The fenced step commit; False when the fence was lost (nothing written)."""
+    packed = {
+        "t": [{"role": role, "content": content} for role, content in rows.transcript],
+        "e": rows.events,
+        "i": rows.consumed_inputs,
+        "c": rows.finished_calls,
+    }
+    params: dict[str, Any] = {
+        "id": run.id,
+        "step": run.step,
+        "token": run.lease_token,
+        "status": status,
+        "new_step": run.step + 1 if advance else run.step,
+        "last_seq": run.last_seq + len(rows.events),
+        "transcript_len": run.transcript_len + len(rows.transcript),
+        "consumed": len(rows.consumed_inputs),
+        "usage": json.dumps(usage) if usage is not None else None,
+        "set_stop": bool(stop_reason) or finish,
+        "stop_reason": stop_reason,
+        "finish": finish,
+        "error": error,
+        "transcript_base": run.transcript_len,
+        "seq_base": run.last_seq,
+        "rows": json.dumps(packed),
+    }
+    with connection.cursor() as cur:
+        cur.execute(_COMMIT_SQL, params)
+        row = cur.fetchone()
+    return bool(row and row[0])

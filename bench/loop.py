@@ -1,0 +1,376 @@
+#!/usr/bin/env python
+"""Engine benchmark (`make bench`): starts the embedded stack and prints, in one run,
+
+1. engine throughput: N concurrent runs x K iterations on the zero-latency mock;
+   runs/s, iterations/s, p50/p99 engine overhead per iteration (iteration wall
+   time minus provider time, sampled by the workers) and write commits per
+   iteration (Postgres transaction ids consumed, minus one per run creation);
+2. the floor, measured on the same machine in the same run: a bare Celery hop
+   doing one Postgres INSERT+COMMIT of ~4 KB (bench/floor_app.py), with the
+   same broker, settings and worker pool, and our ratio to it;
+3. in-flight capacity: R runs each inside a 2 s mock provider call at once,
+   with the peak number of leased runs and total worker RSS;
+4. parked capacity: P interactive runs parked at awaiting_input, with the worker
+   count and RSS before and after.
+
+Knobs (env): BENCH_RUNS (200), BENCH_ITERS (10: fixed by bench/agents.yaml),
+BENCH_INFLIGHT (1000), BENCH_PARKED (1000), BENCH_WORKERS (2),
+BENCH_CONCURRENCY (600). Every wait is bounded; every process is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DATA = ROOT / ".loomcycle" / "bench"
+TIMINGS_KEY = "lc:bench:timings"
+RUNS = int(os.environ.get("BENCH_RUNS", "200"))
+ITERS = 10
+INFLIGHT = int(os.environ.get("BENCH_INFLIGHT", "1000"))
+PARKED = int(os.environ.get("BENCH_PARKED", "1000"))
+WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "600"))
+
+os.environ.update(
+    LOOMCYCLE_DATA_DIR=str(DATA),
+    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
+    LOOMCYCLE_ENGINE_TIMINGS_KEY=TIMINGS_KEY,
+    LOOMCYCLE_MOCK_LATENCY_MS="0",
+    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
+    LOOMCYCLE_LOG_LEVEL="WARNING",
+    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
+)
+from loomcycle_project.embedded import ensure_services  # noqa: E402
+
+SERVICES = ensure_services(DATA)
+
+import django  # noqa: E402
+
+django.setup()
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from apps.core.bootstrap import load_yaml_config  # noqa: E402
+from apps.core.redis import sync_client  # noqa: E402
+from apps.core.types import Principal  # noqa: E402
+from apps.runs import services  # noqa: E402
+from apps.runs.models import Run, RunStatus  # noqa: E402
+from apps.runs.prompt import Segment  # noqa: E402
+from workers.celery import app  # noqa: E402
+
+PRINCIPAL = Principal(tenant_id="", subject="bench", scopes=frozenset({"substrate:admin"}))
+
+
+def sql(query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def start_workers(argv_app: list[str], queues: str, env: dict[str, str], tag: str) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    for i in range(WORKERS):
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            *argv_app,
+            "worker",
+            "--pool",
+            "threads",
+            "-c",
+            str(CONCURRENCY),
+            "-Q",
+            queues,
+            "-n",
+            f"{tag}{i}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+        ]
+        log = (DATA / f"{tag}{i}.log").open("ab")
+        procs.append(
+            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        replies = app.control.ping(timeout=1.0) or []
+        if sum(1 for r in replies for name in r if name.startswith(tag)) >= WORKERS:
+            return procs
+    stop_all(procs)
+    raise SystemExit(f"{tag} workers did not come up; see {DATA}/{tag}*.log")
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.wait(5)
+
+
+def rss_mib(procs: list[subprocess.Popen[bytes]]) -> float:
+    total = 0
+    for p in procs:
+        try:
+            proc = psutil.Process(p.pid)
+            total += proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return total / 2**20
+
+
+def cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def service_pids() -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {"postgres": [], "redis": []}
+    for proc in psutil.process_iter(["pid", "name"]):
+        name = proc.info["name"] or ""
+        if name.startswith("postgres"):
+            out["postgres"].append(proc.info["pid"])
+        elif name.startswith("redis-server"):
+            out["redis"].append(proc.info["pid"])
+    return out
+
+
+def create_runs(agent: str, n: int) -> list[str]:
+    def one(_: int) -> str:
+        try:
+            data = services.RunCreate(agent=agent, segments=[Segment(text="bench")])
+            return services.run_create(principal=PRINCIPAL, data=data).id
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def wait_status(ids: list[str], status: str, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if Run.objects.filter(id__in=ids, status=status).count() == len(ids):
+            return time.monotonic()
+        time.sleep(0.05)
+    counts = dict(Run.objects.filter(id__in=ids).values_list("status").annotate(n=django.db.models.Count("id")))
+    raise SystemExit(f"runs did not reach {status} within {timeout} s: {counts}")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
+
+
+def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
+    wait_status(create_runs("loop10", 20), RunStatus.COMPLETED, 120)  # warm-up: pools, threads, caches
+    client = sync_client()
+    client.delete(TIMINGS_KEY)
+    xid0 = int(sql("SELECT pg_current_xact_id()::text::bigint")[0][0])  # type: ignore[call-overload]
+    groups = {"worker": [p.pid for p in workers], **service_pids(), "driver": [os.getpid()]}
+    cpu0 = {k: cpu_s(v) for k, v in groups.items()}
+    t0 = time.monotonic()
+    ids = create_runs("loop10", RUNS)
+    t1 = wait_status(ids, RunStatus.COMPLETED, 600)
+    cpu1 = {k: cpu_s(v) for k, v in groups.items()}  # same pids: postgres backends that exited are not counted
+    xid1 = int(sql("SELECT pg_current_xact_id()::text::bigint")[0][0])  # type: ignore[call-overload]
+    elapsed = t1 - t0
+    iterations = sum(Run.objects.filter(id__in=ids).values_list("step", flat=True))
+    samples = [tuple(map(float, s.decode().split(","))) for s in client.lrange(TIMINGS_KEY, 0, -1)]
+    overhead = [total - provider for total, provider in samples]
+    # xids: one per write transaction; minus the run creations and the 2 probes themselves
+    commits = (xid1 - xid0 - RUNS - 1) / iterations
+    cpu = {k: (cpu1.get(k, 0.0) - cpu0[k]) * 1000 / iterations for k in cpu0}
+    print("cpu ms/iteration: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()), flush=True)
+    return {
+        "runs_per_s": RUNS / elapsed,
+        "iterations_per_s": iterations / elapsed,
+        "iterations": iterations,
+        "elapsed_s": elapsed,
+        "p50_overhead_ms": pct(overhead, 0.5),
+        "p99_overhead_ms": pct(overhead, 0.99),
+        "samples": len(samples),
+        "commits_per_iteration": commits,
+    }
+
+
+def floor_phase(env: dict[str, str]) -> dict[str, float]:
+    sql("DROP TABLE IF EXISTS floor_ckpt")
+    sql(
+        "CREATE TABLE floor_ckpt (id bigserial PRIMARY KEY, run text, chain int, step int, payload jsonb, "
+        "created_at timestamptz DEFAULT now())"
+    )
+    pg = os.environ["DATABASE_URL"]
+    broker = os.environ["REDIS_URL"]
+    fenv = {
+        **env,
+        "FLOOR_BROKER": broker,
+        "FLOOR_PG": pg,
+        "FLOOR_REDIS": broker.replace("redis+socket://", "unix://"),
+        "PYTHONPATH": str(ROOT / "bench"),
+    }
+    procs = start_workers(["-A", "floor_app:app"], "floor", fenv, "floor")
+    try:
+        from celery import Celery
+
+        floor = Celery("floor", broker=broker)
+        client = sync_client()
+
+        def chains(n: int, hops: int) -> float:
+            run = uuid.uuid4().hex[:8]
+            t0 = time.monotonic()
+            for c in range(n):
+                floor.send_task("floor.hop", args=(run, c, 0, hops), queue="floor")
+            deadline = t0 + 300
+            while client.llen(f"floor:done:{run}") < n:
+                if time.monotonic() > deadline:
+                    raise SystemExit("floor chains did not finish in 300 s")
+                time.sleep(0.005)
+            return time.monotonic() - t0
+
+        chains(20, 10)  # warm-up
+        elapsed = chains(RUNS, ITERS)
+        return {"floor_iterations_per_s": RUNS * ITERS / elapsed, "floor_elapsed_s": elapsed}
+    finally:
+        stop_all(procs)
+        sql("DROP TABLE IF EXISTS floor_ckpt")
+
+
+def inflight_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
+    replies = app.control.cancel_consumer(
+        "runs", reply=True, timeout=5, limit=WORKERS
+    )  # queue doorbells, release them at once
+    if os.environ.get("BENCH_DEBUG"):
+        print("cancel_consumer:", replies, flush=True)
+    ids = create_runs("inflight", INFLIGHT)
+    rss0 = rss_mib(workers)
+    t0 = time.monotonic()
+    app.control.add_consumer("runs", reply=True, timeout=5, limit=WORKERS)
+    peak, peak_rss = 0, rss0
+    deadline = t0 + 120
+    while time.monotonic() < deadline:
+        leased = Run.objects.filter(id__in=ids, status=RunStatus.RUNNING).exclude(lease_owner="").count()
+        peak, peak_rss = max(peak, leased), max(peak_rss, rss_mib(workers))
+        if os.environ.get("BENCH_DEBUG"):
+            counts = dict(Run.objects.filter(id__in=ids).values_list("status").annotate(n=django.db.models.Count("id")))
+            print(f"  t={time.monotonic() - t0:.2f} leased={leased} {counts}", flush=True)
+        if Run.objects.filter(id__in=ids, status=RunStatus.COMPLETED).count() == len(ids):
+            break
+        time.sleep(0.1)
+    elapsed = time.monotonic() - t0
+    done = Run.objects.filter(id__in=ids, status=RunStatus.COMPLETED).count()
+    return {
+        "inflight_runs": peak,
+        "inflight_completed": done,
+        "inflight_elapsed_s": elapsed,
+        "inflight_worker_rss_mib": peak_rss,
+        "rss_before_inflight_mib": rss0,
+    }
+
+
+def parked_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
+    procs0, rss0 = sum(p.poll() is None for p in workers), rss_mib(workers)
+    ids = create_runs("parked", PARKED)
+    wait_status(ids, RunStatus.AWAITING_INPUT, 300)
+    time.sleep(1.0)
+    leased = Run.objects.filter(id__in=ids).exclude(lease_owner="").count()
+    return {
+        "parked_runs": len(ids),
+        "parked_leased": leased,
+        "parked_worker_procs_before": procs0,
+        "parked_worker_procs": sum(p.poll() is None for p in workers),
+        "parked_rss_before_mib": rss0,
+        "parked_worker_rss_mib": rss_mib(workers),
+    }
+
+
+def main() -> None:
+    call_command("migrate", interactive=False, verbosity=0)
+    load_yaml_config()
+    sql("TRUNCATE runs_run, runs_runevent, runs_transcriptentry, runs_runinput, runs_toolcallrecord CASCADE")
+    sync_client().delete("runs", "floor")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    print(
+        f"loomcycle bench: {os.cpu_count()} cores, {WORKERS} worker processes x {CONCURRENCY} threads; "
+        f"{RUNS} runs x {ITERS} iterations; {INFLIGHT} in flight; {PARKED} parked",
+        flush=True,
+    )
+    workers = start_workers(["-A", "workers.celery:app"], "runs,maintenance", env, "bench")
+    try:
+        r = engine_phase(workers)
+        print(
+            f"engine   {r['runs_per_s']:.1f} runs/s, {r['iterations_per_s']:.0f} iterations/s "
+            f"({r['iterations']} iterations in {r['elapsed_s']:.2f} s); overhead/iteration p50 "
+            f"{r['p50_overhead_ms']:.2f} ms, p99 {r['p99_overhead_ms']:.2f} ms ({r['samples']} samples); "
+            f"{r['commits_per_iteration']:.2f} write commits/iteration",
+            flush=True,
+        )
+        r |= inflight_phase(workers)
+        print(
+            f"inflight peak {r['inflight_runs']} runs leased at once; {r['inflight_completed']}/{INFLIGHT} done "
+            f"in {r['inflight_elapsed_s']:.2f} s (each is a 2 s provider call); worker RSS "
+            f"{r['rss_before_inflight_mib']:.0f} -> {r['inflight_worker_rss_mib']:.0f} MiB",
+            flush=True,
+        )
+        r |= parked_phase(workers)
+        print(
+            f"parked   {r['parked_runs']} runs at awaiting_input, {r['parked_leased']} leased; worker processes "
+            f"{r['parked_worker_procs_before']} -> {r['parked_worker_procs']}; RSS "
+            f"{r['parked_rss_before_mib']:.0f} -> {r['parked_worker_rss_mib']:.0f} MiB",
+            flush=True,
+        )
+    finally:
+        stop_all(workers)
+    r |= floor_phase(env)
+    ratio = r["iterations_per_s"] / r["floor_iterations_per_s"]
+    print(
+        f"floor    {r['floor_iterations_per_s']:.0f} hops/s (Celery hop + one INSERT/COMMIT, same pool); "
+        f"engine/floor = {ratio:.2f}",
+        flush=True,
+    )
+    print(
+        " ".join(
+            [
+                f"iterations_per_s={r['iterations_per_s']:.1f}",
+                f"floor_iterations_per_s={r['floor_iterations_per_s']:.1f}",
+                f"floor_ratio={ratio:.3f}",
+                f"p99_overhead_ms={r['p99_overhead_ms']:.2f}",
+                f"commits_per_iteration={r['commits_per_iteration']:.2f}",
+                f"inflight_runs={r['inflight_runs']}",
+                f"inflight_worker_rss_mib={r['inflight_worker_rss_mib']:.0f}",
+                f"parked_runs={r['parked_runs']}",
+                f"parked_worker_rss_mib={r['parked_worker_rss_mib']:.0f}",
+            ]
+        )
+    )
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        connection.close()
+        SERVICES.stop()

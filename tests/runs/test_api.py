@@ -1,0 +1,219 @@
+"""The runs HTTP/SSE/WebSocket surface against a real Daphne, workers and Redis."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from apps.core.errors import Forbidden, Unauthorized
+from apps.runs.models import Run, RunEvent, RunStatus
+from apps.substrate.auth import authenticate
+from tests.conftest import wait_status
+from tests.procs import WorkerPool
+
+pytestmark = pytest.mark.usefixtures("agents", "stack")
+
+
+def sse_frames(lines: Any, stop_after: int | None = None) -> list[dict[str, Any]]:
+    """Parse SSE lines into frames {id, event, data}; stop after N persisted frames."""
+    frames: list[dict[str, Any]] = []
+    cur: dict[str, Any] = {}
+    persisted = 0
+    for line in lines:
+        if line == "":
+            if cur:
+                frames.append(cur)
+                persisted += "id" in cur
+                cur = {}
+                if stop_after is not None and persisted >= stop_after:
+                    break
+            continue
+        if line.startswith(":"):
+            continue
+        key, _, value = line.partition(": ")
+        cur[key] = int(value) if key == "id" else json.loads(value) if key == "data" else value
+    return frames
+
+
+def persisted_seqs(run_id: str) -> list[int]:
+    return list(
+        RunEvent.objects.filter(run_id=run_id)
+        .exclude(type="system_prompt")
+        .order_by("seq")
+        .values_list("seq", flat=True)
+    )
+
+
+def test_post_runs_streams_the_spec_frame_order(http: httpx.Client) -> None:
+    with http.stream("POST", "/v1/runs", json={"agent": "echo", "prompt": "hi"}) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        frames = sse_frames(resp.iter_lines())
+    assert [f["event"] for f in frames] == ["session", "agent", "started", "text", "usage", "done"]
+    assert frames[0]["data"]["text"].startswith("s_")
+    agent = frames[1]["data"]
+    assert agent["run_id"].startswith("r_") and agent["agent_id"].startswith("a_")
+    assert frames[3]["data"] == {"type": "text", "text": "ok"}
+    assert frames[5]["data"]["stop_reason"] == "end_turn"
+    assert [f.get("id") for f in frames[2:]] == [3, 4, 5, 6]  # id: <seq> on every persisted frame
+
+
+def test_curl_default_form_content_type_is_read_as_json(http: httpx.Client) -> None:
+    body = '{"agent":"echo","prompt":"hi","background":true}'
+    resp = http.post("/v1/runs", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status_code == 202
+
+
+def test_background_run_returns_202_and_is_readable_by_id(http: httpx.Client) -> None:
+    resp = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "background": True, "user_id": "u1"})
+    assert resp.status_code == 202
+    ids = resp.json()
+    wait_status(ids["run_id"], RunStatus.COMPLETED)
+    by_agent = http.get(f"/v1/agents/{ids['agent_id']}").json()
+    assert by_agent["status"] == "completed" and by_agent["run_id"] == ids["run_id"]
+    assert by_agent["content_sha256"].startswith("sha256:") and by_agent["usage"]["provider"] == "mock"
+    assert http.get(f"/v1/runs/{ids['run_id']}").json()["agent_id"] == ids["agent_id"]
+    listed = http.get("/v1/users/u1/agents", params={"status": "all"}).json()["agents"]
+    assert [a["run_id"] for a in listed] == [ids["run_id"]]
+    assert http.get("/v1/users/u1/agents").json()["agents"] == []  # default: live runs only
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code"),
+    [
+        (b'{"prompt":"hi"}', {"Content-Type": "application/json"}, 400, "invalid_body"),
+        (b'{"agent":"nope","prompt":"hi"}', {"Content-Type": "application/json"}, 400, "unknown_agent"),
+        (b'{"agent":"echo"}', {"Content-Type": "application/json"}, 400, "invalid_body"),
+        (
+            b'{"agent":"echo","prompt":"hi","agent_id":"bad id!"}',
+            {"Content-Type": "application/json"},
+            400,
+            "invalid_body",
+        ),
+        (b'{"agent":"echo","prompt":"hi"}', {"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+        (b'{"agent": "echo",', {"Content-Type": "application/json"}, 400, "invalid_json"),
+        (b"[1, 2]", {"Content-Type": "application/json"}, 400, "invalid_body"),
+    ],
+)
+def test_bad_run_requests_get_documented_4xx_and_leave_no_run(
+    http: httpx.Client, body: bytes, headers: dict[str, str], status: int, code: str
+) -> None:
+    resp = http.post("/v1/runs", content=body, headers=headers)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["code"] == code and resp.json()["error"]
+    assert Run.objects.count() == 0
+
+
+def test_oversized_body_is_413_and_leaves_no_run(http: httpx.Client) -> None:
+    big = b'{"agent":"echo","prompt":"' + b"x" * (16 * 1024 * 1024 + 10) + b'"}'
+    resp = http.post("/v1/runs", content=big, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413 and resp.json()["code"] == "payload_too_large"
+    assert Run.objects.count() == 0
+
+
+def test_agent_id_collision_is_409(http: httpx.Client) -> None:
+    body = {"agent": "echo", "prompt": "hi", "agent_id": "mine", "background": True}
+    assert http.post("/v1/runs", json=body).status_code == 202
+    resp = http.post("/v1/runs", json=body)
+    assert resp.status_code == 409 and resp.json()["code"] == "agent_id_in_use"
+    assert Run.objects.count() == 1
+
+
+def test_unknown_ids_are_404_and_bad_ids_400(http: httpx.Client) -> None:
+    assert http.get("/v1/agents/a_0000000000000000").json()["code"] == "unknown_agent_id"
+    assert http.get("/v1/agents/a_0000000000000000").status_code == 404
+    assert http.get("/v1/runs/r_missing/events").status_code == 404
+    assert http.get("/v1/runs/bad%20id").status_code == 400
+    assert http.post("/v1/agents/nobody/cancel").status_code == 404
+
+
+def test_pause_state_resume_over_http(http: httpx.Client) -> None:
+    assert http.get("/v1/_state").json() == {"state": "running", "paused_runs_count": 0}
+    assert http.post("/v1/_pause", json={"timeout_ms": 1000}).json()["state"] == "paused"
+    assert http.post("/v1/_pause").status_code == 409
+    resp = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi"})
+    assert resp.status_code == 503 and resp.json()["code"] == "runtime_paused"
+    assert http.post("/v1/_resume").json()["state"] == "running"
+    assert http.post("/v1/_resume").json()["code"] == "not_paused"
+
+
+def test_input_and_cancel_endpoints(http: httpx.Client) -> None:
+    run = http.post("/v1/runs", json={"agent": "chat", "prompt": "hi", "background": True}).json()
+    wait_status(run["run_id"], RunStatus.AWAITING_INPUT)
+    assert http.post(f"/v1/runs/{run['run_id']}/input", json={"text": "  "}).status_code == 422
+    assert http.post(f"/v1/runs/{run['run_id']}/input", json={"text": "more"}).json()["delivered"] is True
+    wait_status(run["run_id"], RunStatus.AWAITING_INPUT)
+    out = http.post(f"/v1/agents/{run['agent_id']}/cancel", json={"reason": "enough"}).json()
+    assert out == {"cancelled": True, "agent_id": run["agent_id"], "cascaded": [], "reason": "enough"}
+    assert http.post(f"/v1/runs/{run['run_id']}/input", json={"text": "late"}).status_code == 404
+
+
+def test_sse_reattach_mid_run_is_gap_free_and_duplicate_free(http: httpx.Client) -> None:
+    run = http.post("/v1/runs", json={"agent": "stepper", "prompt": "go", "background": True}).json()
+    rid = run["run_id"]
+    with http.stream("GET", f"/v1/runs/{rid}/stream", params={"from_seq": 0}) as resp:
+        first = sse_frames(resp.iter_lines(), stop_after=4)
+    assert Run.objects.get(id=rid).status != RunStatus.COMPLETED  # we really left mid-run
+    last = max(f["id"] for f in first if "id" in f)
+    with http.stream("GET", f"/v1/runs/{rid}/stream", headers={"Last-Event-ID": str(last)}) as resp:
+        rest = sse_frames(resp.iter_lines())
+    assert first[0]["event"] == "agent" and rest[0]["event"] == "agent"
+    seen = [f["id"] for f in first + rest if "id" in f]
+    assert seen == persisted_seqs(rid)  # every persisted event once, in order
+    assert rest[-1]["event"] == "done"
+    assert first[1]["event"] == "steer"  # the initial user_input, replayed as steer
+
+
+def test_websocket_reattach_mid_run_matches_events(web: str, http: httpx.Client) -> None:
+    run = http.post("/v1/runs", json={"agent": "stepper", "prompt": "go", "background": True}).json()
+    rid = run["run_id"]
+    url = web.replace("http://", "ws://") + f"/ws/runs/{rid}/"
+    with connect(url + "?from_seq=0") as ws:
+        first = [json.loads(ws.recv(timeout=10)) for _ in range(4)]
+    last = first[-1]["seq"]
+    rest = []
+    with connect(url + f"?from_seq={last}") as ws:
+        for raw in ws:
+            rest.append(json.loads(raw))
+    seen = [m["seq"] for m in first + rest if m["seq"] is not None]
+    assert seen == persisted_seqs(rid)
+    assert rest[-1]["event"] == "done"
+    events = http.get(f"/v1/runs/{rid}/events").json()["events"]
+    assert [e["seq"] for e in events if e["type"] != "system_prompt"] == seen
+
+
+def test_websocket_unknown_run_is_refused(web: str) -> None:
+    url = web.replace("http://", "ws://") + "/ws/runs/r_0000000000000000/"
+    with pytest.raises(Exception) as info:  # noqa: PT011 - websockets raises InvalidStatus / ConnectionClosed
+        with connect(url) as ws:
+            ws.recv(timeout=5)
+    assert "4404" in str(info.value) or "403" in str(info.value)
+
+
+def test_healthz_reports_postgres_redis_and_workers(http: httpx.Client) -> None:
+    body = http.get("/healthz").json()
+    assert body["ok"] is True and body["postgres"]["pgvector"]
+    assert body["redis"]["ok"] is True and body["workers"]["count"] >= 1
+
+
+def test_auth_is_constant_time_bearer_or_loopback_open_mode(settings: Any) -> None:
+    assert authenticate(None, "127.0.0.1").open_mode is True
+    with pytest.raises(Forbidden):
+        authenticate(None, "192.0.2.10")  # documentation address: never contacted
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, auth_token="s3cret-token")
+    assert authenticate("s3cret-token", "192.0.2.10").subject == "legacy-token"
+    with pytest.raises(Unauthorized):
+        authenticate("wrong", "127.0.0.1")
+    with pytest.raises(Unauthorized):
+        authenticate(None, "127.0.0.1")
+
+
+def test_openapi_docs_are_served(http: httpx.Client, stack: WorkerPool) -> None:
+    spec = http.get("/v1/openapi.json").json()
+    assert "/v1/runs" in spec["paths"] and "/v1/runs/{run_id}/stream" in spec["paths"]
+    assert http.get("/v1/docs").status_code == 200

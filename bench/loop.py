@@ -21,7 +21,6 @@ BENCH_CONCURRENCY (600). Every wait is bounded; every process is stopped.
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import time

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 
-IDENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+IDENT_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # always used with fullmatch
 
 
 def _hex16() -> str:
@@ -33,4 +33,4 @@ def new_mock_tool_id() -> str:
 
 
 def is_ident(value: str) -> bool:
-    return bool(IDENT_RE.match(value))
+    return IDENT_RE.fullmatch(value) is not None

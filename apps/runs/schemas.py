@@ -11,7 +11,7 @@ from apps.runs.prompt import Segment
 
 
 def _ident(value: str | None, field: str) -> str | None:
-    if value is not None and not IDENT_RE.match(value):
+    if value is not None and not IDENT_RE.fullmatch(value):
         raise ValueError(f"{field} must match [A-Za-z0-9_-]{{1,128}}")
     return value
 

@@ -14,9 +14,17 @@ from apps.core.errors import Invalid
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
+def _substitute(match: re.Match[str]) -> str:
+    """`${VAR}` -> its value or ""; `${VAR:-fb}` -> fb when VAR is unset OR empty (shell semantics)."""
+    value = os.environ.get(match.group(1), "")
+    if match.group(2) is not None and value == "":
+        return match.group(2)
+    return value
+
+
 def _expand(value: Any) -> Any:
     if isinstance(value, str):
-        return _ENV_RE.sub(lambda m: os.environ.get(m.group(1), m.group(2) or ""), value)
+        return _ENV_RE.sub(_substitute, value)
     if isinstance(value, list):
         return [_expand(v) for v in value]
     if isinstance(value, dict):

@@ -65,10 +65,14 @@ def _is_empty(value: Any) -> bool:
 def _prune(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _prune(v) for k, v in sorted(value.items()) if not _is_empty(v)}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)  # Go's encoding/json writes 1.0 as 1
     return value
 
 
-def _normalise_text(text: str) -> str:
+def normalise_text(text: str) -> str:
     return text.replace("\r\n", "\n").rstrip(" \t\n\r")
 
 
@@ -90,7 +94,7 @@ def agent_content_sha256(name: str, definition: dict[str, Any]) -> str:
         if key not in AGENT_HASH_FIELDS or key == "name":
             continue
         if key in _NORMALISED_TEXT and isinstance(value, str):
-            value = _normalise_text(value)
+            value = normalise_text(value)
         content[key] = value
     pruned = _prune(content)
     return "sha256:" + hashlib.sha256(go_json(pruned).encode()).hexdigest()

@@ -13,7 +13,7 @@ from django.db.models import Max
 
 from apps.core.errors import Invalid
 from apps.core.ids import is_ident, new_def_id
-from apps.substrate.hashing import agent_content_sha256
+from apps.substrate.hashing import agent_content_sha256, normalise_text
 from apps.substrate.models import AgentDef, AgentDefActive, DefSource
 
 log = logging.getLogger("loomcycle.substrate")
@@ -54,6 +54,8 @@ def _normalise_agent(name: str, raw: Any) -> dict[str, Any]:
     if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
         raise Invalid(f"agent {name!r}: tools must be a list of names", code="config_invalid")
     definition["tools"] = tools
+    if isinstance(definition.get("system_prompt"), str):  # stored as hashed: CRLF -> LF, no trailing space
+        definition["system_prompt"] = normalise_text(definition["system_prompt"])
     if "tier" in definition:
         raise Invalid(
             f"agent {name!r}: tier routing arrives with the providers issue; pin provider+model", code="config_invalid"
@@ -78,9 +80,13 @@ def agent_def_sync_static(*, name: str, raw: Any) -> AgentDef:
     active = (
         AgentDefActive.objects.select_for_update().select_related("agent_def").filter(tenant_id="", name=name).first()
     )
-    if active and active.agent_def.content_sha256 == sha and active.agent_def.source == DefSource.YAML:
+    # The loomcycle hash leaves out fields this runtime also reads (interactive,
+    # disable_context, skills), so "unchanged" means the same definition, not just the same hash.
+    if active and active.agent_def.source == DefSource.YAML and active.agent_def.definition == definition:
         return active.agent_def
-    same = AgentDef.objects.filter(tenant_id="", name=name, content_sha256=sha, source=DefSource.YAML).first()
+    same = AgentDef.objects.filter(
+        tenant_id="", name=name, content_sha256=sha, source=DefSource.YAML, definition=definition
+    ).first()
     if same is None:
         top = AgentDef.objects.filter(tenant_id="", name=name).aggregate(v=Max("version"))["v"] or 0
         same = AgentDef.objects.create(

@@ -189,7 +189,7 @@ def test_websocket_reattach_mid_run_matches_events(web: str, http: httpx.Client)
 
 def test_websocket_unknown_run_is_refused(web: str) -> None:
     url = web.replace("http://", "ws://") + "/ws/runs/r_0000000000000000/"
-    with pytest.raises(Exception) as info:  # noqa: PT011 - websockets raises InvalidStatus / ConnectionClosed
+    with pytest.raises(Exception) as info:  # InvalidStatus or ConnectionClosed
         with connect(url) as ws:
             ws.recv(timeout=5)
     assert "4404" in str(info.value) or "403" in str(info.value)

@@ -64,11 +64,6 @@ def test_unset_env_reference_expands_to_empty_or_its_default(tmp_path: Path, mon
     assert load_config([path]) == {"a": "[]", "b": "fallback", "c": "real", "d": "[]"}
 
 
-@pytest.mark.xfail(
-    reason="BUG: `${VAR:-default}` uses os.environ.get(name, default), so a VAR set to '' yields '' "
-    "instead of the default (shell `:-` means unset OR empty)",
-    strict=True,
-)
 def test_env_default_applies_when_variable_is_set_but_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LC_TEST_EMPTY", "")
     assert load_config([write(tmp_path, "c.yaml", "v: ${LC_TEST_EMPTY:-fallback}\n")]) == {"v": "fallback"}
@@ -164,11 +159,6 @@ def test_reverting_to_earlier_content_reactivates_that_version_without_a_new_one
     assert AgentDef.objects.filter(name="t-revert").count() == 2
 
 
-@pytest.mark.xfail(
-    reason="BUG: disable_context/interactive are stored in the definition but are not in AGENT_HASH_FIELDS, "
-    "so a yaml change to them hashes the same and the stale def stays active",
-    strict=True,
-)
 @pytest.mark.parametrize("flag", ["disable_context", "interactive"])
 @pytest.mark.django_db
 def test_changing_a_behavioural_flag_in_yaml_takes_effect(flag: str) -> None:

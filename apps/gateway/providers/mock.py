@@ -8,6 +8,7 @@ in the conversation.
 The model string may carry options as a query string, e.g.
 `mock-tool-loop?tool=Context&calls=2&latency_ms=2000`:
 - `latency_ms`, `jitter_ms` override the process-wide latency for this model;
+- `rate_429`, `rate_500` override the injected failure rates for this model;
 - `mock-tool-loop`: calls `tool` (default: the first offered tool) `calls`
   times (default 1), then answers "done";
 - `mock-generic` and anything unknown: text "ok", end_turn;
@@ -69,7 +70,7 @@ class MockProvider:
 
     def stream(self, request: ProviderRequest, cancel: threading.Event) -> Iterator[ProviderEvent]:
         variant, opts = _parse_model(request.model)
-        self._roll_failures()
+        self._roll_failures(opts)
         self._wait(request, opts, cancel)
         if variant == "mock-crash" and E.MOCK_ALLOW_CRASH:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -87,14 +88,16 @@ class MockProvider:
         )
         yield Done(stop_reason="tool_use" if calls else "end_turn", usage=usage)
 
-    def _roll_failures(self) -> None:
+    def _roll_failures(self, opts: dict[str, str]) -> None:
         if self.stable:
             return
+        rate_429 = float(opts.get("rate_429", E.MOCK_429_RATE))
+        rate_500 = float(opts.get("rate_500", E.MOCK_500_RATE))
         roll = self._rng.random()
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        if roll < E.MOCK_429_RATE:
+        if roll < rate_429:
             raise ProviderError(self.id, 429, f"rate_limited (injected at {now})", retry_after=0.1)
-        if roll < E.MOCK_429_RATE + E.MOCK_500_RATE:
+        if roll < rate_429 + rate_500:
             raise ProviderError(self.id, 500, f"server_error (injected at {now})")
 
     def _wait(self, request: ProviderRequest, opts: dict[str, str], cancel: threading.Event) -> None:

@@ -1,0 +1,17 @@
+"""`manage.py boot`: migrate and load loomcycle.yaml, then exit (compose's migrate step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from apps.core.bootstrap import boot
+
+
+class Command(BaseCommand):
+    help = "Apply migrations and load the yaml definitions, then exit."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        agents = boot(migrate=True, verbosity=int(options["verbosity"]))
+        self.stdout.write(f"booted: {len(agents)} static agent(s): {', '.join(sorted(a.name for a in agents))}")

@@ -1,0 +1,94 @@
+"""The README quick start for real: `manage.py up` on the embedded default."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from django.core.management import call_command
+
+from tests.procs import ROOT, free_port, wait_http
+
+
+def _up(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        LOOMCYCLE_DATA_DIR=str(data),
+        LOOMCYCLE_LISTEN_ADDR=f"127.0.0.1:{port}",
+        LOOMCYCLE_WORKER_PROCESSES="1",
+        LOOMCYCLE_WORKER_CONCURRENCY="4",
+        LOOMCYCLE_FLOWER_PORT=str(free_port()),
+        LOOMCYCLE_FLOWER_ENABLED="1",
+        LOOMCYCLE_CONFIG_FILES=str(ROOT / "loomcycle.yaml"),
+    )
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "up"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> list[int]:
+    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    return [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "up.log"
+    proc = _up(tmp_path / "data", port, log)
+    try:
+        wait_http(base + "/healthz", timeout=90)
+        with httpx.stream("POST", base + "/v1/runs", content='{"agent":"echo","prompt":"hi"}', timeout=30) as resp:
+            lines = list(resp.iter_lines())
+        frames = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+        assert frames == ["session", "agent", "started", "text", "usage", "done"]
+        run_id = json.loads(next(ln for ln in lines if '"run_id"' in ln).removeprefix("data: "))["run_id"]
+        health = httpx.get(base + "/healthz").json()
+        assert health["postgres"]["ok"] and health["redis"]["ok"] and health["workers"]["count"] == 1
+        runs = httpx.get(base + "/v1/users/_/agents", params={"status": "all"}).json()["agents"]
+        assert runs == []
+    finally:
+        leftovers = _stop(proc)
+    assert leftovers == [], log.read_text()[-3000:]
+    # A second `up` reuses the data: the run from the first session is still there.
+    proc = _up(tmp_path / "data", port, log)
+    try:
+        wait_http(base + "/healthz", timeout=90)
+        again = httpx.get(f"{base}/v1/runs/{run_id}").json()
+        assert again["status"] == "completed" and again["run_id"] == run_id
+    finally:
+        assert _stop(proc) == []
+
+
+def test_doctor_passes_on_the_test_stack(capsys: pytest.CaptureFixture[str], db: None) -> None:
+    call_command("doctor")
+    out = capsys.readouterr().out
+    assert "PASS postgres" in out and "PASS pgvector" in out and "PASS redis" in out and "FAIL" not in out
+
+
+def test_doctor_fails_with_exit_1_on_a_broken_config(
+    capsys: pytest.CaptureFixture[str], db: None, settings: object, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agents: [oops\n")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, config_files=(str(bad),))  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit) as exc:
+        call_command("doctor")
+    assert exc.value.code == 1
+    assert "FAIL config" in capsys.readouterr().out

@@ -1,0 +1,85 @@
+"""Tool execution under policy: concurrency, completion order, errors as results."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from apps.core.tools import Tool, ToolContext, ToolResult
+from apps.gateway.providers import ToolCall
+from apps.runs import registry
+from apps.runs.toolrun import run_calls
+
+
+def _sleep(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    time.sleep(float(data["s"]))
+    return ToolResult(f"slept {data['s']} key={ctx.idempotency_key}")
+
+
+def _boom(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    raise RuntimeError("kaboom")
+
+
+@pytest.fixture
+def tools() -> Iterator[None]:
+    added = [Tool("TSleep", "sleeps", {"type": "object"}, _sleep), Tool("TBoom", "raises", {"type": "object"}, _boom)]
+    for tool in added:
+        registry.register(tool)
+    yield
+    for tool in added:
+        registry._REGISTRY.pop(tool.name, None)
+
+
+def ctx(tools: tuple[str, ...], cancelled: threading.Event | None = None) -> ToolContext:
+    return ToolContext(
+        run_id="r_1",
+        agent_id="a_1",
+        session_id="s_1",
+        tenant_id="",
+        user_id="",
+        agent_name="x",
+        agent_def_id="def_1",
+        agent_def_sha256="sha256:0",
+        provider="mock",
+        model="m",
+        step=4,
+        call_id="",
+        tools=tools,
+        cancelled=cancelled or threading.Event(),
+    )
+
+
+def test_calls_of_one_iteration_run_concurrently_and_report_in_completion_order(tools: None) -> None:
+    calls = [
+        ToolCall("c1", "TSleep", {"s": 0.6}),
+        ToolCall("c2", "TSleep", {"s": 0.1}),
+        ToolCall("c3", "TSleep", {"s": 0.3}),
+    ]
+    t0 = time.monotonic()
+    outcomes = run_calls(ctx(("TSleep",)), calls)
+    assert time.monotonic() - t0 < 1.0  # serial would be 1.0 s
+    assert [o.call.id for o in outcomes] == ["c2", "c3", "c1"]
+    assert outcomes[0].result.text == "slept 0.1 key=r_1:4:c2"  # (run_id, step, call_id)
+
+
+def test_a_raising_tool_becomes_an_error_result(tools: None) -> None:
+    [outcome] = run_calls(ctx(("TBoom",)), [ToolCall("c1", "TBoom", {})])
+    assert outcome.result.is_error and "RuntimeError: kaboom" in outcome.result.text
+
+
+def test_tools_outside_the_runs_set_are_refused_as_error_results(tools: None) -> None:
+    outcomes = run_calls(ctx(("TSleep",)), [ToolCall("c1", "TBoom", {}), ToolCall("c2", "Nope", {})])
+    texts = {o.call.id: o.result for o in outcomes}
+    assert texts["c1"].is_error and "not allowed" in texts["c1"].text
+    assert texts["c2"].is_error and "not allowed" in texts["c2"].text
+
+
+def test_no_new_call_starts_after_cancel(tools: None) -> None:
+    cancelled = threading.Event()
+    cancelled.set()
+    calls = [ToolCall(f"c{i}", "TSleep", {"s": 0}) for i in range(3)]
+    assert run_calls(ctx(("TSleep",), cancelled), calls) == []

@@ -14,8 +14,6 @@ def main() -> None:
 
     if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
         ensure_services(E.DATA_DIR)
-        # env.py read the environment before the services existed
-        E.DATABASE_URL, E.REDIS_URL = os.environ["DATABASE_URL"], os.environ["REDIS_URL"]
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -5,6 +5,7 @@
    runs/s, iterations/s, p50/p99 engine overhead per iteration (iteration wall
    time minus provider time, sampled by the workers) and write commits per
    iteration (Postgres transaction ids consumed, minus one per run creation);
+   then the same overhead at light load (4 runs at a time), without queueing;
 2. the floor, measured on the same machine in the same run: a bare Celery hop
    doing one Postgres INSERT+COMMIT of ~4 KB (bench/floor_app.py), with the
    same broker, settings and worker pool, and our ratio to it;
@@ -216,6 +217,18 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     }
 
 
+def light_load_phase() -> dict[str, float]:
+    """Overhead without saturation: 4 runs at a time, 10 rounds."""
+    client = sync_client()
+    client.delete(TIMINGS_KEY)
+    for _ in range(10):
+        wait_status(create_runs("loop10", 4), RunStatus.COMPLETED, 120)
+    samples = [tuple(map(float, s.decode().split(","))) for s in client.lrange(TIMINGS_KEY, 0, -1)]
+    overhead = [total - provider for total, provider in samples]
+    return {"light_p50_overhead_ms": pct(overhead, 0.5), "light_p99_overhead_ms": pct(overhead, 0.99),
+            "light_samples": len(samples)}
+
+
 def floor_phase(env: dict[str, str]) -> dict[str, float]:
     sql("DROP TABLE IF EXISTS floor_ckpt")
     sql(
@@ -327,6 +340,9 @@ def main() -> None:
             f"{r['commits_per_iteration']:.2f} write commits/iteration",
             flush=True,
         )
+        r |= light_load_phase()
+        print(f"light    4 concurrent runs: overhead/iteration p50 {r['light_p50_overhead_ms']:.2f} ms, "
+              f"p99 {r['light_p99_overhead_ms']:.2f} ms ({r['light_samples']} samples)", flush=True)
         r |= inflight_phase(workers)
         print(
             f"inflight peak {r['inflight_runs']} runs leased at once; {r['inflight_completed']}/{INFLIGHT} done "

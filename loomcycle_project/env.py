@@ -19,8 +19,16 @@ env = environ.Env()
 # Where the embedded Postgres/Redis and beat state live.
 DATA_DIR = Path(env.str("LOOMCYCLE_DATA_DIR", default=str(BASE_DIR / ".loomcycle"))).resolve()
 
-DATABASE_URL: str | None = env.str("DATABASE_URL", default=None)
-REDIS_URL: str | None = env.str("REDIS_URL", default=None)
+
+
+def database_url() -> str | None:
+    """Read when settings load, not at import: the embedded bootstrap may set it later."""
+    return env.str("DATABASE_URL", default=None) or None
+
+
+def redis_url() -> str | None:
+    return env.str("REDIS_URL", default=None) or None
+
 
 LISTEN_ADDR: str = env.str("LOOMCYCLE_LISTEN_ADDR", default="127.0.0.1:8787")
 AUTH_TOKEN: str | None = env.str("LOOMCYCLE_AUTH_TOKEN", default=None) or None

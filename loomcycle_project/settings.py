@@ -57,11 +57,12 @@ TEMPLATES = [
 
 
 def _database() -> dict[str, object]:
-    if not E.DATABASE_URL:
+    url = E.database_url()
+    if not url:
         # manage.py / up / the pytest plugin fill DATABASE_URL with the embedded
         # server before Django starts; reaching here means another entry point.
         return {"ENGINE": "django.db.backends.postgresql", "NAME": "loomcycle", "OPTIONS": {}}
-    cfg: dict[str, object] = dict(E.env.db_url_config(E.DATABASE_URL))
+    cfg: dict[str, object] = dict(E.env.db_url_config(url))
     options = dict(cfg.get("OPTIONS") or {})  # type: ignore[call-overload]
     # psycopg pool: a worker thread hands its connection back before every
     # provider call, so 1,000 in-flight calls do not hold 1,000 connections.
@@ -87,7 +88,7 @@ STATIC_ROOT = E.DATA_DIR / "static"
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = E.MAX_REQUEST_BYTES
 
-REDIS_URL = E.REDIS_URL or ""
+REDIS_URL = E.redis_url() or ""
 
 # Celery (DESIGN.md "Celery settings for this workload").
 CELERY_BROKER_URL = REDIS_URL

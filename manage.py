@@ -13,7 +13,8 @@ def main() -> None:
     from loomcycle_project.embedded import ensure_services
 
     if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
-        ensure_services(E.DATA_DIR)
+        # Only `up` starts (and later stops) the embedded Redis; other commands use it if it runs.
+        ensure_services(E.DATA_DIR, start_redis_server=sys.argv[1:2] == ["up"])
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -225,8 +225,11 @@ def light_load_phase() -> dict[str, float]:
         wait_status(create_runs("loop10", 4), RunStatus.COMPLETED, 120)
     samples = [tuple(map(float, s.decode().split(","))) for s in client.lrange(TIMINGS_KEY, 0, -1)]
     overhead = [total - provider for total, provider in samples]
-    return {"light_p50_overhead_ms": pct(overhead, 0.5), "light_p99_overhead_ms": pct(overhead, 0.99),
-            "light_samples": len(samples)}
+    return {
+        "light_p50_overhead_ms": pct(overhead, 0.5),
+        "light_p99_overhead_ms": pct(overhead, 0.99),
+        "light_samples": len(samples),
+    }
 
 
 def floor_phase(env: dict[str, str]) -> dict[str, float]:
@@ -341,8 +344,11 @@ def main() -> None:
             flush=True,
         )
         r |= light_load_phase()
-        print(f"light    4 concurrent runs: overhead/iteration p50 {r['light_p50_overhead_ms']:.2f} ms, "
-              f"p99 {r['light_p99_overhead_ms']:.2f} ms ({r['light_samples']} samples)", flush=True)
+        print(
+            f"light    4 concurrent runs: overhead/iteration p50 {r['light_p50_overhead_ms']:.2f} ms, "
+            f"p99 {r['light_p99_overhead_ms']:.2f} ms ({r['light_samples']} samples)",
+            flush=True,
+        )
         r |= inflight_phase(workers)
         print(
             f"inflight peak {r['inflight_runs']} runs leased at once; {r['inflight_completed']}/{INFLIGHT} done "

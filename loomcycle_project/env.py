@@ -20,7 +20,6 @@ env = environ.Env()
 DATA_DIR = Path(env.str("LOOMCYCLE_DATA_DIR", default=str(BASE_DIR / ".loomcycle"))).resolve()
 
 
-
 def database_url() -> str | None:
     """Read when settings load, not at import: the embedded bootstrap may set it later."""
     return env.str("DATABASE_URL", default=None) or None
@@ -34,12 +33,19 @@ LISTEN_ADDR: str = env.str("LOOMCYCLE_LISTEN_ADDR", default="127.0.0.1:8787")
 AUTH_TOKEN: str | None = env.str("LOOMCYCLE_AUTH_TOKEN", default=None) or None
 SECRET_KEY: str | None = env.str("DJANGO_SECRET_KEY", default=None)
 DEBUG: bool = env.bool("LOOMCYCLE_DEBUG", default=False)
-CONFIG_FILES: list[str] = env.list("LOOMCYCLE_CONFIG_FILES", default=[])
+
+
+def _list(name: str, default: list[str]) -> list[str]:
+    """Comma-separated, items trimmed, empty items dropped."""
+    return [item.strip() for item in env.list(name, default=default) if item.strip()]
+
+
+CONFIG_FILES: list[str] = _list("LOOMCYCLE_CONFIG_FILES", [])
 MAX_REQUEST_BYTES: int = env.int("LOOMCYCLE_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
 SSE_KEEPALIVE_MS: int = env.int("LOOMCYCLE_SSE_KEEPALIVE_MS", default=20_000)
 TOOL_PARALLELISM: int = env.int("LOOMCYCLE_TOOL_PARALLELISM", default=8)
 # Operator floor of enabled tools ("*" = every registered tool).
-TOOLS_ENABLED: list[str] = env.list("LOOMCYCLE_TOOLS_ENABLED", default=["*"])
+TOOLS_ENABLED: list[str] = _list("LOOMCYCLE_TOOLS_ENABLED", ["*"])
 
 # Engine knobs (see docs/configuration.md).
 LEASE_SECONDS: float = env.float("LOOMCYCLE_LEASE_SECONDS", default=30.0)
@@ -69,8 +75,6 @@ MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
 # to this Redis list (bench/loop.py reads it). Off when unset.
 ENGINE_TIMINGS_KEY: str | None = env.str("LOOMCYCLE_ENGINE_TIMINGS_KEY", default=None) or None
 
-OTEL_ENDPOINT: str | None = env.str("LOOMCYCLE_OTEL_EXPORTER_OTLP_ENDPOINT", default=None)
-OTEL_SERVICE_NAME: str = env.str("LOOMCYCLE_OTEL_SERVICE_NAME", default="loomcycle")
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
 
 PROVIDER_KEYS = {

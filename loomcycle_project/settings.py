@@ -23,7 +23,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
-    "apps.core",
+    "apps.core",  # its migration creates the pgvector extension
     "apps.substrate",
     "apps.gateway",
     "apps.runs",

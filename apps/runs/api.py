@@ -21,7 +21,7 @@ from apps.core.types import Principal
 from apps.runs import selectors, services
 from apps.runs.models import PARKED, RUNNABLE, Run, RunStatus
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
-from apps.runs.streams import Frame, run_frames, sse_encode
+from apps.runs.streams import Frame, keepalive_seconds, run_frames, sse_encode
 
 log = logging.getLogger("loomcycle.api.runs")
 router = Router(tags=["runs"])
@@ -124,8 +124,12 @@ async def _post_stream(run: Run, principal: Principal, *, cancel_on_disconnect: 
         )
     )
     finished = False
+    # Daphne (Twisted) notices a hang-up only when a write fails, so a stream
+    # that must cancel on disconnect writes a keepalive every second.
+    keepalive = 1.0 if cancel_on_disconnect else keepalive_seconds()
     try:
-        async for frame in run_frames(run.id, run.last_seq, _keepalive_s()):
+        # Interactive runs replay their initial input as a `steer` frame (SPEC 3.4).
+        async for frame in run_frames(run.id, 0 if run.interactive else run.last_seq, keepalive):
             yield sse_encode(frame)
         finished = True
     finally:
@@ -142,10 +146,6 @@ def _cancel(principal: Principal, agent_id: str, reason: str) -> dict[str, Any]:
         return services.run_cancel(principal=principal, agent_id=agent_id, reason=reason)
     finally:
         connection.close()
-
-
-def _keepalive_s() -> float:
-    return max(1.0, min(300.0, settings.LOOMCYCLE.sse_keepalive_ms / 1000))
 
 
 @router.get("/agents/{agent_id}", summary="Run status by the caller's agent_id")
@@ -175,7 +175,8 @@ def runs_events(request: HttpRequest, run_id: str, from_seq: int = 0, limit: int
     run = selectors.run_get(tenant_id=request.auth.tenant_id, run_id=run_id)  # type: ignore[attr-defined]
     rows = selectors.run_events_since(run_id=run.id, from_seq=from_seq, limit=limit)
     events = [{**r, "created_at": _ts(r["created_at"])} for r in rows]
-    return {"run_id": run.id, "events": events, "last_seq": run.last_seq, "status": run.status}
+    status = agent_out(run)["status"]
+    return {"run_id": run.id, "events": events, "last_seq": run.last_seq, "status": status, "state": run.status}
 
 
 def _resume_from(request: HttpRequest, from_seq: int | None) -> int:
@@ -196,7 +197,7 @@ async def runs_stream(request: HttpRequest, run_id: str, from_seq: int | None = 
 
     async def stream() -> AsyncIterator[bytes]:
         yield sse_encode(Frame("agent", {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id}))
-        async for frame in run_frames(run.id, start, _keepalive_s()):
+        async for frame in run_frames(run.id, start, keepalive_seconds()):
             yield sse_encode(frame)
 
     return StreamingHttpResponse(stream(), content_type="text/event-stream", headers=_SSE_HEADERS)

@@ -14,13 +14,12 @@ from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.conf import settings
 from django.db import connection
 
 from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
 from apps.runs.selectors import run_get
-from apps.runs.streams import KEEPALIVE, run_frames
+from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
 from apps.substrate.auth import authenticate, bearer_from_headers
 
 
@@ -40,6 +39,10 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
         query = parse_qs(self.scope.get("query_string", b"").decode())
         from_seq_raw = (query.get("from_seq") or ["0"])[-1]
+        protos = [p for p in self.scope.get("subprotocols", []) if p.startswith("bearer.")]
+        # Accept first, then close with a code: a close before accept becomes a
+        # bare HTTP 403 handshake rejection and clients never see the reason.
+        await self.accept(subprotocol=protos[0] if protos else None)
         try:
             principal = authenticate(bearer_from_headers(headers), client[0])
             if not is_ident(run_id) or not from_seq_raw.isdigit():
@@ -49,12 +52,10 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         except ApplicationError as exc:
             await self.close(code=4000 + exc.status)
             return
-        protos = [p for p in self.scope.get("subprotocols", []) if p.startswith("bearer.")]
-        await self.accept(subprotocol=protos[0] if protos else None)
         self.task = asyncio.get_running_loop().create_task(self._pump(run_id, int(from_seq_raw)))
 
     async def _pump(self, run_id: str, from_seq: int) -> None:
-        keepalive = max(1.0, settings.LOOMCYCLE.sse_keepalive_ms / 1000)
+        keepalive = keepalive_seconds()
         async for frame in run_frames(run_id, from_seq, keepalive):
             if frame is KEEPALIVE:
                 message: dict[str, Any] = {"seq": None, "event": "keepalive", "data": {}}

@@ -75,6 +75,8 @@ def run_iterate(*, run_id: str, step: int) -> str:
         if run is None:
             return "noop"
         LIVE.set_token(run_id, run.lease_token)
+        if run.first_claim:
+            notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
         write = _execute(run, cancel)
         committed = _commit(run, write)
     if not committed:
@@ -102,8 +104,6 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
             f"(its worker was lost each time); giving up after {max_attempts} attempts"
         )
     write = StepWrite(status=RunStatus.RUNNING, next="requeue")
-    if run.step == 0:
-        write.events.append({"type": "started"})
     messages = _load_messages(run, write)
     connection.close()  # hand the connection back to the pool before the provider call
     try:

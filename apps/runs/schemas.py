@@ -26,6 +26,7 @@ class RunCreateIn(BaseModel):
     metadata: dict[str, Any] | None = None
     interactive: bool | None = None
     max_iterations: int | None = Field(default=None, ge=1, le=2**20)
+    session_id: str | None = None  # refused below: continuation is not built yet
     background: bool = False
     cancel_on_disconnect: bool = False
     model_config = {"extra": "ignore"}
@@ -44,6 +45,13 @@ class RunCreateIn(BaseModel):
     @classmethod
     def _agent_id(cls, v: str | None) -> str | None:
         return _ident(v, "agent_id")
+
+    @field_validator("session_id")
+    @classmethod
+    def _session(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError("session continuation is not supported by this build yet; omit session_id")
+        return v
 
     def segment_list(self) -> list[Segment]:
         if self.segments:
@@ -82,3 +90,4 @@ class EventsOut(BaseModel):
     events: list[EventOut]
     last_seq: int
     status: str
+    state: str

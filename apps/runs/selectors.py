@@ -24,7 +24,10 @@ def runs_for_user(*, tenant_id: str, user_id: str, status: str = "running") -> l
     if status == "running":  # loomcycle's "running" is every live state
         qs = qs.filter(status__in=[*RUNNABLE, *PARKED])
     elif status != "all":
-        qs = qs.filter(status__in=[s.strip() for s in status.split(",")])
+        wanted: set[str] = set()
+        for item in (s.strip() for s in status.split(",")):
+            wanted.update([*RUNNABLE, *PARKED] if item == "running" else [item])
+        qs = qs.filter(status__in=wanted)
     return list(qs[:1000])
 
 

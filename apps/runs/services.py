@@ -263,7 +263,8 @@ def runtime_resume() -> dict[str, Any]:
             raise Conflict("runtime is not paused", code="not_paused")
         RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.RUNNING, updated_at=timezone.now())
         resumed = list(
-            Run.objects.select_for_update(skip_locked=True).filter(status=RunStatus.PAUSED).values_list("id", "step")
+            # No SKIP LOCKED: a paused run that is locked right now must still be resumed.
+            Run.objects.select_for_update().filter(status=RunStatus.PAUSED).values_list("id", "step")
         )
         Run.objects.filter(id__in=[r for r, _ in resumed]).update(status=RunStatus.RUNNING, updated_at=timezone.now())
         transaction.on_commit(lambda: _enqueue_all(resumed))

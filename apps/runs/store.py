@@ -58,6 +58,7 @@ _CLAIM_SQL = f"""
 WITH s AS ({_ASYNC_COMMIT}), c AS (
   UPDATE runs_run SET
     status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
+    last_seq = last_seq + CASE WHEN started_at IS NULL THEN 1 ELSE 0 END,
     started_at = COALESCE(started_at, now()),
     attempts = attempts + 1,
     lease_owner = %s,
@@ -67,7 +68,12 @@ WITH s AS ({_ASYNC_COMMIT}), c AS (
     updated_at = now()
   WHERE id = %s AND step = %s AND status IN ('queued', 'running')
     AND (lease_until IS NULL OR lease_until < now())
-  RETURNING {", ".join(_CLAIM_COLUMNS)}
+  RETURNING {", ".join(_CLAIM_COLUMNS)}, started_at = now() AS first_claim
+), st AS (
+  -- The run's first claim (started_at set in this very transaction) emits `started`
+  -- before the provider call, as loomcycle does; a redelivered claim does not.
+  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
+  SELECT c.id, c.last_seq, 0, 'started', '{{"type": "started"}}'::jsonb, now() FROM c WHERE c.first_claim
 )
 SELECT c.*,
   COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), 'running'),
@@ -154,6 +160,7 @@ class ClaimedRun:
     last_seq: int
     transcript_len: int
     pending_inputs: int
+    first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
 
@@ -175,7 +182,7 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
         row = cur.fetchone()
     if row is None:
         return None
-    values = dict(zip(_CLAIM_COLUMNS, row, strict=False))
+    values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
     for key in ("system", "tools", "usage"):
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connection
 from redis import RedisError
 
@@ -119,7 +120,7 @@ def to_frame(row: dict[str, Any]) -> Frame | None:
             "user_input": {
                 "text": "\n\n".join(texts),
                 "source": payload.get("source", "replay"),
-                "seen_at": row["created_at"].isoformat(),
+                "seen_at": row["created_at"].isoformat().replace("+00:00", "Z"),
             },
         }
         return Frame("steer", data, row["seq"])
@@ -153,6 +154,11 @@ async def run_frames(run_id: str, from_seq: int, keepalive_s: float) -> AsyncIte
                     yield KEEPALIVE
     finally:
         await hub.unsubscribe(run_id, wake)
+
+
+def keepalive_seconds() -> float:
+    """LOOMCYCLE_SSE_KEEPALIVE_MS clamped to 1 s .. 5 min (SPEC 3.1)."""
+    return max(1.0, min(300.0, settings.LOOMCYCLE.sse_keepalive_ms / 1000))
 
 
 def sse_encode(frame: Frame) -> bytes:

@@ -51,6 +51,10 @@ def check_postgres() -> list[Check]:
 
 
 def check_redis() -> list[Check]:
+    from loomcycle_project.embedded import embedded_redis_alive, embedded_redis_url
+
+    if settings.REDIS_URL == embedded_redis_url(E.DATA_DIR) and not embedded_redis_alive(E.DATA_DIR):
+        return [("WARN", "redis", "embedded Redis is not running yet (`make run` starts it)")]
     try:
         info = sync_client().info("server")
         return [("PASS", "redis", f"redis {info['redis_version']}")]

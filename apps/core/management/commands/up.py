@@ -51,6 +51,7 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Daphne binds: TIME_WAIT is not "in use"
         try:
             sock.bind((host, port))
             return True

@@ -1,4 +1,4 @@
-"""The Celery app. Configuration lives in Django settings (CELERY_ namespace)."""
+"""The Celery app. Configuration lives in Django settings (CELERY_ names), read via loomcycle_project.celeryconfig."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from workers.queues import MAINTENANCE, RUNS, TASK_ROUTES
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
 
 app = Celery("loomcycle")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+app.config_from_object("loomcycle_project.celeryconfig")
 app.conf.task_routes = TASK_ROUTES
 app.conf.task_default_queue = RUNS
 app.conf.task_create_missing_queues = True

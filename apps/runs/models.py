@@ -1,5 +1,10 @@
 """Runs, their events, their append-only transcript, steering inputs and tool calls.
 
+The child tables reference runs without a database FK constraint: their rows
+are inserted only by the fenced step commit, in the statement that updates
+that very run, and an FK trigger per inserted row would lock the hottest row
+(`FOR KEY SHARE`) six times per iteration. Django still cascades deletes.
+
 A run is a row; a worker holds it only for one iteration (lease + fencing
 token). `step` counts committed iterations; `last_seq` and `transcript_len`
 are the counters the step commit advances under the fence, so event seqs and
@@ -93,7 +98,7 @@ class Run(models.Model):
 
 class RunEvent(models.Model):
     # No separate run_id index: the (run, seq) unique index serves every lookup.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False)
     seq = models.PositiveIntegerField()
     step = models.PositiveIntegerField(default=0)
     type = models.CharField(max_length=48)
@@ -108,7 +113,9 @@ class RunEvent(models.Model):
 class TranscriptEntry(models.Model):
     """One message or one tool result; never rewritten."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="transcript", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="transcript", db_index=False, db_constraint=False
+    )
     idx = models.PositiveIntegerField()
     step = models.PositiveIntegerField()
     role = models.CharField(max_length=16)  # user | assistant
@@ -123,7 +130,7 @@ class TranscriptEntry(models.Model):
 class RunInput(models.Model):
     """Steering / continuation text, drained at the top of the next iteration."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="inputs")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="inputs", db_constraint=False)
     text = models.TextField()
     source = models.CharField(max_length=16, default="api")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -144,7 +151,9 @@ class ToolCallRecord(models.Model):
     """Recorded as started before the tool runs; (run, step, call_id) is the
     idempotency key a redelivered iteration repeats."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False, db_constraint=False
+    )
     step = models.PositiveIntegerField()
     call_id = models.CharField(max_length=128)
     name = models.CharField(max_length=128)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -53,7 +53,7 @@ def _in_thread(ctx: ToolContext, call: ToolCall) -> ToolResult:
 
 def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
     """Run the calls; stop starting new ones once `base.cancelled` is set."""
-    ctxs = {c.id: _ctx_for(base, c) for c in calls}
+    ctxs = {c.id: replace(base, call_id=c.id) for c in calls}
     if len(calls) == 1:
         call = calls[0]
         return [CallOutcome(call, _execute_one(ctxs[call.id], call))]
@@ -72,22 +72,3 @@ def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
             for fut in done:
                 outcomes.append(CallOutcome(pending.pop(fut), fut.result()))
     return outcomes
-
-
-def _ctx_for(base: ToolContext, call: ToolCall) -> ToolContext:
-    return ToolContext(
-        run_id=base.run_id,
-        agent_id=base.agent_id,
-        session_id=base.session_id,
-        tenant_id=base.tenant_id,
-        user_id=base.user_id,
-        agent_name=base.agent_name,
-        agent_def_id=base.agent_def_id,
-        agent_def_sha256=base.agent_def_sha256,
-        provider=base.provider,
-        model=base.model,
-        step=base.step,
-        call_id=call.id,
-        tools=base.tools,
-        cancelled=base.cancelled,
-    )

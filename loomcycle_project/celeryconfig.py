@@ -15,4 +15,4 @@ _PREFIX = "CELERY_"
 
 for _name in dir(settings):
     if _name.startswith(_PREFIX):
-        globals()[_name[len(_PREFIX):].lower()] = getattr(settings, _name)
+        globals()[_name[len(_PREFIX) :].lower()] = getattr(settings, _name)

@@ -12,7 +12,10 @@ DEBUG = E.DEBUG
 # No secret has a default: without DJANGO_SECRET_KEY each process gets a random
 # key (sessions do not survive restarts; the API uses bearer tokens, not cookies).
 SECRET_KEY = E.SECRET_KEY or secrets.token_urlsafe(50)
-ALLOWED_HOSTS = ["*"]  # Host header is not an auth boundary here; bearer tokens are.
+# Open mode answers loopback host names only: without that, a DNS-rebinding web
+# page could drive the unauthenticated API from a browser. With a token, the
+# token is the boundary. LOOMCYCLE_ALLOWED_HOSTS overrides both.
+ALLOWED_HOSTS = E.ALLOWED_HOSTS or (["*"] if E.AUTH_TOKEN else ["127.0.0.1", "localhost", "[::1]"])
 
 INSTALLED_APPS = [
     "daphne",

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -39,6 +39,7 @@ from apps.runs.models import (
     TranscriptEntry,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
+from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
 
 log = logging.getLogger("loomcycle.runs")
@@ -86,31 +87,59 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         caller=data.tools,
         disable_context=bool(d.get("disable_context", False)),
     )
-    agent_id = data.agent_id or new_agent_id()
-    with transaction.atomic():
-        if Run.objects.filter(agent_id=agent_id).exists():
-            raise Conflict(f"agent_id {agent_id!r} is already in use", code="agent_id_in_use")
-        run = Run.objects.create(
-            id=new_run_id(),
-            agent_id=agent_id,
-            session_id=new_session_id(),
-            tenant_id=principal.tenant_id,
-            user_id=data.user_id,
-            agent_name=agent_def.name,
-            agent_def=agent_def,
-            agent_def_sha256=agent_def.content_sha256,
-            provider=str(d["provider"]),
-            model=str(d["model"]),
-            system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
-            max_tokens=int(d.get("max_tokens", 4096)),
-            interactive=interactive,
-            max_iterations=max_it,
-            tools=tools,
-            metadata=data.metadata or {},
-            parent_id=data.parent_id,
-        )
-        _create_rows(run, data, user_text, agent_def.id)
-        transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+    resolved = _Resolved(
+        agent_def=agent_def,
+        agent_id=data.agent_id or new_agent_id(),
+        interactive=interactive,
+        max_iterations=max_it,
+        tools=tools,
+        user_text=user_text,
+        system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
+    )
+    try:
+        with transaction.atomic():
+            run = _insert_run(principal, data, resolved)
+            transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+    except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
+        raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
+    return run
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """What run_create resolved before writing anything."""
+
+    agent_def: AgentDef
+    agent_id: str
+    interactive: bool
+    max_iterations: int
+    tools: list[str]
+    user_text: str
+    system: list[str]
+
+
+def _insert_run(principal: Principal, data: RunCreate, r: _Resolved) -> Run:
+    d = r.agent_def.definition
+    run = Run.objects.create(
+        id=new_run_id(),
+        agent_id=r.agent_id,
+        session_id=new_session_id(),
+        tenant_id=principal.tenant_id,
+        user_id=data.user_id,
+        agent_name=r.agent_def.name,
+        agent_def=r.agent_def,
+        agent_def_sha256=r.agent_def.content_sha256,
+        provider=str(d["provider"]),
+        model=str(d["model"]),
+        system=r.system,
+        max_tokens=int(d.get("max_tokens", 4096)),
+        interactive=r.interactive,
+        max_iterations=r.max_iterations,
+        tools=r.tools,
+        metadata=data.metadata or {},
+        parent_id=data.parent_id,
+    )
+    _create_rows(run, data, r.user_text, r.agent_def.id)
     return run
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from apps.core.errors import Forbidden, Unauthorized
@@ -233,3 +233,28 @@ def test_client_disconnect_cancels_only_when_asked(http: httpx.Client, agent: st
     assert final.status == expected
     if flag:
         assert final.stop_reason == "client disconnected"
+
+
+def test_open_mode_refuses_foreign_host_names_against_dns_rebinding(http: httpx.Client) -> None:
+    assert http.get("/healthz", headers={"Host": "evil.example"}).status_code == 400
+    assert http.get("/healthz", headers={"Host": "localhost"}).status_code == 200
+
+
+def test_websocket_from_a_foreign_origin_is_refused(web: str, http: httpx.Client) -> None:
+    run = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "background": True}).json()
+    url = web.replace("http://", "ws://") + f"/ws/runs/{run['run_id']}/"
+    with pytest.raises(InvalidStatus) as info, connect(url, origin="http://evil.example"):  # type: ignore[arg-type]
+        pass
+    assert info.value.response.status_code == 403
+    with connect(url, origin=web) as ws:  # type: ignore[arg-type]
+        assert json.loads(ws.recv(timeout=10))["event"] in {"steer", "started"}
+
+
+def test_concurrent_creates_with_one_agent_id_give_one_run_and_409s(http: httpx.Client) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"agent": "echo", "prompt": "hi", "agent_id": "racer", "background": True}
+    with ThreadPoolExecutor(6) as pool:
+        codes = sorted(pool.map(lambda _: http.post("/v1/runs", json=body).status_code, range(6)))
+    assert codes == [202, 409, 409, 409, 409, 409]
+    assert Run.objects.filter(agent_id="racer").count() == 1

@@ -85,8 +85,8 @@ FROM c, s
 _TOOL_STARTS_SQL = f"""
 WITH s AS ({_ASYNC_COMMIT})
 INSERT INTO runs_toolcallrecord (run_id, step, call_id, name, input, status, is_error, started_at)
-SELECT %s, %s, x.cid, x.name, x.input::jsonb, 'started', false, now()
-FROM s, unnest(%s::text[], %s::text[], %s::text[]) AS x(cid, name, input)
+SELECT %s, %s, x.v->>0, x.v->>1, x.v->2, 'started', false, now()
+FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
 ON CONFLICT (run_id, step, call_id) DO NOTHING
 """
 
@@ -201,10 +201,7 @@ def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
 def record_tool_starts(*, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
     """Recorded before the tools run; a redelivery repeats the same (run, step, call_id) keys."""
     with connection.cursor() as cur:
-        cur.execute(
-            _TOOL_STARTS_SQL,
-            [run_id, step, [c[0] for c in calls], [c[1] for c in calls], [json.dumps(c[2]) for c in calls]],
-        )
+        cur.execute(_TOOL_STARTS_SQL, [run_id, step, json.dumps([list(c) for c in calls])])
 
 
 def commit_step(

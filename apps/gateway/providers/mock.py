@@ -70,8 +70,9 @@ class MockProvider:
 
     def stream(self, request: ProviderRequest, cancel: threading.Event) -> Iterator[ProviderEvent]:
         variant, opts = _parse_model(request.model)
+        chars = _request_chars(request)
         self._roll_failures(opts)
-        self._wait(request, opts, cancel)
+        self._wait(chars, opts, cancel)
         if variant == "mock-crash" and E.MOCK_ALLOW_CRASH:
             os.kill(os.getpid(), signal.SIGKILL)
         step = _tool_results(request)
@@ -81,7 +82,7 @@ class MockProvider:
         yield from calls
         out_tokens = len(text) // 4 + sum(len(json.dumps(c.input)) // 4 for c in calls)
         usage = Usage(
-            input_tokens=max(1, _request_chars(request) // 4),
+            input_tokens=max(1, chars // 4),
             output_tokens=out_tokens,
             model=request.model,
             provider=self.id,
@@ -100,11 +101,11 @@ class MockProvider:
         if roll < rate_429 + rate_500:
             raise ProviderError(self.id, 500, f"server_error (injected at {now})")
 
-    def _wait(self, request: ProviderRequest, opts: dict[str, str], cancel: threading.Event) -> None:
+    def _wait(self, chars: int, opts: dict[str, str], cancel: threading.Event) -> None:
         base = float(opts.get("latency_ms", E.MOCK_LATENCY_MS))
         jitter = float(opts.get("jitter_ms", E.MOCK_LATENCY_JITTER_MS))
         seconds = (base + (self._rng.uniform(0, jitter) if jitter > 0 else 0.0)) / 1000.0
-        seconds += _request_chars(request) / 100 / 1_000_000
+        seconds += chars / 100 / 1_000_000
         if seconds > 0 and cancel.wait(seconds):
             raise ProviderCancelled()
         if cancel.is_set():

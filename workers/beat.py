@@ -14,4 +14,9 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "schedule": E.SWEEP_SECONDS,
             "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
         },
+        "children-report-sweep": {
+            "task": "maintenance.children_report_sweep",
+            "schedule": E.SWEEP_SECONDS,
+            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
+        },
     }

@@ -16,9 +16,18 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class SpawnRequest:
+    """A tool asks the engine to run a sub-agent; its result arrives when the child ends."""
+
+    agent: str
+    prompt: str
+
+
+@dataclass(frozen=True)
 class ToolResult:
     text: str
     is_error: bool = False
+    spawn: SpawnRequest | None = None
 
 
 @dataclass(frozen=True)

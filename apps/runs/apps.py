@@ -8,6 +8,8 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.runs import registry
+        from apps.runs.subruns import AGENT_TOOL
         from apps.runs.tools import CONTEXT_TOOL
 
         registry.register(CONTEXT_TOOL)
+        registry.register(AGENT_TOOL)

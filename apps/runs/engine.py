@@ -20,12 +20,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
-from apps.core.tools import ToolContext
+from apps.core.errors import ApplicationError
+from apps.core.tools import ToolContext, ToolResult
 from apps.gateway.providers import (
     Done,
     ProviderCancelled,
@@ -43,7 +45,8 @@ from apps.runs.live import LIVE, WORKER_ID
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import messages_from_rows
 from apps.runs.store import ClaimedRun, StepRows
-from apps.runs.toolrun import run_calls
+from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
+from apps.runs.toolrun import CallOutcome, run_calls
 
 log = logging.getLogger("loomcycle.engine")
 
@@ -65,6 +68,8 @@ class StepWrite:
     finished_calls: list[tuple[str, bool]] = field(default_factory=list)
     advance: bool = True  # False for a pause park: no provider call was made
     provider_s: float = 0.0  # time inside the provider call(s), for timing samples
+    spawns: list[Spawn] = field(default_factory=list)  # sub-agents to start with this commit
+    child_ids: list[str] = field(default_factory=list)
 
 
 def run_iterate(*, run_id: str, step: int) -> str:
@@ -103,7 +108,9 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
             f"iteration {run.step} was started {run.attempts - 1} times without committing "
             f"(its worker was lost each time); giving up after {max_attempts} attempts"
         )
-    write = StepWrite(status=RunStatus.RUNNING, next="requeue")
+    write = StepWrite(status=RunStatus.RUNNING, next="requeue", usage=run.usage)
+    if run.step >= run.max_iterations:  # resumed after sub-agents with no iteration left
+        return _finish(write, "max_iterations")
     messages = _load_messages(run, write)
     connection.close()  # hand the connection back to the pool before the provider call
     try:
@@ -235,7 +242,7 @@ def _run_tools(
         tools=tuple(run.tools),
         cancelled=cancel,
     )
-    outcomes = run_calls(base, calls)
+    outcomes = _prepare_spawns(run, run_calls(base, calls), write)
     if cancel.is_set():
         return cancelled_write(_cancel_reason(run))
     by_id = {o.call.id: o.result for o in outcomes}
@@ -245,7 +252,7 @@ def _run_tools(
             {"type": "tool_result", "tool_use": block, "text": o.result.text, "is_error": o.result.is_error}
         )
         write.finished_calls.append((o.call.id, o.result.is_error))
-    for call in calls:  # transcript in tool_call order
+    for call in (c for c in calls if c.id in by_id):  # transcript in tool_call order
         result = by_id[call.id]
         write.transcript.append(
             (
@@ -253,9 +260,34 @@ def _run_tools(
                 [{"type": "tool_result", "tool_use_id": call.id, "content": result.text, "is_error": result.is_error}],
             )
         )
+    if write.spawns:  # park until the last child reports back
+        write.status, write.next = RunStatus.WAITING_CHILDREN, "park"
+        return write
     if run.step + 1 >= run.max_iterations:
         return _finish(write, "max_iterations")
     return write
+
+
+def _prepare_spawns(run: ClaimedRun, outcomes: list[CallOutcome], write: StepWrite) -> list[CallOutcome]:
+    """Spawn requests become write.spawns; refused ones become is_error results now."""
+    now: list[CallOutcome] = []
+    for o in outcomes:
+        if o.result.spawn is None:
+            now.append(o)
+            continue
+        try:
+            write.spawns.append(
+                spawn_prepare(
+                    tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, call=o.call, request=o.result.spawn
+                )
+            )
+        except ApplicationError as exc:
+            now.append(
+                CallOutcome(o.call, ToolResult(f"cannot spawn {o.result.spawn.agent!r}: {exc.message}", is_error=True))
+            )
+    if write.spawns:
+        connection.close()
+    return now
 
 
 def _record_tool_starts(run: ClaimedRun, calls: list[ToolCall]) -> None:
@@ -298,17 +330,28 @@ def _commit(run: ClaimedRun, write: StepWrite) -> bool:
         consumed_inputs=write.consumed_inputs,
         finished_calls=write.finished_calls,
     )
+    commit = partial(
+        store.commit_step,
+        run=run,
+        status=write.status,
+        advance=write.advance,
+        finish=write.next == "finish",
+        stop_reason=write.stop_reason,
+        error=write.error,
+        usage=write.usage,
+        rows=rows,
+        pending_children=len(write.spawns),
+    )
     try:
-        return store.commit_step(
-            run=run,
-            status=write.status,
-            advance=write.advance,
-            finish=write.next == "finish",
-            stop_reason=write.stop_reason,
-            error=write.error,
-            usage=write.usage,
-            rows=rows,
-        )
+        if not write.spawns:
+            return commit()
+        with transaction.atomic():  # the children exist iff the parent's fenced step commits
+            if not commit():
+                return False
+            write.child_ids = children_insert(
+                parent_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, spawns=write.spawns
+            )
+            return True
     finally:
         connection.close()
 
@@ -318,3 +361,6 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
         notify_events(run.id, run.last_seq + len(write.events))
     if write.next == "requeue":
         enqueue_iteration(run.id, run.step + 1)
+    children_enqueue(write.child_ids)
+    if write.next == "finish" and run.parent_id:
+        run_child_finished(child_id=run.id)

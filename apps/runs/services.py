@@ -39,6 +39,7 @@ from apps.runs.models import (
     TranscriptEntry,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
+from apps.runs.subruns import run_child_finished
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
 
@@ -70,8 +71,20 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     and `user_input`/`system_prompt` events, enqueue step 0 on commit."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
+    resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     try:
-        agent_def = agent_def_resolve(tenant_id=principal.tenant_id, name=data.agent)
+        with transaction.atomic():
+            run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved)
+            transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+    except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
+        raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
+    return run
+
+
+def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
+    """Everything a run needs, resolved before any row is written (no writes here)."""
+    try:
+        agent_def = agent_def_resolve(tenant_id=tenant_id, name=data.agent)
     except NotFound as exc:  # loomcycle answers 400 for an unknown agent on /v1/runs
         raise Invalid(exc.message, code="unknown_agent") from exc
     d = agent_def.definition
@@ -87,7 +100,7 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         caller=data.tools,
         disable_context=bool(d.get("disable_context", False)),
     )
-    resolved = _Resolved(
+    return Resolved(
         agent_def=agent_def,
         agent_id=data.agent_id or new_agent_id(),
         interactive=interactive,
@@ -96,18 +109,11 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
     )
-    try:
-        with transaction.atomic():
-            run = _insert_run(principal, data, resolved)
-            transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
-    except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
-        raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
-    return run
 
 
 @dataclass(frozen=True)
-class _Resolved:
-    """What run_create resolved before writing anything."""
+class Resolved:
+    """What run_resolve resolved before writing anything."""
 
     agent_def: AgentDef
     agent_id: str
@@ -118,13 +124,15 @@ class _Resolved:
     system: list[str]
 
 
-def _insert_run(principal: Principal, data: RunCreate, r: _Resolved) -> Run:
+def run_insert(*, tenant_id: str, data: RunCreate, resolved: Resolved, depth: int = 0, parent_call_id: str = "") -> Run:
+    """Insert the run and its first rows; the caller owns the transaction and the doorbell."""
+    r = resolved
     d = r.agent_def.definition
     run = Run.objects.create(
         id=new_run_id(),
         agent_id=r.agent_id,
         session_id=new_session_id(),
-        tenant_id=principal.tenant_id,
+        tenant_id=tenant_id,
         user_id=data.user_id,
         agent_name=r.agent_def.name,
         agent_def=r.agent_def,
@@ -138,6 +146,8 @@ def _insert_run(principal: Principal, data: RunCreate, r: _Resolved) -> Run:
         tools=r.tools,
         metadata=data.metadata or {},
         parent_id=data.parent_id,
+        parent_call_id=parent_call_id,
+        depth=depth,
     )
     _create_rows(run, data, r.user_text, r.agent_def.id)
     return run
@@ -225,6 +235,7 @@ def _finish_unleased(run_id: str, reason: str) -> bool:
         payload = {"type": "done", "stop_reason": reason, "cancelled": True}
         RunEvent.objects.create(run_id=run_id, seq=seq, type="done", payload=payload)
         transaction.on_commit(lambda: notify_events(run_id, seq))
+        transaction.on_commit(lambda: run_child_finished(child_id=run_id))  # a no-op for top-level runs
     return True
 
 

@@ -46,6 +46,7 @@ _CLAIM_COLUMNS = (
     "last_seq",
     "transcript_len",
     "pending_inputs",
+    "depth",
 )
 
 # The claim and the tool-start records commit asynchronously (no WAL flush of
@@ -96,7 +97,7 @@ r AS (
   UPDATE runs_run SET
     status = %(status)s, attempts = 0, lease_owner = '', lease_until = NULL,
     step = %(new_step)s, last_seq = %(last_seq)s, transcript_len = %(transcript_len)s,
-    pending_inputs = pending_inputs - %(consumed)s,
+    pending_inputs = pending_inputs - %(consumed)s, pending_children = %(pending_children)s,
     usage = COALESCE(%(usage)s::jsonb, usage),
     stop_reason = CASE WHEN %(set_stop)s THEN %(stop_reason)s ELSE stop_reason END,
     error = CASE WHEN %(finish)s THEN %(error)s ELSE error END,
@@ -160,6 +161,7 @@ class ClaimedRun:
     last_seq: int
     transcript_len: int
     pending_inputs: int
+    depth: int
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
@@ -214,6 +216,7 @@ def commit_step(
     error: str,
     usage: dict[str, Any] | None,
     rows: StepRows,
+    pending_children: int = 0,
 ) -> bool:
     """The fenced step commit; False when the fence was lost (nothing written)."""
     packed = {
@@ -238,6 +241,7 @@ def commit_step(
         "error": error,
         "transcript_base": run.transcript_len,
         "seq_base": run.last_seq,
+        "pending_children": pending_children,
         "rows": json.dumps(packed),
     }
     with connection.cursor() as cur:

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.runs import engine, services
+from apps.runs import engine, services, subruns
 from workers.base import AgentTask
 
 
@@ -20,3 +20,9 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 def run_leases_sweep_task(**_: Any) -> int:
     """Requeue runs whose lease expired or whose doorbell was lost."""
     return services.run_leases_sweep()
+
+
+@shared_task(base=AgentTask, name="maintenance.children_report_sweep")
+def children_report_sweep_task(**_: Any) -> int:
+    """Report finished child runs whose report to their parent was lost."""
+    return subruns.children_report_sweep()

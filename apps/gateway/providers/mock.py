@@ -10,7 +10,8 @@ The model string may carry options as a query string, e.g.
 - `latency_ms`, `jitter_ms` override the process-wide latency for this model;
 - `rate_429`, `rate_500` override the injected failure rates for this model;
 - `mock-tool-loop`: calls `tool` (default: the first offered tool) `calls`
-  times (default 1), then answers "done";
+  times (default 1), then answers "done" (for `tool=Agent`, `child` names the
+  agent it spawns, default `echo`);
 - `mock-generic` and anything unknown: text "ok", end_turn;
 - `mock-crash` (only with LOOMCYCLE_MOCK_ALLOW_CRASH=1): SIGKILLs its own
   process mid-call, to test crash recovery.
@@ -118,12 +119,14 @@ class MockProvider:
             calls = int(opts.get("calls", "1"))
             tool = opts.get("tool") or (request.tools[0].name if request.tools else "")
             if tool and step < calls:
-                return "", [ToolCall(new_mock_tool_id(), tool, _tool_input(tool, step))]
+                return "", [ToolCall(new_mock_tool_id(), tool, _tool_input(tool, step, opts))]
             return "done", []
         return "ok", []
 
 
-def _tool_input(tool: str, step: int) -> dict[str, Any]:
+def _tool_input(tool: str, step: int, opts: dict[str, str]) -> dict[str, Any]:
     if tool == "Context":
         return {"op": "self"}
+    if tool == "Agent":
+        return {"op": "spawn", "name": opts.get("child", "echo"), "prompt": f"sub-task {step}"}
     return {"call": step}

@@ -1,0 +1,187 @@
+"""Sub-agents: the `Agent` tool (op `spawn`, SPEC 6.4) and the wake-up of parents.
+
+Invariants:
+- A parent never waits on a child: the iteration that spawned commits with
+  the parent parked at `waiting_children`, and its child runs are inserted
+  in the SAME transaction as that fenced step commit (a lost fence leaves no
+  orphan children). Children are enqueued after the commit.
+- A child reports to its parent exactly once: a conditional UPDATE flips
+  `reported_to_parent` on the child, in the transaction that appends the
+  `tool_result` to the parent. The last report flips the parent
+  `waiting_children -> running` and rings its doorbell on commit.
+- A report lost to a crash is made by the sweeper (`children_report_sweep`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.core.errors import ApplicationError
+from apps.core.ids import is_ident
+from apps.core.tools import SpawnRequest, Tool, ToolContext, ToolResult
+from apps.gateway.providers import ToolCall
+from apps.runs.dispatch import enqueue_iteration, notify_events
+from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus, ToolCallRecord, ToolCallStatus, TranscriptEntry
+from apps.runs.prompt import Segment
+
+log = logging.getLogger("loomcycle.subruns")
+
+MAX_DEPTH = 3  # loomcycle's MaxAgentDepth: a top-level run is depth 0
+
+
+def agent_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    op = data.get("op", "spawn")
+    if op != "spawn":
+        return ToolResult(f"op {op!r} is not supported by this build; use op=spawn", is_error=True)
+    name, prompt = data.get("name"), data.get("prompt")
+    if not isinstance(name, str) or not is_ident(name):
+        return ToolResult("name must be an agent name ([A-Za-z0-9_-]{1,128})", is_error=True)
+    if not isinstance(prompt, str) or not prompt.strip():
+        return ToolResult("prompt must be a non-empty string", is_error=True)
+    return ToolResult("", spawn=SpawnRequest(agent=name, prompt=prompt))
+
+
+AGENT_TOOL = Tool(
+    name="Agent",
+    description="Run a sub-agent: op=spawn with {name, prompt}. The result is the sub-agent's final text, "
+    "prefixed with [sub-agent agent_id=...].",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "op": {"type": "string", "enum": ["spawn"]},
+            "name": {"type": "string"},
+            "prompt": {"type": "string"},
+        },
+        "required": ["name", "prompt"],
+    },
+    execute=agent_execute,
+)
+
+
+@dataclass(frozen=True)
+class Spawn:
+    call: ToolCall
+    request: SpawnRequest
+    resolved: Any  # services.Resolved
+
+
+def spawn_prepare(*, tenant_id: str, user_id: str, depth: int, call: ToolCall, request: SpawnRequest) -> Spawn:
+    """Resolve the child before any write; refusals become the call's is_error result."""
+    from apps.runs.services import RunCreate, run_resolve
+
+    if depth + 1 > MAX_DEPTH:
+        raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
+    data = RunCreate(agent=request.agent, segments=[Segment(text=request.prompt)], user_id=user_id)
+    return Spawn(call=call, request=request, resolved=run_resolve(tenant_id=tenant_id, data=data))
+
+
+def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int, spawns: list[Spawn]) -> list[str]:
+    """Inside the parent's step-commit transaction."""
+    from apps.runs.services import RunCreate, run_insert
+
+    ids = []
+    for s in spawns:
+        data = RunCreate(
+            agent=s.request.agent, segments=[Segment(text=s.request.prompt)], user_id=user_id, parent_id=parent_id
+        )
+        child = run_insert(
+            tenant_id=tenant_id, data=data, resolved=s.resolved, depth=depth + 1, parent_call_id=s.call.id
+        )
+        ids.append(child.id)
+    return ids
+
+
+def children_enqueue(child_ids: list[str]) -> None:
+    for child_id in child_ids:
+        enqueue_iteration(child_id, 0)
+
+
+def _child_result(child: Run) -> tuple[str, bool]:
+    if child.status == RunStatus.COMPLETED:
+        last = (
+            TranscriptEntry.objects.filter(run_id=child.id, role="assistant")
+            .order_by("-idx")
+            .values_list("content", flat=True)
+            .first()
+        )
+        text = "".join(b.get("text", "") for b in (last or []) if b.get("type") == "text")
+        return f"[sub-agent agent_id={child.agent_id}]\n{text}", False
+    why = child.error or child.stop_reason or child.status
+    return f"[sub-agent agent_id={child.agent_id}] {child.status}: {why}", True
+
+
+def run_child_finished(*, child_id: str) -> bool:
+    """Report a terminal child to its parent, exactly once. False if nothing to do."""
+    with transaction.atomic():
+        # Compare-and-set: only the first report of this child proceeds.
+        claimed = Run.objects.filter(
+            id=child_id, reported_to_parent=False, status__in=TERMINAL, parent__isnull=False
+        ).update(reported_to_parent=True)
+        if not claimed:
+            return False
+        child = Run.objects.get(id=child_id)
+        parent = Run.objects.select_for_update().get(id=child.parent_id)  # serialise sibling reports
+        if parent.status in TERMINAL:
+            return True
+        text, is_error = _child_result(child)
+        _append_result(parent, child.parent_call_id, text, is_error)
+    return True
+
+
+def _append_result(parent: Run, call_id: str, text: str, is_error: bool) -> None:
+    record = ToolCallRecord.objects.filter(run_id=parent.id, call_id=call_id).order_by("-step").first()
+    step = record.step if record else max(parent.step - 1, 0)
+    tool_use = {"id": call_id, "name": "Agent", "input": record.input if record else {}}
+    seq = parent.last_seq + 1
+    TranscriptEntry.objects.create(
+        run_id=parent.id,
+        idx=parent.transcript_len,
+        step=step,
+        role="user",
+        content=[{"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}],
+    )
+    RunEvent.objects.create(
+        run_id=parent.id,
+        seq=seq,
+        step=step,
+        type="tool_result",
+        payload={"type": "tool_result", "tool_use": tool_use, "text": text, "is_error": is_error},
+    )
+    if record:
+        ToolCallRecord.objects.filter(id=record.id).update(
+            status=ToolCallStatus.FINISHED, is_error=is_error, finished_at=timezone.now()
+        )
+    Run.objects.filter(id=parent.id).update(
+        last_seq=seq,
+        transcript_len=F("transcript_len") + 1,
+        pending_children=F("pending_children") - 1,
+        updated_at=timezone.now(),
+    )
+    transaction.on_commit(lambda: notify_events(parent.id, seq))
+    # Conditional wake: exactly the last report flips the parent back to running.
+    if Run.objects.filter(id=parent.id, status=RunStatus.WAITING_CHILDREN, pending_children=0).update(
+        status=RunStatus.RUNNING, updated_at=timezone.now()
+    ):
+        transaction.on_commit(lambda: enqueue_iteration(parent.id, parent.step))
+
+
+def children_report_sweep(*, settle_seconds: float = 2.0) -> int:
+    """Children that ended but whose report was lost (a crash between their
+    commit and the report)."""
+    cutoff = timezone.now() - timedelta(seconds=settle_seconds)
+    ids = list(
+        Run.objects.filter(
+            parent__isnull=False, reported_to_parent=False, status__in=TERMINAL, completed_at__lt=cutoff
+        ).values_list("id", flat=True)[:500]
+    )
+    reported = sum(run_child_finished(child_id=i) for i in ids)
+    if reported:
+        log.info("sweeper reported %d finished child run(s) to their parents", reported)
+    return reported

@@ -26,7 +26,15 @@ def test_spawned_child_runs_and_wakes_its_parent_with_the_result(stack: WorkerPo
     child = Run.objects.get(parent_id=parent.id)
     assert (child.agent_name, child.status, child.depth, child.reported_to_parent) == ("echo", "completed", 1, True)
     assert event_types(parent.id) == [
-        "user_input", "started", "tool_call", "usage", "tool_result", "text", "usage", "done"]
+        "user_input",
+        "started",
+        "tool_call",
+        "usage",
+        "tool_result",
+        "text",
+        "usage",
+        "done",
+    ]
     [result] = tool_results(parent.id)
     assert result["text"] == f"[sub-agent agent_id={child.agent_id}]\nok" and result["is_error"] is False
     assert done.pending_children == 0 and done.step == 2

@@ -31,4 +31,7 @@ _SERVICES: EmbeddedServices = ensure_services(_data)
 
 
 def pytest_unconfigure(config: object) -> None:
+    from apps.runs.live import LIVE
+
+    LIVE.stop()  # its Redis subscription must not complain about the shutdown below
     _SERVICES.stop()

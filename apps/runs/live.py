@@ -34,6 +34,11 @@ class _Live:
         self._lock = threading.Lock()
         self._runs: dict[str, tuple[threading.Event, int]] = {}
         self._started = False
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Before Redis goes away (shutdown of the test process): the threads end quietly."""
+        self._stopping.set()
 
     def _ensure_threads(self) -> None:
         with self._lock:
@@ -66,7 +71,7 @@ class _Live:
             return len(self._runs)
 
     def _cancel_listener(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 pubsub = sync_client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                 pubsub.subscribe(CANCEL_CHANNEL)
@@ -77,13 +82,15 @@ class _Live:
                     if entry is not None:
                         entry[0].set()
             except (RedisError, OSError) as exc:  # the listener must outlive Redis restarts; log and reconnect
+                if self._stopping.is_set():
+                    return
                 log.warning("cancel listener lost its Redis subscription (%s); reconnecting", exc)
                 time.sleep(1.0)
 
     def _heartbeat(self) -> None:
         period = settings.LOOMCYCLE.heartbeat_seconds
         lease = settings.LOOMCYCLE.lease_seconds
-        while True:
+        while not self._stopping.is_set():
             time.sleep(period)
             with self._lock:
                 leased = [(rid, tok) for rid, (_, tok) in self._runs.items() if tok >= 0]

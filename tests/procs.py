@@ -92,11 +92,12 @@ class WorkerPool:
 
 def wait_http(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
+    last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
+        except httpx.HTTPError as exc:  # not listening yet: retried until the deadline, then reported
+            last = exc
         time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout} s")
+    raise TimeoutError(f"{url} did not answer within {timeout} s (last error: {last})")

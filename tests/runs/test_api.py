@@ -243,8 +243,8 @@ def test_open_mode_refuses_foreign_host_names_against_dns_rebinding(http: httpx.
 def test_websocket_from_a_foreign_origin_is_refused(web: str, http: httpx.Client) -> None:
     run = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "background": True}).json()
     url = web.replace("http://", "ws://") + f"/ws/runs/{run['run_id']}/"
-    with pytest.raises(InvalidStatus) as info, connect(url, origin="http://evil.example"):  # type: ignore[arg-type]
-        pass
+    with pytest.raises(InvalidStatus) as info:
+        connect(url, origin="http://evil.example")  # type: ignore[arg-type]
     assert info.value.response.status_code == 403
     with connect(url, origin=web) as ws:  # type: ignore[arg-type]
         assert json.loads(ws.recv(timeout=10))["event"] in {"steer", "started"}

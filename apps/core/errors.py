@@ -69,7 +69,3 @@ class QuotaExhausted(ApplicationError):
 
 class RuntimePaused(ApplicationError):
     status, code = 503, "runtime_paused"
-
-
-class Unavailable(ApplicationError):
-    status, code = 503, "unavailable"

@@ -64,5 +64,3 @@ class Tool:
     description: str
     input_schema: dict[str, Any]
     execute: ToolFn
-    # True when re-running the call has no side effects (pause may cut it short).
-    idempotent: bool = False

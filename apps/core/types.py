@@ -13,7 +13,3 @@ class Principal:
     subject: str
     scopes: frozenset[str]
     open_mode: bool = False
-
-    @property
-    def is_admin(self) -> bool:
-        return "substrate:admin" in self.scopes

@@ -66,10 +66,6 @@ class _Live:
             if run_id in self._runs:
                 self._runs[run_id] = (self._runs[run_id][0], token)
 
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._runs)
-
     def _cancel_listener(self) -> None:
         while not self._stopping.is_set():
             try:

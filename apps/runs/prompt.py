@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from apps.core.errors import Invalid
 
@@ -37,10 +37,6 @@ class Segment(BaseModel):
     media_type: str | None = None
     data: str | None = None
     model_config = {"extra": "ignore"}
-
-
-class Segments(BaseModel):
-    items: list[Segment] = Field(default_factory=list)
 
 
 def _render(segment: Segment) -> str:

@@ -79,5 +79,4 @@ CONTEXT_TOOL = Tool(
         "additionalProperties": False,
     },
     execute=context_execute,
-    idempotent=True,
 )

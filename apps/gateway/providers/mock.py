@@ -43,8 +43,6 @@ from apps.gateway.providers.base import (
 )
 from loomcycle_project import env as E
 
-MODELS = ("mock-generic", "mock-tool-loop", "mock-crash")
-
 
 def _parse_model(model: str) -> tuple[str, dict[str, str]]:
     base, _, query = model.partition("?")

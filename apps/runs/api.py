@@ -53,7 +53,7 @@ def agent_out(run: Run) -> dict[str, Any]:
         "session_id": run.session_id,
         "agent": run.agent_name,
         "user_id": run.user_id,
-        "parent_agent_id": run.parent.agent_id if run.parent_id and run.parent else None,
+        "parent_agent_id": run.parent.agent_id if run.parent else None,
         "status": "running" if live else run.status,
         "state": run.status,
         "step": run.step,

@@ -9,7 +9,7 @@ from apps.runs.models import PARKED, RUNNABLE, Run, RunEvent, RunStatus
 
 
 def run_get(*, tenant_id: str, agent_id: str | None = None, run_id: str | None = None) -> Run:
-    qs = Run.objects.filter(tenant_id=tenant_id)
+    qs = Run.objects.select_related("parent").filter(tenant_id=tenant_id)  # parent_agent_id is in every response
     qs = qs.filter(agent_id=agent_id) if agent_id is not None else qs.filter(id=run_id)
     run = qs.first()
     if run is None:
@@ -20,7 +20,7 @@ def run_get(*, tenant_id: str, agent_id: str | None = None, run_id: str | None =
 
 
 def runs_for_user(*, tenant_id: str, user_id: str, status: str = "running") -> list[Run]:
-    qs = Run.objects.filter(tenant_id=tenant_id, user_id=user_id).order_by("-created_at")
+    qs = Run.objects.select_related("parent").filter(tenant_id=tenant_id, user_id=user_id).order_by("-created_at")
     if status == "running":  # loomcycle's "running" is every live state
         qs = qs.filter(status__in=[*RUNNABLE, *PARKED])
     elif status != "all":

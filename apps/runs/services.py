@@ -39,6 +39,7 @@ from apps.runs.models import (
     TranscriptEntry,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
+from apps.runs.selectors import run_get
 from apps.runs.subruns import run_child_finished
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
@@ -187,7 +188,7 @@ def _live_descendants(run: Run) -> list[Run]:
 
 def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict[str, Any]:
     """Cancel a run and its live descendants. Idempotent on terminal runs."""
-    run = _run_for(principal, agent_id=agent_id)
+    run = run_get(tenant_id=principal.tenant_id, agent_id=agent_id)
     if run.status in TERMINAL:
         return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
     reason = reason or "cancelled by api"
@@ -243,7 +244,7 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     """Queue steering text; a parked interactive run is woken to consume it."""
     if not text.strip():
         raise Unprocessable("text must not be empty", code="empty_input")
-    run = _run_for(principal, run_id=run_id)
+    run = run_get(tenant_id=principal.tenant_id, run_id=run_id)
     if run.status in TERMINAL:
         raise NotFound(f"run {run_id} is not in flight", code="not_in_flight")
     cap = settings.LOOMCYCLE.steer_queue_cap
@@ -337,9 +338,3 @@ def run_leases_sweep() -> int:
 def _enqueue_all(doorbells: list[tuple[str, int]]) -> None:
     for run_id, step in doorbells:
         enqueue_iteration(run_id, step)
-
-
-def _run_for(principal: Principal, *, agent_id: str | None = None, run_id: str | None = None) -> Run:
-    from apps.runs.selectors import run_get
-
-    return run_get(tenant_id=principal.tenant_id, agent_id=agent_id, run_id=run_id)

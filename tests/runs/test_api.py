@@ -258,3 +258,24 @@ def test_concurrent_creates_with_one_agent_id_give_one_run_and_409s(http: httpx.
         codes = sorted(pool.map(lambda _: http.post("/v1/runs", json=body).status_code, range(6)))
     assert codes == [202, 409, 409, 409, 409, 409]
     assert Run.objects.filter(agent_id="racer").count() == 1
+
+
+def test_listing_runs_reads_parents_without_a_query_per_run(django_assert_num_queries: Any) -> None:
+    from apps.runs import selectors, services
+    from apps.runs.api import agent_out
+    from apps.runs.prompt import Segment
+    from tests.conftest import ALICE
+
+    def create(parent_id: str | None) -> Run:
+        data = services.RunCreate(
+            agent="very-slow", segments=[Segment(text="hi")], user_id="lister", parent_id=parent_id
+        )
+        return services.run_create(principal=ALICE, data=data)
+
+    parent = create(None)
+    children = [create(parent.id) for _ in range(3)]
+    with django_assert_num_queries(1):
+        out = [agent_out(r) for r in selectors.runs_for_user(tenant_id="", user_id="lister", status="all")]
+    assert sorted(o["parent_agent_id"] or "" for o in out) == ["", *[parent.agent_id] * 3]
+    for run in (parent, *children):
+        services.run_cancel(principal=ALICE, agent_id=run.agent_id)

@@ -10,6 +10,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from apps.core.errors import ApplicationError
 from apps.runs.api import router as runs_router
+from apps.substrate.api import mount as substrate_routes
 from apps.substrate.auth import BearerAuth
 
 log = logging.getLogger("loomcycle.api")
@@ -23,6 +24,7 @@ api = NinjaAPI(
     auth=BearerAuth(),
 )
 api.add_router("/", runs_router)
+api.add_router("/", substrate_routes())
 
 
 def error_response(status: int, code: str, message: str, details: dict[str, object] | None = None) -> JsonResponse:

@@ -78,6 +78,15 @@ MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
 # to this Redis list (bench/loop.py reads it). Off when unset.
 ENGINE_TIMINGS_KEY: str | None = env.str("LOOMCYCLE_ENGINE_TIMINGS_KEY", default=None) or None
 
+# Substrate (SPEC 5.2, 8): definition size caps (0 = no cap) and operator tokens.
+AGENT_DEF_MAX_DEFINITION_BYTES: int = env.int("LOOMCYCLE_AGENT_DEF_MAX_DEFINITION_BYTES", default=262_144)
+AGENT_DEF_MAX_DESCRIPTION_BYTES: int = env.int("LOOMCYCLE_AGENT_DEF_MAX_DESCRIPTION_BYTES", default=16_384)
+SKILL_DEF_MAX_BODY_BYTES: int = env.int("LOOMCYCLE_SKILL_DEF_MAX_BODY_BYTES", default=262_144)
+OPERATOR_TOKEN_PEPPER: str = env.str("LOOMCYCLE_OPERATOR_TOKEN_PEPPER", default="")
+OPERATOR_TOKEN_ROTATION_GRACE_SECONDS: int = env.int("LOOMCYCLE_OPERATOR_TOKEN_ROTATION_GRACE_SECONDS", default=86_400)
+AUDIT_LOG_PATH: str = env.str("LOOMCYCLE_AUDIT_LOG_PATH", default="")
+HTTP_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_HOST_ALLOWLIST", [])
+
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
 
 PROVIDER_KEYS = {
@@ -109,3 +118,10 @@ class RuntimeSettings:
     requeue_grace_seconds: float
     max_attempts: int
     steer_queue_cap: int
+    agent_def_max_definition_bytes: int = 262_144
+    agent_def_max_description_bytes: int = 16_384
+    skill_def_max_body_bytes: int = 262_144
+    operator_token_pepper: str = ""
+    operator_token_rotation_grace_seconds: int = 86_400
+    audit_log_path: str = ""
+    http_host_allowlist: tuple[str, ...] = ()

@@ -128,6 +128,13 @@ LOOMCYCLE = E.RuntimeSettings(
     requeue_grace_seconds=E.REQUEUE_GRACE_SECONDS,
     max_attempts=E.MAX_ATTEMPTS,
     steer_queue_cap=E.STEER_QUEUE_CAP,
+    agent_def_max_definition_bytes=E.AGENT_DEF_MAX_DEFINITION_BYTES,
+    agent_def_max_description_bytes=E.AGENT_DEF_MAX_DESCRIPTION_BYTES,
+    skill_def_max_body_bytes=E.SKILL_DEF_MAX_BODY_BYTES,
+    operator_token_pepper=E.OPERATOR_TOKEN_PEPPER,
+    operator_token_rotation_grace_seconds=E.OPERATOR_TOKEN_ROTATION_GRACE_SECONDS,
+    audit_log_path=E.AUDIT_LOG_PATH or str(E.DATA_DIR / "audit.jsonl"),
+    http_host_allowlist=tuple(E.HTTP_HOST_ALLOWLIST),
 )
 
 LOGGING = {

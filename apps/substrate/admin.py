@@ -13,4 +13,4 @@ class AgentDefAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(AgentDefActive)
 class AgentDefActiveAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("name", "tenant_id", "agent_def", "promoted_at")
+    list_display = ("name", "tenant_id", "active_def", "promoted_at")

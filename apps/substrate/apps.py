@@ -5,3 +5,10 @@ class SubstrateConfig(AppConfig):
     name = "apps.substrate"
     label = "substrate"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.runs import registry
+        from apps.substrate.tools import AGENT_DEF_TOOL, SKILL_DEF_TOOL
+
+        registry.register(AGENT_DEF_TOOL)
+        registry.register(SKILL_DEF_TOOL)

@@ -88,13 +88,30 @@ def go_json(value: Any) -> str:
     )
 
 
-def agent_content_sha256(name: str, definition: dict[str, Any]) -> str:
+def content_sha256(name: str, definition: dict[str, Any], fields: frozenset[str], text: frozenset[str]) -> str:
+    """The recipe, for any kind: `fields` are hash-significant, `text` get normalised."""
     content: dict[str, Any] = {"name": name}
     for key, value in definition.items():
-        if key not in AGENT_HASH_FIELDS or key == "name":
+        if key not in fields or key == "name":
             continue
-        if key in _NORMALISED_TEXT and isinstance(value, str):
+        if key in text and isinstance(value, str):
             value = normalise_text(value)
         content[key] = value
     pruned = _prune(content)
     return "sha256:" + hashlib.sha256(go_json(pruned).encode()).hexdigest()
+
+
+def agent_content_sha256(name: str, definition: dict[str, Any]) -> str:
+    return content_sha256(name, definition, AGENT_HASH_FIELDS, _NORMALISED_TEXT)
+
+
+SKILL_HASH_FIELDS = frozenset({"name", "description", "tools", "body"})
+MCP_HASH_FIELDS = frozenset({"name", "description", "transport", "url", "headers"})
+
+
+def skill_content_sha256(name: str, definition: dict[str, Any]) -> str:
+    return content_sha256(name, definition, SKILL_HASH_FIELDS, frozenset({"body"}))
+
+
+def mcp_content_sha256(name: str, definition: dict[str, Any]) -> str:
+    return content_sha256(name, definition, MCP_HASH_FIELDS, frozenset({"description"}))

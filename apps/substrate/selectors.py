@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import Count, Max, Q
+
 from apps.core.errors import NotFound
-from apps.substrate.models import AgentDef, AgentDefActive
+from apps.substrate.kinds import Kind, get_kind
+from apps.substrate.models import AgentDef, VersionedDef
+
+
+def def_resolve(kind: Kind, *, tenant_id: str, name: str) -> VersionedDef | None:
+    """SPEC 5.1 lookup order: the tenant's active version, then the static
+    yaml entry, then the shared tenant's active version. A retired active
+    version is skipped (it resolves as not found at its level)."""
+    pointers = {
+        p.tenant_id: p
+        for p in kind.pointer._default_manager.select_related("active_def", "static_def").filter(
+            name=name, tenant_id__in={tenant_id, ""}
+        )
+    }
+    candidates = []
+    if tenant_id and tenant_id in pointers:
+        candidates.append(pointers[tenant_id].active_def)
+    if "" in pointers:
+        candidates += [pointers[""].static_def, pointers[""].active_def]
+    for row in candidates:
+        if row is not None and not row.retired:
+            found: VersionedDef = row
+            return found
+    return None
 
 
 def agent_def_resolve(*, tenant_id: str, name: str) -> AgentDef:
-    """Lookup order: the tenant's active def, then the shared one (SPEC 5.1).
-    A retired active def resolves as not found."""
-    tenants = [tenant_id, ""] if tenant_id else [""]
-    for tenant in tenants:
-        active = AgentDefActive.objects.select_related("agent_def").filter(tenant_id=tenant, name=name).first()
-        if active is not None and not active.agent_def.retired:
-            return active.agent_def
-    raise NotFound(f'unknown agent "{name}"', code="unknown_agent")
+    row = def_resolve(get_kind("agent"), tenant_id=tenant_id, name=name)
+    if row is None:
+        raise NotFound(f'unknown agent "{name}"', code="unknown_agent")
+    assert isinstance(row, AgentDef)
+    return row
 
 
 def agent_def_get(*, def_id: str) -> AgentDef:
@@ -22,3 +46,49 @@ def agent_def_get(*, def_id: str) -> AgentDef:
         return AgentDef.objects.get(id=def_id)
     except AgentDef.DoesNotExist as exc:
         raise NotFound(f"unknown agent def {def_id}") from exc
+
+
+def _ts(value: Any) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def def_names(kind: Kind, *, tenant_id: str | None) -> list[dict[str, Any]]:
+    """`GET /v1/_<kind>def/names`: one summary per (tenant, name). `tenant_id`
+    None lists every tenant (admins); otherwise the tenant and the shared rows."""
+    rows = kind.model._default_manager.all()
+    if tenant_id is not None:
+        rows = rows.filter(tenant_id__in={tenant_id, ""})
+    groups = (
+        rows.values("tenant_id", "name")
+        .annotate(
+            version_count=Count("id"),
+            live_version_count=Count("id", filter=Q(retired=False)),
+            latest_version=Max("version"),
+            last_updated=Max("created_at"),
+        )
+        .order_by("tenant_id", "name")
+    )
+    pointers = {
+        (p.tenant_id, p.name): p
+        for p in kind.pointer._default_manager.select_related("active_def").filter(
+            **({} if tenant_id is None else {"tenant_id__in": {tenant_id, ""}})
+        )
+    }
+    out = []
+    for g in groups:
+        pointer = pointers.get((g["tenant_id"], g["name"]))
+        active = pointer.active_def if pointer is not None else None
+        out.append(
+            {
+                "name": g["name"],
+                "tenant_id": g["tenant_id"],
+                "version_count": g["version_count"],
+                "active_def_id": active.id if active is not None else "",
+                "latest_version": g["latest_version"],
+                "last_updated": _ts(g["last_updated"]),
+                "live_version_count": g["live_version_count"],
+                "active_retired": bool(active is not None and active.retired),
+                "static": bool(pointer is not None and pointer.static_def_id),
+            }
+        )
+    return out

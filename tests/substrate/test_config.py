@@ -115,7 +115,7 @@ RAW: dict[str, Any] = {"provider": "mock", "model": "mock-generic", "system_prom
 
 
 def active(name: str, tenant: str = "") -> AgentDef:
-    return AgentDefActive.objects.select_related("agent_def").get(tenant_id=tenant, name=name).agent_def
+    return AgentDefActive.objects.select_related("active_def").get(tenant_id=tenant, name=name).active_def
 
 
 @pytest.mark.django_db
@@ -231,7 +231,7 @@ def tenant_def(tenant: str, name: str, *, retired: bool = False) -> AgentDef:
         content_sha256="sha256:" + "0" * 64,
         retired=retired,
     )
-    AgentDefActive.objects.create(tenant_id=tenant, name=name, agent_def=d)
+    AgentDefActive.objects.create(tenant_id=tenant, name=name, active_def=d)
     return d
 
 

@@ -5,51 +5,70 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='AgentDef',
+            name="AgentDef",
             fields=[
-                ('id', models.CharField(max_length=32, primary_key=True, serialize=False)),
-                ('tenant_id', models.CharField(blank=True, default='', max_length=128)),
-                ('name', models.CharField(max_length=128)),
-                ('version', models.PositiveIntegerField()),
-                ('definition', models.JSONField(default=dict)),
-                ('description', models.TextField(blank=True, default='')),
-                ('content_sha256', models.CharField(max_length=80)),
-                ('source', models.CharField(choices=[('yaml', 'yaml'), ('runtime', 'runtime')], default='runtime', max_length=16)),
-                ('retired', models.BooleanField(default=False)),
-                ('bootstrapped_from_static', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by_agent_id', models.CharField(blank=True, default='', max_length=128)),
-                ('created_by_run_id', models.CharField(blank=True, default='', max_length=64)),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='forks', to='substrate.agentdef')),
+                ("id", models.CharField(max_length=32, primary_key=True, serialize=False)),
+                ("tenant_id", models.CharField(blank=True, default="", max_length=128)),
+                ("name", models.CharField(max_length=128)),
+                ("version", models.PositiveIntegerField()),
+                ("definition", models.JSONField(default=dict)),
+                ("description", models.TextField(blank=True, default="")),
+                ("content_sha256", models.CharField(max_length=80)),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[("yaml", "yaml"), ("runtime", "runtime")], default="runtime", max_length=16
+                    ),
+                ),
+                ("retired", models.BooleanField(default=False)),
+                ("bootstrapped_from_static", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("created_by_agent_id", models.CharField(blank=True, default="", max_length=128)),
+                ("created_by_run_id", models.CharField(blank=True, default="", max_length=64)),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="forks",
+                        to="substrate.agentdef",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['tenant_id', 'name', '-version'],
+                "ordering": ["tenant_id", "name", "-version"],
             },
         ),
         migrations.CreateModel(
-            name='AgentDefActive',
+            name="AgentDefActive",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('tenant_id', models.CharField(blank=True, default='', max_length=128)),
-                ('name', models.CharField(max_length=128)),
-                ('promoted_at', models.DateTimeField(auto_now=True)),
-                ('agent_def', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='substrate.agentdef')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("tenant_id", models.CharField(blank=True, default="", max_length=128)),
+                ("name", models.CharField(max_length=128)),
+                ("promoted_at", models.DateTimeField(auto_now=True)),
+                (
+                    "agent_def",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="substrate.agentdef"
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='agentdef',
-            constraint=models.UniqueConstraint(fields=('tenant_id', 'name', 'version'), name='agentdef_tenant_name_version'),
+            model_name="agentdef",
+            constraint=models.UniqueConstraint(
+                fields=("tenant_id", "name", "version"), name="agentdef_tenant_name_version"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='agentdefactive',
-            constraint=models.UniqueConstraint(fields=('tenant_id', 'name'), name='agentdefactive_tenant_name'),
+            model_name="agentdefactive",
+            constraint=models.UniqueConstraint(fields=("tenant_id", "name"), name="agentdefactive_tenant_name"),
         ),
     ]

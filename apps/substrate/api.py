@@ -1,0 +1,104 @@
+"""Substrate op-dispatch routes (SPEC 2.5): `POST /v1/_<kind>def` with the
+def tool's input as the body, and `GET /v1/_<kind>def/names`.
+
+The operator plane runs ops with the caller principal's tenant, no tool
+ceiling and every name scope. 200 carries the tool's JSON; a refused op is
+422 `{"code":"tool_refused","error":<text>,"tool":"<ToolName>"}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from ninja import Router
+from pydantic import BaseModel, ConfigDict
+
+from apps.core.errors import Unprocessable
+from apps.core.http import openapi_body, parse_body
+from apps.core.types import Principal
+from apps.substrate import selectors, services
+from apps.substrate.kinds import KINDS, Kind, Refused
+
+router = Router(tags=["substrate"])
+ADMIN_BODY_BYTES = 1024 * 1024
+
+
+class DefOpIn(BaseModel):
+    """The def tools' common input (SPEC 6.5); each op reads what it needs."""
+
+    model_config = ConfigDict(extra="allow")
+
+    op: str
+    name: Any = None
+    def_id: Any = None
+    parent_def_id: Any = None
+    overlay: Any = None
+    description: Any = None
+    promote: Any = None
+    retired: Any = None
+    content_sha256: Any = None
+
+
+class ToolRefused(Unprocessable):
+    code = "tool_refused"
+
+    def __init__(self, message: str, tool: str) -> None:
+        super().__init__(message)
+        self.tool = tool
+
+    def body(self) -> dict[str, Any]:
+        return {**super().body(), "tool": self.tool}
+
+
+def run_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return services.def_dispatch(kind, services.operator_author(principal), data)
+    except Refused as exc:
+        raise ToolRefused(exc.message, kind.tool) from exc
+    finally:
+        connection.close()
+
+
+def _names(kind: Kind, principal: Principal) -> list[dict[str, Any]]:
+    try:
+        return selectors.def_names(kind, tenant_id=principal.read_tenant)
+    finally:
+        connection.close()
+
+
+def _add_routes(kind: Kind) -> None:
+    async def op_dispatch(request: HttpRequest) -> JsonResponse:
+        data = parse_body(request, DefOpIn, max_bytes=ADMIN_BODY_BYTES).model_dump(exclude_unset=True)
+        principal: Principal = request.auth  # type: ignore[attr-defined]
+        out = await sync_to_async(run_op, thread_sensitive=False)(kind, principal, data)
+        return JsonResponse(out)
+
+    async def names(request: HttpRequest) -> JsonResponse:
+        principal: Principal = request.auth  # type: ignore[attr-defined]
+        return JsonResponse({"names": await sync_to_async(_names, thread_sensitive=False)(kind, principal)})
+
+    router.add_api_operation(
+        f"/_{kind.key}def",
+        ["POST"],
+        op_dispatch,
+        operation_id=f"{kind.key}def_op",
+        summary=f"{kind.tool} op-dispatch ({', '.join(sorted(kind.ops))})",
+        openapi_extra=openapi_body(DefOpIn),
+    )
+    router.add_api_operation(
+        f"/_{kind.key}def/names",
+        ["GET"],
+        names,
+        operation_id=f"{kind.key}def_names",
+        summary=f"{kind.tool} names with version counts and the active version",
+    )
+
+
+def mount() -> Router:
+    """Routes for every registered kind (kinds register at import)."""
+    for kind in KINDS.values():
+        _add_routes(kind)
+    return router

@@ -1,0 +1,207 @@
+"""The definition kinds: for each, its models, tool name, ops, how a
+definition is validated and normalised, and how its content hash is taken.
+
+`normalise(name, definition, strict)` returns the stored definition or raises
+`Refused` with a message the caller (model or operator) can act on. `strict`
+is False for yaml, where unknown fields are dropped with a warning (as
+loomcycle's config loader does), and True for runtime writes, where they are
+refused so a typo never silently vanishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from apps.substrate import hashing
+from apps.substrate.models import (
+    AgentDef,
+    AgentDefActive,
+    SkillDef,
+    SkillDefActive,
+)
+
+log = logging.getLogger("loomcycle.substrate")
+
+NAME_SEGMENT_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class Refused(Exception):
+    """A def op refused: 422 `tool_refused` over HTTP, an `is_error` result for a model."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def check_def_name(name: Any) -> str:
+    """SPEC 5.2: <=128 chars, `/`-separated segments of [A-Za-z0-9_-]."""
+    if not isinstance(name, str) or not name:
+        raise Refused("missing required field: name")
+    if len(name) > 128:
+        raise Refused(f"name {name[:40]!r}... is longer than 128 characters")
+    for segment in name.split("/"):
+        if not NAME_SEGMENT_RE.fullmatch(segment):
+            raise Refused(f"name {name!r}: each '/'-separated segment must match [A-Za-z0-9_-]+")
+    return name
+
+
+def string_list(value: Any, what: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise Refused(f"{what} must be a list of strings")
+    return list(value)
+
+
+def _drop_unknown(name: str, kind: str, raw: dict[str, Any], known: frozenset[str], strict: bool) -> dict[str, Any]:
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        if strict:
+            raise Refused(f"{kind} {name!r}: unknown field(s) {', '.join(unknown)}")
+        log.warning("%s %s: ignoring fields this build does not know: %s", kind, name, unknown)
+    return {k: v for k, v in raw.items() if k in known}
+
+
+# --- AgentDef -----------------------------------------------------------------
+
+AGENT_FIELDS = frozenset(
+    hashing.AGENT_HASH_FIELDS
+    | {
+        "skills",
+        "interactive",
+        "disable_context",
+        "agent_def_scopes",
+        "skill_def_scopes",
+        "schedule_def_scopes",
+        "volume_def_scopes",
+        "a2a_server_card_def_scopes",
+        "a2a_agent_def_scopes",
+        "volumes",
+        "run_timeout_seconds",
+        "retry_attempts",
+        "memory_consolidation",
+    }
+) - {"name", "code_body"}
+_INT_FIELDS = ("max_tokens", "max_iterations", "max_concurrent_children", "memory_quota_bytes", "retry_attempts")
+
+
+def normalise_agent(name: str, raw: dict[str, Any], strict: bool) -> dict[str, Any]:
+    raw = dict(raw)
+    raw.pop("name", None)
+    if "allowed_tools" in raw:  # loomcycle's older spelling of `tools`
+        raw.setdefault("tools", raw.pop("allowed_tools"))
+    definition = _drop_unknown(name, "agent", raw, AGENT_FIELDS, strict)
+    tools = definition.get("tools", [])
+    if isinstance(tools, str):  # Claude-Code comma-string form
+        tools = [t.strip() for t in tools.split(",") if t.strip()]
+    definition["tools"] = string_list(tools, f"agent {name!r}: tools")
+    if "skills" in definition:
+        definition["skills"] = string_list(definition["skills"], f"agent {name!r}: skills")
+    for key in ("memory_scopes", "agent_def_scopes", "skill_def_scopes", "evaluation_scopes"):
+        if key in definition:
+            definition[key] = string_list(definition[key], f"agent {name!r}: {key}")
+    if isinstance(definition.get("system_prompt"), str):  # stored as hashed: CRLF -> LF, no trailing space
+        definition["system_prompt"] = hashing.normalise_text(definition["system_prompt"])
+    if definition.get("tier"):
+        raise Refused(f"agent {name!r}: tier routing arrives with the providers issue; pin provider and model")
+    if not definition.get("provider") or not definition.get("model"):
+        raise Refused(f"agent {name!r}: provider and model are required (both, as a pin)")
+    for key in _INT_FIELDS:
+        value = definition.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise Refused(f"agent {name!r}: {key} must be a non-negative integer")
+    if definition.get("max_iterations") == 0:
+        raise Refused(f"agent {name!r}: max_iterations must be a positive integer")
+    return definition
+
+
+# --- SkillDef -----------------------------------------------------------------
+
+SKILL_FIELDS = frozenset({"body", "description", "tools"})
+
+
+def normalise_skill(name: str, raw: dict[str, Any], strict: bool) -> dict[str, Any]:
+    raw = dict(raw)
+    raw.pop("name", None)
+    definition = _drop_unknown(name, "skill", raw, SKILL_FIELDS, strict)
+    body = definition.get("body")
+    if not isinstance(body, str) or not body.strip():
+        raise Refused(f"skill {name!r}: body is required and must be non-empty text")
+    definition["body"] = hashing.normalise_text(body)
+    if not isinstance(definition.get("description", ""), str):
+        raise Refused(f"skill {name!r}: description must be text")
+    definition["tools"] = string_list(definition.get("tools"), f"skill {name!r}: tools")
+    return definition
+
+
+# --- registry -----------------------------------------------------------------
+
+Normaliser = Callable[[str, dict[str, Any], bool], dict[str, Any]]
+Hasher = Callable[[str, dict[str, Any]], str]
+
+VERSIONED_OPS = frozenset({"create", "fork", "get", "list", "retire", "promote", "verify"})
+
+
+@dataclass(frozen=True)
+class Kind:
+    key: str  # URL/CLI key: /v1/_<key>def
+    tool: str  # tool name, also the admin-facing label
+    # Concrete subclasses of VersionedDef / DefPointer. Typed Any because the
+    # django-stubs plugin cannot see fields declared on abstract bases.
+    model: Any
+    pointer: Any
+    ops: frozenset[str]
+    normalise: Normaliser
+    content_hash: Hasher | None  # None: kind has no content hash (no verify)
+    fork_promotes: bool = False  # fork's default for `promote`
+    agent_callable: bool = False  # usable by agents as a tool (SPEC 6.5)
+    yaml_key: str = ""  # top-level loomcycle.yaml block
+    tools_field: str | None = None  # field holding a tool list that may narrow, never widen
+
+
+KINDS: dict[str, Kind] = {}
+
+
+def register(kind: Kind) -> None:
+    KINDS[kind.key] = kind
+
+
+def get_kind(key: str) -> Kind:
+    return KINDS[key]
+
+
+register(
+    Kind(
+        key="agent",
+        tool="AgentDef",
+        model=AgentDef,
+        pointer=AgentDefActive,
+        ops=VERSIONED_OPS,
+        normalise=normalise_agent,
+        content_hash=hashing.agent_content_sha256,
+        agent_callable=True,
+        yaml_key="agents",
+        tools_field="tools",
+    )
+)
+register(
+    Kind(
+        key="skill",
+        tool="SkillDef",
+        model=SkillDef,
+        pointer=SkillDefActive,
+        ops=VERSIONED_OPS,
+        normalise=normalise_skill,
+        content_hash=hashing.skill_content_sha256,
+        agent_callable=True,
+        yaml_key="skills",
+        tools_field="tools",
+    )
+)
+
+
+from apps.substrate import kinds_admin  # noqa: E402,F401  (registers the admin-plane kinds)

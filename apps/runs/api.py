@@ -151,19 +151,19 @@ def _cancel(principal: Principal, agent_id: str, reason: str) -> dict[str, Any]:
 @router.get("/agents/{agent_id}", summary="Run status by the caller's agent_id")
 def agents_get(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     _check_ident(agent_id, "agent_id")
-    return agent_out(selectors.run_get(tenant_id=request.auth.tenant_id, agent_id=agent_id))  # type: ignore[attr-defined]
+    return agent_out(selectors.run_get(tenant_id=request.auth.read_tenant, agent_id=agent_id))  # type: ignore[attr-defined]
 
 
 @router.get("/runs/{run_id}", summary="Run status by run_id")
 def runs_get(request: HttpRequest, run_id: str) -> dict[str, Any]:
     _check_ident(run_id, "run_id")
-    return agent_out(selectors.run_get(tenant_id=request.auth.tenant_id, run_id=run_id))  # type: ignore[attr-defined]
+    return agent_out(selectors.run_get(tenant_id=request.auth.read_tenant, run_id=run_id))  # type: ignore[attr-defined]
 
 
 @router.get("/users/{user_id}/agents", summary="A user's runs (?status=running|all|<list>)")
 def users_agents(request: HttpRequest, user_id: str, status: str = "running") -> dict[str, Any]:
     _check_ident(user_id, "user_id")
-    runs = selectors.runs_for_user(tenant_id=request.auth.tenant_id, user_id=user_id, status=status)  # type: ignore[attr-defined]
+    runs = selectors.runs_for_user(tenant_id=request.auth.read_tenant, user_id=user_id, status=status)  # type: ignore[attr-defined]
     return {"agents": [agent_out(r) for r in runs]}
 
 
@@ -172,7 +172,7 @@ def runs_events(request: HttpRequest, run_id: str, from_seq: int = 0, limit: int
     _check_ident(run_id, "run_id")
     if from_seq < 0 or not 1 <= limit <= 5000:
         raise Invalid("from_seq must be >= 0 and limit between 1 and 5000", code="invalid_limit")
-    run = selectors.run_get(tenant_id=request.auth.tenant_id, run_id=run_id)  # type: ignore[attr-defined]
+    run = selectors.run_get(tenant_id=request.auth.read_tenant, run_id=run_id)  # type: ignore[attr-defined]
     rows = selectors.run_events_since(run_id=run.id, from_seq=from_seq, limit=limit)
     events = [{**r, "created_at": _ts(r["created_at"])} for r in rows]
     status = agent_out(run)["status"]
@@ -205,7 +205,7 @@ async def runs_stream(request: HttpRequest, run_id: str, from_seq: int | None = 
 
 def _get_run(principal: Principal, run_id: str) -> Run:
     try:
-        return selectors.run_get(tenant_id=principal.tenant_id, run_id=run_id)
+        return selectors.run_get(tenant_id=principal.read_tenant, run_id=run_id)
     finally:
         connection.close()
 

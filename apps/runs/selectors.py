@@ -8,8 +8,11 @@ from apps.core.errors import NotFound
 from apps.runs.models import PARKED, RUNNABLE, Run, RunEvent, RunStatus
 
 
-def run_get(*, tenant_id: str, agent_id: str | None = None, run_id: str | None = None) -> Run:
-    qs = Run.objects.select_related("parent").filter(tenant_id=tenant_id)  # parent_agent_id is in every response
+def run_get(*, tenant_id: str | None, agent_id: str | None = None, run_id: str | None = None) -> Run:
+    """`tenant_id` None reads every tenant (admins: `Principal.read_tenant`)."""
+    qs = Run.objects.select_related("parent")  # parent_agent_id is in every response
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
     qs = qs.filter(agent_id=agent_id) if agent_id is not None else qs.filter(id=run_id)
     run = qs.first()
     if run is None:
@@ -19,8 +22,10 @@ def run_get(*, tenant_id: str, agent_id: str | None = None, run_id: str | None =
     return run
 
 
-def runs_for_user(*, tenant_id: str, user_id: str, status: str = "running") -> list[Run]:
-    qs = Run.objects.select_related("parent").filter(tenant_id=tenant_id, user_id=user_id).order_by("-created_at")
+def runs_for_user(*, tenant_id: str | None, user_id: str, status: str = "running") -> list[Run]:
+    qs = Run.objects.select_related("parent").filter(user_id=user_id).order_by("-created_at")
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
     if status == "running":  # loomcycle's "running" is every live state
         qs = qs.filter(status__in=[*RUNNABLE, *PARKED])
     elif status != "all":

@@ -156,16 +156,20 @@ def run_insert(*, tenant_id: str, data: RunCreate, resolved: Resolved, depth: in
 
 def _create_rows(run: Run, data: RunCreate, user_text: str, def_id: str) -> None:
     TranscriptEntry.objects.create(run=run, idx=0, step=0, role="user", content=[{"type": "text", "text": user_text}])
+    pinned = {
+        "agent_def_id": def_id,
+        "agent_def_version": run.agent_def.version,
+        "content_sha256": run.agent_def_sha256,
+    }
     events: list[dict[str, Any]] = [
-        {"type": "user_input", "segments": [seg.model_dump(exclude_none=True) for seg in data.segments]}
+        {"type": "user_input", "segments": [seg.model_dump(exclude_none=True) for seg in data.segments], **pinned}
     ]
     if run.system:
         events.append(
             {
                 "type": "system_prompt",
                 "system_prompt": "\n\n".join(run.system),
-                "agent_def_id": def_id,
-                "content_sha256": run.agent_def_sha256,
+                **pinned,
             }
         )
     RunEvent.objects.bulk_create(
@@ -188,7 +192,7 @@ def _live_descendants(run: Run) -> list[Run]:
 
 def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict[str, Any]:
     """Cancel a run and its live descendants. Idempotent on terminal runs."""
-    run = run_get(tenant_id=principal.tenant_id, agent_id=agent_id)
+    run = run_get(tenant_id=principal.read_tenant, agent_id=agent_id)
     if run.status in TERMINAL:
         return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
     reason = reason or "cancelled by api"
@@ -244,7 +248,7 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     """Queue steering text; a parked interactive run is woken to consume it."""
     if not text.strip():
         raise Unprocessable("text must not be empty", code="empty_input")
-    run = run_get(tenant_id=principal.tenant_id, run_id=run_id)
+    run = run_get(tenant_id=principal.read_tenant, run_id=run_id)
     if run.status in TERMINAL:
         raise NotFound(f"run {run_id} is not in flight", code="not_in_flight")
     cap = settings.LOOMCYCLE.steer_queue_cap

@@ -11,7 +11,8 @@ The model string may carry options as a query string, e.g.
 - `rate_429`, `rate_500` override the injected failure rates for this model;
 - `mock-tool-loop`: calls `tool` (default: the first offered tool) `calls`
   times (default 1), then answers "done" (for `tool=Agent`, `child` names the
-  agent it spawns, default `echo`);
+  agent it spawns, default `echo`; `input` is the tool input as URL-encoded
+  JSON, for any tool);
 - `mock-generic` and anything unknown: text "ok", end_turn;
 - `mock-crash` (only with LOOMCYCLE_MOCK_ALLOW_CRASH=1): SIGKILLs its own
   process mid-call, to test crash recovery.
@@ -123,6 +124,14 @@ class MockProvider:
 
 
 def _tool_input(tool: str, step: int, opts: dict[str, str]) -> dict[str, Any]:
+    if "input" in opts:
+        try:
+            scripted = json.loads(opts["input"])
+        except json.JSONDecodeError as exc:
+            raise ProviderError("mock", 400, f"mock-tool-loop: input is not JSON: {exc}") from exc
+        if not isinstance(scripted, dict):
+            raise ProviderError("mock", 400, "mock-tool-loop: input must be a JSON object")
+        return scripted
     if tool == "Context":
         return {"op": "self"}
     if tool == "Agent":

@@ -3,7 +3,8 @@ def tool's input as the body, and `GET /v1/_<kind>def/names`.
 
 The operator plane runs ops with the caller principal's tenant, no tool
 ceiling and every name scope. 200 carries the tool's JSON; a refused op is
-422 `{"code":"tool_refused","error":<text>,"tool":"<ToolName>"}`.
+422 `{"code":"tool_refused","error":<text>,"tool":"<ToolName>"}`, and an
+unknown (or another tenant's) def_id is 404 `not_found`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router
 from pydantic import BaseModel, ConfigDict
 
-from apps.core.errors import Unprocessable
+from apps.core.errors import NotFound, Unprocessable
 from apps.core.http import openapi_body, parse_body
 from apps.core.types import Principal
 from apps.substrate import selectors, services
-from apps.substrate.kinds import KINDS, Kind, Refused
+from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound
 
 router = Router(tags=["substrate"])
 ADMIN_BODY_BYTES = 1024 * 1024
@@ -53,9 +54,22 @@ class ToolRefused(Unprocessable):
         return {**super().body(), "tool": self.tool}
 
 
+class DefNotFound(NotFound):
+    """Unknown or another tenant's def_id: an opaque 404 (the issue's tenant rule)."""
+
+    def __init__(self, message: str, tool: str) -> None:
+        super().__init__(message, code="not_found")
+        self.tool = tool
+
+    def body(self) -> dict[str, Any]:
+        return {**super().body(), "tool": self.tool}
+
+
 def run_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
     try:
         return services.def_dispatch(kind, services.operator_author(principal), data)
+    except RefusedNotFound as exc:
+        raise DefNotFound(exc.message, kind.tool) from exc
     except Refused as exc:
         raise ToolRefused(exc.message, kind.tool) from exc
     finally:

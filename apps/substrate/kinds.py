@@ -37,6 +37,11 @@ class Refused(Exception):
         self.message = message
 
 
+class RefusedNotFound(Refused):
+    """The row does not exist for this caller (another tenant's row looks the
+    same): 404 over HTTP, an `is_error` result for a model."""
+
+
 def check_def_name(name: Any) -> str:
     """SPEC 5.2: <=128 chars, `/`-separated segments of [A-Za-z0-9_-]."""
     if not isinstance(name, str) or not name:

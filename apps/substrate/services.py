@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from apps.core.errors import Invalid
 from apps.core.ids import new_def_id
-from apps.substrate.kinds import KINDS, Kind, Refused, check_def_name, get_kind
+from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound, check_def_name, get_kind
 from apps.substrate.models import AgentDef, DefPointer, DefSource, VersionedDef
 
 log = logging.getLogger("loomcycle.substrate")
@@ -247,7 +247,7 @@ def _visible_row(kind: Kind, author: Author, def_id: Any, op: str) -> VersionedD
         raise Refused(f"{op}: missing required field: def_id")
     row = kind.model._default_manager.filter(id=def_id).first()
     if row is None or not author.sees(row.tenant_id):
-        raise Refused(f"{op}: def_id {def_id!r} not found")
+        raise RefusedNotFound(f"{op}: def_id {def_id!r} not found")
     found: VersionedDef = row
     return found
 
@@ -374,7 +374,7 @@ def def_retire(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     if not isinstance(retired, bool):
         raise Refused("retire: missing required field: retired (true|false)")
     if not author.owns(row.tenant_id):
-        raise Refused(f"retire: def_id {row.id!r} not found")
+        raise RefusedNotFound(f"retire: def_id {row.id!r} not found")
     _check_scope(kind, author, row.name)
     if row.source == DefSource.YAML:
         raise Refused(f"retire: {row.name!r} v{row.version} is a static yaml entry; edit loomcycle.yaml instead")
@@ -386,7 +386,7 @@ def def_retire(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
 def def_promote(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]:
     row = _visible_row(kind, author, data.get("def_id"), "promote")
     if not author.owns(row.tenant_id):
-        raise Refused(f"promote: def_id {row.id!r} not found")
+        raise RefusedNotFound(f"promote: def_id {row.id!r} not found")
     _check_scope(kind, author, row.name)
     if row.retired:
         raise Refused(f"promote: def_id {row.id!r} is retired; un-retire it first")

@@ -144,8 +144,6 @@ def test_static_yaml_names_are_immutable_and_fork_from_the_yaml_entry(http: http
         ({"op": "create", "name": "x", "overlay": {**BASE, "frobnicate": 1}}, "unknown field(s) frobnicate"),
         ({"op": "create", "name": "x", "overlay": "nope"}, "overlay must be a JSON object"),
         ({"op": "create", "name": "x", "overlay": BASE, "promote": "yes"}, "promote must be true or false"),
-        ({"op": "get", "def_id": "def_0000000000000000"}, "not found"),
-        ({"op": "retire", "def_id": "def_0000000000000000", "retired": True}, "not found"),
         ({"op": "fork", "name": "no-such-agent"}, "no parent"),
         ({"op": "explode", "name": "x"}, "unknown op 'explode'"),
     ],
@@ -153,6 +151,12 @@ def test_static_yaml_names_are_immutable_and_fork_from_the_yaml_entry(http: http
 def test_bad_ops_are_422_tool_refused(http: httpx.Client, body: dict[str, Any], needle: str) -> None:
     out = op(http, "agent", body, 422)
     assert out["code"] == "tool_refused" and needle in out["error"], out
+
+
+@pytest.mark.parametrize("verb", ["get", "retire", "promote"])
+def test_unknown_def_ids_are_404(http: httpx.Client, verb: str) -> None:
+    out = op(http, "agent", {"op": verb, "def_id": "def_0000000000000000", "retired": True}, 404)
+    assert (out["code"], out["tool"]) == ("not_found", "AgentDef") and "not found" in out["error"]
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 Each message is `{"seq": N|null, "event": "<type>", "data": {...}}`; the
 socket closes (1000) once the run is terminal and drained. Unknown or
-another tenant's run closes with 4404, bad credentials with 4401.
+another tenant's run closes with 4404, bad credentials with 4401, a token
+without runs:read with 4403.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
 from apps.runs.selectors import run_get
 from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
-from apps.substrate.auth import authenticate, bearer_from_headers
+from apps.substrate.auth import aauthenticate_for, bearer_from_headers
 
 
-def _owned_run_id(tenant_id: str, run_id: str) -> str:
+def _owned_run_id(tenant_id: str | None, run_id: str) -> str:
     try:
         return run_get(tenant_id=tenant_id, run_id=run_id).id
     finally:
@@ -44,11 +45,12 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         # bare HTTP 403 handshake rejection and clients never see the reason.
         await self.accept(subprotocol=protos[0] if protos else None)
         try:
-            principal = authenticate(bearer_from_headers(headers), client[0])
+            token = bearer_from_headers(headers)
+            principal = await aauthenticate_for(token, client[0], "GET", str(self.scope.get("path", "")))
             if not is_ident(run_id) or not from_seq_raw.isdigit():
                 await self.close(code=4400)
                 return
-            run_id = await sync_to_async(_owned_run_id, thread_sensitive=False)(principal.tenant_id, run_id)
+            run_id = await sync_to_async(_owned_run_id, thread_sensitive=False)(principal.read_tenant, run_id)
         except ApplicationError as exc:
             await self.close(code=4000 + exc.status)
             return

@@ -1,9 +1,15 @@
-"""Bearer -> principal, used by every route and by the WebSocket consumers.
+"""Bearer -> principal, and the scope gate; used by every route and by the WebSocket consumers.
 
-This build knows one credential: LOOMCYCLE_AUTH_TOKEN (compared in constant
-time over SHA-256 digests), which maps to the shared-tenant admin. With no
-token configured the runtime is open, and serves loopback clients only.
-OperatorTokenDef tokens (tenants, scopes) arrive with the substrate issue.
+Resolution order (SPEC 2.0, 8):
+1. an OperatorTokenDef, looked up by its peppered SHA-256 (indexed) and
+   compared in constant time; past its `retired_at` it is a 401;
+2. the legacy LOOMCYCLE_AUTH_TOKEN (constant time over SHA-256 digests), only
+   while no admin-scoped token is valid: the first admin token retires it;
+3. open mode, only with neither configured, only for loopback clients, and
+   logged loudly once per process.
+A database error fails closed (503), never into open mode. Then the route's
+required scope (SPEC 2.1) is checked: 403 `insufficient_scope` with
+`WWW-Authenticate: Bearer scope="<required>"`.
 """
 
 from __future__ import annotations
@@ -12,19 +18,43 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import threading
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError, connection
 from django.http import HttpRequest
+from django.utils import timezone
 
-from apps.core.errors import Forbidden, Unauthorized
+from apps.core.errors import ApplicationError, Forbidden, Unauthorized
 from apps.core.types import Principal
+from apps.substrate.tokens import live_admin_token_exists, token_by_hash, token_hash
 
 log = logging.getLogger("loomcycle.auth")
 
-ADMIN = frozenset({"substrate:admin"})
-OPEN_PRINCIPAL = Principal(tenant_id="", subject="open-mode", scopes=ADMIN, open_mode=True)
-LEGACY_PRINCIPAL = Principal(tenant_id="", subject="legacy-token", scopes=ADMIN)
+ADMIN = "substrate:admin"
+TENANT = "substrate:tenant"
+USER = "substrate:user"
+RUNS_CREATE = "runs:create"
+RUNS_READ = "runs:read"
+CHANNEL_PUBLISH = "channel:publish"
+CHANNEL_READ = "channel:read"
+OPERATOR_KEY = "providers:operator-key"
+ANY = ""  # any authenticated principal
+
+TENANT_IMPLIES = frozenset({TENANT, RUNS_CREATE, RUNS_READ, CHANNEL_PUBLISH, CHANNEL_READ, OPERATOR_KEY})
+USER_IMPLIES = frozenset({USER, RUNS_CREATE, RUNS_READ})
+MEMBER_SCOPES = frozenset({RUNS_CREATE, RUNS_READ, CHANNEL_PUBLISH, CHANNEL_READ})
+
+OPEN_PRINCIPAL = Principal(tenant_id="", subject="open-mode", scopes=frozenset({ADMIN}), open_mode=True)
+LEGACY_PRINCIPAL = Principal(tenant_id="", subject="legacy-token", scopes=frozenset({ADMIN}), legacy=True)
+
+_OPEN_MODE_WARNED = threading.Event()
+
+
+class AuthUnavailable(ApplicationError):
+    status, code = 503, "auth_unavailable"
 
 
 def _digest(value: str) -> bytes:
@@ -51,25 +81,199 @@ def bearer_from_headers(headers: dict[str, str]) -> str | None:
     return None
 
 
+def _unauthorized() -> Unauthorized:
+    # Opaque: unknown, expired and wrong tokens look the same (no oracle).
+    return Unauthorized("unauthorized", headers={"WWW-Authenticate": "Bearer"})
+
+
+def _token_principal(token: str) -> Principal | None:
+    digest = token_hash(token)
+    row = token_by_hash(digest)
+    if row is None or not hmac.compare_digest(row.token_hash, digest):
+        return None
+    if row.retired_at is not None and row.retired_at <= timezone.now():
+        raise _unauthorized()
+    return Principal(tenant_id=row.tenant_id, subject=row.subject, scopes=frozenset(row.scopes))
+
+
+def _warn_open_mode() -> None:
+    if not _OPEN_MODE_WARNED.is_set():
+        _OPEN_MODE_WARNED.set()
+        log.warning(
+            "OPEN MODE: no LOOMCYCLE_AUTH_TOKEN and no admin operator token; every loopback client is "
+            "an unauthenticated admin. Mint a token: `manage.py token create --name admin --tenant ops`."
+        )
+
+
 def authenticate(token: str | None, client_addr: str | None) -> Principal:
-    configured = settings.LOOMCYCLE.auth_token
-    if not configured:
-        if not is_loopback(client_addr):
-            raise Forbidden(
-                "open mode (no LOOMCYCLE_AUTH_TOKEN) serves loopback clients only", code="open_mode_loopback"
-            )
-        return OPEN_PRINCIPAL
-    if token and hmac.compare_digest(_digest(token), _digest(configured)):
-        return LEGACY_PRINCIPAL
-    raise Unauthorized("unauthorized")
+    """The principal for a bearer (None = no bearer). Raises 401, 403 (open mode
+    off loopback) or 503 (token store unreachable)."""
+    try:
+        if token:
+            principal = _token_principal(token)
+            if principal is not None:
+                return principal
+        configured = settings.LOOMCYCLE.auth_token
+        if configured:
+            if token and hmac.compare_digest(_digest(token), _digest(configured)) and not live_admin_token_exists():
+                return LEGACY_PRINCIPAL
+            raise _unauthorized()
+        if live_admin_token_exists():
+            raise _unauthorized()
+    except DatabaseError as exc:
+        log.error("auth: token store lookup failed; refusing the request: %s", exc)
+        raise AuthUnavailable("authentication is unavailable: the token store cannot be read") from exc
+    if not is_loopback(client_addr):
+        raise Forbidden("open mode (no token configured) serves loopback clients only", code="open_mode_loopback")
+    _warn_open_mode()
+    return OPEN_PRINCIPAL
+
+
+# --- scopes (SPEC 2.1) ------------------------------------------------------------------
+
+
+def has_scope(scopes: frozenset[str], want: str) -> bool:
+    if not want or want in scopes or ADMIN in scopes:
+        return True
+    return (TENANT in scopes and want in TENANT_IMPLIES) or (USER in scopes and want in USER_IMPLIES)
+
+
+def is_isolated(scopes: frozenset[str]) -> bool:
+    """An isolated member tops out at substrate:user."""
+    return USER in scopes and TENANT not in scopes and ADMIN not in scopes
+
+
+_TENANT_DEF_KINDS = (
+    "agent skill team mcpserver schedule webhook memorybackend a2aagent a2aservercard documentsource volume credential"
+).split()
+_TENANT_DEF_PATHS = frozenset(
+    [f"/v1/_{k}def" for k in _TENANT_DEF_KINDS] + [f"/v1/_{k}def/names" for k in _TENANT_DEF_KINDS]
+)
+_TENANT_EXACT = frozenset(
+    "/v1/_path /v1/_document /v1/_mcp /v1/_volumes /v1/_volumes/ephemeral /v1/_events /v1/_usage "
+    "/v1/_erasure /v1/_retention /v1/_limits /v1/_routing /v1/_models".split()
+)
+_TENANT_PREFIXES = (
+    "/v1/_document/asset/",
+    "/v1/_document/changes",
+    "/v1/_library/",
+    "/v1/_ontology",
+    "/v1/_schedules/",
+    "/v1/_users/",
+    "/v1/_resident",
+    "/v1/_memory/",
+    "/v1/_channels",
+)
+_ANY_PATHS = frozenset({"/v1/_llm/chat", "/v1/chat/completions", "/v1/embeddings", "/v1/_me"})
+_RUN_WRITE_SUFFIXES = ("/resolve", "/compact", "/cancel", "/input")
+_READ_PREFIXES = ("/v1/runs/", "/v1/agents/", "/v1/users/", "/v1/sessions/")
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _tenant_plane(path: str) -> bool:
+    if path in _TENANT_DEF_PATHS or path in _TENANT_EXACT:
+        return True
+    return path.startswith(_TENANT_PREFIXES) and path != "/v1/_memory/repair-tenant"
+
+
+def _runs_create(method: str, path: str) -> bool:
+    if method != "POST":
+        return False
+    if path in ("/v1/runs", "/v1/runs:batch"):
+        return True
+    if path.startswith("/v1/sessions/") and path.endswith(("/messages", "/replay")):
+        return True
+    if path.startswith("/v1/agents/") and path.endswith("/cancel"):
+        return True
+    return path.startswith("/v1/runs/") and path.endswith(_RUN_WRITE_SUFFIXES)
+
+
+def required_scope(method: str, path: str) -> str:
+    """SPEC 2.1's table, first match wins. `path` is the full URL path (`/v1/...`, `/ws/...`)."""
+    method = method.upper()
+    path = path.rstrip("/") or "/"
+    if path.startswith("/ws/runs/"):
+        return RUNS_READ
+    if path in _ANY_PATHS:
+        return ANY
+    if path == "/v1/_users":
+        return TENANT if method == "POST" else ANY
+    if path in ("/v1/_history", "/v1/_runnable-agents"):
+        return RUNS_READ
+    if path == "/v1/client-tools":
+        return RUNS_CREATE
+    if _tenant_plane(path):
+        return TENANT
+    if path.startswith("/v1/_"):
+        return ADMIN
+    if path.startswith("/v1/hooks"):
+        return TENANT
+    if path == "/metrics":
+        return ADMIN
+    parts = path.split("/")
+    if path.startswith("/v1/users/") and len(parts) > 4 and parts[4] == "channels":
+        return CHANNEL_READ if method in ("GET", "HEAD") else CHANNEL_PUBLISH
+    if _runs_create(method, path):
+        return RUNS_CREATE
+    if method in ("GET", "HEAD") and path.startswith(_READ_PREFIXES):
+        return RUNS_READ
+    return ADMIN if method in _WRITE_METHODS else ANY
+
+
+def _member_carve_in(scopes: frozenset[str], method: str, path: str) -> bool:
+    """A non-isolated tenant member (runs:*/channel:* scopes) may READ the tenant
+    plane, except the routes SPEC 2.1 keeps from members. Writes need
+    substrate:tenant (docs/compat.md)."""
+    if method not in ("GET", "HEAD") or is_isolated(scopes) or not scopes & MEMBER_SCOPES:
+        return False
+    path = path.rstrip("/")
+    if path == "/v1/_erasure" or path == "/v1/_memory/changes" or path.startswith("/v1/_document/changes"):
+        return False
+    return not path.startswith("/v1/hooks")
+
+
+def authorize(principal: Principal, method: str, path: str) -> None:
+    """403 `insufficient_scope` unless the principal holds the route's scope."""
+    required = required_scope(method, path)
+    if has_scope(principal.scopes, required):
+        return
+    if required == TENANT and _member_carve_in(principal.scopes, method.upper(), path):
+        return
+    raise Forbidden(
+        "insufficient scope", code="insufficient_scope", headers={"WWW-Authenticate": f'Bearer scope="{required}"'}
+    )
+
+
+def authenticate_for(token: str | None, client_addr: str | None, method: str, path: str) -> Principal:
+    """authenticate + authorize, in a worker thread; hands the DB connection back."""
+    try:
+        principal = authenticate(token, client_addr)
+        authorize(principal, method, path)
+        return principal
+    finally:
+        connection.close()
+
+
+async def aauthenticate_for(token: str | None, client_addr: str | None, method: str, path: str) -> Principal:
+    return await sync_to_async(authenticate_for, thread_sensitive=False)(token, client_addr, method, path)
+
+
+def lower_headers(items: Any) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in items}
 
 
 class BearerAuth:
-    """django-ninja auth callable; the principal lands in `request.auth`."""
+    """django-ninja auth callable for every route; the principal lands in `request.auth`.
+
+    Async so the token lookup runs in a worker thread that returns its DB
+    connection at once (an SSE response must not hold one for its lifetime)."""
 
     openapi_type = "http"
     openapi_scheme = "bearer"
+    is_async = True
 
-    def __call__(self, request: HttpRequest) -> Principal:
-        headers: dict[str, Any] = {k.lower(): v for k, v in request.headers.items()}
-        return authenticate(bearer_from_headers(headers), request.META.get("REMOTE_ADDR"))
+    async def __call__(self, request: HttpRequest) -> Principal:
+        token = bearer_from_headers(lower_headers(request.headers.items()))
+        return await aauthenticate_for(
+            token, request.META.get("REMOTE_ADDR"), request.method or "GET", request.path_info
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -70,9 +71,41 @@ def check_listen() -> list[Check]:
 
 
 def check_auth() -> list[Check]:
-    if settings.LOOMCYCLE.auth_token:
-        return [("PASS", "auth", "LOOMCYCLE_AUTH_TOKEN is set")]
-    return [("WARN", "auth", "open mode: no LOOMCYCLE_AUTH_TOKEN; loopback clients only")]
+    from django.utils import timezone
+
+    from apps.substrate.tokens import ADMIN_SCOPE, valid_tokens
+
+    cfg = settings.LOOMCYCLE
+    try:
+        now = timezone.now()
+        live = valid_tokens(now).count()
+        admins = valid_tokens(now).filter(scopes__contains=[ADMIN_SCOPE]).count()
+    except DatabaseError as exc:
+        return [("FAIL", "auth", f"cannot read operator tokens: {exc}")]
+    out: list[Check] = [("PASS", "auth tokens", f"{live} live operator token(s), {admins} with substrate:admin")]
+    if cfg.auth_token and admins:
+        out.append(("WARN", "auth legacy", "LOOMCYCLE_AUTH_TOKEN is set but disabled by an admin token; unset it"))
+    elif cfg.auth_token:
+        out.append(("PASS", "auth legacy", "LOOMCYCLE_AUTH_TOKEN is active (until the first admin token is minted)"))
+    elif not admins:
+        out.append(("WARN", "auth", "open mode: no LOOMCYCLE_AUTH_TOKEN and no admin token; loopback clients only"))
+    if not cfg.operator_token_pepper:
+        detail = "LOOMCYCLE_OPERATOR_TOKEN_PEPPER is empty: a leaked database alone lets token hashes be checked"
+        out.append(("WARN", "auth pepper", detail))
+    out.append(check_audit_log(cfg.audit_log_path))
+    return out
+
+
+def check_audit_log(path: str) -> Check:
+    from pathlib import Path
+
+    target = Path(path)
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent  # the file, else the first existing ancestor that would create it
+    if os.access(probe, os.W_OK):
+        return ("PASS", "audit log", str(target))
+    return ("FAIL", "audit log", f"{target} is not writable: token create/rotate/retire will fail")
 
 
 def check_providers() -> list[Check]:

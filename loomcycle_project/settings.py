@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "apps.substrate",
     "apps.gateway",
     "apps.runs",
+    "apps.memory",
 ]
 
 MIDDLEWARE = [

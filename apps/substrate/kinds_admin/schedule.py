@@ -1,0 +1,192 @@
+"""ScheduleDef (SPEC 5.2, 9.1): validation and the hook-edit ops. The
+scheduler that fires these definitions is not part of this module."""
+
+from __future__ import annotations
+
+import zoneinfo
+from collections.abc import Callable
+from typing import Any
+
+from celery.schedules import ParseException, crontab
+
+from apps.substrate.kinds import Kind, Refused, _drop_unknown
+from apps.substrate.kinds_admin.fields import get_flag, get_int, get_text, put
+from apps.substrate.kinds_admin.triggers import check_credentials, check_hook, common_trigger_fields
+
+SCHEDULE_FIELDS = frozenset(
+    {
+        "agent",
+        "prompt",
+        "schedule",
+        "user_tier_schedules",
+        "timezone",
+        "enabled",
+        "catch_up_max",
+        "max_fires",
+        "user_id",
+        "user_tier",
+        "user_credentials",
+        "user_credentials_from_env",
+        "required_credentials",
+        "on_complete",
+        "metadata",
+        "tenant_id",
+    }
+)
+_CRON_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_CRON_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+
+
+def parse_cron(expr: Any, what: str) -> crontab:
+    """A standard 5-field cron (robfig/cron's `ParseStandard`: `?` for `*` in
+    the day fields, @hourly-style descriptors) as a celery crontab."""
+    if not isinstance(expr, str) or not expr.strip():
+        raise Refused(f"{what} must be a 5-field cron expression")
+    fields = _CRON_ALIASES.get(expr.strip().lower(), expr).split()
+    if len(fields) != 5:
+        raise Refused(f"{what} {expr!r}: want 5 fields (minute hour day-of-month month day-of-week), got {len(fields)}")
+    fields = ["*" if f == "?" and i in (2, 4) else f for i, f in enumerate(fields)]
+    for field, value in zip(_CRON_FIELDS, fields, strict=True):
+        try:
+            crontab(**{field: value})
+        except (ValueError, ParseException) as exc:
+            detail = "" if "literal" in str(exc) else f" ({exc})"
+            label = field.replace("_", " ").replace("month of year", "month")
+            raise Refused(f"{what} {expr!r}: invalid {label} field {value!r}{detail}") from exc
+    try:
+        return crontab(**dict(zip(_CRON_FIELDS, fields, strict=True)))
+    except (ValueError, ParseException) as exc:
+        raise Refused(f"{what} {expr!r}: {exc}") from exc
+
+
+def _check_timezone(value: Any, what: str) -> str:
+    if value is None or value == "":
+        return "UTC"
+    if not isinstance(value, str):
+        raise Refused(f"{what}: timezone must be an IANA name such as 'Europe/Paris'")
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        raise Refused(f"{what}: timezone {value!r} is not a known IANA time zone") from exc
+    return value
+
+
+def _check_prompt(value: Any, what: str) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    shape = "text or a list of {role: user|assistant, content: [{type: text, text}]}"
+    if not isinstance(value, list) or not value:
+        raise Refused(f"{what}: prompt must be {shape}")
+    for i, message in enumerate(value):
+        where = f"{what}: prompt[{i}]"
+        if not isinstance(message, dict) or set(message) - {"role", "content"}:
+            raise Refused(f"{where} must be an object with role and content")
+        if message.get("role") not in ("user", "assistant"):
+            raise Refused(f"{where}: role must be user or assistant (got {message.get('role')!r})")
+        content = message.get("content")
+        if not isinstance(content, list) or not content:
+            raise Refused(f"{where}: content must be a non-empty list of {{type: text, text}} blocks")
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+                raise Refused(f"{where}: each content block must be {{type: text, text: <string>}}")
+            if set(block) - {"type", "text"}:
+                raise Refused(f"{where}: content blocks take only type and text")
+    return value
+
+
+def normalise_schedule(name: str, raw: dict[str, Any], strict: bool) -> dict[str, Any]:
+    what = f"schedule {name!r}"
+    raw = dict(raw)
+    raw.pop("name", None)
+    d = _drop_unknown(name, "schedule", raw, SCHEDULE_FIELDS, strict)
+    out: dict[str, Any] = {"agent": get_text(d, "agent", what, required=True)}
+    cron, tiers = d.get("schedule"), d.get("user_tier_schedules")
+    if cron and tiers:
+        raise Refused(f"{what}: schedule and user_tier_schedules are mutually exclusive; set one")
+    if cron:
+        parse_cron(cron, f"{what}: schedule")
+        out["schedule"] = cron.strip()
+    elif tiers:
+        if not isinstance(tiers, dict):
+            raise Refused(f"{what}: user_tier_schedules must map a user tier to a cron expression")
+        for tier, expr in tiers.items():
+            parse_cron(expr, f"{what}: user_tier_schedules.{tier}")
+        pick = get_text(d, "user_tier", what) or "default"
+        if pick not in tiers:
+            raise Refused(f"{what}: user_tier_schedules has no entry for user tier {pick!r} (has {sorted(tiers)})")
+        out["user_tier_schedules"] = {str(k): v.strip() for k, v in tiers.items()}
+    else:
+        raise Refused(f"{what}: missing required field: schedule (a 5-field cron) or user_tier_schedules")
+    out["timezone"] = _check_timezone(d.get("timezone"), what)
+    out["enabled"] = get_flag(d, "enabled", what, True)
+    put(out, "catch_up_max", get_int(d, "catch_up_max", what, minimum=0))
+    put(out, "max_fires", get_int(d, "max_fires", what, minimum=0))
+    put(out, "prompt", _check_prompt(d.get("prompt"), what))
+    put(out, "user_id", get_text(d, "user_id", what))
+    out |= check_credentials(d, what)
+    out |= common_trigger_fields(d, what, strict)
+    return out
+
+
+def _hook_edit(
+    kind: Kind, author: Any, data: dict[str, Any], op: str, edit: Callable[[list[Any]], str]
+) -> dict[str, Any]:
+    """Fork `def_id` with its hook list edited: a new, promoted version whose parent is `def_id`."""
+    from apps.substrate import services  # services imports this module through kinds
+
+    def_id = _def_id(data, op)
+    try:
+        current = services.def_get(kind, author, {"def_id": def_id})
+    except Refused as exc:
+        raise Refused(f"{op}:{exc.message.split(':', 1)[1]}") from exc
+    hooks = list(current["definition"].get("on_complete") or [])
+    summary = edit(hooks)
+    body = {
+        "name": current["name"],
+        "parent_def_id": def_id,
+        "overlay": {"on_complete": hooks},
+        "description": data.get("description") or summary,
+        "promote": data.get("promote"),
+    }
+    return services.def_fork(kind, author, body)
+
+
+def _def_id(data: dict[str, Any], op: str) -> str:
+    def_id = data.get("def_id")
+    if not isinstance(def_id, str) or not def_id:
+        raise Refused(f"{op}: missing required field: def_id")
+    return def_id
+
+
+def schedule_add_hook(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
+    _def_id(data, "add_hook")
+    hook = check_hook(data.get("hook"), "add_hook: hook", strict=True)
+
+    def add(hooks: list[Any]) -> str:
+        hooks.append(hook)
+        return f"add_hook: {hook['kind']}"
+
+    return _hook_edit(kind, author, data, "add_hook", add)
+
+
+def schedule_remove_hook(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
+    _def_id(data, "remove_hook")
+    index = data.get("hook_index")
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise Refused("remove_hook: missing required field: hook_index (an integer)")
+
+    def remove(hooks: list[Any]) -> str:
+        if not 0 <= index < len(hooks):
+            raise Refused(f"remove_hook: hook_index {index} is out of range (the def has {len(hooks)} hook(s))")
+        removed = hooks.pop(index)
+        return f"remove_hook: {removed.get('kind')} at {index}"
+
+    return _hook_edit(kind, author, data, "remove_hook", remove)

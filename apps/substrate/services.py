@@ -262,7 +262,7 @@ def def_create(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     if static_row(kind, name) is not None:
         raise Refused(f"create: name {name!r} matches a static yaml entry; use `fork` to derive a new version")
     description = _text(data, "description")
-    definition = _normalise(kind, name, _overlay(data))
+    definition = _normalise(kind, name, {k: v for k, v in _overlay(data).items() if v is not None})
     if kind.tools_field and author.tools_ceiling is not None:
         _tools_subset(definition.get(kind.tools_field, []), author.tools_ceiling, "the caller's own tools")
     _check_caps(kind, definition, description)
@@ -327,7 +327,8 @@ def def_fork(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]
     promote = _flag(data, "promote", kind.fork_promotes)
     _lock(kind, author.tenant_id, name)
     parent = _fork_parent(kind, author, name, data.get("parent_def_id"))
-    definition = _normalise(kind, name, {**parent.definition, **_overlay(data)})
+    merged = {**parent.definition, **_overlay(data)}
+    definition = _normalise(kind, name, {k: v for k, v in merged.items() if v is not None})  # null removes a field
     if kind.tools_field:
         static = static_row(kind, name)
         root = static if static is not None else _lineage_root(kind, parent)

@@ -88,6 +88,12 @@ def test_agentdef_lifecycle_over_rest(http: httpx.Client) -> None:
     assert any(n["name"] == "echo" and n["static"] for n in names)
 
 
+def test_fork_overlay_null_removes_a_field(http: httpx.Client) -> None:
+    op(http, "agent", {"op": "create", "name": "nulls", "overlay": {**BASE, "max_tokens": 512}})
+    fork = op(http, "agent", {"op": "fork", "name": "nulls", "overlay": {"max_tokens": None}})
+    assert "max_tokens" not in fork["definition"] and fork["definition"]["system_prompt"] == "v1 prompt"
+
+
 def test_create_is_idempotent_on_identical_content(http: httpx.Client) -> None:
     first = op(http, "agent", {"op": "create", "name": "idem", "overlay": BASE})
     again = op(http, "agent", {"op": "create", "name": "idem", "overlay": dict(reversed(list(BASE.items())))})

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ADMIN_SCOPE = "substrate:admin"
+TENANT_SCOPE = "substrate:tenant"
+USER_SCOPE = "substrate:user"
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,16 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return ADMIN_SCOPE in self.scopes
+
+    @property
+    def isolated(self) -> bool:
+        """An isolated member (substrate:user without tenant/admin) acts only as its own user."""
+        return USER_SCOPE in self.scopes and TENANT_SCOPE not in self.scopes and not self.is_admin
+
+    @property
+    def read_user(self) -> str | None:
+        """The user that scopes this principal's run reads; None (any user) unless isolated."""
+        return self.subject if self.isolated else None
 
     @property
     def read_tenant(self) -> str | None:

@@ -24,9 +24,9 @@ from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
 from apps.substrate.auth import aauthenticate_for, bearer_from_headers
 
 
-def _owned_run_id(tenant_id: str | None, run_id: str) -> str:
+def _owned_run_id(tenant_id: str | None, owner: str | None, run_id: str) -> str:
     try:
-        return run_get(tenant_id=tenant_id, run_id=run_id).id
+        return run_get(tenant_id=tenant_id, run_id=run_id, owner=owner).id
     finally:
         connection.close()
 
@@ -50,7 +50,9 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             if not is_ident(run_id) or not from_seq_raw.isdigit():
                 await self.close(code=4400)
                 return
-            run_id = await sync_to_async(_owned_run_id, thread_sensitive=False)(principal.read_tenant, run_id)
+            run_id = await sync_to_async(_owned_run_id, thread_sensitive=False)(
+                principal.read_tenant, principal.read_user, run_id
+            )
         except ApplicationError as exc:
             await self.close(code=4000 + exc.status)
             return

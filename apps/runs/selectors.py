@@ -8,11 +8,16 @@ from apps.core.errors import NotFound
 from apps.runs.models import PARKED, RUNNABLE, Run, RunEvent, RunStatus
 
 
-def run_get(*, tenant_id: str | None, agent_id: str | None = None, run_id: str | None = None) -> Run:
-    """`tenant_id` None reads every tenant (admins: `Principal.read_tenant`)."""
+def run_get(
+    *, tenant_id: str | None, agent_id: str | None = None, run_id: str | None = None, owner: str | None = None
+) -> Run:
+    """`tenant_id` None reads every tenant (admins: `Principal.read_tenant`);
+    `owner` confines an isolated member to its own runs (`Principal.read_user`)."""
     qs = Run.objects.select_related("parent")  # parent_agent_id is in every response
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
+    if owner is not None:
+        qs = qs.filter(user_id=owner)
     qs = qs.filter(agent_id=agent_id) if agent_id is not None else qs.filter(id=run_id)
     run = qs.first()
     if run is None:

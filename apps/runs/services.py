@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     and `user_input`/`system_prompt` events, enqueue step 0 on commit."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
+    if principal.isolated and data.user_id != principal.subject:
+        if data.user_id:
+            log.info("identity_overridden: user_id %r -> %r (isolated principal)", data.user_id, principal.subject)
+        data = dataclasses.replace(data, user_id=principal.subject)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     try:
         with transaction.atomic():
@@ -192,7 +197,7 @@ def _live_descendants(run: Run) -> list[Run]:
 
 def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict[str, Any]:
     """Cancel a run and its live descendants. Idempotent on terminal runs."""
-    run = run_get(tenant_id=principal.read_tenant, agent_id=agent_id)
+    run = run_get(tenant_id=principal.read_tenant, agent_id=agent_id, owner=principal.read_user)
     if run.status in TERMINAL:
         return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
     reason = reason or "cancelled by api"
@@ -248,7 +253,7 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     """Queue steering text; a parked interactive run is woken to consume it."""
     if not text.strip():
         raise Unprocessable("text must not be empty", code="empty_input")
-    run = run_get(tenant_id=principal.read_tenant, run_id=run_id)
+    run = run_get(tenant_id=principal.read_tenant, run_id=run_id, owner=principal.read_user)
     if run.status in TERMINAL:
         raise NotFound(f"run {run_id} is not in flight", code="not_in_flight")
     cap = settings.LOOMCYCLE.steer_queue_cap

@@ -133,3 +133,22 @@ def test_another_tenants_definitions_are_404_and_never_listed(
         assert resp.status_code == 403 and resp.headers["www-authenticate"] == 'Bearer scope="substrate:admin"'
     listed = http.post("/v1/_operatortokendef", headers=charlie, json={"op": "list"})
     assert listed.status_code == 403
+
+
+def test_an_isolated_member_acts_and_reads_only_as_its_own_user(
+    http: httpx.Client, web: str, people: dict[str, dict[str, str]]
+) -> None:
+    token = tokens.token_create(name="dave", tenant_id="acme", subject="dave", scopes=["substrate:user"])["token"]
+    dave = {"authorization": f"Bearer {token}"}
+    body = {"agent": "echo", "prompt": "hi", "background": True}
+    alices = http.post("/v1/runs", headers=people["alice"], json={**body, "user_id": "u1"}).json()
+    own = http.post("/v1/runs", headers=dave, json={**body, "user_id": "u1"}).json()  # the wire user_id is overridden
+    wait_status(own["run_id"], RunStatus.COMPLETED)
+    assert http.get(f"/v1/runs/{own['run_id']}", headers=dave).json()["user_id"] == "dave"
+    assert http.get(f"/v1/runs/{alices['run_id']}", headers=dave).status_code == 404  # same tenant, another user
+    assert http.get("/v1/users/u1/agents?status=all", headers=dave).json()["agents"] == []
+    assert [a["run_id"] for a in http.get("/v1/users/dave/agents?status=all", headers=dave).json()["agents"]] == [
+        own["run_id"]
+    ]
+    assert _ws_close_code(web, alices["run_id"], dave) == 4404
+    assert http.get(f"/v1/runs/{own['run_id']}", headers=people["alice"]).status_code == 200  # the tenant sees it

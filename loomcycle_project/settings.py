@@ -12,10 +12,13 @@ DEBUG = E.DEBUG
 # No secret has a default: without DJANGO_SECRET_KEY each process gets a random
 # key (sessions do not survive restarts; the API uses bearer tokens, not cookies).
 SECRET_KEY = E.SECRET_KEY or secrets.token_urlsafe(50)
-# Open mode answers loopback host names only: without that, a DNS-rebinding web
-# page could drive the unauthenticated API from a browser. With a token, the
-# token is the boundary. LOOMCYCLE_ALLOWED_HOSTS overrides both.
-ALLOWED_HOSTS = E.ALLOWED_HOSTS or (["*"] if E.AUTH_TOKEN else ["127.0.0.1", "localhost", "[::1]"])
+# Any host by default: a credential (LOOMCYCLE_AUTH_TOKEN or an admin operator
+# token, which can be minted at runtime) is the boundary. While there is none
+# (open mode), apps.core.middleware answers loopback host names only, decided
+# per request: without that, a DNS-rebinding web page could drive the
+# unauthenticated API from a browser. Names listed in LOOMCYCLE_ALLOWED_HOSTS
+# are answered in open mode too.
+ALLOWED_HOSTS = E.ALLOWED_HOSTS or ["*"]
 
 INSTALLED_APPS = [
     "daphne",
@@ -34,7 +37,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "apps.core.middleware.OpenModeHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's CSS/JS under Daphne
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,7 +93,9 @@ TIME_ZONE = "UTC"
 USE_TZ = True
 USE_I18N = False
 STATIC_URL = "static/"
-STATIC_ROOT = E.DATA_DIR / "static"
+# WhiteNoise serves static files straight from the installed apps: no
+# collectstatic step and no STATIC_ROOT.
+WHITENOISE_USE_FINDERS = True
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = E.MAX_REQUEST_BYTES
 

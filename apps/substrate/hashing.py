@@ -1,83 +1,32 @@
-"""Content hash of an AgentDef, following loomcycle's recipe (SPEC 5.3):
-hash-significant fields only, alphabetical keys, empty values omitted,
-text normalised (CRLF -> LF, trailing whitespace trimmed), compact JSON with
-Go's HTML escaping and float formatting, then "sha256:" + hex.
+"""Content hashes of agent, skill and MCP server definitions, byte-identical
+to loomcycle's (SPEC 5.3): the hash-significant fields decoded as Go decodes
+them into its content struct, marshalled as Go's encoding/json writes that
+struct, then "sha256:" + hex.
 
-Go marshals a map with sorted keys but a struct in field-declaration order;
-loomcycle's nested structs (`sampling`, `compaction`, `models` candidates) are
-not declared alphabetically, so those are emitted in their Go order
-(`_STRUCTS`), with fields the Go struct does not have dropped as Go's
-unmarshal drops them."""
+What Go's types decide, and `_Spec` reproduces:
+
+- a struct is written in field-declaration order, a map with sorted keys;
+- a plain field tagged `omitempty` is left out at its zero value (`0`,
+  `false`, `""`, empty list or map, absent or null);
+- a pointer field (`*float64`, `*int`, `*bool`, `*string`) is left out only
+  when absent or null, so `temperature: 0` or `enabled: false` is kept;
+- a field without `omitempty` is always written (absent: its zero value);
+- a pointer-to-struct block (`sampling`, `compaction`, `channels`,
+  `interruption`) is dropped when nothing inside it would be written;
+- a map keeps every entry, even an empty one;
+- keys the Go struct does not have are dropped, as Go's decoder drops them.
+
+Text fields (`system_prompt`, skill `body`, MCP `description`) have CRLF
+turned into LF and trailing whitespace trimmed before the zero check."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
-
-AGENT_HASH_FIELDS = frozenset(
-    {
-        "channels",
-        "code_body",
-        "compaction",
-        "core_blocks",
-        "description",
-        "effort",
-        "evaluation_scopes",
-        "history_scope",
-        "inherit_core_blocks",
-        "inject_tool_guide",
-        "internal",
-        "interruption",
-        "max_concurrent_children",
-        "max_iterations",
-        "max_tokens",
-        "memory_backend",
-        "memory_consolidation",
-        "memory_index_max_bytes",
-        "memory_inject_max_tokens",
-        "memory_protocol",
-        "memory_quota_bytes",
-        "memory_roots",
-        "memory_scopes",
-        "model",
-        "models",
-        "name",
-        "provider",
-        "providers",
-        "search_providers",
-        "sampling",
-        "sql_quota_bytes",
-        "sql_scopes",
-        "system_prompt",
-        "tier",
-        "tools",
-        "unbounded_iterations",
-    }
-)
-_NORMALISED_TEXT = frozenset({"system_prompt"})
-
-
-def _is_empty(value: Any) -> bool:
-    if value is None or value is False or value == "" or value == 0:
-        return True
-    if isinstance(value, (list, dict)) and not value:
-        return True
-    if isinstance(value, dict):
-        return all(_is_empty(v) for v in value.values())
-    return False
-
-
-def _prune(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _prune(v) for k, v in sorted(value.items()) if not _is_empty(v)}
-    if isinstance(value, list):
-        return [_prune(v) for v in value]
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return int(value)  # Go's encoding/json writes 1.0 as 1
-    return value
 
 
 def normalise_text(text: str) -> str:
@@ -149,81 +98,226 @@ def go_json(value: Any) -> str:
     return "".join(out)
 
 
-# Go struct field order of loomcycle's nested agent types (internal/agents).
-_STRUCTS: dict[str, tuple[str, ...]] = {
-    "channels": ("publish", "subscribe"),
-    "compaction": (
-        "enabled",
-        "target_percentage",
-        "keep_last_n",
-        "keep_first",
-        "autocompact_at_pct",
-        "model",
-        "memory_flush",
-    ),
-    "interruption": ("enabled", "kinds", "max_pending"),
-    "sampling": ("temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "seed", "stop"),
-}
-_TIER_CANDIDATE = ("provider", "model")  # json tags without omitempty: both always emitted
+# --- Go field kinds ---------------------------------------------------------------
+
+_ABSENT = object()
 
 
-def _as_struct(value: Any, order: tuple[str, ...], *, keep_empty: bool = False) -> Any:
-    if not isinstance(value, dict):
-        return value
-    return GoStruct((k, value.get(k, "")) for k in order if keep_empty or k in value)
+def _is_go_zero(value: Any) -> bool:
+    if value is None or value is False or value == "":
+        return True
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value == 0
+    return isinstance(value, (list, tuple, dict)) and not value
 
 
-def _agent_structs(content: dict[str, Any]) -> dict[str, Any]:
-    """`content` is already pruned; a struct left empty by dropped fields is omitted."""
-    out = dict(content)
-    for key, order in _STRUCTS.items():
-        if key in out:
-            out[key] = _as_struct(out[key], order)
-            if out[key] == {}:
-                del out[key]
-    models = out.get("models")
-    if isinstance(models, dict):
-        out["models"] = {
-            tier: [_as_struct(c, _TIER_CANDIDATE, keep_empty=True) for c in cands] if isinstance(cands, list) else cands
-            for tier, cands in models.items()
-        }
-    return out
+class _Spec:
+    def encode(self, value: Any) -> Any:
+        """`value` as Go writes this field, or `_ABSENT` when Go leaves it out.
+        `value` is `_ABSENT` when the key is missing."""
+        raise NotImplementedError
 
 
-def content_sha256(
-    name: str,
-    definition: dict[str, Any],
-    fields: frozenset[str],
-    text: frozenset[str],
-    *,
-    structs: bool = False,
-) -> str:
-    """The recipe, for any kind: `fields` are hash-significant, `text` get
-    normalised; `structs` applies the agent's nested Go struct order."""
-    content: dict[str, Any] = {"name": name}
-    for key, value in definition.items():
-        if key not in fields or key == "name":
-            continue
-        if key in text and isinstance(value, str):
+@dataclass(frozen=True)
+class _Value(_Spec):
+    """A string, number or bool field; `omitempty` unless told otherwise."""
+
+    omitempty: bool = True
+    zero: Any = ""  # written for an absent value when not omitempty
+    text: bool = False
+
+    def encode(self, value: Any) -> Any:
+        if value is _ABSENT or value is None:
+            value = self.zero
+        if self.text and isinstance(value, str):
             value = normalise_text(value)
-        content[key] = value
-    pruned = _prune(content)
-    if structs:
-        pruned = _agent_structs(pruned)
-    return "sha256:" + hashlib.sha256(go_json(pruned).encode()).hexdigest()
+        return _ABSENT if self.omitempty and _is_go_zero(value) else value
+
+
+@dataclass(frozen=True)
+class _Pointer(_Spec):
+    """`*T` with `omitempty`: only nil (absent or null) is left out."""
+
+    def encode(self, value: Any) -> Any:
+        return _ABSENT if value is _ABSENT or value is None else value
+
+
+@dataclass(frozen=True)
+class _Slice(_Spec):
+    elem: _Spec
+    omitempty: bool = True  # False inside a map, where Go writes `[]` and `null`
+
+    def encode(self, value: Any) -> Any:
+        if value is _ABSENT:
+            value = None
+        if self.omitempty and _is_go_zero(value):
+            return _ABSENT
+        if not isinstance(value, list):
+            return value  # not a list: Go would refuse it; hash what was given
+        return [_or_zero(self.elem, item) for item in value]
+
+
+@dataclass(frozen=True)
+class _Map(_Spec):
+    elem: _Spec
+
+    def encode(self, value: Any) -> Any:
+        if value is _ABSENT or _is_go_zero(value):
+            return _ABSENT
+        if not isinstance(value, dict):
+            return value
+        return {str(k): _or_zero(self.elem, v) for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class _Struct(_Spec):
+    fields: tuple[tuple[str, _Spec], ...]
+    pointer: bool = True  # *Struct,omitempty, collapsed to nil when empty
+
+    def encode(self, value: Any) -> Any:
+        if value is _ABSENT or value is None:
+            value = {}
+        if not isinstance(value, dict):
+            return _ABSENT if _is_go_zero(value) else value
+        out = GoStruct()
+        for key, spec in self.fields:
+            item = spec.encode(value.get(key, _ABSENT))
+            if item is not _ABSENT:
+                out[key] = item
+        return _ABSENT if self.pointer and not out else out
+
+    def keys(self) -> frozenset[str]:
+        return frozenset(key for key, _ in self.fields)
+
+
+def _or_zero(spec: _Spec, value: Any) -> Any:
+    """An element of a list or map: always written, even when zero."""
+    out = spec.encode(value)
+    return None if out is _ABSENT else out
+
+
+_STR = _Value()
+_ELEM_STR = _Value(omitempty=False)
+_STRINGS = _Slice(_ELEM_STR)
+_INT = _Value()
+_BOOL = _Value()
+_PTR = _Pointer()
+
+# loomcycle internal/agents (sign.go AgentContent and the structs it nests).
+# Sampling and Compaction fields are all pointers; the ACL structs are plain
+# omitempty values; TierCandidate has no omitempty; CoreBlock's label has none.
+_SAMPLING = _Struct(
+    (
+        ("temperature", _PTR),
+        ("top_p", _PTR),
+        ("top_k", _PTR),
+        ("frequency_penalty", _PTR),
+        ("presence_penalty", _PTR),
+        ("seed", _PTR),
+        ("stop", _STRINGS),
+    )
+)
+_COMPACTION = _Struct(
+    (
+        ("enabled", _PTR),
+        ("target_percentage", _PTR),
+        ("keep_last_n", _PTR),
+        ("keep_first", _PTR),
+        ("autocompact_at_pct", _PTR),
+        ("model", _PTR),
+        ("memory_flush", _PTR),
+    )
+)
+_CHANNELS = _Struct((("publish", _STRINGS), ("subscribe", _STRINGS)))
+_INTERRUPTION = _Struct((("enabled", _BOOL), ("kinds", _STRINGS), ("max_pending", _INT)))
+_TIER_CANDIDATE = _Struct((("provider", _ELEM_STR), ("model", _ELEM_STR)), pointer=False)
+_CORE_BLOCK = _Struct(
+    (("label", _ELEM_STR), ("scope", _STR), ("limit_bytes", _INT), ("read_only", _BOOL)),
+    pointer=False,
+)
+
+# AgentContent's declaration order, limited to the fields this build hashes
+# (SPEC 5.2). It is alphabetical except that search_providers precedes sampling.
+AGENT_CONTENT = _Struct(
+    (
+        ("channels", _CHANNELS),
+        ("code_body", _STR),  # not normalised: JS whitespace is significant
+        ("compaction", _COMPACTION),
+        ("core_blocks", _Slice(_CORE_BLOCK)),
+        ("description", _STR),
+        ("effort", _STR),
+        ("evaluation_scopes", _STRINGS),
+        ("history_scope", _STRINGS),
+        ("inherit_core_blocks", _BOOL),
+        ("inject_tool_guide", _BOOL),
+        ("internal", _BOOL),
+        ("interruption", _INTERRUPTION),
+        ("max_concurrent_children", _INT),
+        ("max_iterations", _INT),
+        ("max_tokens", _INT),
+        ("memory_backend", _STR),
+        ("memory_consolidation", _BOOL),
+        ("memory_index_max_bytes", _INT),
+        ("memory_inject_max_tokens", _INT),
+        ("memory_protocol", _BOOL),
+        ("memory_quota_bytes", _INT),
+        ("memory_roots", _STR),
+        ("memory_scopes", _STRINGS),
+        ("model", _STR),
+        ("models", _Map(_Slice(_TIER_CANDIDATE, omitempty=False))),
+        ("name", _STR),
+        ("provider", _STR),
+        ("providers", _STRINGS),
+        ("search_providers", _STRINGS),
+        ("sampling", _SAMPLING),
+        ("sql_quota_bytes", _INT),
+        ("sql_scopes", _STRINGS),
+        ("system_prompt", _Value(text=True)),
+        ("tier", _STR),
+        ("tools", _STRINGS),
+        ("unbounded_iterations", _BOOL),
+    ),
+    pointer=False,
+)
+
+# internal/skills/sign.go SkillContent. loomcycle renamed the tool list from
+# `allowed_tools` to `tools` (the hashed key too); this follows the renamed form.
+SKILL_CONTENT = _Struct(
+    (("body", _Value(text=True)), ("description", _STR), ("name", _STR), ("tools", _STRINGS)),
+    pointer=False,
+)
+
+# internal/mcp/sign.go MCPServerContent.
+MCP_CONTENT = _Struct(
+    (
+        ("description", _Value(text=True)),
+        ("headers", _Map(_ELEM_STR)),
+        ("name", _STR),
+        ("transport", _STR),
+        ("url", _STR),
+    ),
+    pointer=False,
+)
+
+AGENT_HASH_FIELDS = AGENT_CONTENT.keys()
+SKILL_HASH_FIELDS = SKILL_CONTENT.keys()
+MCP_HASH_FIELDS = MCP_CONTENT.keys()
+
+
+def content_sha256(name: str, definition: dict[str, Any], content: _Struct) -> str:
+    """The recipe for any kind: `definition` (with `name` from the argument)
+    decoded into the `content` struct as Go would, marshalled, hashed."""
+    encoded = content.encode({**definition, "name": name})
+    return "sha256:" + hashlib.sha256(go_json(encoded).encode()).hexdigest()
 
 
 def agent_content_sha256(name: str, definition: dict[str, Any]) -> str:
-    return content_sha256(name, definition, AGENT_HASH_FIELDS, _NORMALISED_TEXT, structs=True)
-
-
-SKILL_HASH_FIELDS = frozenset({"name", "description", "tools", "body"})
-MCP_HASH_FIELDS = frozenset({"name", "description", "transport", "url", "headers"})
+    return content_sha256(name, definition, AGENT_CONTENT)
 
 
 def skill_content_sha256(name: str, definition: dict[str, Any]) -> str:
-    return content_sha256(name, definition, SKILL_HASH_FIELDS, frozenset({"body"}))
+    return content_sha256(name, definition, SKILL_CONTENT)
 
 
 def mcp_content_sha256(name: str, definition: dict[str, Any]) -> str:
-    return content_sha256(name, definition, MCP_HASH_FIELDS, frozenset({"description"}))
+    return content_sha256(name, definition, MCP_CONTENT)

@@ -5,9 +5,11 @@ written out by hand from the recipe (alphabetical top-level keys, empty values
 omitted, text normalised, `<>&` escaped, Go float text, nested structs in
 their Go declaration order), and its SHA-256 computed once and pinned. Each
 test checks both halves: the hand-written bytes hash to the pinned hex, and
-our hasher, given messy input, produces that hash. Two vectors are
-loomcycle's own pins (its sign_test.go files), so they also prove agreement
-with the Go implementation.
+our hasher, given messy input, produces that hash.
+
+The `test_loomcycle_*` vectors are loomcycle's own pins, copied from its Go
+tests (each names its file), so they prove agreement with the Go
+implementation itself. loomcycle pins no skill vector.
 """
 
 from __future__ import annotations
@@ -140,6 +142,42 @@ def test_floats_and_sampling_struct_order_follow_go() -> None:
     assert agent_content_sha256("sampler", {"provider": "p", "model": "m", "sampling": sampling}) == expected
 
 
+def test_loomcycle_pinned_agent_vector() -> None:
+    # loomcycle internal/agents/sign_test.go TestSign_KnownVector (the form after
+    # its allowed_tools -> tools rename): AgentContent{Name: "researcher",
+    # SystemPrompt: "be thorough", Tools: [WebFetch, Read], MaxTokens: 8192}.
+    definition = {"tools": ["WebFetch", "Read"], "max_tokens": 8192, "system_prompt": "be thorough"}
+    expected = pinned(
+        '{"max_tokens":8192,"name":"researcher","system_prompt":"be thorough","tools":["WebFetch","Read"]}',
+        "e03953f0f2b43b6e9521b0c5e3f31cdddad6c3d3e907deb8172cd4c959de105e",
+    )
+    assert agent_content_sha256("researcher", definition) == expected
+
+
+def test_loomcycle_pre_rename_agent_vector_differs_only_in_the_tool_key() -> None:
+    # loomcycle internal/agents/sign_test.go TestSign_KnownVector before the
+    # allowed_tools -> tools rename pinned 9c6a6098...: the same content with the
+    # tool list under `allowed_tools` (which then sorted first). Current loomcycle
+    # and this build hash it under `tools`; an old row's hash is not reproduced.
+    old = pinned(
+        '{"allowed_tools":["WebFetch","Read"],"max_tokens":8192,"name":"researcher","system_prompt":"be thorough"}',
+        "9c6a6098efbad0bdde2cd0c777a70d97b204125c37004b3f80a7f5734cde2c03",
+    )
+    definition = {"tools": ["WebFetch", "Read"], "max_tokens": 8192, "system_prompt": "be thorough"}
+    assert agent_content_sha256("researcher", definition) != old
+
+
+def test_loomcycle_pinned_authorship_vector() -> None:
+    # loomcycle internal/agents/sign_operator_authored_test.go
+    # TestSign_AuthorshipIsNotContent: AgentContent{Name: "reviewer",
+    # SystemPrompt: "You review.", Tier: "middle"}.
+    expected = pinned(
+        '{"name":"reviewer","system_prompt":"You review.","tier":"middle"}',
+        "0d5ea67cfbfa7a386e9b8eedcd3739a7cc779b8f62f5be9121787a55d076519d",
+    )
+    assert agent_content_sha256("reviewer", {"tier": "middle", "system_prompt": "You review.\n"}) == expected
+
+
 def test_loomcycle_pinned_vector_with_models() -> None:
     # loomcycle internal/agents/sign_test.go TestSign_KnownVectorWithModels: the
     # candidate struct emits provider before model.
@@ -157,6 +195,73 @@ def test_loomcycle_pinned_vector_with_models() -> None:
         "c23827d24ac610aa96718ea32a8e3c22783c3beb1ad3cc0830165ba82f9fc701",
     )
     assert agent_content_sha256("researcher", {"models": models}) == expected
+
+
+def test_pointer_fields_keep_zeros_and_plain_fields_drop_them() -> None:
+    # Sampling/Compaction fields are Go pointers: 0, false and "" are written.
+    # max_pending/max_tokens are plain omitempty ints: 0 is left out, and an
+    # interruption block of zeros is dropped whole.
+    expected = pinned(
+        '{"compaction":{"enabled":false,"keep_last_n":0,"model":""},"model":"m","name":"zero","provider":"p",'
+        '"sampling":{"temperature":0,"top_k":0,"seed":0}}',
+        "9fafaf90fcf26ab7838aec62c239ef854e0e493f01cabcea10d7f66b2b284034",
+    )
+    definition = {
+        "provider": "p",
+        "model": "m",
+        "max_tokens": 0,
+        "sampling": {"seed": 0, "top_k": 0, "temperature": 0.0, "top_p": None, "stop": []},
+        "compaction": {"model": "", "keep_last_n": 0, "enabled": False, "keep_first": None},
+        "interruption": {"enabled": False, "kinds": [], "max_pending": 0},
+    }
+    assert agent_content_sha256("zero", definition) == expected
+
+
+def test_struct_order_of_core_blocks_and_search_providers_before_sampling() -> None:
+    # AgentContent declares SearchProviders before Sampling (the one place its
+    # order is not alphabetical); CoreBlock is label, scope, limit_bytes,
+    # read_only, and label has no omitempty.
+    expected = pinned(
+        '{"core_blocks":[{"label":"user","scope":"user","limit_bytes":2048,"read_only":true},{"label":""}],'
+        '"model":"m","name":"order","provider":"p","search_providers":["brave"],"sampling":{"top_p":0.5}}',
+        "a93715aaab5ed217e03e3aa5fee1326da8400c2cf278d980a1d51c517c949576",
+    )
+    definition = {
+        "provider": "p",
+        "model": "m",
+        "sampling": {"top_p": 0.5},
+        "search_providers": ["brave"],
+        "core_blocks": [
+            {"read_only": True, "limit_bytes": 2048, "scope": "user", "label": "user"},
+            {"read_only": False, "limit_bytes": 0, "scope": ""},
+        ],
+    }
+    assert agent_content_sha256("order", definition) == expected
+
+
+def test_models_map_keeps_empty_tiers_and_candidate_fields() -> None:
+    # A map keeps every entry (Go writes `[]` and `null`); TierCandidate's
+    # provider/model have no omitempty.
+    expected = pinned(
+        '{"models":{"empty":[],"low":[{"provider":"","model":"m1"}],"none":null},"name":"tiers"}',
+        "3a0d84fee84c0192acc3805b44d67aeaf9061107ec1cd6ff69c48442daec18c1",
+    )
+    models = {"low": [{"model": "m1", "weight": 3}], "none": None, "empty": []}
+    assert agent_content_sha256("tiers", {"models": models}) == expected
+
+
+def test_channels_and_interruption_drop_empty_fields() -> None:
+    expected = pinned(
+        '{"channels":{"publish":["out"]},"interruption":{"enabled":true},"model":"m","name":"acl","provider":"p"}',
+        "673427fa4db17c3b56565c6c9e59fe4cb14f20e77600333645c7c7b907b34ab8",
+    )
+    definition = {
+        "provider": "p",
+        "model": "m",
+        "channels": {"subscribe": [], "publish": ["out"]},
+        "interruption": {"max_pending": 0, "kinds": None, "enabled": True},
+    }
+    assert agent_content_sha256("acl", definition) == expected
 
 
 @pytest.mark.parametrize(
@@ -185,6 +290,9 @@ def test_go_json_refuses_nan() -> None:
 
 
 # --- skill ---------------------------------------------------------------------
+# SkillContent hashes the tool list as `tools` since loomcycle's allowed_tools ->
+# tools rename (internal/skills/sign_test.go round-trips an overlay's "tools");
+# before it, loomcycle's skills/sign.go wrote `allowed_tools`.
 
 SKILL = pinned(
     '{"body":"Summarise concisely.\\n\\nKeep names.","description":"Shorten things","name":"summariser",'
@@ -232,6 +340,16 @@ def test_mcp_vector_normalises_description_and_ignores_discovered_tools() -> Non
     }
     assert mcp_content_sha256("tracker", definition) == MCP
     assert mcp_content_sha256("tracker", {**definition, "discovered_tools": []}) == MCP
+
+
+def test_mcp_header_with_an_empty_value_is_kept() -> None:
+    # headers is a Go map: its entries are written even when the value is "".
+    expected = pinned(
+        '{"headers":{"X-Empty":""},"name":"h","transport":"http","url":"https://x.example/mcp"}',
+        "841e23ce7847e9801956a77a7780b0f331650b7b55b517f4c66eeea8698b2fcf",
+    )
+    definition = {"transport": "http", "url": "https://x.example/mcp", "headers": {"X-Empty": ""}}
+    assert mcp_content_sha256("h", definition) == expected
 
 
 def test_mcp_empty_headers_hash_like_none() -> None:

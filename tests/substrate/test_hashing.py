@@ -57,7 +57,10 @@ def test_nested_key_order_is_irrelevant() -> None:
         ("description", ""),
         ("tools", []),
         ("sampling", {}),
-        ("sampling", {"temperature": None, "top_p": 0}),
+        ("sampling", {"temperature": None, "stop": []}),
+        ("compaction", {"enabled": None, "model": None}),
+        ("interruption", {"enabled": False, "kinds": [], "max_pending": 0}),
+        ("channels", {"publish": [], "subscribe": None}),
         ("internal", False),
         ("max_tokens", 0),
         ("effort", None),
@@ -69,10 +72,63 @@ def test_empty_and_missing_fields_hash_the_same(key: str, empty: Any) -> None:
     assert h({**without, key: empty}) == h(without)
 
 
-def test_empty_values_inside_a_nested_mapping_are_pruned() -> None:
+def test_null_and_empty_list_inside_sampling_are_left_out() -> None:
     a = {**BASE, "sampling": {"temperature": 0.5, "top_p": None, "stop": []}}
     b = {**BASE, "sampling": {"temperature": 0.5}}
     assert h(a) == h(b)
+
+
+# loomcycle's Sampling and Compaction fields are pointers (`*float64`, `*int`,
+# `*bool`, `*string`): only an absent or null value is left out, so a zero is
+# hashed, and a block holding only zeros is not dropped.
+_REST = '"max_iterations":8,"model":"mock-generic","name":"echo","provider":"mock",'
+_PROMPT = '"system_prompt":"You are terse.","tools":["Context"]'
+
+
+@pytest.mark.parametrize(
+    ("change", "go_bytes"),
+    [
+        ({"sampling": {"temperature": 0}}, "{" + _REST + '"sampling":{"temperature":0},' + _PROMPT + "}"),
+        ({"sampling": {"seed": 0, "top_p": 0.0}}, "{" + _REST + '"sampling":{"top_p":0,"seed":0},' + _PROMPT + "}"),
+        ({"compaction": {"enabled": False}}, '{"compaction":{"enabled":false},' + _REST + _PROMPT + "}"),
+        (
+            {"compaction": {"model": "", "keep_first": False, "keep_last_n": 0}},
+            '{"compaction":{"keep_last_n":0,"keep_first":false,"model":""},' + _REST + _PROMPT + "}",
+        ),
+        (
+            {"compaction": {"memory_flush": False, "target_percentage": 0}},
+            '{"compaction":{"target_percentage":0,"memory_flush":false},' + _REST + _PROMPT + "}",
+        ),
+    ],
+)
+def test_pointer_fields_keep_zero_values(change: dict[str, Any], go_bytes: str) -> None:
+    assert h({**BASE, **change}) == "sha256:" + hashlib.sha256(go_bytes.encode()).hexdigest() != h(BASE)
+
+
+def test_sampling_temperature_zero_differs_from_unset_and_from_other_values() -> None:
+    zero = h({**BASE, "sampling": {"temperature": 0}})
+    assert len({zero, h(BASE), h({**BASE, "sampling": {"temperature": 0.1}})}) == 3
+    assert h({**BASE, "sampling": {"temperature": 0.0}}) == zero
+
+
+@pytest.mark.parametrize(
+    ("block", "same_as"),
+    [
+        ({"enabled": False, "max_pending": 0}, None),
+        ({"enabled": True, "max_pending": 0, "kinds": []}, {"enabled": True}),
+        ({"publish": ["out"], "subscribe": []}, {"publish": ["out"]}),
+    ],
+)
+def test_interruption_and_channels_are_plain_omitempty_values(
+    block: dict[str, Any], same_as: dict[str, Any] | None
+) -> None:
+    key = "channels" if "publish" in block else "interruption"
+    expected = h(BASE) if same_as is None else h({**BASE, key: same_as})
+    assert h({**BASE, key: block}) == expected
+
+
+def test_unknown_keys_inside_a_nested_block_are_dropped() -> None:
+    assert h({**BASE, "sampling": {"temperature": 0, "mirostat": 2}}) == h({**BASE, "sampling": {"temperature": 0}})
 
 
 def test_crlf_and_lf_hash_identically() -> None:

@@ -20,12 +20,18 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
 from apps.core.bootstrap import boot
+from apps.substrate.tokens import live_admin_token_exists
 from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.up")
 GRACE_S = 20.0
+LOOPBACK_ADDRS = frozenset({"127.0.0.1", "localhost", "::1"})
+OPEN_MODE_WARNING = (
+    "OPEN MODE: no LOOMCYCLE_AUTH_TOKEN and no admin operator token; the API accepts unauthenticated loopback clients."
+)
 
 
 @dataclass
@@ -47,6 +53,20 @@ def split_addr(addr: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise CommandError(f"LOOMCYCLE_LISTEN_ADDR must be host:port, got {addr!r}")
     return host.strip("[]"), int(port)
+
+
+def starts_in_open_mode(host: str) -> bool:
+    """Whether the runtime starts in open mode: no LOOMCYCLE_AUTH_TOKEN and no
+    live admin OperatorTokenDef (so call it after migrating). Open mode on a
+    non-loopback listen address is refused (CommandError)."""
+    if settings.LOOMCYCLE.auth_token or live_admin_token_exists():
+        return False
+    if host not in LOOPBACK_ADDRS:
+        raise CommandError(
+            "refusing to listen on a non-loopback address in open mode: set LOOMCYCLE_AUTH_TOKEN or mint an "
+            "admin token first (`manage.py token create --name admin --tenant ops`)"
+        )
+    return True
 
 
 def port_free(host: str, port: int) -> bool:
@@ -96,17 +116,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         host, port = split_addr(settings.LOOMCYCLE.listen_addr)
-        if not settings.LOOMCYCLE.auth_token:
-            if host not in ("127.0.0.1", "localhost", "::1"):
-                raise CommandError("refusing to listen on a non-loopback address with no LOOMCYCLE_AUTH_TOKEN")
-            self.stderr.write(
-                self.style.WARNING(
-                    "OPEN MODE: no LOOMCYCLE_AUTH_TOKEN is set; the API accepts unauthenticated loopback clients."
-                )
-            )
         if not port_free(host, port):
             raise CommandError(f"{host}:{port} is already in use (set LOOMCYCLE_LISTEN_ADDR)")
         agents = boot(migrate=True, verbosity=1)
+        try:
+            if starts_in_open_mode(host):  # after migrating: operator tokens live in the database
+                self.stderr.write(self.style.WARNING(OPEN_MODE_WARNING))
+        finally:
+            connection.close()  # the supervisor holds no connection while its children run
         self.stdout.write(f"agents: {', '.join(sorted(a.name for a in agents)) or '(none)'}")
         env = {
             **os.environ,

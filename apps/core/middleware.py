@@ -1,0 +1,132 @@
+"""Open mode answers loopback host names only (protection against DNS rebinding).
+
+Open mode (no LOOMCYCLE_AUTH_TOKEN and no live admin OperatorTokenDef) makes
+every loopback client an unauthenticated admin. A web page on a rebound DNS
+name (evil.example -> 127.0.0.1) would be such a client, so while the runtime
+is open a request must name a loopback host (localhost, *.localhost,
+127.0.0.1, [::1]) or one listed explicitly in ALLOWED_HOSTS (LOOMCYCLE_ALLOWED_HOSTS;
+the `*` default does not count). Once a credential exists the bearer is the
+boundary and any host Django allows is served.
+
+The decision is made per request, because an operator token minted at runtime
+closes open mode: the database answer is cached per process for OPEN_MODE_TTL_S,
+and a database error counts as open mode here (fail closed: foreign hosts are
+refused; authentication itself answers 503 in that case).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.request import split_domain_port, validate_host
+
+from apps.substrate.tokens import live_admin_token_exists
+
+log = logging.getLogger("loomcycle.open_mode")
+
+OPEN_MODE_TTL_S = 2.0
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+OPEN_MODE_HOST_MESSAGE = (
+    "open mode (no token configured) answers loopback host names only (localhost, 127.0.0.1, [::1]); "
+    "configure a token, or list this host in LOOMCYCLE_ALLOWED_HOSTS"
+)
+
+_clock: Callable[[], float] = time.monotonic
+_cached: tuple[float, bool] | None = None  # (expires at, no live admin token)
+
+
+def reset_open_mode_cache() -> None:
+    global _cached
+    _cached = None
+
+
+def is_loopback_name(domain: str) -> bool:
+    """`domain` as split_domain_port returns it: lower case, no port, IPv6 in brackets."""
+    return domain in LOOPBACK_NAMES or domain.endswith(".localhost")
+
+
+def host_allowed_in_open_mode(domain: str) -> bool:
+    if is_loopback_name(domain):
+        return True
+    explicit = [h for h in settings.ALLOWED_HOSTS if h != "*"]
+    return bool(domain) and validate_host(domain, explicit)
+
+
+def _no_admin_token() -> bool:
+    try:
+        return not live_admin_token_exists()
+    except DatabaseError as exc:
+        log.error("open mode check: token store lookup failed; answering loopback host names only: %s", exc)
+        return True
+
+
+def open_mode(*, close_connection: bool = False) -> bool:
+    """True while no credential is configured. `close_connection` hands the DB
+    connection back after a lookup (for worker threads of async callers)."""
+    global _cached
+    if settings.LOOMCYCLE.auth_token:
+        return False
+    now = _clock()
+    cached = _cached
+    if cached is not None and now < cached[0]:
+        return cached[1]
+    try:
+        answer = _no_admin_token()
+    finally:
+        if close_connection:
+            connection.close()
+    _cached = (now + OPEN_MODE_TTL_S, answer)
+    return answer
+
+
+async def aopen_mode() -> bool:
+    if settings.LOOMCYCLE.auth_token:
+        return False
+    cached = _cached
+    if cached is not None and _clock() < cached[0]:
+        return cached[1]
+    return await sync_to_async(open_mode, thread_sensitive=False)(close_connection=True)
+
+
+def request_domain(request: HttpRequest) -> str:
+    """The Host the client named (not validated against ALLOWED_HOSTS; Django does that later)."""
+    host = request.META.get("HTTP_HOST") or request.META.get("SERVER_NAME") or ""
+    return split_domain_port(str(host))[0]
+
+
+def open_mode_host_refused() -> JsonResponse:
+    body = {"code": "open_mode_host", "error": OPEN_MODE_HOST_MESSAGE, "details": {}}
+    return JsonResponse(body, status=400)
+
+
+class OpenModeHostMiddleware:
+    """400 `open_mode_host` for a non-loopback Host while the runtime is in open mode."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        if not host_allowed_in_open_mode(request_domain(request)) and open_mode():
+            return open_mode_host_refused()
+        return self.get_response(request)
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        if not host_allowed_in_open_mode(request_domain(request)) and await aopen_mode():
+            return open_mode_host_refused()
+        get_response: Callable[[HttpRequest], Awaitable[HttpResponse]] = self.get_response
+        return await get_response(request)

@@ -9,8 +9,8 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from apps.core.websocket import browser_origin_validator  # noqa: E402
 from apps.runs.routing import websocket_urlpatterns  # noqa: E402
+from apps.substrate.websocket import browser_origin_validator  # noqa: E402
 
 # Browsers send Origin: a page from another site cannot open a socket to us
 # (cross-site WebSocket hijacking); clients without an Origin header pass.

@@ -33,7 +33,7 @@ LISTEN_ADDR: str = env.str("LOOMCYCLE_LISTEN_ADDR", default="127.0.0.1:8787")
 AUTH_TOKEN: str | None = env.str("LOOMCYCLE_AUTH_TOKEN", default=None) or None
 # Host names the web process answers to. Default: any; while the runtime is in
 # open mode, loopback names (and names listed here) only: a DNS-rebinding page
-# must not reach the open API (apps.core.middleware, decided per request).
+# must not reach the open API (apps.substrate.openmode, decided per request).
 ALLOWED_HOSTS: list[str] = [h.strip() for h in env.list("LOOMCYCLE_ALLOWED_HOSTS", default=[]) if h.strip()]
 SECRET_KEY: str | None = env.str("DJANGO_SECRET_KEY", default=None)
 DEBUG: bool = env.bool("LOOMCYCLE_DEBUG", default=False)

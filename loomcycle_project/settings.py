@@ -14,7 +14,7 @@ DEBUG = E.DEBUG
 SECRET_KEY = E.SECRET_KEY or secrets.token_urlsafe(50)
 # Any host by default: a credential (LOOMCYCLE_AUTH_TOKEN or an admin operator
 # token, which can be minted at runtime) is the boundary. While there is none
-# (open mode), apps.core.middleware answers loopback host names only, decided
+# (open mode), apps.substrate.openmode answers loopback host names only, decided
 # per request: without that, a DNS-rebinding web page could drive the
 # unauthenticated API from a browser. Names listed in LOOMCYCLE_ALLOWED_HOSTS
 # are answered in open mode too.
@@ -37,7 +37,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "apps.core.middleware.OpenModeHostMiddleware",
+    "apps.substrate.openmode.OpenModeHostMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's CSS/JS under Daphne
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -111,11 +112,13 @@ def _is_go_zero(value: Any) -> bool:
     return isinstance(value, (list, tuple, dict)) and not value
 
 
-class _Spec:
+class _Spec(ABC):
+    """How one Go field is written; each kind of Go field is a subclass."""
+
+    @abstractmethod
     def encode(self, value: Any) -> Any:
         """`value` as Go writes this field, or `_ABSENT` when Go leaves it out.
         `value` is `_ABSENT` when the key is missing."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)

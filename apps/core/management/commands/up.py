@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from apps.core.bootstrap import boot
-from apps.substrate.tokens import live_admin_token_exists
+from apps.substrate.openmode import credential_configured
 from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.up")
@@ -59,7 +59,7 @@ def starts_in_open_mode(host: str) -> bool:
     """Whether the runtime starts in open mode: no LOOMCYCLE_AUTH_TOKEN and no
     live admin OperatorTokenDef (so call it after migrating). Open mode on a
     non-loopback listen address is refused (CommandError)."""
-    if settings.LOOMCYCLE.auth_token or live_admin_token_exists():
+    if credential_configured():
         return False
     if host not in LOOPBACK_ADDRS:
         raise CommandError(

@@ -17,10 +17,10 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError
 from django.test import Client, override_settings
 
-from apps.core import middleware
 from apps.core.management.commands.up import starts_in_open_mode
-from apps.core.websocket import BrowserOriginValidator, browser_origin_validator
+from apps.substrate import openmode as middleware
 from apps.substrate import tokens
+from apps.substrate.websocket import BrowserOriginValidator, browser_origin_validator
 
 FOREIGN = "evil.example"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1:8787", "[::1]:8787", "app.localhost", "LocalHost:80")
@@ -238,11 +238,9 @@ def test_up_accepts_an_admin_operator_token_as_a_credential(lc: Any) -> None:
 
 @pytest.mark.django_db
 def test_up_accepts_the_env_token_without_a_database_lookup(lc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from apps.core.management.commands import up
-
     def unexpected() -> bool:
         raise AssertionError("no token-store lookup with LOOMCYCLE_AUTH_TOKEN set")
 
-    monkeypatch.setattr(up, "live_admin_token_exists", unexpected)
+    monkeypatch.setattr(middleware, "live_admin_token_exists", unexpected)
     lc.LOOMCYCLE = dataclasses.replace(lc.LOOMCYCLE, auth_token="env-secret")
     assert starts_in_open_mode("0.0.0.0") is False

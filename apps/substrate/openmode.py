@@ -59,9 +59,14 @@ def host_allowed_in_open_mode(domain: str) -> bool:
     return bool(domain) and validate_host(domain, explicit)
 
 
+def credential_configured() -> bool:
+    """LOOMCYCLE_AUTH_TOKEN is set or a live admin OperatorTokenDef exists (uncached)."""
+    return bool(settings.LOOMCYCLE.auth_token) or live_admin_token_exists()
+
+
 def _no_admin_token() -> bool:
     try:
-        return not live_admin_token_exists()
+        return not credential_configured()
     except DatabaseError as exc:
         log.error("open mode check: token store lookup failed; answering loopback host names only: %s", exc)
         return True

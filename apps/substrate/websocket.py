@@ -6,7 +6,7 @@ site is refused when its origin is not one of ALLOWED_HOSTS. A client that
 sends no Origin at all is not a browser page; it gets through to the bearer
 check like any API client (Channels' own validator would refuse it too).
 
-While the runtime is in open mode (apps.core.middleware) the handshake must
+While the runtime is in open mode (apps.substrate.openmode) the handshake must
 also name a loopback host (or one listed explicitly in ALLOWED_HOSTS), in its
 `Host` and in its `Origin`, as HTTP requests must; otherwise it is denied (403).
 """
@@ -20,7 +20,7 @@ from channels.security.websocket import OriginValidator, WebsocketDenier
 from django.conf import settings
 from django.http.request import split_domain_port
 
-from apps.core.middleware import aopen_mode, host_allowed_in_open_mode
+from apps.substrate.openmode import aopen_mode, host_allowed_in_open_mode
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:

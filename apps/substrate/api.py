@@ -17,7 +17,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router
 from pydantic import BaseModel, ConfigDict
 
-from apps.core.errors import NotFound, Unprocessable
+from apps.core.errors import ApplicationError
 from apps.core.http import openapi_body, parse_body
 from apps.core.types import Principal
 from apps.substrate import selectors, services
@@ -43,22 +43,14 @@ class DefOpIn(BaseModel):
     content_sha256: Any = None
 
 
-class ToolRefused(Unprocessable):
-    code = "tool_refused"
+class ToolError(ApplicationError):
+    """A def tool's refusal over HTTP, naming the tool: 422 `tool_refused`, or
+    404 `not_found` for an unknown (or another tenant's) def_id."""
 
-    def __init__(self, message: str, tool: str) -> None:
-        super().__init__(message)
-        self.tool = tool
-
-    def body(self) -> dict[str, Any]:
-        return {**super().body(), "tool": self.tool}
-
-
-class DefNotFound(NotFound):
-    """Unknown or another tenant's def_id: an opaque 404 (the issue's tenant rule)."""
-
-    def __init__(self, message: str, tool: str) -> None:
-        super().__init__(message, code="not_found")
+    def __init__(self, exc: Refused, tool: str) -> None:
+        not_found = isinstance(exc, RefusedNotFound)
+        super().__init__(exc.message, code="not_found" if not_found else "tool_refused")
+        self.status = 404 if not_found else 422
         self.tool = tool
 
     def body(self) -> dict[str, Any]:
@@ -68,10 +60,8 @@ class DefNotFound(NotFound):
 def run_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
     try:
         return services.def_dispatch(kind, services.operator_author(principal), data)
-    except RefusedNotFound as exc:
-        raise DefNotFound(exc.message, kind.tool) from exc
     except Refused as exc:
-        raise ToolRefused(exc.message, kind.tool) from exc
+        raise ToolError(exc, kind.tool) from exc
     finally:
         connection.close()
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from apps.core.http import openapi_body, parse_body
 from apps.core.types import Principal
 from apps.substrate import tokens
-from apps.substrate.api import ADMIN_BODY_BYTES, ToolRefused
+from apps.substrate.api import ADMIN_BODY_BYTES, ToolError
 from apps.substrate.kinds import Refused
 
 router = Router(tags=["auth"])
@@ -79,7 +79,7 @@ def _run_op(principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
     try:
         return tokens.token_dispatch(data, by=principal.subject)
     except Refused as exc:
-        raise ToolRefused(exc.message, tokens.TOOL) from exc
+        raise ToolError(exc, tokens.TOOL) from exc
     finally:
         connection.close()
 

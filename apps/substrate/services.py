@@ -216,10 +216,6 @@ def _insert(
     return created
 
 
-def _normalise(kind: Kind, name: str, raw: dict[str, Any], *, strict: bool = True) -> dict[str, Any]:
-    return kind.normalise(name, raw, strict)
-
-
 def row_out(row: VersionedDef, *, promoted: bool | None = None) -> dict[str, Any]:
     created = row.created_at.astimezone(UTC) if row.created_at else None
     out: dict[str, Any] = {
@@ -262,7 +258,7 @@ def def_create(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     if static_row(kind, name) is not None:
         raise Refused(f"create: name {name!r} matches a static yaml entry; use `fork` to derive a new version")
     description = _text(data, "description")
-    definition = _normalise(kind, name, {k: v for k, v in _overlay(data).items() if v is not None})
+    definition = kind.normalise(name, {k: v for k, v in _overlay(data).items() if v is not None}, True)
     if kind.tools_field and author.tools_ceiling is not None:
         _tools_subset(definition.get(kind.tools_field, []), author.tools_ceiling, "the caller's own tools")
     _check_caps(kind, definition, description)
@@ -328,7 +324,7 @@ def def_fork(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]
     _lock(kind, author.tenant_id, name)
     parent = _fork_parent(kind, author, name, data.get("parent_def_id"))
     merged = {**parent.definition, **_overlay(data)}
-    definition = _normalise(kind, name, {k: v for k, v in merged.items() if v is not None})  # null removes a field
+    definition = kind.normalise(name, {k: v for k, v in merged.items() if v is not None}, True)  # null removes a field
     if kind.tools_field:
         static = static_row(kind, name)
         root = static if static is not None else _lineage_root(kind, parent)
@@ -460,7 +456,7 @@ def def_sync_static(kind: Kind, *, name: str, raw: Any) -> VersionedDef:
         check_def_name(name)
         if not isinstance(raw, dict):
             raise Refused(f"{kind.key} {name!r}: definition must be a mapping")
-        definition = _normalise(kind, name, raw, strict=False)
+        definition = kind.normalise(name, raw, False)
     except Refused as exc:
         raise Invalid(exc.message, code="config_invalid") from exc
     _lock(kind, "", name)

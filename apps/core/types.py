@@ -9,6 +9,11 @@ TENANT_SCOPE = "substrate:tenant"
 USER_SCOPE = "substrate:user"
 
 
+def isolated_scopes(scopes: frozenset[str]) -> bool:
+    """An isolated member tops out at substrate:user (neither tenant nor admin)."""
+    return USER_SCOPE in scopes and TENANT_SCOPE not in scopes and ADMIN_SCOPE not in scopes
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who is calling: from the bearer token (or open mode on loopback)."""
@@ -26,7 +31,7 @@ class Principal:
     @property
     def isolated(self) -> bool:
         """An isolated member (substrate:user without tenant/admin) acts only as its own user."""
-        return USER_SCOPE in self.scopes and TENANT_SCOPE not in self.scopes and not self.is_admin
+        return isolated_scopes(self.scopes)
 
     @property
     def read_user(self) -> str | None:

@@ -28,7 +28,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from apps.core.errors import ApplicationError, Forbidden, Unauthorized
-from apps.core.types import Principal
+from apps.core.types import Principal, isolated_scopes
 from apps.substrate.tokens import live_admin_token_exists, token_by_hash, token_hash
 
 log = logging.getLogger("loomcycle.auth")
@@ -138,11 +138,6 @@ def has_scope(scopes: frozenset[str], want: str) -> bool:
     return (TENANT in scopes and want in TENANT_IMPLIES) or (USER in scopes and want in USER_IMPLIES)
 
 
-def is_isolated(scopes: frozenset[str]) -> bool:
-    """An isolated member tops out at substrate:user."""
-    return USER in scopes and TENANT not in scopes and ADMIN not in scopes
-
-
 _TENANT_DEF_KINDS = (
     "agent skill team mcpserver schedule webhook memorybackend a2aagent a2aservercard documentsource volume credential"
 ).split()
@@ -224,7 +219,7 @@ def _member_carve_in(scopes: frozenset[str], method: str, path: str) -> bool:
     """A non-isolated tenant member (runs:*/channel:* scopes) may READ the tenant
     plane, except the routes SPEC 2.1 keeps from members. Writes need
     substrate:tenant (docs/compat.md)."""
-    if method not in ("GET", "HEAD") or is_isolated(scopes) or not scopes & MEMBER_SCOPES:
+    if method not in ("GET", "HEAD") or isolated_scopes(scopes) or not scopes & MEMBER_SCOPES:
         return False
     path = path.rstrip("/")
     if path == "/v1/_erasure" or path == "/v1/_memory/changes" or path.startswith("/v1/_document/changes"):

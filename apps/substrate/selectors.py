@@ -41,13 +41,6 @@ def agent_def_resolve(*, tenant_id: str, name: str) -> AgentDef:
     return row
 
 
-def agent_def_get(*, def_id: str) -> AgentDef:
-    try:
-        return AgentDef.objects.get(id=def_id)
-    except AgentDef.DoesNotExist as exc:
-        raise NotFound(f"unknown agent def {def_id}") from exc
-
-
 def _ts(value: Any) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 

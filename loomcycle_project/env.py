@@ -91,15 +91,43 @@ HTTP_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_HOST_ALLOWLIST", [])
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
 
 PROVIDER_KEYS = {
-    name: env.str(name, default=None)
+    name: env.str(name, default=None) or None
     for name in (
         "ANTHROPIC_API_KEY",
         "OPENAI_API_KEY",
         "DEEPSEEK_API_KEY",
         "GEMINI_API_KEY",
         "OLLAMA_API_KEY",
+        "VOYAGE_API_KEY",
     )
 }
+# Provider endpoints (SPEC C.2). OLLAMA_BASE_URL=disabled opts out of the local Ollama.
+ANTHROPIC_BASE_URL: str = env.str("ANTHROPIC_BASE_URL", default="https://api.anthropic.com")
+OPENAI_BASE_URL: str = env.str("OPENAI_BASE_URL", default="https://api.openai.com/v1")
+DEEPSEEK_BASE_URL: str = env.str("DEEPSEEK_BASE_URL", default="https://api.deepseek.com/v1")
+GEMINI_BASE_URL: str = env.str("GEMINI_BASE_URL", default="https://generativelanguage.googleapis.com/v1beta")
+OLLAMA_BASE_URL: str = env.str("OLLAMA_BASE_URL", default="http://localhost:11434")
+OLLAMA_CLOUD_BASE_URL: str = env.str("OLLAMA_CLOUD_BASE_URL", default="https://ollama.com")
+VOYAGE_BASE_URL: str = env.str("VOYAGE_BASE_URL", default="https://api.voyageai.com/v1")
+# Provider HTTP timeouts: connect, and the wait for the first byte / between
+# bytes (local models get the long one: loading a model can take minutes).
+PROVIDER_CONNECT_TIMEOUT_MS: int = env.int("LOOMCYCLE_PROVIDER_CONNECT_TIMEOUT_MS", default=10_000)
+PROVIDER_READ_TIMEOUT_MS: int = env.int("LOOMCYCLE_PROVIDER_READ_TIMEOUT_MS", default=120_000)
+LOCAL_PROVIDER_READ_TIMEOUT_MS: int = env.int("LOOMCYCLE_LOCAL_PROVIDER_READ_TIMEOUT_MS", default=600_000)
+# Fallback (SPEC 7.4): after a run's first successful model turn, never switch provider.
+FALLBACK_PIN_AFTER_SUCCESS: bool = env.bool("LOOMCYCLE_FALLBACK_PIN_AFTER_SUCCESS", default=False)
+
+# Fairness (SPEC 9.6), cluster-wide through Redis. 0 = off. yaml `concurrency:` may set them too.
+MAX_CONCURRENT_RUNS_PER_USER: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER", default=0)
+MAX_CONCURRENT_RUNS_PER_TENANT: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT", default=0)
+PROVIDER_QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS", default=30_000)
+
+# Gateway audit rows (one per /v1/chat/completions, /v1/_llm/chat, /v1/embeddings call).
+GATEWAY_AUDIT_RETENTION_DAYS: int = env.int("LOOMCYCLE_GATEWAY_AUDIT_RETENTION_DAYS", default=30)
+# Embedder when yaml `memory.embedder` is absent: "hashing" (offline, deterministic), or "none".
+EMBEDDER: str = env.str("LOOMCYCLE_EMBEDDER", default="hashing")
+MEMORY_EMBED_TIMEOUT_MS: int = env.int("LOOMCYCLE_MEMORY_EMBED_TIMEOUT_MS", default=30_000)
+MEMORY_EMBED_BATCH_SIZE: int = env.int("LOOMCYCLE_MEMORY_EMBED_BATCH_SIZE", default=100)
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management import call_command
 from django.db import transaction
 
+from apps.core.config import runtime_config
 from apps.memory.seed import memory_entries_seed
-from apps.substrate.config import channel_defs_sync_yaml, default_config_paths, load_config
+from apps.substrate.config import channel_defs_sync_yaml
 from apps.substrate.models import AgentDef
 from apps.substrate.services import defs_load_yaml
 
@@ -16,8 +16,7 @@ def load_yaml_config() -> list[AgentDef]:
     """Load every yaml block this build reads (definitions of each kind,
     `channels:`, `memory.entries:`) in one transaction: an invalid entry
     anywhere leaves the database as it was. Returns the static agents."""
-    paths = default_config_paths(settings.BASE_DIR, list(settings.LOOMCYCLE.config_files))
-    config = load_config(paths) if paths else {}
+    config = runtime_config(reload=True)
     with transaction.atomic():
         loaded = defs_load_yaml(config=config)
         channel_defs_sync_yaml(config=config)

@@ -5,8 +5,6 @@ ChannelDef rows (SPEC 9.4). Versioned kinds are loaded by services."""
 from __future__ import annotations
 
 import logging
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,60 +20,6 @@ from apps.substrate.kinds_admin.fields import check_channel_name
 from apps.substrate.models import ChannelDef, DefSource
 
 log = logging.getLogger("loomcycle.substrate")
-
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _substitute(match: re.Match[str]) -> str:
-    """`${VAR}` -> its value or ""; `${VAR:-fb}` -> fb when VAR is unset OR empty (shell semantics)."""
-    value = os.environ.get(match.group(1), "")
-    if match.group(2) is not None and value == "":
-        return match.group(2)
-    return value
-
-
-def _expand(value: Any) -> Any:
-    if isinstance(value, str):
-        return _ENV_RE.sub(_substitute, value)
-    if isinstance(value, list):
-        return [_expand(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
-    return value
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def load_config(paths: list[Path]) -> dict[str, Any]:
-    """Read and merge the files in order (later wins); missing files are an error."""
-    merged: dict[str, Any] = {}
-    for path in paths:
-        if not path.is_file():
-            raise Invalid(f"config file not found: {path}", code="config_not_found")
-        try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise Invalid(f"{path}: invalid yaml: {exc}", code="config_invalid") from exc
-        if not isinstance(doc, dict):
-            raise Invalid(f"{path}: top level must be a mapping", code="config_invalid")
-        merged = _merge(merged, _expand(doc))
-    return merged
-
-
-def default_config_paths(base_dir: Path, configured: list[str]) -> list[Path]:
-    if configured:
-        return [Path(p) for p in configured]
-    default = base_dir / "loomcycle.yaml"
-    return [default] if default.is_file() else []
-
 
 # --- `<name>.md` definitions (SPEC appendix D) ----------------------------------
 

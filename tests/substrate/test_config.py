@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from apps.core.config import load_config
 from apps.core.errors import Invalid, NotFound
 from apps.core.ids import new_def_id
-from apps.substrate.config import load_config
 from apps.substrate.models import AgentDef, AgentDefActive, DefSource
 from apps.substrate.selectors import agent_def_resolve
 from apps.substrate.services import agent_def_sync_static, agent_defs_load_yaml

@@ -21,12 +21,12 @@ from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.utils import timezone
 
+from apps.core.config import load_config
 from apps.core.errors import Unauthorized
 from apps.core.management.commands.doctor import check_auth
 from apps.core.management.commands.init import STARTER_YAML
 from apps.substrate import tokens
 from apps.substrate.auth import authenticate
-from apps.substrate.config import load_config
 from apps.substrate.kinds import Refused
 from apps.substrate.models import OperatorTokenDef
 

@@ -2,17 +2,20 @@
 
 A driver turns a `ProviderRequest` into an iterator of events: text and
 thinking deltas, tool calls, and one final `Done` with the stop reason and
-usage. It must watch `cancel` (a threading.Event) while it waits and raise
-`ProviderCancelled` promptly when it is set. Failures are `ProviderError`
-with `retryable` set for 429, 5xx and transport errors.
+usage. `stream` (the worker's path) must watch `cancel` (a threading.Event)
+while it waits and raise `ProviderCancelled` promptly when it is set;
+`astream` (the gateway's path, on the web's event loop) is cancelled by
+cancelling its task. Failures are `ProviderError` with `retryable` set for
+429, 5xx and transport errors (status 0).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,8 @@ class Capabilities:
     vision: bool = False
     thinking: bool = False
     max_context_tokens: int = 0
+    native_prompt_cache: bool = False
+    effort: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,14 @@ class ToolSpec:
 class ProviderRequest:
     """`messages` are provider-neutral: {"role": "user"|"assistant", "content": [blocks]}
     with blocks {"type": "text", "text"}, {"type": "tool_use", "id", "name", "input"},
-    {"type": "tool_result", "tool_use_id", "content", "is_error"}."""
+    {"type": "tool_result", "tool_use_id", "content", "is_error"} and, in
+    assistant turns, {"type": "thinking", "thinking", "signature"} (replayed to
+    the provider that produced it, dropped by the others).
+
+    `system` blocks are trusted text; with `cache_system` a driver with a
+    native prompt cache marks them cacheable (Anthropic `cache_control`).
+    `sampling` keys: temperature, top_p, top_k, frequency_penalty,
+    presence_penalty, seed, stop. `effort`: "" | low | medium | high."""
 
     model: str
     system: list[str]
@@ -43,6 +55,8 @@ class ProviderRequest:
     tools: list[ToolSpec] = field(default_factory=list)
     max_tokens: int = 4096
     sampling: dict[str, Any] = field(default_factory=dict)
+    effort: str = ""
+    cache_system: bool = True
 
 
 @dataclass(frozen=True)
@@ -84,8 +98,13 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Done:
+    """`stop_reason` is normalised to end_turn | tool_use | max_tokens |
+    stop_sequence | refusal; `thinking` holds the turn's reasoning blocks
+    ({"type": "thinking", "thinking", "signature"}) to replay next turn."""
+
     stop_reason: str
     usage: Usage
+    thinking: tuple[dict[str, Any], ...] = ()
 
 
 ProviderEvent = TextDelta | ThinkingDelta | ToolCall | Done
@@ -95,7 +114,9 @@ class ProviderError(Exception):
     """`<provider> <status>: <message>` (SPEC 7.1's classifiable error text)."""
 
     def __init__(self, provider: str, status: int, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(f"{provider} {status}: {message}")
+        # status 0 = transport failure (connect, timeout, broken stream): "<provider> http: ..."
+        super().__init__(f"{provider} {status}: {message}" if status else f"{provider} http: {message}")
+        self.message = message
         self.provider = provider
         self.status = status
         self.retry_after = retry_after
@@ -109,8 +130,14 @@ class ProviderCancelled(Exception):
     """The cancel event fired while the driver was waiting."""
 
 
-class Provider(Protocol):
+class Provider(ABC):
     id: str
     capabilities: Capabilities
 
-    def stream(self, request: ProviderRequest, cancel: threading.Event) -> Iterator[ProviderEvent]: ...
+    @abstractmethod
+    def stream(self, request: ProviderRequest, cancel: threading.Event) -> Iterator[ProviderEvent]:
+        """Blocking, for worker threads; honours `cancel`."""
+
+    @abstractmethod
+    def astream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        """The same events on an event loop (an async generator)."""

@@ -20,13 +20,14 @@ The model string may carry options as a query string, e.g.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -34,6 +35,7 @@ from apps.core.ids import new_mock_tool_id
 from apps.gateway.providers.base import (
     Capabilities,
     Done,
+    Provider,
     ProviderCancelled,
     ProviderError,
     ProviderEvent,
@@ -60,7 +62,7 @@ def _tool_results(request: ProviderRequest) -> int:
     )
 
 
-class MockProvider:
+class MockProvider(Provider):
     capabilities = Capabilities(streaming=False, parallel_tools=False, vision=True)
 
     def __init__(self, provider_id: str, *, stable: bool = False) -> None:
@@ -72,9 +74,28 @@ class MockProvider:
         variant, opts = _parse_model(request.model)
         chars = _request_chars(request)
         self._roll_failures(opts)
-        self._wait(chars, opts, cancel)
+        seconds = self._latency(chars, opts)
+        if seconds > 0 and cancel.wait(seconds):
+            raise ProviderCancelled()
+        if cancel.is_set():
+            raise ProviderCancelled()
         if variant == "mock-crash" and E.MOCK_ALLOW_CRASH:
             os.kill(os.getpid(), signal.SIGKILL)
+        yield from self._play(variant, opts, request, chars)
+
+    async def astream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        variant, opts = _parse_model(request.model)
+        chars = _request_chars(request)
+        self._roll_failures(opts)
+        seconds = self._latency(chars, opts)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+        for event in self._play(variant, opts, request, chars):
+            yield event
+
+    def _play(
+        self, variant: str, opts: dict[str, str], request: ProviderRequest, chars: int
+    ) -> Iterator[ProviderEvent]:
         step = _tool_results(request)
         text, calls = self._script(variant, opts, request, step)
         if text:
@@ -101,15 +122,11 @@ class MockProvider:
         if roll < rate_429 + rate_500:
             raise ProviderError(self.id, 500, f"server_error (injected at {now})")
 
-    def _wait(self, chars: int, opts: dict[str, str], cancel: threading.Event) -> None:
+    def _latency(self, chars: int, opts: dict[str, str]) -> float:
         base = float(opts.get("latency_ms", E.MOCK_LATENCY_MS))
         jitter = float(opts.get("jitter_ms", E.MOCK_LATENCY_JITTER_MS))
         seconds = (base + (self._rng.uniform(0, jitter) if jitter > 0 else 0.0)) / 1000.0
-        seconds += chars / 100 / 1_000_000
-        if seconds > 0 and cancel.wait(seconds):
-            raise ProviderCancelled()
-        if cancel.is_set():
-            raise ProviderCancelled()
+        return seconds + chars / 100 / 1_000_000
 
     def _script(
         self, variant: str, opts: dict[str, str], request: ProviderRequest, step: int

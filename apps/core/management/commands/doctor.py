@@ -23,7 +23,7 @@ def check_config() -> list[Check]:
     from apps.core.errors import ApplicationError
 
     try:
-        from apps.substrate.config import default_config_paths, load_config
+        from apps.core.config import default_config_paths, load_config
 
         paths = default_config_paths(settings.BASE_DIR, list(settings.LOOMCYCLE.config_files))
         if not paths:

@@ -1,0 +1,341 @@
+"""The HTTP transport every real driver shares.
+
+A driver is a `WireProtocol`: pure translation, no I/O. It builds the
+request (`build`) and decodes the response frames (`decoder`); `HttpProvider`
+does the I/O twice over the same protocol object: blocking (`stream`, worker
+threads, honours a cancel Event) and async (`astream`, the web's event loop).
+
+Framing: "sse" (`event:`/`data:` lines, blank-line dispatch, `:` comments)
+or "ndjson" (one JSON document per line). Errors: a 4xx/5xx answer becomes
+`ProviderError(id, status, <provider's own message>, retry_after=...)`
+(Retry-After in seconds or as an HTTP date, or `retry-after-ms`); connect
+failures, timeouts and broken streams become status 0 (retryable); a frame
+that does not parse becomes 502 (retryable: the next attempt may be fine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from weakref import WeakKeyDictionary
+
+import httpx
+
+from apps.gateway.providers.base import (
+    Capabilities,
+    Provider,
+    ProviderCancelled,
+    ProviderError,
+    ProviderEvent,
+    ProviderRequest,
+)
+
+MAX_ERROR_BODY = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """One configured provider: built-in (from env keys) or a yaml `providers:` entry."""
+
+    id: str
+    driver: str  # anthropic | openai | gemini | ollama
+    base_url: str
+    api_key: str | None = None
+    dialect: str = ""  # openai driver: "openai" | "deepseek" | "compat"
+    local: bool = False  # a local server: long first-byte timeout, no key needed
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 120.0
+    max_concurrent: int = 0  # 0 = no per-provider gate
+    options: dict[str, Any] = field(default_factory=dict)
+    capabilities: dict[str, Any] = field(default_factory=dict)  # overrides of the protocol's defaults
+
+
+@dataclass(frozen=True)
+class HttpCall:
+    url: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One SSE event (`event` may be "") or one NDJSON line (`event` is "")."""
+
+    event: str
+    data: str
+
+
+class Decoder(ABC):
+    """Stateful, one per call: frames in, provider events out."""
+
+    @abstractmethod
+    def feed(self, frame: Frame) -> list[ProviderEvent]:
+        """Events this frame completes (often none). Raise ProviderError for an error frame."""
+
+    @abstractmethod
+    def finish(self) -> list[ProviderEvent]:
+        """At end of stream: the remaining events, ending with exactly one Done;
+        raise ProviderError(id, 0, ...) if the stream ended before the provider said it was done."""
+
+
+class WireProtocol(ABC):
+    framing: ClassVar[str]  # "sse" | "ndjson"
+    capabilities: ClassVar[Capabilities]
+
+    @abstractmethod
+    def build(self, config: ProviderConfig, request: ProviderRequest) -> HttpCall:
+        """The streaming request for this provider's API."""
+
+    @abstractmethod
+    def decoder(self, config: ProviderConfig, request: ProviderRequest) -> Decoder:
+        """A fresh decoder for one call."""
+
+    def error_message(self, body: bytes) -> str:
+        """The provider's own message from an error body (`{"error": {"message"}}` by default)."""
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return body.decode("utf-8", "replace").strip()[:500] or "(empty body)"
+        err = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if isinstance(doc, dict) and doc.get("message"):
+            return str(doc["message"])
+        return json.dumps(doc)[:500]
+
+
+def retry_after_seconds(headers: httpx.Headers) -> float | None:
+    """`retry-after-ms`, else `Retry-After` as seconds or an HTTP date; None when absent/invalid."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def parse_json(provider_id: str, data: str) -> Any:
+    """A frame's JSON payload; a malformed one is a 502 ProviderError."""
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise ProviderError(provider_id, 502, f"malformed stream frame: {data[:200]!r}") from exc
+
+
+class _SSE:
+    """Incremental SSE parser (WHATWG event-stream: `data` lines joined by \\n)."""
+
+    def __init__(self) -> None:
+        self.event = ""
+        self.data: list[str] = []
+
+    def line(self, line: str) -> Frame | None:
+        if line == "":
+            if not self.data and not self.event:
+                return None
+            frame = Frame(self.event, "\n".join(self.data))
+            self.event, self.data = "", []
+            return frame
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        return None
+
+    def end(self) -> Frame | None:
+        return self.line("")
+
+
+def frames(framing: str, lines: Iterable[str]) -> Iterator[Frame]:
+    if framing == "ndjson":
+        for line in lines:
+            if line.strip():
+                yield Frame("", line)
+        return
+    sse = _SSE()
+    for line in lines:
+        frame = sse.line(line)
+        if frame is not None:
+            yield frame
+    tail = sse.end()
+    if tail is not None:
+        yield tail
+
+
+class HttpProvider(Provider):
+    """A provider over HTTP: one `ProviderConfig`, one `WireProtocol`."""
+
+    def __init__(self, config: ProviderConfig, protocol: WireProtocol) -> None:
+        self.id = config.id
+        self.config = config
+        self.protocol = protocol
+        caps = {**protocol.capabilities.__dict__, **config.capabilities}
+        self.capabilities = Capabilities(**{k: v for k, v in caps.items() if k in Capabilities.__dataclass_fields__})
+        self._timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+        self._client: httpx.Client | None = None
+        self._aclients: WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    # --- clients (pooled; the async one per event loop) -------------------------
+
+    def client(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=self._timeout, limits=httpx.Limits(max_connections=1000))
+            return self._client
+
+    def aclient(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        found = self._aclients.get(loop)
+        if found is None:
+            found = httpx.AsyncClient(timeout=self._timeout, limits=httpx.Limits(max_connections=1000))
+            self._aclients[loop] = found
+        return found
+
+    # --- blocking ---------------------------------------------------------------
+
+    def stream(self, request: ProviderRequest, cancel: threading.Event) -> Iterator[ProviderEvent]:
+        if cancel.is_set():
+            raise ProviderCancelled()
+        call = self.protocol.build(self.config, request)
+        decoder = self.protocol.decoder(self.config, request)
+        try:
+            with self.client().stream("POST", call.url, headers=call.headers, json=call.body) as response:
+                with _WATCHER.watch(cancel, response):
+                    if response.status_code >= 400:
+                        body = response.read()[:MAX_ERROR_BODY]
+                        raise self._http_error(response, body)
+                    for frame in frames(self.protocol.framing, response.iter_lines()):
+                        if cancel.is_set():
+                            raise ProviderCancelled()
+                        yield from decoder.feed(frame)
+                    if cancel.is_set():  # the watcher cut the connection
+                        raise ProviderCancelled()
+            yield from decoder.finish()
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            if cancel.is_set():
+                raise ProviderCancelled() from exc
+            raise self._transport_error(exc) from exc
+
+    # --- async ------------------------------------------------------------------
+
+    async def astream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
+        call = self.protocol.build(self.config, request)
+        decoder = self.protocol.decoder(self.config, request)
+        try:
+            async with self.aclient().stream("POST", call.url, headers=call.headers, json=call.body) as response:
+                if response.status_code >= 400:
+                    body = (await response.aread())[:MAX_ERROR_BODY]
+                    raise self._http_error(response, body)
+                sse = _SSE()
+                async for line in response.aiter_lines():
+                    frame = _one_frame(self.protocol.framing, sse, line)
+                    if frame is not None:
+                        for event in decoder.feed(frame):
+                            yield event
+                tail = sse.end() if self.protocol.framing == "sse" else None
+                if tail is not None:
+                    for event in decoder.feed(tail):
+                        yield event
+            for event in decoder.finish():
+                yield event
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raise self._transport_error(exc) from exc
+
+    # --- errors -----------------------------------------------------------------
+
+    def _http_error(self, response: httpx.Response, body: bytes) -> ProviderError:
+        message = self.protocol.error_message(body)
+        return ProviderError(self.id, response.status_code, message, retry_after=retry_after_seconds(response.headers))
+
+    def _transport_error(self, exc: Exception) -> ProviderError:
+        if isinstance(exc, httpx.TimeoutException):
+            kind = "timed out" + (" waiting for the first byte" if isinstance(exc, httpx.ReadTimeout) else "")
+            return ProviderError(self.id, 0, f"{kind} ({type(exc).__name__})")
+        return ProviderError(self.id, 0, f"{type(exc).__name__}: {exc}")
+
+
+def _one_frame(framing: str, sse: _SSE, line: str) -> Frame | None:
+    if framing == "ndjson":
+        return Frame("", line) if line.strip() else None
+    return sse.line(line)
+
+
+class _CancelWatcher:
+    """One thread per process that cuts the connection of every blocking call
+    whose cancel Event fired (shutting the socket down unblocks a read that
+    may otherwise wait minutes for a slow or local model's first byte)."""
+
+    INTERVAL_S = 0.05
+
+    def __init__(self) -> None:
+        self._calls: dict[int, tuple[threading.Event, httpx.Response]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._next = 0
+
+    @contextmanager
+    def watch(self, cancel: threading.Event, response: httpx.Response) -> Iterator[None]:
+        with self._lock:
+            self._next += 1
+            key = self._next
+            self._calls[key] = (cancel, response)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="provider-cancel-watcher", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.INTERVAL_S)
+            with self._lock:
+                fired = [(k, r) for k, (c, r) in self._calls.items() if c.is_set()]
+                for key, _ in fired:
+                    del self._calls[key]
+            for _, response in fired:
+                _cut(response)
+
+
+def _cut(response: httpx.Response) -> None:
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the reader: nothing left to unblock
+
+
+_WATCHER = _CancelWatcher()

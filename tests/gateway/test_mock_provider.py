@@ -217,4 +217,5 @@ def test_zero_rates_never_fail(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_provider_error_retryable_only_for_429_5xx_and_transport(status: int, retryable: bool) -> None:
     err = ProviderError("anthropic", status, "boom")
     assert err.retryable is retryable
-    assert str(err) == f"anthropic {status}: boom"
+    # SPEC 7.1's classifiable text: "<provider> <status>:", or "<provider> http:" for transport failures
+    assert str(err) == (f"anthropic {status}: boom" if status else "anthropic http: boom")

@@ -206,9 +206,14 @@ class HttpProvider(Provider):
     # --- clients (pooled; the async one per event loop) -------------------------
 
     def client(self) -> httpx.Client:
+        """Pooled, except for a local provider: every call there opens its own
+        connection, so a cancel can cut it even before the response headers
+        (a local server may hold them back while it loads the model)."""
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(timeout=self._timeout, limits=httpx.Limits(max_connections=1000))
+                keepalive = 0 if self.config.local else None
+                limits = httpx.Limits(max_connections=1000, max_keepalive_connections=keepalive)
+                self._client = httpx.Client(timeout=self._timeout, limits=limits)
             return self._client
 
     def aclient(self) -> httpx.AsyncClient:
@@ -227,8 +232,12 @@ class HttpProvider(Provider):
         call = self.protocol.build(self.config, request)
         decoder = self.protocol.decoder(self.config, request)
         try:
-            with self.client().stream("POST", call.url, headers=call.headers, json=call.body) as response:
-                with _WATCHER.watch(cancel, response):
+            with _WATCHER.watch(cancel) as conn:
+                extensions = {"trace": conn.trace}
+                with self.client().stream(
+                    "POST", call.url, headers=call.headers, json=call.body, extensions=extensions
+                ) as response:
+                    conn.stream = response.extensions.get("network_stream", conn.stream)
                     if response.status_code >= 400:
                         body = response.read()[:MAX_ERROR_BODY]
                         raise self._http_error(response, body)
@@ -288,6 +297,29 @@ def _one_frame(framing: str, sse: _SSE, line: str) -> Frame | None:
     return sse.line(line)
 
 
+class _Conn:
+    """The network stream of one blocking call, as soon as it is known: from
+    the connect trace (a new connection, before any byte is sent) or from the
+    response (a pooled connection, once the headers are in)."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+        self.stream: Any = None
+
+    def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name == "connection.connect_tcp.complete":
+            self.stream = info.get("return_value")
+
+    def cut(self) -> None:
+        sock = self.stream.get_extra_info("socket") if self.stream is not None else None
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed by the reader: nothing left to unblock
+
+
 class _CancelWatcher:
     """One thread per process that cuts the connection of every blocking call
     whose cancel Event fired (shutting the socket down unblocks a read that
@@ -296,22 +328,23 @@ class _CancelWatcher:
     INTERVAL_S = 0.05
 
     def __init__(self) -> None:
-        self._calls: dict[int, tuple[threading.Event, httpx.Response]] = {}
+        self._calls: dict[int, _Conn] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._next = 0
 
     @contextmanager
-    def watch(self, cancel: threading.Event, response: httpx.Response) -> Iterator[None]:
+    def watch(self, cancel: threading.Event) -> Iterator[_Conn]:
+        conn = _Conn(cancel)
         with self._lock:
             self._next += 1
             key = self._next
-            self._calls[key] = (cancel, response)
+            self._calls[key] = conn
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="provider-cancel-watcher", daemon=True)
                 self._thread.start()
         try:
-            yield
+            yield conn
         finally:
             with self._lock:
                 self._calls.pop(key, None)
@@ -320,22 +353,9 @@ class _CancelWatcher:
         while True:
             time.sleep(self.INTERVAL_S)
             with self._lock:
-                fired = [(k, r) for k, (c, r) in self._calls.items() if c.is_set()]
-                for key, _ in fired:
-                    del self._calls[key]
-            for _, response in fired:
-                _cut(response)
-
-
-def _cut(response: httpx.Response) -> None:
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if sock is None:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed by the reader: nothing left to unblock
+                fired = [c for c in self._calls.values() if c.cancel.is_set() and c.stream is not None]
+            for conn in fired:
+                conn.cut()
 
 
 _WATCHER = _CancelWatcher()

@@ -140,7 +140,9 @@ def provider_configs(config: dict[str, Any]) -> dict[str, ProviderConfig]:
         raise Invalid("providers: must be a mapping of id -> provider", code="config_invalid")
     for pid, raw in block.items():
         if pid in ("mock", "mock-stable"):
-            raise Invalid(f"providers.{pid}: the mock provider is configured by LOOMCYCLE_MOCK_*", code="config_invalid")
+            raise Invalid(
+                f"providers.{pid}: the mock provider is configured by LOOMCYCLE_MOCK_*", code="config_invalid"
+            )
         out[str(pid)] = yaml_config(str(pid), raw, out.get(str(pid)))
     return out
 

@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway doctor venv clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,9 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/loop.py
+
+bench-gateway: $(STAMP)
+	$(PY) bench/gateway.py
 
 clean:
 	rm -rf .loomcycle/test .pytest_cache .mypy_cache .ruff_cache

@@ -19,4 +19,14 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "schedule": E.SWEEP_SECONDS,
             "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
         },
+        "run-slots-reconcile": {
+            "task": "maintenance.run_slots_reconcile",
+            "schedule": E.SWEEP_SECONDS,
+            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
+        },
+        "gateway-audit-prune": {
+            "task": "maintenance.gateway_audit_prune",
+            "schedule": 3600.0,
+            "options": {"expires": 3600.0},
+        },
     }

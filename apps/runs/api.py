@@ -91,6 +91,7 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
                 metadata=data.metadata,
                 interactive=data.interactive,
                 max_iterations=data.max_iterations,
+                user_tier=data.user_tier,
             ),
         )
     finally:

@@ -28,6 +28,8 @@ from django.db import connection, transaction
 
 from apps.core.errors import ApplicationError
 from apps.core.tools import ToolContext, ToolResult
+from apps.gateway import fairness
+from apps.gateway.pricing import cost_usd
 from apps.gateway.providers import (
     Done,
     ProviderCancelled,
@@ -39,6 +41,7 @@ from apps.gateway.providers import (
     ToolSpec,
     get_provider,
 )
+from apps.gateway.resolver import Candidate, Policy
 from apps.runs import registry, store
 from apps.runs.dispatch import enqueue_iteration, notify_events, record_timing
 from apps.runs.live import LIVE, WORKER_ID
@@ -47,10 +50,11 @@ from apps.runs.prompt import messages_from_rows
 from apps.runs.store import ClaimedRun, StepRows
 from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
 from apps.runs.toolrun import CallOutcome, run_calls
+from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.engine")
 
-PROVIDER_RETRIES = 3
+REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
 @dataclass
@@ -66,10 +70,12 @@ class StepWrite:
     error: str = ""
     consumed_inputs: list[int] = field(default_factory=list)
     finished_calls: list[tuple[str, bool]] = field(default_factory=list)
+    ledger: list[dict[str, Any]] = field(default_factory=list)  # usage/cost rows, one per provider call
     advance: bool = True  # False for a pause park: no provider call was made
     provider_s: float = 0.0  # time inside the provider call(s), for timing samples
     spawns: list[Spawn] = field(default_factory=list)  # sub-agents to start with this commit
     child_ids: list[str] = field(default_factory=list)
+    switched: tuple[str, str, int, int] | None = None  # (provider, model, candidate_idx, fallbacks)
 
 
 def run_iterate(*, run_id: str, step: int) -> str:
@@ -149,17 +155,123 @@ def _load_messages(run: ClaimedRun, write: StepWrite) -> list[dict[str, Any]]:
 def _call_model(
     run: ClaimedRun, messages: list[dict[str, Any]], cancel: threading.Event, write: StepWrite
 ) -> tuple[str, list[ToolCall], Done]:
-    provider = get_provider(run.provider)
+    """Call the run's current candidate; a retryable failure first uses the
+    same-provider retries, then (policy permitting) falls back to the next
+    candidate (SPEC 7.4). The switch is committed with the step."""
+    routing = run.routing or {}
+    candidates = [Candidate(**c) for c in routing.get("candidates") or []] or [Candidate(run.provider, run.model)]
+    policy = Policy(**routing.get("policy") or {})
     tools = [ToolSpec(t.name, t.description, t.input_schema) for n in run.tools if (t := registry.get(n))]
-    request = ProviderRequest(
-        model=run.model, system=list(run.system), messages=messages, tools=tools, max_tokens=run.max_tokens
+    idx = min(run.candidate_idx, len(candidates) - 1)
+    fallbacks = run.fallbacks
+    while True:
+        cand = candidates[idx]
+        request = ProviderRequest(
+            model=cand.model,
+            system=list(run.system),
+            messages=messages,
+            tools=tools,
+            max_tokens=run.max_tokens,
+            sampling=dict(routing.get("sampling") or {}),
+            effort=str(routing.get("effort") or ""),
+        )
+        try:
+            result = _call_with_retries(cand.provider, request, cancel, write, policy.retry_attempts)
+        except ProviderError as exc:
+            nxt = _fallback_target(run, exc, idx, len(candidates), fallbacks, policy, write)
+            if nxt is None:
+                raise
+            messages = _switch(run, write, candidates[idx], candidates[nxt], exc, fallbacks + 1, messages)
+            idx, fallbacks = nxt, fallbacks + 1
+            write.switched = (candidates[idx].provider, candidates[idx].model, idx, fallbacks)
+            continue
+        return result
+
+
+def _fallback_target(
+    run: ClaimedRun, exc: ProviderError, idx: int, count: int, fallbacks: int, policy: Policy, write: StepWrite
+) -> int | None:
+    """The candidate to switch to after `exc`, or None to fail the run."""
+    if not exc.retryable or not policy.fallback_on_error or idx + 1 >= count:
+        return None
+    if fallbacks >= policy.max_fallback_attempts:
+        write.events.append(
+            {"type": "fallback_suppressed", "text": f"max_fallback_attempts ({policy.max_fallback_attempts}) reached"}
+        )
+        return None
+    if E.FALLBACK_PIN_AFTER_SUCCESS and run.step > 0:
+        write.events.append(
+            {
+                "type": "fallback_suppressed",
+                "text": f"pinned to {run.provider}/{run.model} after a successful turn "
+                "(LOOMCYCLE_FALLBACK_PIN_AFTER_SUCCESS)",
+            }
+        )
+        return None
+    return idx + 1
+
+
+def _switch(
+    run: ClaimedRun,
+    write: StepWrite,
+    failed: Candidate,
+    new: Candidate,
+    exc: ProviderError,
+    attempt: int,
+    messages: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Record the switch; the history the new provider sees drops the old one's reasoning."""
+    write.events.append(
+        {
+            "type": "provider_fallback",
+            "fallback": {
+                "failed_provider": failed.provider,
+                "failed_model": failed.model,
+                "new_provider": new.provider,
+                "new_model": new.model,
+                "attempt": attempt,
+                "user_tier": (run.routing or {}).get("user_tier", ""),
+                "reason": "rate_limited" if exc.status == 429 else "provider_error",
+                "cause_error": str(exc),
+            },
+        }
     )
-    for attempt in range(1, PROVIDER_RETRIES + 2):
+    if failed.provider != new.provider and get_provider(failed.provider).capabilities.native_prompt_cache:
+        write.events.append({"type": "cache_invalidated", "text": f"prompt cache on {failed.provider} left behind"})
+    stripped = strip_reasoning(messages)
+    if stripped is not messages:
+        write.events.append(
+            {"type": "reasoning_invalidated", "text": f"reasoning from {failed.provider} removed from the history"}
+        )
+    return stripped
+
+
+def strip_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without thinking blocks (the same list when there are none)."""
+    if not any(b.get("type") in REASONING_BLOCKS for m in messages for b in m["content"]):
+        return messages
+    out = []
+    for m in messages:
+        content = [b for b in m["content"] if b.get("type") not in REASONING_BLOCKS]
+        if content:
+            out.append({**m, "content": content})
+    return out
+
+
+def _call_with_retries(
+    provider_id: str, request: ProviderRequest, cancel: threading.Event, write: StepWrite, retries: int
+) -> tuple[str, list[ToolCall], Done]:
+    provider = get_provider(provider_id)
+    for attempt in range(1, retries + 2):
         t0 = time.perf_counter()
         try:
-            return _consume(provider.stream(request, cancel))
+            try:
+                with fairness.provider_slot(provider.id, cancel=cancel):  # the provider's max_concurrent, if any
+                    return _consume(provider.stream(request, cancel))
+            except fairness.SlotRefused as refused:  # queued too long: retry/fall back like a provider 429
+                raise ProviderError(provider.id, 429, refused.message, retry_after=5.0) from refused
         except ProviderError as exc:
-            if not exc.retryable or attempt > PROVIDER_RETRIES:
+            if not exc.retryable or attempt > retries:
                 raise
             wait_s = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
             wait_s = min(wait_s, 30.0) + random.uniform(0, 0.1)
@@ -182,6 +294,8 @@ def _retry_info(provider_id: str, attempt: int, wait_s: float, exc: ProviderErro
 
 
 def _consume(stream: Any) -> tuple[str, list[ToolCall], Done]:
+    """Collect one model turn. Reasoning arrives as ThinkingDelta (shown as a
+    `thinking` event) and, for replay, as Done.thinking blocks."""
     text: list[str] = []
     calls: list[ToolCall] = []
     done: Done | None = None
@@ -193,14 +307,17 @@ def _consume(stream: Any) -> tuple[str, list[ToolCall], Done]:
         elif isinstance(event, Done):
             done = event
         elif isinstance(event, ThinkingDelta):
-            continue  # reasoning is not replayed into history by this build
+            continue  # the whole reasoning is in done.thinking / the thinking event
     if done is None:
         raise ProviderError("engine", 502, "provider stream ended without a done event")
     return "".join(text), calls, done
 
 
 def _record_reply(run: ClaimedRun, write: StepWrite, text: str, calls: list[ToolCall], done: Done) -> None:
-    content: list[dict[str, Any]] = []
+    content: list[dict[str, Any]] = [dict(b) for b in done.thinking]  # replayed first, as Anthropic requires
+    reasoning = "".join(str(b.get("thinking", "")) for b in done.thinking)
+    if reasoning:
+        write.events.append({"type": "thinking", "text": reasoning})
     if text:
         content.append({"type": "text", "text": text})
         write.events.append({"type": "text", "text": text})
@@ -212,6 +329,18 @@ def _record_reply(run: ClaimedRun, write: StepWrite, text: str, calls: list[Tool
         write.transcript.append(("assistant", content))
     usage = done.usage.as_dict()
     write.events.append({"type": "usage", "usage": usage})
+    cost = cost_usd(done.usage.provider, done.usage.model, done.usage)
+    write.ledger.append(
+        {
+            "provider": done.usage.provider,
+            "model": done.usage.model,
+            "input_tokens": done.usage.input_tokens,
+            "output_tokens": done.usage.output_tokens,
+            "cache_creation_input_tokens": done.usage.cache_creation_input_tokens,
+            "cache_read_input_tokens": done.usage.cache_read_input_tokens,
+            "cost_usd": None if cost is None else str(cost),
+        }
+    )
     write.usage = _add_usage(run.usage or {}, usage)
 
 
@@ -278,7 +407,12 @@ def _prepare_spawns(run: ClaimedRun, outcomes: list[CallOutcome], write: StepWri
         try:
             write.spawns.append(
                 spawn_prepare(
-                    tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, call=o.call, request=o.result.spawn
+                    tenant_id=run.tenant_id,
+                    user_id=run.user_id,
+                    depth=run.depth,
+                    call=o.call,
+                    request=o.result.spawn,
+                    user_tier=(run.routing or {}).get("user_tier") or None,
                 )
             )
         except ApplicationError as exc:
@@ -329,6 +463,7 @@ def _commit(run: ClaimedRun, write: StepWrite) -> bool:
         events=write.events,
         consumed_inputs=write.consumed_inputs,
         finished_calls=write.finished_calls,
+        ledger=write.ledger,
     )
     commit = partial(
         store.commit_step,
@@ -341,6 +476,7 @@ def _commit(run: ClaimedRun, write: StepWrite) -> bool:
         usage=write.usage,
         rows=rows,
         pending_children=len(write.spawns),
+        switched=write.switched,
     )
     try:
         if not write.spawns:
@@ -364,3 +500,5 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     children_enqueue(write.child_ids)
     if write.next == "finish" and run.parent_id:
         run_child_finished(child_id=run.id)
+    elif write.next == "finish":  # sub-agents hold no fairness slot: they share their parent's
+        fairness.run_slot_release(run.id)

@@ -66,8 +66,14 @@ class Run(models.Model):
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=1024, blank=True, default="")
 
-    provider = models.CharField(max_length=64)
+    provider = models.CharField(max_length=64)  # the candidate in use (changes on a fallback)
     model = models.CharField(max_length=256)
+    # Resolved routing (apps.gateway.resolver): {"candidates": [{provider, model}],
+    # "policy": {fallback_on_error, max_fallback_attempts, retry_attempts},
+    # "user_tier", "tier", "effort", "sampling"}.
+    routing = models.JSONField(default=dict)
+    candidate_idx = models.PositiveIntegerField(default=0)
+    fallbacks = models.PositiveIntegerField(default=0)  # provider switches so far
     system = models.JSONField(default=list)  # resolved system blocks (agent prompt, system segments, metadata)
     max_tokens = models.PositiveIntegerField(default=4096)
     interactive = models.BooleanField(default=False)

@@ -26,6 +26,7 @@ class RunCreateIn(BaseModel):
     metadata: dict[str, Any] | None = None
     interactive: bool | None = None
     max_iterations: int | None = Field(default=None, ge=1, le=2**20)
+    user_tier: str | None = Field(default=None, max_length=64)
     session_id: str | None = None  # refused below: continuation is not built yet
     background: bool = False
     cancel_on_disconnect: bool = False

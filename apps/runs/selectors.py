@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Count
+
 from apps.core.errors import NotFound
-from apps.runs.models import PARKED, RUNNABLE, Run, RunEvent, RunStatus
+from apps.runs.models import PARKED, RUNNABLE, TERMINAL, Run, RunEvent, RunStatus
 
 
 def run_get(
@@ -52,3 +54,17 @@ def run_status(*, run_id: str) -> str | None:
 
 def paused_runs_count() -> int:
     return Run.objects.filter(status=RunStatus.PAUSED).count()
+
+
+def runs_live_counts() -> dict[str, int]:
+    """Live runs of every tenant: `queued` (not claimed yet) and `active` (every other live state)."""
+    rows = Run.objects.filter(status__in=[*RUNNABLE, *PARKED]).values("status").annotate(n=Count("id"))
+    by_status = {row["status"]: row["n"] for row in rows}
+    queued = by_status.pop(RunStatus.QUEUED, 0)
+    return {"active": sum(by_status.values()), "queued": queued}
+
+
+def runs_liveness(*, run_ids: list[str]) -> dict[str, bool]:
+    """{run_id: is live} for the runs that exist; ids with no row are absent."""
+    rows = Run.objects.filter(id__in=run_ids).values_list("id", "status")
+    return {run_id: status not in TERMINAL for run_id, status in rows}

@@ -23,7 +23,8 @@ from django.utils import timezone
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
 from apps.core.ids import new_agent_id, new_run_id, new_session_id
 from apps.core.types import Principal
-from apps.gateway.providers import get_provider
+from apps.gateway import fairness
+from apps.gateway.resolver import Route, resolve_route
 from apps.runs import registry
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
@@ -40,7 +41,7 @@ from apps.runs.models import (
     TranscriptEntry,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
-from apps.runs.selectors import run_get
+from apps.runs.selectors import run_get, runs_liveness
 from apps.runs.subruns import run_child_finished
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
@@ -61,6 +62,7 @@ class RunCreate:
     interactive: bool | None = None
     max_iterations: int | None = None
     parent_id: str | None = None  # set by sub-agent spawns
+    user_tier: str | None = None
 
 
 def runtime_state_get() -> str:
@@ -78,12 +80,20 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
             log.info("identity_overridden: user_id %r -> %r (isolated principal)", data.user_id, principal.subject)
         data = dataclasses.replace(data, user_id=principal.subject)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
+    run_id = new_run_id()
+    if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
+        fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
+    inserted = False
     try:
         with transaction.atomic():
-            run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved)
+            run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id)
             transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+        inserted = True
     except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
         raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
+    finally:
+        if not inserted:
+            fairness.run_slot_release(run_id)
     return run
 
 
@@ -94,7 +104,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
     except NotFound as exc:  # loomcycle answers 400 for an unknown agent on /v1/runs
         raise Invalid(exc.message, code="unknown_agent") from exc
     d = agent_def.definition
-    get_provider(str(d["provider"]))  # unknown provider -> 400 before any row exists
+    route = resolve_route(user_tier=data.user_tier, agent=d)  # 400/403/503 before any row exists
     request_system, user_text = split_segments(data.segments)
     interactive = bool(d.get("interactive", False)) if data.interactive is None else data.interactive
     max_it = data.max_iterations or d.get("max_iterations")
@@ -114,7 +124,22 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         tools=tools,
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
+        routing=routing_of(route, d),
     )
+
+
+def routing_of(route: Route, definition: dict[str, Any]) -> dict[str, Any]:
+    """What the run row pins of its routing: the candidates, the fallback
+    policy, and the model options every candidate is called with."""
+    sampling = definition.get("sampling") or {}
+    return {
+        "candidates": [c.as_dict() for c in route.candidates],
+        "policy": route.policy.as_dict(),
+        "user_tier": route.user_tier,
+        "tier": route.tier,
+        "effort": str(definition.get("effort") or ""),
+        "sampling": {k: v for k, v in sampling.items() if v is not None},
+    }
 
 
 @dataclass(frozen=True)
@@ -128,14 +153,23 @@ class Resolved:
     tools: list[str]
     user_text: str
     system: list[str]
+    routing: dict[str, Any]
 
 
-def run_insert(*, tenant_id: str, data: RunCreate, resolved: Resolved, depth: int = 0, parent_call_id: str = "") -> Run:
+def run_insert(
+    *,
+    tenant_id: str,
+    data: RunCreate,
+    resolved: Resolved,
+    depth: int = 0,
+    parent_call_id: str = "",
+    run_id: str | None = None,
+) -> Run:
     """Insert the run and its first rows; the caller owns the transaction and the doorbell."""
     r = resolved
     d = r.agent_def.definition
     run = Run.objects.create(
-        id=new_run_id(),
+        id=run_id or new_run_id(),
         agent_id=r.agent_id,
         session_id=new_session_id(),
         tenant_id=tenant_id,
@@ -143,8 +177,9 @@ def run_insert(*, tenant_id: str, data: RunCreate, resolved: Resolved, depth: in
         agent_name=r.agent_def.name,
         agent_def=r.agent_def,
         agent_def_sha256=r.agent_def.content_sha256,
-        provider=str(d["provider"]),
-        model=str(d["model"]),
+        provider=r.routing["candidates"][0]["provider"],
+        model=r.routing["candidates"][0]["model"],
+        routing=r.routing,
         system=r.system,
         max_tokens=int(d.get("max_tokens", 4096)),
         interactive=r.interactive,
@@ -246,6 +281,7 @@ def _finish_unleased(run_id: str, reason: str) -> bool:
         RunEvent.objects.create(run_id=run_id, seq=seq, type="done", payload=payload)
         transaction.on_commit(lambda: notify_events(run_id, seq))
         transaction.on_commit(lambda: run_child_finished(child_id=run_id))  # a no-op for top-level runs
+        transaction.on_commit(lambda: fairness.run_slot_release(run_id))
     return True
 
 
@@ -342,6 +378,15 @@ def run_leases_sweep() -> int:
         transaction.on_commit(lambda: _enqueue_all(stale))
     log.info("sweeper requeued %d run(s)", len(stale))
     return len(stale)
+
+
+def run_slots_reconcile() -> int:
+    """Beat: refresh the fairness slots of live runs, free those of terminal or
+    vanished runs (a process that died before releasing leaks nothing for long)."""
+    done = fairness.run_slots_reconcile(liveness=lambda ids: runs_liveness(run_ids=ids))
+    if done.freed:
+        log.info("fairness: freed %d slot(s) of finished or vanished runs", done.freed)
+    return done.freed
 
 
 def _enqueue_all(doorbells: list[tuple[str, int]]) -> None:

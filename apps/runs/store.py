@@ -47,6 +47,9 @@ _CLAIM_COLUMNS = (
     "transcript_len",
     "pending_inputs",
     "depth",
+    "routing",
+    "candidate_idx",
+    "fallbacks",
 )
 
 # The claim and the tool-start records commit asynchronously (no WAL flush of
@@ -99,6 +102,8 @@ r AS (
     step = %(new_step)s, last_seq = %(last_seq)s, transcript_len = %(transcript_len)s,
     pending_inputs = pending_inputs - %(consumed)s, pending_children = %(pending_children)s,
     usage = COALESCE(%(usage)s::jsonb, usage),
+    provider = COALESCE(%(provider)s, provider), model = COALESCE(%(model)s, model),
+    candidate_idx = COALESCE(%(candidate_idx)s, candidate_idx), fallbacks = COALESCE(%(fallbacks)s, fallbacks),
     stop_reason = CASE WHEN %(set_stop)s THEN %(stop_reason)s ELSE stop_reason END,
     error = CASE WHEN %(finish)s THEN %(error)s ELSE error END,
     completed_at = CASE WHEN %(finish)s THEN now() ELSE completed_at END,
@@ -117,6 +122,14 @@ r AS (
   UPDATE runs_runinput SET consumed_step = %(step)s
   FROM r, d WHERE runs_runinput.run_id = r.id
     AND runs_runinput.id IN (SELECT (jsonb_array_elements_text(d.j->'i'))::bigint)
+), u AS (
+  -- the usage/cost ledger (apps.gateway UsageEntry): one row per provider call of this step
+  INSERT INTO gateway_usageentry (created_at, tenant_id, user_id, run_id, step, source, provider, model,
+    input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd)
+  SELECT now(), %(tenant_id)s, %(user_id)s, r.id, %(step)s, 'run', x.v->>'provider', x.v->>'model',
+    (x.v->>'input_tokens')::int, (x.v->>'output_tokens')::int, (x.v->>'cache_creation_input_tokens')::int,
+    (x.v->>'cache_read_input_tokens')::int, (x.v->>'cost_usd')::numeric
+  FROM r, d, jsonb_array_elements(d.j->'u') AS x(v)
 ), c AS (
   UPDATE runs_toolcallrecord SET status = 'finished', is_error = (x.v->>1)::boolean, finished_at = now()
   FROM r, d, jsonb_array_elements(d.j->'c') AS x(v)
@@ -162,6 +175,9 @@ class ClaimedRun:
     transcript_len: int
     pending_inputs: int
     depth: int
+    routing: dict[str, Any]
+    candidate_idx: int
+    fallbacks: int
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
@@ -175,6 +191,9 @@ class StepRows:
     events: list[dict[str, Any]] = field(default_factory=list)
     consumed_inputs: list[int] = field(default_factory=list)
     finished_calls: list[tuple[str, bool]] = field(default_factory=list)
+    # usage ledger rows: {provider, model, input_tokens, output_tokens,
+    # cache_creation_input_tokens, cache_read_input_tokens, cost_usd (str | None)}
+    ledger: list[dict[str, Any]] = field(default_factory=list)
 
 
 def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
@@ -185,7 +204,7 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
     if row is None:
         return None
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
-    for key in ("system", "tools", "usage"):
+    for key in ("system", "tools", "usage", "routing"):
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]
     return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)
@@ -217,13 +236,16 @@ def commit_step(
     usage: dict[str, Any] | None,
     rows: StepRows,
     pending_children: int = 0,
+    switched: tuple[str, str, int, int] | None = None,
 ) -> bool:
-    """The fenced step commit; False when the fence was lost (nothing written)."""
+    """The fenced step commit; False when the fence was lost (nothing written).
+    `switched`: (provider, model, candidate_idx, fallbacks) after a provider fallback."""
     packed = {
         "t": [{"role": role, "content": content} for role, content in rows.transcript],
         "e": rows.events,
         "i": rows.consumed_inputs,
         "c": rows.finished_calls,
+        "u": rows.ledger,
     }
     params: dict[str, Any] = {
         "id": run.id,
@@ -241,8 +263,14 @@ def commit_step(
         "error": error,
         "transcript_base": run.transcript_len,
         "seq_base": run.last_seq,
+        "tenant_id": run.tenant_id,
+        "user_id": run.user_id,
         "pending_children": pending_children,
         "rows": json.dumps(packed),
+        "provider": switched[0] if switched else None,
+        "model": switched[1] if switched else None,
+        "candidate_idx": switched[2] if switched else None,
+        "fallbacks": switched[3] if switched else None,
     }
     with connection.cursor() as cur:
         cur.execute(_COMMIT_SQL, params)

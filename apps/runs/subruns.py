@@ -72,13 +72,15 @@ class Spawn:
     resolved: Any  # services.Resolved
 
 
-def spawn_prepare(*, tenant_id: str, user_id: str, depth: int, call: ToolCall, request: SpawnRequest) -> Spawn:
+def spawn_prepare(
+    *, tenant_id: str, user_id: str, depth: int, call: ToolCall, request: SpawnRequest, user_tier: str | None = None
+) -> Spawn:
     """Resolve the child before any write; refusals become the call's is_error result."""
     from apps.runs.services import RunCreate, run_resolve
 
     if depth + 1 > MAX_DEPTH:
         raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
-    data = RunCreate(agent=request.agent, segments=[Segment(text=request.prompt)], user_id=user_id)
+    data = RunCreate(agent=request.agent, segments=[Segment(text=request.prompt)], user_id=user_id, user_tier=user_tier)
     return Spawn(call=call, request=request, resolved=run_resolve(tenant_id=tenant_id, data=data))
 
 

@@ -26,3 +26,9 @@ def run_leases_sweep_task(**_: Any) -> int:
 def children_report_sweep_task(**_: Any) -> int:
     """Report finished child runs whose report to their parent was lost."""
     return subruns.children_report_sweep()
+
+
+@shared_task(base=AgentTask, name="maintenance.run_slots_reconcile")
+def run_slots_reconcile_task(**_: Any) -> int:
+    """Free fairness slots of runs that finished without releasing them."""
+    return services.run_slots_reconcile()

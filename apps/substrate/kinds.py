@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from apps.gateway.resolver import validate_agent_routing
 from apps.substrate import hashing
 from apps.substrate.models import (
     AgentDef,
@@ -111,10 +112,9 @@ def normalise_agent(name: str, raw: dict[str, Any], strict: bool) -> dict[str, A
             definition[key] = string_list(definition[key], f"agent {name!r}: {key}")
     if isinstance(definition.get("system_prompt"), str):  # stored as hashed: CRLF -> LF, no trailing space
         definition["system_prompt"] = hashing.normalise_text(definition["system_prompt"])
-    if definition.get("tier"):
-        raise Refused(f"agent {name!r}: tier routing arrives with the providers issue; pin provider and model")
-    if not definition.get("provider") or not definition.get("model"):
-        raise Refused(f"agent {name!r}: provider and model are required (both, as a pin)")
+    routing_error = validate_agent_routing(name, definition)
+    if routing_error:
+        raise Refused(routing_error)
     for key in _INT_FIELDS:
         value = definition.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

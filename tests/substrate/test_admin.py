@@ -193,7 +193,7 @@ def test_promote_of_a_retired_row_is_refused(admin_client: Client) -> None:
         ({"tenant_id": "bad tenant!"}, "tenant id must match"),
         ({"name": "a/../b"}, "each '/'-separated segment"),
         ({"definition": json.dumps({**BASE, "bogus": 1})}, "unknown field(s) bogus"),
-        ({"definition": json.dumps({"tools": []})}, "provider and model are required"),
+        ({"definition": json.dumps({"tools": []})}, "provider and model (a pin), or a tier, is required"),
     ],
 )
 def test_create_form_shows_invalid_input_as_form_errors(

@@ -557,7 +557,7 @@ def test_hash_of_a_skill_md_and_an_mcp_yaml(tmp_path: Path) -> None:
         (("agent", "missing.yaml"), "file not found: missing.yaml"),
         (("mcpserver", "{md}"), "describes an agent or a skill, not a mcpserver"),
         (("agent", "{mismatch}"), "frontmatter name 'other' != file name 'x'"),
-        (("agent", "{invalid}"), "provider and model are required"),
+        (("agent", "{invalid}"), "a pin needs both provider and model"),
     ],
 )
 def test_hash_refusals(tmp_path: Path, args: tuple[str, str], match: str) -> None:

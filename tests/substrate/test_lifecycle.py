@@ -146,7 +146,7 @@ def test_static_yaml_names_are_immutable_and_fork_from_the_yaml_entry(http: http
     [
         ({"op": "create", "overlay": BASE}, "missing required field: name"),
         ({"op": "create", "name": "../x", "overlay": BASE}, "segment"),
-        ({"op": "create", "name": "x", "overlay": {"model": "m"}}, "provider and model are required"),
+        ({"op": "create", "name": "x", "overlay": {"model": "m"}}, "a pin needs both provider and model"),
         ({"op": "create", "name": "x", "overlay": {**BASE, "frobnicate": 1}}, "unknown field(s) frobnicate"),
         ({"op": "create", "name": "x", "overlay": "nope"}, "overlay must be a JSON object"),
         ({"op": "create", "name": "x", "overlay": BASE, "promote": "yes"}, "promote must be true or false"),

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand
 from django.db import DatabaseError, connection
 from redis import RedisError
 
+from apps.core.errors import ApplicationError
 from apps.core.management.commands.up import port_free, split_addr
 from apps.core.redis import sync_client
 from apps.gateway.providers import provider_ids
@@ -20,7 +21,6 @@ Check = tuple[str, str, str]  # (PASS|WARN|FAIL, name, detail)
 
 
 def check_config() -> list[Check]:
-    from apps.core.errors import ApplicationError
 
     try:
         from apps.core.config import default_config_paths, load_config
@@ -109,13 +109,18 @@ def check_audit_log(path: str) -> Check:
 
 
 def check_providers() -> list[Check]:
-    out: list[Check] = [("PASS", "providers", f"available: {', '.join(provider_ids()) or 'none'}")]
+    """Configured providers (a config error is a FAIL) and which keys are set."""
+    try:
+        ids = provider_ids()
+    except ApplicationError as exc:
+        return [("FAIL", "providers", exc.message)]
+    out: list[Check] = [("PASS", "providers", f"configured: {', '.join(ids) or 'none'}")]
     keys = [k for k, v in E.PROVIDER_KEYS.items() if v]
+    real = [p for p in ids if not p.startswith("mock") and p != "ollama-local"]
     if keys:
-        detail = f"{', '.join(keys)} set, but this build has no real provider drivers yet"
-        out.append(("WARN", "provider keys", detail))
-    else:
-        out.append(("WARN", "provider keys", "none set; only the mock provider is usable"))
+        out.append(("PASS", "provider keys", f"{', '.join(keys)} set"))
+    elif not real:
+        out.append(("WARN", "provider keys", "none set; only the mock and a local Ollama are usable"))
     return out
 
 

@@ -83,6 +83,10 @@ ENGINE_TIMINGS_KEY: str | None = env.str("LOOMCYCLE_ENGINE_TIMINGS_KEY", default
 AGENT_DEF_MAX_DEFINITION_BYTES: int = env.int("LOOMCYCLE_AGENT_DEF_MAX_DEFINITION_BYTES", default=262_144)
 AGENT_DEF_MAX_DESCRIPTION_BYTES: int = env.int("LOOMCYCLE_AGENT_DEF_MAX_DESCRIPTION_BYTES", default=16_384)
 SKILL_DEF_MAX_BODY_BYTES: int = env.int("LOOMCYCLE_SKILL_DEF_MAX_BODY_BYTES", default=262_144)
+# How long a web process trusts a token lookup (a token write anywhere voids it within ~1 s).
+AUTH_CACHE_TTL_SECONDS: float = env.float("LOOMCYCLE_AUTH_CACHE_TTL_SECONDS", default=30.0)
+# How often a process re-reads the Redis auth epoch that token writes bump (0 = every request).
+AUTH_EPOCH_CHECK_MS: int = env.int("LOOMCYCLE_AUTH_EPOCH_CHECK_MS", default=1000)
 OPERATOR_TOKEN_PEPPER: str = env.str("LOOMCYCLE_OPERATOR_TOKEN_PEPPER", default="")
 OPERATOR_TOKEN_ROTATION_GRACE_SECONDS: int = env.int("LOOMCYCLE_OPERATOR_TOKEN_ROTATION_GRACE_SECONDS", default=86_400)
 AUDIT_LOG_PATH: str = env.str("LOOMCYCLE_AUDIT_LOG_PATH", default="")

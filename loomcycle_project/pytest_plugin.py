@@ -19,6 +19,9 @@ _TEST_ENV = {
     "LOOMCYCLE_SWEEP_SECONDS": "1",
     "LOOMCYCLE_REQUEUE_GRACE_SECONDS": "10",
     "LOOMCYCLE_FLOWER_ENABLED": "0",
+    # Every request checks the auth epoch: a test's token writes (and the
+    # teardown bump after its flush) reach the web process at once.
+    "LOOMCYCLE_AUTH_EPOCH_CHECK_MS": "0",
 }
 
 for _key, _value in _TEST_ENV.items():

@@ -36,15 +36,17 @@ INSTALLED_APPS = [
     "apps.memory",
 ]
 
+# The browser middleware serves the admin; API paths (/v1/, /healthz) skip it
+# (apps.core.middleware: each is a hop to Django's sync thread per request).
 MIDDLEWARE = [
     "apps.substrate.openmode.OpenModeHostMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's CSS/JS under Daphne
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "apps.core.middleware.SecurityMiddleware",
+    "apps.core.middleware.WhiteNoiseMiddleware",  # the admin's CSS/JS under Daphne
+    "apps.core.middleware.SessionMiddleware",
+    "apps.core.middleware.CommonMiddleware",
+    "apps.core.middleware.CsrfViewMiddleware",
+    "apps.core.middleware.AuthenticationMiddleware",
+    "apps.core.middleware.MessageMiddleware",
 ]
 
 ROOT_URLCONF = "loomcycle_project.urls"

@@ -16,9 +16,20 @@ from django.db import connection
 from apps.core.bootstrap import load_yaml_config
 from apps.core.types import Principal
 from apps.runs.models import Run
+from apps.substrate import auth_cache
 from tests import procs
 
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_auth_caches() -> Iterator[None]:
+    """Auth caches (token lookups, open mode) never carry over between tests: a
+    test's flush deletes token rows behind the token service's back, so the
+    teardown bumps the epoch every process (the web, too) checks."""
+    auth_cache.forget_local()
+    yield
+    auth_cache.bump()
 
 
 @pytest.fixture(scope="session")

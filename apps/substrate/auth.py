@@ -29,6 +29,8 @@ from django.utils import timezone
 
 from apps.core.errors import ApplicationError, Forbidden, Unauthorized
 from apps.core.types import Principal, isolated_scopes
+from apps.substrate import auth_cache
+from apps.substrate.openmode import open_mode_cached, remember_open_mode
 from apps.substrate.tokens import live_admin_token_exists, token_by_hash, token_hash
 
 log = logging.getLogger("loomcycle.auth")
@@ -88,12 +90,18 @@ def _unauthorized() -> Unauthorized:
 
 def _token_principal(token: str) -> Principal | None:
     digest = token_hash(token)
+    cached = auth_cache.lookup(digest)
+    if cached is not None:
+        return cached
+    epoch = auth_cache.snapshot()
     row = token_by_hash(digest)
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
     if row.retired_at is not None and row.retired_at <= timezone.now():
         raise _unauthorized()
-    return Principal(tenant_id=row.tenant_id, subject=row.subject, scopes=frozenset(row.scopes))
+    principal = Principal(tenant_id=row.tenant_id, subject=row.subject, scopes=frozenset(row.scopes))
+    auth_cache.remember(digest, principal, row.retired_at, epoch)
+    return principal
 
 
 def _warn_open_mode() -> None:
@@ -118,7 +126,11 @@ def authenticate(token: str | None, client_addr: str | None) -> Principal:
             if token and hmac.compare_digest(_digest(token), _digest(configured)) and not live_admin_token_exists():
                 return LEGACY_PRINCIPAL
             raise _unauthorized()
-        if live_admin_token_exists():
+        cached = open_mode_cached()  # genuine answers only, kept 2 s
+        if cached is None:
+            cached = not live_admin_token_exists()  # DatabaseError -> 503 below: fail closed
+            remember_open_mode(cached)
+        if not cached:
             raise _unauthorized()
     except DatabaseError as exc:
         log.error("auth: token store lookup failed; refusing the request: %s", exc)
@@ -250,7 +262,24 @@ def authenticate_for(token: str | None, client_addr: str | None, method: str, pa
 
 
 async def aauthenticate_for(token: str | None, client_addr: str | None, method: str, path: str) -> Principal:
+    """On the event loop when the answer needs no database (a cached token, or
+    open mode as the open-mode cache knows it); else in a worker thread."""
+    principal = _fast_principal(token, client_addr)
+    if principal is not None:
+        authorize(principal, method, path)
+        return principal
     return await sync_to_async(authenticate_for, thread_sensitive=False)(token, client_addr, method, path)
+
+
+def _fast_principal(token: str | None, client_addr: str | None) -> Principal | None:
+    if token:
+        return auth_cache.lookup(token_hash(token))
+    if settings.LOOMCYCLE.auth_token or not is_loopback(client_addr):
+        return None  # the slow path answers with the right 401/403
+    if open_mode_cached() is True:
+        _warn_open_mode()
+        return OPEN_PRINCIPAL
+    return None
 
 
 def lower_headers(items: Any) -> dict[str, str]:

@@ -27,6 +27,7 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.request import split_domain_port, validate_host
 
+from apps.substrate import auth_cache
 from apps.substrate.tokens import live_admin_token_exists
 
 log = logging.getLogger("loomcycle.open_mode")
@@ -40,6 +41,7 @@ OPEN_MODE_HOST_MESSAGE = (
 
 _clock: Callable[[], float] = time.monotonic
 _cached: tuple[float, bool] | None = None  # (expires at, no live admin token)
+_cached_epoch: int | None = None  # the auth epoch the answer was read under
 
 
 def reset_open_mode_cache() -> None:
@@ -64,39 +66,51 @@ def credential_configured() -> bool:
     return bool(settings.LOOMCYCLE.auth_token) or live_admin_token_exists()
 
 
-def _no_admin_token() -> bool:
-    try:
-        return not credential_configured()
-    except DatabaseError as exc:
-        log.error("open mode check: token store lookup failed; answering loopback host names only: %s", exc)
-        return True
+def remember_open_mode(answer: bool) -> None:
+    """Cache a genuine answer (read from the token table) for OPEN_MODE_TTL_S,
+    or until a token write anywhere bumps the auth epoch."""
+    global _cached, _cached_epoch
+    _cached_epoch = auth_cache.current_epoch()
+    _cached = (_clock() + OPEN_MODE_TTL_S, answer)
+
+
+auth_cache.on_forget(reset_open_mode_cache)
 
 
 def open_mode(*, close_connection: bool = False) -> bool:
     """True while no credential is configured. `close_connection` hands the DB
     connection back after a lookup (for worker threads of async callers)."""
-    global _cached
-    if settings.LOOMCYCLE.auth_token:
-        return False
-    now = _clock()
-    cached = _cached
-    if cached is not None and now < cached[0]:
-        return cached[1]
+    cached = open_mode_cached()
+    if cached is not None:
+        return cached
     try:
-        answer = _no_admin_token()
+        answer = not credential_configured()
+    except DatabaseError as exc:
+        # For the host check only: answer loopback names only, and cache nothing
+        # (authentication reads the table itself and fails closed with 503).
+        log.error("open mode check: token store lookup failed; answering loopback host names only: %s", exc)
+        return True
     finally:
         if close_connection:
             connection.close()
-    _cached = (now + OPEN_MODE_TTL_S, answer)
+    remember_open_mode(answer)
     return answer
 
 
-async def aopen_mode() -> bool:
+def open_mode_cached() -> bool | None:
+    """What the open-mode cache knows right now (None: expired, look it up)."""
     if settings.LOOMCYCLE.auth_token:
         return False
     cached = _cached
-    if cached is not None and _clock() < cached[0]:
+    if cached is not None and _clock() < cached[0] and auth_cache.current_epoch() == _cached_epoch:
         return cached[1]
+    return None
+
+
+async def aopen_mode() -> bool:
+    cached = open_mode_cached()
+    if cached is not None:
+        return cached
     return await sync_to_async(open_mode, thread_sensitive=False)(close_connection=True)
 
 

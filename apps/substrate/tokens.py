@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident, new_def_id
+from apps.substrate import auth_cache
 from apps.substrate.kinds import Refused
 from apps.substrate.models import OperatorTokenDef
 
@@ -258,6 +259,8 @@ def _audit(op: str, row: OperatorTokenDef, by: str, **extra: Any) -> None:
             fh.write(json.dumps(line, separators=(",", ":"), sort_keys=True) + "\n")
     except OSError as exc:
         raise AuditLogUnavailable(f"cannot append to the audit log {path}: {exc.strerror or exc}") from exc
+    auth_cache.forget_local()  # this process at once; every process once the write commits
+    transaction.on_commit(auth_cache.bump)
 
 
 def _live_by_name(name: str) -> OperatorTokenDef | None:

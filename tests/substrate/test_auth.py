@@ -17,8 +17,9 @@ from websockets.sync.client import connect
 from websockets.typing import Subprotocol
 
 from apps.core.errors import Forbidden, Unauthorized
+from apps.core.redis import sync_client
 from apps.core.types import Principal
-from apps.substrate import tokens
+from apps.substrate import auth_cache, tokens
 from apps.substrate.auth import (
     AuthUnavailable,
     authenticate,
@@ -26,6 +27,7 @@ from apps.substrate.auth import (
     has_scope,
     required_scope,
 )
+from loomcycle_project import env as E
 from tests.conftest import wait_status
 
 LEGACY = "legacy-env-token"
@@ -292,3 +294,45 @@ def test_runs_and_the_websocket_honour_token_scopes_and_tenants(lc: Any, http: h
     assert events[-1] == "done"
     with connect(url, subprotocols=[Subprotocol(f"bearer.{reader}")]) as ws:
         assert json.loads(ws.recv(timeout=10))["event"]
+
+
+# --- the per-process lookup cache (LOOMCYCLE_AUTH_CACHE_TTL_SECONDS) ------------------------
+
+
+@pytest.mark.django_db
+def test_a_token_lookup_is_cached_and_a_token_write_voids_it(
+    lc: Any, django_assert_num_queries: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(E, "AUTH_EPOCH_CHECK_MS", 60_000)  # the epoch read once, as in production
+    token = mint("reader", ["runs:read"])
+    assert authenticate(token, "10.0.0.9").subject == "tok-reader"
+    with django_assert_num_queries(0):
+        assert authenticate(token, "10.0.0.9").subject == "tok-reader"
+    tokens.token_retire(name="reader")  # this process forgets at once
+    with pytest.raises(Unauthorized):
+        authenticate(token, "10.0.0.9")
+
+
+@pytest.mark.django_db
+def test_another_process_bumping_the_epoch_voids_cached_lookups(lc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(E, "AUTH_EPOCH_CHECK_MS", 0)
+    token = mint("reader", ["runs:read"])
+    digest = tokens.token_hash(token)
+    authenticate(token, "10.0.0.9")
+    assert auth_cache.lookup(digest) is not None
+    sync_client().incr(auth_cache.EPOCH_KEY)  # what a token write elsewhere does after its commit
+    assert auth_cache.lookup(digest) is None
+    monkeypatch.setattr(E, "AUTH_CACHE_TTL_SECONDS", 0)  # 0 turns the cache off
+    authenticate(token, "10.0.0.9")
+    assert auth_cache.lookup(digest) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retired_token_stops_working_on_the_web_process_at_once(lc: Any, web: str) -> None:
+    admin = mint("ops")
+    with httpx.Client(base_url=web, headers=bearer(admin)) as http:
+        assert http.get("/v1/_me").status_code == 200
+        assert http.get("/v1/_me").status_code == 200  # now from the web process's cache
+        with_legacy(lc)
+        tokens.token_retire(name="ops")  # commits, then bumps the epoch the web process checks
+        assert http.get("/v1/_me").status_code == 401

@@ -25,7 +25,7 @@ from apps.core.config import load_config
 from apps.core.errors import Unauthorized
 from apps.core.management.commands.doctor import check_auth
 from apps.core.management.commands.init import STARTER_YAML
-from apps.substrate import tokens
+from apps.substrate import auth_cache, tokens
 from apps.substrate.auth import authenticate
 from apps.substrate.kinds import Refused
 from apps.substrate.models import OperatorTokenDef
@@ -134,6 +134,9 @@ def test_rotate_keeps_the_old_token_valid_until_the_grace_ends_then_401(audit: P
     assert authenticate(old["token"], "192.0.2.10").subject == "tok-ci"  # inside the grace
     assert authenticate(new["token"], "192.0.2.10").subject == "tok-ci"
     OperatorTokenDef.objects.filter(id=old["def_id"]).update(retired_at=timezone.now() - timedelta(seconds=1))
+    # The grace "ended" by editing the row, not by waiting: the lookup cache,
+    # whose entries never outlive retired_at, must forget what it knew.
+    auth_cache.forget_local()
     with pytest.raises(Unauthorized):
         authenticate(old["token"], "192.0.2.10")  # the grace is over
     assert authenticate(new["token"], "192.0.2.10").subject == "tok-ci"

@@ -1,0 +1,48 @@
+"""Browser middleware that the JSON API does not run.
+
+Django's session, CSRF, auth, messages, security-header and static-file
+middleware serve the admin. On an async request each of them costs a hop to
+Django's one sync thread (MiddlewareMixin wraps process_request/response in
+sync_to_async), and together they were most of the LLM gateway's added
+latency (docs/performance.md). `api_bypass(path)` wraps one of them so that
+requests under API_PREFIXES go straight to the next layer; every other path
+(the admin, static files) gets the middleware as before. The API needs none
+of them: it authenticates with bearer tokens, sets no cookies, and its views
+are CSRF-exempt. The Host check that CommonMiddleware performed (Django's
+ALLOWED_HOSTS) is kept for API requests here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from django.utils.module_loading import import_string
+
+API_PREFIXES = ("/v1/", "/healthz")
+
+
+def api_bypass(inner_path: str) -> type:
+    """A subclass of the middleware at `inner_path` (so Django adapts it as
+    before, and the admin's middleware checks still find it) that passes API
+    requests through untouched."""
+    inner_cls: Any = import_string(inner_path)
+
+    class ApiBypass(inner_cls):
+        def __call__(self, request: HttpRequest) -> Any:
+            if request.path_info.startswith(API_PREFIXES):
+                request.get_host()  # ALLOWED_HOSTS, as CommonMiddleware checked it: DisallowedHost -> 400
+                return self.get_response(request)  # a coroutine in async mode: the caller awaits it
+            return super().__call__(request)
+
+    ApiBypass.__name__ = ApiBypass.__qualname__ = f"ApiBypass{inner_cls.__name__}"
+    return ApiBypass
+
+
+SecurityMiddleware = api_bypass("django.middleware.security.SecurityMiddleware")
+WhiteNoiseMiddleware = api_bypass("whitenoise.middleware.WhiteNoiseMiddleware")
+SessionMiddleware = api_bypass("django.contrib.sessions.middleware.SessionMiddleware")
+CommonMiddleware = api_bypass("django.middleware.common.CommonMiddleware")
+CsrfViewMiddleware = api_bypass("django.middleware.csrf.CsrfViewMiddleware")
+AuthenticationMiddleware = api_bypass("django.contrib.auth.middleware.AuthenticationMiddleware")
+MessageMiddleware = api_bypass("django.contrib.messages.middleware.MessageMiddleware")

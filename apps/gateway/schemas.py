@@ -4,7 +4,7 @@ OpenAI-shaped bodies accept, and ignore, every field they do not declare
 (`response_format`, `logit_bias`, `logprobs`, `top_logprobs`,
 `parallel_tool_calls`, `metadata`, `store`, `service_tier`, `modalities`,
 `audio`, `prediction`, `web_search_options`, `dimensions`, ...): an OpenAI
-SDK or framework that sends them keeps working. docs/gateway.md lists them.
+SDK or framework that sends them keeps working. docs/api.md (LLM gateway) lists them.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import socket
 import threading
 import time
@@ -38,6 +39,8 @@ from apps.gateway.providers.base import (
     ProviderEvent,
     ProviderRequest,
 )
+
+log = logging.getLogger("loomcycle.gateway")
 
 MAX_ERROR_BODY = 64 * 1024
 
@@ -122,14 +125,14 @@ def retry_after_seconds(headers: httpx.Headers) -> float | None:
         try:
             return max(0.0, float(raw_ms) / 1000.0)
         except ValueError:
-            pass
+            log.debug("ignoring a non-numeric retry-after-ms header: %r", raw_ms)
     raw = headers.get("retry-after")
     if not raw:
         return None
     try:
         return max(0.0, float(raw))
     except ValueError:
-        pass
+        log.debug("Retry-After %r is not seconds; trying it as an HTTP date", raw)
     try:
         when = email.utils.parsedate_to_datetime(raw)
     except (TypeError, ValueError):

@@ -20,7 +20,9 @@ web process under cProfile and prints where its time goes.
 
 Knobs (env): BENCH_GW_REQUESTS (3000), BENCH_GW_WARMUP (500),
 BENCH_GW_CONCURRENCY (8), BENCH_GW_ROUNDS (2), BENCH_GW_PROFILE (0),
-BENCH_GW_SETTINGS (the Django settings module, to measure a variant).
+BENCH_GW_SETTINGS (the Django settings module, to measure a variant),
+BENCH_GW_WEB_PROCESSES (1: Daphne processes sharing the socket, as
+LOOMCYCLE_WEB_PROCESSES does for `manage.py up`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ WARMUP = int(os.environ.get("BENCH_GW_WARMUP", "500"))
 CONCURRENCY = int(os.environ.get("BENCH_GW_CONCURRENCY", "8"))
 ROUNDS = int(os.environ.get("BENCH_GW_ROUNDS", "2"))
 PROFILE = os.environ.get("BENCH_GW_PROFILE", "0") == "1"
+WEB_PROCESSES = int(os.environ.get("BENCH_GW_WEB_PROCESSES", "1"))
 TARGET_P50_MS, TARGET_P99_MS = 5.0, 20.0
 REPLY = "Hello from the fake upstream."
 
@@ -183,9 +186,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def spawn(argv: list[str], env: dict[str, str], log: str) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], env: dict[str, str], log: str, fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
     out = (DATA / log).open("ab")
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds
+    )
 
 
 def setup_database() -> None:
@@ -259,10 +264,19 @@ def main() -> None:
 
     profile = DATA / "web.prof"
     profile.unlink(missing_ok=True)
-    daphne = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "loomcycle_project.asgi:application"]
-    web_argv = [sys.executable, *(["-m", "cProfile", "-o", str(profile)] if PROFILE else []), *daphne]
     upstream = spawn([sys.executable, __file__, "--upstream", str(up_port)], env, "upstream.log")
-    web = spawn(web_argv, env, "web.log")
+    if WEB_PROCESSES > 1:  # as `manage.py up` with LOOMCYCLE_WEB_PROCESSES: one socket, several Daphnes
+        from apps.core.management.commands.up import listen_socket
+
+        sock = listen_socket("127.0.0.1", web_port)
+        fd = sock.fileno()
+        argv = [sys.executable, "-m", "daphne", "--fd", str(fd), "loomcycle_project.asgi:application"]
+        webs = [spawn(argv, env, f"web{i}.log", (fd,)) for i in range(WEB_PROCESSES)]
+    else:
+        daphne = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "loomcycle_project.asgi:application"]
+        web_argv = [sys.executable, *(["-m", "cProfile", "-o", str(profile)] if PROFILE else []), *daphne]
+        webs = [spawn(web_argv, env, "web.log")]
+    web = webs[0]
     try:
         wait_port(f"http://127.0.0.1:{up_port}/", upstream)
         wait_port(f"http://127.0.0.1:{web_port}/healthz", web)
@@ -273,12 +287,12 @@ def main() -> None:
         gateway_body = {**direct_body, "model": "fake/fake-model"}
         print(
             f"loomcycle gateway bench: {os.cpu_count()} cores; {ROUNDS} x {REQUESTS} requests each way after "
-            f"{WARMUP} warm-up, {CONCURRENCY} in flight, one httpx.AsyncClient",
+            f"{WARMUP} warm-up, {CONCURRENCY} in flight, one httpx.AsyncClient, {WEB_PROCESSES} web process(es)",
             flush=True,
         )
         asyncio.run(load(direct_url, direct_body, WARMUP))
         asyncio.run(load(gateway_url, gateway_body, WARMUP))
-        web_proc = psutil.Process(web.pid)
+        web_procs = [psutil.Process(w.pid) for w in webs]
         d_lat: list[float] = []
         g_lat: list[float] = []
         f_lat: list[float] = []
@@ -287,9 +301,9 @@ def main() -> None:
             rps, lat = asyncio.run(load(direct_url, direct_body, REQUESTS))
             d_lat += lat
             d_time += REQUESTS / rps
-            cpu0 = sum(web_proc.cpu_times()[:2])
+            cpu0 = sum(sum(w.cpu_times()[:2]) for w in web_procs)
             rps, lat = asyncio.run(load(gateway_url, gateway_body, REQUESTS))
-            cpu += sum(web_proc.cpu_times()[:2]) - cpu0
+            cpu += sum(sum(w.cpu_times()[:2]) for w in web_procs) - cpu0
             g_lat += lat
             g_time += REQUESTS / rps
             rps, lat = asyncio.run(load(gateway_url, {**gateway_body, "n": 2}, REQUESTS, status=400))
@@ -298,7 +312,8 @@ def main() -> None:
         n = ROUNDS * REQUESTS
         report((n / d_time, d_lat), (n / g_time, g_lat), (n / f_time, f_lat), cpu * 1000 / n)
     finally:
-        stop(web)
+        for w in webs:
+            stop(w)
         stop(upstream)
     if PROFILE:
         print_profile(profile)

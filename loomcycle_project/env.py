@@ -62,6 +62,8 @@ PG_POOL_MAX: int = env.int("LOOMCYCLE_PG_POOL_MAX", default=16)
 
 # Processes started by `manage.py up`.
 WORKER_PROCESSES: int = env.int("LOOMCYCLE_WORKER_PROCESSES", default=2)
+# Daphne processes sharing the listening socket (`up` binds it once and hands it down).
+WEB_PROCESSES: int = env.int("LOOMCYCLE_WEB_PROCESSES", default=1)
 WORKER_CONCURRENCY: int = env.int("LOOMCYCLE_WORKER_CONCURRENCY", default=64)
 FLOWER_PORT: int = env.int("LOOMCYCLE_FLOWER_PORT", default=5555)
 FLOWER_ENABLED: bool = env.bool("LOOMCYCLE_FLOWER_ENABLED", default=True)
@@ -132,6 +134,11 @@ GATEWAY_AUDIT_RETENTION_DAYS: int = env.int("LOOMCYCLE_GATEWAY_AUDIT_RETENTION_D
 EMBEDDER: str = env.str("LOOMCYCLE_EMBEDDER", default="hashing")
 MEMORY_EMBED_TIMEOUT_MS: int = env.int("LOOMCYCLE_MEMORY_EMBED_TIMEOUT_MS", default=30_000)
 MEMORY_EMBED_BATCH_SIZE: int = env.int("LOOMCYCLE_MEMORY_EMBED_BATCH_SIZE", default=100)
+# Memory limits (SPEC 6.2): one value's JSON bytes; a (scope, scope_id)'s sum of key + value bytes
+# (an agent's `memory_quota_bytes` overrides it); how often beat deletes expired rows.
+MEMORY_MAX_VALUE_BYTES: int = env.int("LOOMCYCLE_MEMORY_MAX_VALUE_BYTES", default=65_536)
+MEMORY_MAX_SCOPE_BYTES: int = env.int("LOOMCYCLE_MEMORY_MAX_SCOPE_BYTES", default=1_048_576)
+MEMORY_SWEEP_MS: int = env.int("LOOMCYCLE_MEMORY_SWEEP_MS", default=900_000)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from django.core.management import call_command
 from tests.procs import ROOT, free_port, wait_http
 
 
-def _up(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _up(data: Path, port: int, log: Path, web_processes: int = 1) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
         LOOMCYCLE_DATA_DIR=str(data),
@@ -27,6 +27,7 @@ def _up(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         LOOMCYCLE_FLOWER_PORT=str(free_port()),
         LOOMCYCLE_FLOWER_ENABLED="1",
         LOOMCYCLE_CONFIG_FILES=str(ROOT / "loomcycle.yaml"),
+        LOOMCYCLE_WEB_PROCESSES=str(web_processes),
     )
     return subprocess.Popen(
         [sys.executable, "manage.py", "up"],
@@ -65,11 +66,15 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(tmp_path: Path
         leftovers = _stop(proc)
     assert leftovers == [], log.read_text()[-3000:]
     # A second `up` reuses the data: the run from the first session is still there.
-    proc = _up(tmp_path / "data", port, log)
+    # This time two Daphne processes share the one listening socket `up` bound.
+    proc = _up(tmp_path / "data", port, log, web_processes=2)
     try:
         wait_http(base + "/healthz", timeout=90)
-        again = httpx.get(f"{base}/v1/runs/{run_id}").json()
-        assert again["status"] == "completed" and again["run_id"] == run_id
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        assert sum(1 for k in kids if "daphne" in k.cmdline() and "--fd" in k.cmdline()) == 2
+        for _ in range(6):  # connections spread over both; every one is answered
+            again = httpx.get(f"{base}/v1/runs/{run_id}").json()
+            assert again["status"] == "completed" and again["run_id"] == run_id
     finally:
         assert _stop(proc) == []
 

@@ -42,9 +42,10 @@ class Child:
     restarts: int = 0
     next_start: float = 0.0
     started_at: float = field(default=0.0)
+    pass_fds: tuple[int, ...] = ()
 
     def start(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True, pass_fds=self.pass_fds)
         self.started_at = time.monotonic()
 
 
@@ -79,10 +80,32 @@ def port_free(host: str, port: int) -> bool:
             return False
 
 
-def children(host: str, port: int) -> list[Child]:
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The web's listening socket, bound once here so that several Daphne
+    processes accept on it (the kernel spreads connections among them)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+def web_children(host: str, port: int, sock: socket.socket | None) -> list[Child]:
+    py = sys.executable
+    app = "loomcycle_project.asgi:application"
+    if sock is None:
+        return [Child("web", [py, "-m", "daphne", "-b", host, "-p", str(port), app])]
+    fd = sock.fileno()
+    return [
+        Child(f"web{i}", [py, "-m", "daphne", "--fd", str(fd), app], pass_fds=(fd,)) for i in range(E.WEB_PROCESSES)
+    ]
+
+
+def children(host: str, port: int, sock: socket.socket | None = None) -> list[Child]:
     py = sys.executable
     celery = [py, "-m", "celery", "-A", "workers.celery:app"]
-    out = [Child("web", [py, "-m", "daphne", "-b", host, "-p", str(port), "loomcycle_project.asgi:application"])]
+    out = web_children(host, port, sock)
     for i in range(E.WORKER_PROCESSES):
         out.append(
             Child(
@@ -131,7 +154,8 @@ class Command(BaseCommand):
             "REDIS_URL": os.environ["REDIS_URL"],
             "PYTHONUNBUFFERED": "1",
         }
-        kids = children(host, port)
+        sock = listen_socket(host, port) if E.WEB_PROCESSES > 1 else None
+        kids = children(host, port, sock)
         for child in kids:
             child.start(env)
         base = f"http://{host}:{port}"

@@ -1,6 +1,7 @@
 """Durable agent memory (SPEC 6.2, 9.5): one JSON value per
 (tenant, scope, scope_id, key), an optional expiry and an optional embedding
-for vector search. Services, tools and REST arrive with the memory issue."""
+for vector search. Writes go through apps.memory.services, reads through
+apps.memory.selectors; the `Memory` tool and `/v1/_memory` REST sit on top."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class MemoryEntry(models.Model):
     value = models.JSONField()
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)  # None: never; expired rows are invisible
     embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS, null=True, blank=True)
+    # Which embedder made `embedding` ("" when none): search compares only vectors of the configured one.
+    embedding_provider = models.CharField(max_length=128, default="", blank=True)
+    embedding_model = models.CharField(max_length=256, default="", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

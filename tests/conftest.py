@@ -3,6 +3,7 @@ plugin), real Celery workers, beat and Daphne against the test database."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from django.db import connection
 from apps.core.bootstrap import load_yaml_config
 from apps.core.types import Principal
 from apps.runs.models import Run
-from apps.substrate import auth_cache
+from apps.substrate import auth_cache, tokens
 from tests import procs
 
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
@@ -30,6 +31,26 @@ def _fresh_auth_caches() -> Iterator[None]:
     auth_cache.forget_local()
     yield
     auth_cache.bump()
+
+
+@pytest.fixture
+def people(settings: Any, tmp_path: Path) -> dict[str, dict[str, str]]:
+    """Bearer headers of the tenant matrix: alice (acme, substrate:tenant), bob
+    (acme, runs:create + runs:read), charlie (beta, substrate:tenant); an admin
+    token exists, so the runtime is out of open mode."""
+    settings.LOOMCYCLE = dataclasses.replace(
+        settings.LOOMCYCLE, auth_token=None, audit_log_path=str(tmp_path / "audit.jsonl")
+    )
+    tokens.token_create(name="ops", tenant_id="ops")
+    out = {}
+    for who, tenant, scopes in (
+        ("alice", "acme", ["substrate:tenant"]),
+        ("bob", "acme", ["runs:create", "runs:read"]),
+        ("charlie", "beta", ["substrate:tenant"]),
+    ):
+        token = tokens.token_create(name=who, tenant_id=tenant, subject=who, scopes=scopes)["token"]
+        out[who] = {"authorization": f"Bearer {token}"}
+    return out
 
 
 @pytest.fixture(scope="session")

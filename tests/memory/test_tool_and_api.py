@@ -4,9 +4,7 @@ default-deny scopes, tenant isolation, limits, and 50 concurrent increments."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -16,7 +14,6 @@ import pytest
 from apps.memory import selectors
 from apps.memory.services import Slot
 from apps.runs.models import RunEvent, RunStatus
-from apps.substrate import tokens
 from tests.conftest import wait_status
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -158,19 +155,6 @@ def test_rest_scope_quota_is_413(http: httpx.Client) -> None:
     resp = http.put(f"{base}/one-more", json={"value": "x" * 65_000})
     assert (resp.status_code, resp.json()["code"]) == (413, "memory_quota_exceeded")
     assert http.get(f"{base}/one-more").status_code == 404
-
-
-@pytest.fixture
-def people(settings: Any, tmp_path: Path) -> dict[str, dict[str, str]]:
-    settings.LOOMCYCLE = dataclasses.replace(
-        settings.LOOMCYCLE, auth_token=None, audit_log_path=str(tmp_path / "audit.jsonl")
-    )
-    tokens.token_create(name="ops", tenant_id="ops")  # an admin token: the runtime leaves open mode
-    out = {}
-    for who, tenant in (("alice", "acme"), ("charlie", "beta")):
-        token = tokens.token_create(name=who, tenant_id=tenant, subject=who, scopes=["substrate:tenant"])["token"]
-        out[who] = {"authorization": f"Bearer {token}"}
-    return out
 
 
 def test_rest_tenant_isolation(http: httpx.Client, people: dict[str, dict[str, str]]) -> None:

@@ -5,8 +5,6 @@ rows. Runs against the real Daphne, workers, Postgres and Redis."""
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,23 +19,6 @@ from tests.conftest import wait_status
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 
 AGENT = {"provider": "mock", "model": "mock-generic", "tools": ["Context"]}
-
-
-@pytest.fixture
-def people(settings: Any, tmp_path: Path) -> dict[str, dict[str, str]]:
-    settings.LOOMCYCLE = dataclasses.replace(
-        settings.LOOMCYCLE, auth_token=None, audit_log_path=str(tmp_path / "audit.jsonl")
-    )
-    tokens.token_create(name="ops", tenant_id="ops")  # an admin token: the runtime leaves open mode
-    out = {}
-    for who, tenant, scopes in (
-        ("alice", "acme", ["substrate:tenant"]),
-        ("bob", "acme", ["runs:create", "runs:read"]),
-        ("charlie", "beta", ["substrate:tenant"]),
-    ):
-        token = tokens.token_create(name=who, tenant_id=tenant, subject=who, scopes=scopes)["token"]
-        out[who] = {"authorization": f"Bearer {token}"}
-    return out
 
 
 def _ws_close_code(web: str, run_id: str, headers: dict[str, str]) -> int:

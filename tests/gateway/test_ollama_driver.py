@@ -8,15 +8,12 @@ import asyncio
 import json
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
-from werkzeug import Request, Response
 
 from apps.gateway.providers.base import (
     Done,
@@ -32,10 +29,9 @@ from apps.gateway.providers.base import (
 )
 from apps.gateway.providers.http import HttpProvider, ProviderConfig
 from apps.gateway.providers.ollama import OllamaProtocol
+from tests.gateway.wire import STALL, Wire, serve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ollama"
-STALL = "stall"  # a body step: hold the connection open until the test ends
-STALL_CAP_S = 10.0
 WEATHER = ToolSpec(
     name="get_weather",
     description="Current weather in a city.",
@@ -43,77 +39,12 @@ WEATHER = ToolSpec(
 )
 
 
-# --- the fake server --------------------------------------------------------
-
-
-@dataclass
-class Script:
-    status: int
-    body: list[bytes | threading.Event | str]
-    headers: dict[str, str] = field(default_factory=dict)
-    stall_before_headers: bool = False
-
-
-class Wire:
-    """A loopback endpoint answering scripted responses in order and recording
-    every request (JSON body and headers) it received."""
-
-    def __init__(self, server: HTTPServer, path: str, content_type: str) -> None:
-        self.server = server
-        self.content_type = content_type
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.scripts: deque[Script] = deque()
-        self.release = threading.Event()
-        server.expect_request(path, method="POST").respond_with_handler(self._handle)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}"
-
-    def reply(self, *body: bytes | threading.Event | str, status: int = 200, **kw: Any) -> None:
-        self.scripts.append(Script(status, list(body), **kw))
-
-    def _handle(self, request: Request) -> Response:
-        self.requests.append(request.get_json())
-        self.headers.append({k.lower(): v for k, v in request.headers.items()})
-        script = self.scripts.popleft()
-        if script.stall_before_headers:
-            self.release.wait(STALL_CAP_S)
-        body = self._stream(script.body)
-        return Response(body, status=script.status, headers=script.headers, content_type=self.content_type)
-
-    def _stream(self, parts: list[bytes | threading.Event | str]) -> Iterator[bytes]:
-        yield b""  # the status line and headers go out now
-        for part in parts:
-            if isinstance(part, threading.Event):
-                part.wait(STALL_CAP_S)
-            elif part == STALL:
-                self.release.wait(STALL_CAP_S)
-            elif isinstance(part, bytes):
-                yield part
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[HTTPServer]:
-    srv = HTTPServer(host="127.0.0.1", port=0, threaded=True)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+# --- the fake server (tests/gateway/wire.py) ---------------------------------
 
 
 @pytest.fixture
 def wire(server: HTTPServer) -> Iterator[Wire]:
-    endpoint = Wire(server, "/api/chat", "application/x-ndjson")
-    try:
-        yield endpoint
-    finally:
-        endpoint.release.set()  # frees handlers still stalling
-        errors = list(server.handler_errors)
-        server.clear()  # this test's handler and log
-        assert not errors, f"the fake server's handler failed: {errors}"
+    yield from serve(server, "/api/chat", "application/x-ndjson")
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Fixtures shared by the driver tests: `server`, the loopback HTTP server the
-`wire` fixtures script (tests/gateway/wire.py). A module may define its own."""
+`wire` fixtures script, and `collect` (each test over the blocking and the
+async path); see tests/gateway/wire.py. A module may define its own."""
 
-from tests.gateway.wire import server
+from tests.gateway.wire import collect, server
 
-__all__ = ["server"]
+__all__ = ["collect", "server"]

@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from apps.gateway.providers.base import (
 )
 from apps.gateway.providers.http import HttpProvider, ProviderConfig
 from apps.gateway.providers.openai import OpenAIProtocol
-from tests.gateway.wire import STALL, Wire, serve
+from tests.gateway.wire import STALL, Collect, Wire, drain, play, serve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openai"
 WEATHER = ToolSpec(
@@ -92,32 +92,6 @@ def user(text: str) -> dict[str, Any]:
 
 def request(messages: list[dict[str, Any]] | None = None, **kw: Any) -> ProviderRequest:
     return ProviderRequest(model="gpt-4.1", system=["Be terse."], messages=messages or [user("hi")], **kw)
-
-
-def play(provider: HttpProvider, req: ProviderRequest) -> list[ProviderEvent]:
-    return list(provider.stream(req, threading.Event()))
-
-
-async def drain(events: AsyncIterator[ProviderEvent]) -> list[ProviderEvent]:
-    return [event async for event in events]
-
-
-def aplay(provider: HttpProvider, req: ProviderRequest) -> list[ProviderEvent]:
-    async def run() -> list[ProviderEvent]:
-        try:
-            return await drain(provider.astream(req))
-        finally:
-            await provider.aclient().aclose()
-
-    return asyncio.run(run())
-
-
-Collect = Callable[[HttpProvider, ProviderRequest], list[ProviderEvent]]
-
-
-@pytest.fixture(params=["stream", "astream"])
-def collect(request: pytest.FixtureRequest) -> Collect:
-    return play if request.param == "stream" else aplay
 
 
 # --- plain text and streaming -----------------------------------------------

@@ -5,15 +5,19 @@ format the scripted bytes are; the tests supply real provider frames."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
+
+from apps.gateway.providers.base import ProviderEvent, ProviderRequest
+from apps.gateway.providers.http import HttpProvider
 
 STALL = "stall"  # a body step: hold the connection open until the test ends
 STALL_CAP_S = 10.0
@@ -87,3 +91,35 @@ def serve(server: HTTPServer, path: str, content_type: str) -> Iterator[Wire]:
         errors = list(server.handler_errors)
         server.clear()  # this test's handler and log
         assert not errors, f"the fake server's handler failed: {errors}"
+
+
+# --- playing a provider both ways ---------------------------------------------
+
+
+def play(provider: HttpProvider, req: ProviderRequest) -> list[ProviderEvent]:
+    """The blocking path (worker threads)."""
+    return list(provider.stream(req, threading.Event()))
+
+
+async def drain(events: AsyncIterator[ProviderEvent]) -> list[ProviderEvent]:
+    return [event async for event in events]
+
+
+def aplay(provider: HttpProvider, req: ProviderRequest) -> list[ProviderEvent]:
+    """The async path (the gateway's event loop), on a fresh loop and client."""
+
+    async def run() -> list[ProviderEvent]:
+        try:
+            return await drain(provider.astream(req))
+        finally:
+            await provider.aclient().aclose()
+
+    return asyncio.run(run())
+
+
+Collect = Callable[[HttpProvider, ProviderRequest], list[ProviderEvent]]
+
+
+@pytest.fixture(params=["stream", "astream"])
+def collect(request: pytest.FixtureRequest) -> Collect:
+    return play if request.param == "stream" else aplay

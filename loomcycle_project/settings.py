@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "apps.gateway",
     "apps.runs",
     "apps.memory",
+    "apps.evaluations",
 ]
 
 # The browser middleware serves the admin; API paths (/v1/, /healthz) skip it

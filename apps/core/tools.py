@@ -9,10 +9,15 @@ tool can never crash a run.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.db import close_old_connections, connection
+
+from apps.core.errors import ApplicationError
 
 
 @dataclass(frozen=True)
@@ -64,3 +69,35 @@ class Tool:
     description: str
     input_schema: dict[str, Any]
     execute: ToolFn
+
+
+def input_refusal(data: dict[str, Any], ops: tuple[str, ...], fields: frozenset[str]) -> ToolResult | None:
+    """The is_error result for an op-dispatch tool's input with an unknown `op`
+    or unknown fields (refused, never silently dropped); None when it is fine."""
+    op = data.get("op")
+    if op not in ops:
+        return ToolResult(f"unknown op {op!r}; this runtime supports {', '.join(ops)}", is_error=True)
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        return ToolResult(f"unknown fields {unknown}", is_error=True)
+    return None
+
+
+class ToolRefusal(Exception):
+    """An input an op-dispatch tool refuses; its text is the is_error result."""
+
+
+def db_tool_result(call: Callable[[], dict[str, Any]]) -> ToolResult:
+    """Run one tool op against the database on a worker thread: a ToolRefusal or
+    an ApplicationError (quota, size, unknown row...) becomes an is_error result
+    the model reads; the connection goes back to the pool either way."""
+    close_old_connections()
+    try:
+        out = call()
+    except ToolRefusal as exc:
+        return ToolResult(str(exc), is_error=True)
+    except ApplicationError as exc:
+        return ToolResult(f"{exc.code}: {exc.message}", is_error=True)
+    finally:
+        connection.close()
+    return ToolResult(json.dumps(out))

@@ -3,27 +3,14 @@ are written by the gateway and the engine only, never edited by hand."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
+from apps.core.admin import ReadOnlyAdmin
 from apps.gateway.models import GatewayCall, UsageEntry
 
 
-class ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(GatewayCall)
-class GatewayCallAdmin(ReadOnly):
+class GatewayCallAdmin(ReadOnlyAdmin):
     list_display = (
         "created_at",
         "request_id",
@@ -47,7 +34,7 @@ class GatewayCallAdmin(ReadOnly):
 
 
 @admin.register(UsageEntry)
-class UsageEntryAdmin(ReadOnly):
+class UsageEntryAdmin(ReadOnlyAdmin):
     list_display = (
         "created_at",
         "source",

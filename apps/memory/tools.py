@@ -10,14 +10,10 @@ Every refusal is an `is_error` result whose text says what to fix.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-from django.db import close_old_connections, connection
-
-from apps.core.errors import ApplicationError
-from apps.core.tools import Tool, ToolContext, ToolResult
+from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
 from apps.memory import selectors, services
 from apps.memory.models import MemoryEntry, MemoryScope
 from apps.memory.services import Slot
@@ -46,7 +42,7 @@ FIELDS = frozenset(
 MAX_KEY_CHARS = 512
 
 
-class Refusal(Exception):
+class Refusal(ToolRefusal):
     """A bad call: the message goes back to the model as an is_error result."""
 
 
@@ -211,24 +207,17 @@ _HANDLERS: dict[str, Callable[[Slot, dict[str, Any], int | None], dict[str, Any]
 
 
 def memory_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    op = data.get("op")
-    if op not in _HANDLERS:
-        return ToolResult(f"unknown op {op!r}; this runtime supports {', '.join(OPS)}", is_error=True)
-    unknown = sorted(set(data) - FIELDS)
-    if unknown:
-        return ToolResult(f"unknown fields {unknown}", is_error=True)
-    close_old_connections()
-    try:
+    refused = input_refusal(data, OPS, FIELDS)
+    if refused is not None:
+        return refused
+    op = str(data["op"])
+
+    def run() -> dict[str, Any]:
         granted, quota = _policy(ctx)
-        slot = _slot(ctx, data.get("scope"), str(op), granted)
-        out = _HANDLERS[str(op)](slot, data, quota)
-    except Refusal as exc:
-        return ToolResult(str(exc), is_error=True)
-    except ApplicationError as exc:  # quota, value size, not a number, embedder: the model reads why
-        return ToolResult(f"{exc.code}: {exc.message}", is_error=True)
-    finally:
-        connection.close()  # back to the pool: tools run on short-lived threads
-    return ToolResult(json.dumps(out))
+        slot = _slot(ctx, data.get("scope"), op, granted)
+        return _HANDLERS[op](slot, data, quota)
+
+    return db_tool_result(run)
 
 
 MEMORY_TOOL = Tool(

@@ -115,6 +115,9 @@ def normalise_agent(name: str, raw: dict[str, Any], strict: bool) -> dict[str, A
     routing_error = validate_agent_routing(name, definition)
     if routing_error:
         raise Refused(routing_error)
+    for key, limit in (("provider", 64), ("model", 256)):  # the run row's column sizes
+        if len(str(definition.get(key) or "")) > limit:
+            raise Refused(f"agent {name!r}: {key} is longer than {limit} characters")
     for key in _INT_FIELDS:
         value = definition.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

@@ -272,3 +272,10 @@ def test_agents_see_only_their_tenant_and_shared_defs(http: httpx.Client, stack:
     wait_status(run["run_id"], RunStatus.COMPLETED)
     listed = json.loads(_tool_result(run["run_id"])["text"])
     assert [v["version"] for v in listed["versions"]] == [1] and listed["versions"][0]["tenant_id"] == ""
+
+
+def test_an_overlong_model_or_provider_is_refused_not_a_500(http: httpx.Client) -> None:
+    cases = (({"provider": "mock", "model": "m" * 257}, "model"), ({"provider": "p" * 65, "model": "m"}, "provider"))
+    for overlay, field in cases:
+        refused = op(http, "agent", {"op": "create", "name": "too-long", "overlay": overlay}, status=422)
+        assert refused["code"] == "tool_refused" and f"{field} is longer than" in refused["error"]

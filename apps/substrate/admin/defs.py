@@ -19,6 +19,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from apps.core.admin import ReadOnlyAdmin
 from apps.core.errors import ApplicationError
 from apps.substrate import services
 from apps.substrate.admin.common import (
@@ -311,7 +312,7 @@ class VersionedDefAdmin(TenantColumn, admin.ModelAdmin):  # type: ignore[type-ar
         return HttpResponseRedirect(change_url(row))
 
 
-class DefPointerAdmin(TenantColumn, admin.ModelAdmin):  # type: ignore[type-arg]
+class DefPointerAdmin(TenantColumn, ReadOnlyAdmin):
     """Read-only: pointers move only through promote and the yaml loader."""
 
     list_display = ("name", "tenant", "active_version", "static_version", "promoted_at", "promoted_by")
@@ -319,15 +320,6 @@ class DefPointerAdmin(TenantColumn, admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ("name", "active_def__id", "static_def__id")
     list_select_related = ("active_def", "static_def")
     ordering = ("tenant_id", "name")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @staticmethod
     def _link(row: VersionedDef | None) -> SafeString | str:

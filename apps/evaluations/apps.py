@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class EvaluationsConfig(AppConfig):
+    name = "apps.evaluations"
+    label = "evaluations"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.evaluations.tools import EVALUATION_TOOL
+        from apps.runs import registry
+
+        registry.register(EVALUATION_TOOL)

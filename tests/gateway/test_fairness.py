@@ -249,7 +249,7 @@ def test_async_gateway_call_slots(cap: Any) -> None:
             inside = held("u1", "acme")
             try:
                 async with fairness.acall_slot("acme", "u1"):
-                    pass
+                    raise AssertionError("a second slot was granted over the cap of 1")
             except fairness.SlotRefused as exc:
                 code = exc.code
         return inside, code, held("u1", "acme")

@@ -319,8 +319,8 @@ class _Conn:
             return
         try:
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed by the reader: nothing left to unblock
+        except OSError as exc:  # the reader closed it first: nothing left to unblock
+            log.debug("cancel: socket already closed (%s)", exc)
 
 
 class _CancelWatcher:

@@ -40,6 +40,7 @@ from apps.gateway.providers import (
     ToolCall,
     ToolSpec,
     get_provider,
+    has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
 from apps.runs import registry, store
@@ -236,7 +237,8 @@ def _switch(
             },
         }
     )
-    if failed.provider != new.provider and get_provider(failed.provider).capabilities.native_prompt_cache:
+    cached = has_provider(failed.provider) and get_provider(failed.provider).capabilities.native_prompt_cache
+    if failed.provider != new.provider and cached:
         write.events.append({"type": "cache_invalidated", "text": f"prompt cache on {failed.provider} left behind"})
     stripped = strip_reasoning(messages)
     if stripped is not messages:
@@ -261,6 +263,8 @@ def strip_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _call_with_retries(
     provider_id: str, request: ProviderRequest, cancel: threading.Event, write: StepWrite, retries: int
 ) -> tuple[str, list[ToolCall], Done]:
+    if not has_provider(provider_id):  # configured where the run was created, not on this worker
+        raise ProviderError(provider_id, 503, "provider is not configured on this worker (check its key/yaml)")
     provider = get_provider(provider_id)
     for attempt in range(1, retries + 2):
         t0 = time.perf_counter()

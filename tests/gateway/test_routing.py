@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from apps.core.errors import ApplicationError
 from apps.gateway.models import UsageEntry
 from apps.gateway.providers.base import ProviderError
 from apps.gateway.resolver import Candidate, Policy, resolve, resolve_route
-from apps.runs.engine import StepWrite, _fallback_target, strip_reasoning
+from apps.runs.engine import StepWrite, _call_model, _fallback_target, strip_reasoning
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.store import ClaimedRun
 from loomcycle_project import env as E
@@ -250,3 +251,22 @@ def test_fallback_decisions(
     assert [e["type"] for e in write.events] == (["fallback_suppressed"] if suppressed else [])
     assert _fallback_target(claimed(), exc, 1, 2, 0, Policy(), write) is None  # no candidate left
     assert _fallback_target(claimed(), exc, 0, 2, 0, Policy(fallback_on_error=False), write) is None
+
+
+def test_a_candidate_not_configured_on_this_worker_falls_back_at_once() -> None:
+    run = claimed(
+        tools=[],
+        routing={
+            "candidates": [{"provider": "gone", "model": "m"}, {"provider": "mock-stable", "model": "mock-generic"}],
+            "policy": Policy().as_dict(),
+        },
+        provider="gone",
+        model="m",
+    )
+    write = StepWrite(status="running", next="requeue")
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    text, calls, done = _call_model(run, messages, threading.Event(), write)
+    assert (text, calls, done.usage.provider) == ("ok", [], "mock-stable")
+    assert [e["type"] for e in write.events] == ["provider_fallback"]  # no same-provider retries for it
+    assert "not configured on this worker" in write.events[0]["fallback"]["cause_error"]
+    assert write.switched == ("mock-stable", "mock-generic", 1, 1)

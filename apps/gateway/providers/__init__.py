@@ -14,7 +14,7 @@ from apps.gateway.providers.base import (
     ToolSpec,
     Usage,
 )
-from apps.gateway.providers.registry import get_provider, provider_ids
+from apps.gateway.providers.registry import get_provider, has_provider, provider_ids
 
 __all__ = [
     "Capabilities",
@@ -30,5 +30,6 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "get_provider",
+    "has_provider",
     "provider_ids",
 ]

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from apps.core.errors import Invalid, PayloadTooLarge, UnsupportedMediaType
+from apps.core.types import Principal
 
 M = TypeVar("M", bound=BaseModel)
 # curl -d sends application/x-www-form-urlencoded; the body is still parsed as
@@ -50,3 +51,9 @@ def parse_body(request: HttpRequest, schema: type[M], *, max_bytes: int, require
 
 def openapi_body(schema: type[BaseModel]) -> dict[str, object]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+
+
+def request_principal(request: HttpRequest) -> Principal:
+    """The principal the bearer auth put on the request (every /v1 route has one)."""
+    principal: Principal = request.auth  # type: ignore[attr-defined]
+    return principal

@@ -14,8 +14,7 @@ from django.http.response import HttpResponseBase
 from ninja import Router
 
 from apps.core.errors import ApplicationError
-from apps.core.http import openapi_body, parse_body
-from apps.core.types import Principal
+from apps.core.http import openapi_body, parse_body, request_principal
 from apps.gateway import compat, native
 from apps.gateway.calls import Call, ChatSpec, caller_user_id, chat_open, chat_reply
 from apps.gateway.embedders import EmbedError, get_embedder
@@ -38,11 +37,6 @@ class EmbedFailed(ApplicationError):
     status, code = 502, "embed_failed"
 
 
-def _who(request: HttpRequest) -> Principal:
-    principal: Principal = request.auth  # type: ignore[attr-defined]
-    return principal
-
-
 def _json(call: Call, body: object) -> HttpResponse:
     return HttpResponse(compat.dumps(body), content_type="application/json", headers={"X-Request-Id": call.request_id})
 
@@ -58,7 +52,7 @@ def _sse(call: Call, chunks: StreamBody) -> StreamingHttpResponse:
     summary="OpenAI Chat Completions (JSON, or chat.completion.chunk SSE with stream:true)",
 )
 async def chat_completions(request: HttpRequest) -> HttpResponseBase:
-    call = Call(principal=_who(request), endpoint=Endpoint.CHAT_COMPLETIONS, user_id="", stream=False)
+    call = Call(principal=request_principal(request), endpoint=Endpoint.CHAT_COMPLETIONS, user_id="", stream=False)
     try:
         data = parse_body(request, ChatCompletionIn, max_bytes=CHAT_MAX_BYTES)
         user_id = caller_user_id(call.principal, data.loomcycle_user_id or data.user)
@@ -83,7 +77,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     summary="loomcycle's native LLM call (JSON, or named SSE events with stream:true)",
 )
 async def llm_chat(request: HttpRequest) -> HttpResponseBase:
-    call = Call(principal=_who(request), endpoint=Endpoint.LLM_CHAT, user_id="", stream=False)
+    call = Call(principal=request_principal(request), endpoint=Endpoint.LLM_CHAT, user_id="", stream=False)
     try:
         data = parse_body(request, LlmChatIn, max_bytes=CHAT_MAX_BYTES)
         call.describe(user_id=caller_user_id(call.principal, data.user_id), stream=data.stream, model=data.model or "")
@@ -107,7 +101,7 @@ async def llm_chat(request: HttpRequest) -> HttpResponseBase:
     summary="OpenAI Embeddings over the configured embedder",
 )
 async def embeddings(request: HttpRequest) -> HttpResponseBase:
-    call = Call(principal=_who(request), endpoint=Endpoint.EMBEDDINGS, user_id="", stream=False)
+    call = Call(principal=request_principal(request), endpoint=Endpoint.EMBEDDINGS, user_id="", stream=False)
     try:
         data = parse_body(request, EmbeddingsIn, max_bytes=EMBEDDINGS_MAX_BYTES)
         call.describe(user_id=caller_user_id(call.principal, data.user), stream=False, model=data.model)

@@ -17,7 +17,7 @@ from ninja import Router
 from pydantic import BaseModel, ConfigDict
 
 from apps.core.errors import Forbidden, Invalid, NotFound
-from apps.core.http import openapi_body, parse_body
+from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.memory import selectors, services
 from apps.memory.models import MemoryEntry, MemoryScope
@@ -152,11 +152,6 @@ def _search(principal: Principal, body: MemorySearchIn) -> dict[str, Any]:
     return {"scope": body.scope, "scope_id": slot.scope_id, **search_out(found)}
 
 
-def _who(request: HttpRequest) -> Principal:
-    principal: Principal = request.auth  # type: ignore[attr-defined]
-    return principal
-
-
 @router.get("/_memory/scopes", operation_id="memory_scopes", summary="Memory scopes")
 async def memory_scopes(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"scopes": list(MemoryScope.values)})
@@ -165,12 +160,12 @@ async def memory_scopes(request: HttpRequest) -> JsonResponse:
 @router.get(_PREFIX, operation_id="memory_keys_list", summary="List live keys (prefix, limit 200 default, max 1000)")
 async def memory_keys_list(request: HttpRequest, scope: str, scope_id: str) -> JsonResponse:
     prefix, limit = request.GET.get("prefix", ""), request.GET.get("limit", "200")
-    return JsonResponse(await _sync(_list)(_who(request), scope, scope_id, prefix, limit))
+    return JsonResponse(await _sync(_list)(request_principal(request), scope, scope_id, prefix, limit))
 
 
 @router.get(_PREFIX + "/{path:key}", operation_id="memory_key_get", summary="One live key; 404 not_found")
 async def memory_key_get(request: HttpRequest, scope: str, scope_id: str, key: str) -> JsonResponse:
-    return JsonResponse(await _sync(_get)(_who(request), scope, scope_id, key))
+    return JsonResponse(await _sync(_get)(request_principal(request), scope, scope_id, key))
 
 
 @router.put(
@@ -182,12 +177,12 @@ async def memory_key_get(request: HttpRequest, scope: str, scope_id: str, key: s
 async def memory_key_put(request: HttpRequest, scope: str, scope_id: str, key: str) -> JsonResponse:
     body = parse_body(request, MemoryPutIn, max_bytes=ADMIN_BODY_BYTES)
     embed_q = request.GET.get("embed", "").lower() in ("1", "true")
-    return JsonResponse(await _sync(_put)(_who(request), scope, scope_id, key, body, embed_q))
+    return JsonResponse(await _sync(_put)(request_principal(request), scope, scope_id, key, body, embed_q))
 
 
 @router.delete(_PREFIX + "/{path:key}", operation_id="memory_key_delete", summary="Delete a key (always 204)")
 async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key: str) -> HttpResponse:
-    await _sync(_delete)(_who(request), scope, scope_id, key)
+    await _sync(_delete)(request_principal(request), scope, scope_id, key)
     return HttpResponse(status=204)
 
 
@@ -199,4 +194,4 @@ async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key
 )
 async def memory_search(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, MemorySearchIn, max_bytes=ADMIN_BODY_BYTES)
-    return JsonResponse(await _sync(_search)(_who(request), body))
+    return JsonResponse(await _sync(_search)(request_principal(request), body))

@@ -15,7 +15,7 @@ from django.http.response import HttpResponseBase
 from ninja import Router
 
 from apps.core.errors import Invalid
-from apps.core.http import openapi_body, parse_body
+from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.runs import selectors, services
@@ -34,11 +34,6 @@ _AWAITED = {
     RunStatus.PAUSED: "paused",
 }
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def _who(request: HttpRequest) -> Principal:
-    principal: Principal = request.auth  # type: ignore[attr-defined]
-    return principal
 
 
 def _check_ident(value: str, what: str) -> None:
@@ -106,7 +101,7 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
 )
 async def runs_create(request: HttpRequest) -> HttpResponseBase:
     data = parse_body(request, RunCreateIn, max_bytes=settings.LOOMCYCLE.max_request_bytes)
-    principal: Principal = _who(request)
+    principal: Principal = request_principal(request)
     run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
     if data.background:
         body = {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
@@ -154,26 +149,28 @@ def _cancel(principal: Principal, agent_id: str, reason: str) -> dict[str, Any]:
         connection.close()
 
 
+def _visible_run(request: HttpRequest, *, agent_id: str | None = None, run_id: str | None = None) -> Run:
+    """The run by id, as the caller may see it (its tenant; an isolated member's own runs only)."""
+    who = request_principal(request)
+    return selectors.run_get(tenant_id=who.read_tenant, agent_id=agent_id, run_id=run_id, owner=who.read_user)
+
+
 @router.get("/agents/{agent_id}", summary="Run status by the caller's agent_id")
 def agents_get(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     _check_ident(agent_id, "agent_id")
-    return agent_out(
-        selectors.run_get(tenant_id=_who(request).read_tenant, agent_id=agent_id, owner=_who(request).read_user)
-    )
+    return agent_out(_visible_run(request, agent_id=agent_id))
 
 
 @router.get("/runs/{run_id}", summary="Run status by run_id")
 def runs_get(request: HttpRequest, run_id: str) -> dict[str, Any]:
     _check_ident(run_id, "run_id")
-    return agent_out(
-        selectors.run_get(tenant_id=_who(request).read_tenant, run_id=run_id, owner=_who(request).read_user)
-    )
+    return agent_out(_visible_run(request, run_id=run_id))
 
 
 @router.get("/users/{user_id}/agents", summary="A user's runs (?status=running|all|<list>)")
 def users_agents(request: HttpRequest, user_id: str, status: str = "running") -> dict[str, Any]:
     _check_ident(user_id, "user_id")
-    who = _who(request)
+    who = request_principal(request)
     if who.read_user is not None and who.read_user != user_id:
         return {"agents": []}  # an isolated member sees only its own user (SPEC 8)
     runs = selectors.runs_for_user(tenant_id=who.read_tenant, user_id=user_id, status=status)
@@ -185,7 +182,7 @@ def runs_events(request: HttpRequest, run_id: str, from_seq: int = 0, limit: int
     _check_ident(run_id, "run_id")
     if from_seq < 0 or not 1 <= limit <= 5000:
         raise Invalid("from_seq must be >= 0 and limit between 1 and 5000", code="invalid_limit")
-    run = selectors.run_get(tenant_id=_who(request).read_tenant, run_id=run_id, owner=_who(request).read_user)
+    run = _visible_run(request, run_id=run_id)
     rows = selectors.run_events_since(run_id=run.id, from_seq=from_seq, limit=limit)
     events = [{**r, "created_at": _ts(r["created_at"])} for r in rows]
     status = agent_out(run)["status"]
@@ -202,7 +199,7 @@ def _resume_from(request: HttpRequest, from_seq: int | None) -> int:
 @router.get("/runs/{run_id}/stream", summary="SSE: replay from Postgres, then live tail")
 async def runs_stream(request: HttpRequest, run_id: str, from_seq: int | None = None) -> HttpResponseBase:
     _check_ident(run_id, "run_id")
-    principal: Principal = _who(request)
+    principal: Principal = request_principal(request)
     run = await sync_to_async(_get_run, thread_sensitive=False)(principal, run_id)
     start = _resume_from(request, from_seq)
     if start < 0:
@@ -229,7 +226,7 @@ def _get_run(principal: Principal, run_id: str) -> Run:
 def agents_cancel(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     _check_ident(agent_id, "agent_id")
     data = parse_body(request, CancelIn, max_bytes=1024 * 1024, required=False)
-    return services.run_cancel(principal=_who(request), agent_id=agent_id, reason=data.reason)
+    return services.run_cancel(principal=request_principal(request), agent_id=agent_id, reason=data.reason)
 
 
 @router.post(
@@ -240,7 +237,7 @@ def agents_cancel(request: HttpRequest, agent_id: str) -> dict[str, Any]:
 def runs_input(request: HttpRequest, run_id: str) -> dict[str, Any]:
     _check_ident(run_id, "run_id")
     data = parse_body(request, InputIn, max_bytes=1024 * 1024 + 1024)
-    return services.run_input(principal=_who(request), run_id=run_id, text=data.text)
+    return services.run_input(principal=request_principal(request), run_id=run_id, text=data.text)
 
 
 @router.post("/_pause", openapi_extra=openapi_body(PauseIn), summary="Park every run at its next boundary")

@@ -18,7 +18,7 @@ from ninja import Router
 from pydantic import BaseModel, ConfigDict
 
 from apps.core.errors import ApplicationError
-from apps.core.http import openapi_body, parse_body
+from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.substrate import selectors, services
 from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound
@@ -76,12 +76,12 @@ def _names(kind: Kind, principal: Principal) -> list[dict[str, Any]]:
 def _add_routes(kind: Kind) -> None:
     async def op_dispatch(request: HttpRequest) -> JsonResponse:
         data = parse_body(request, DefOpIn, max_bytes=ADMIN_BODY_BYTES).model_dump(exclude_unset=True)
-        principal: Principal = request.auth  # type: ignore[attr-defined]
+        principal = request_principal(request)
         out = await sync_to_async(run_op, thread_sensitive=False)(kind, principal, data)
         return JsonResponse(out)
 
     async def names(request: HttpRequest) -> JsonResponse:
-        principal: Principal = request.auth  # type: ignore[attr-defined]
+        principal = request_principal(request)
         return JsonResponse({"names": await sync_to_async(_names, thread_sensitive=False)(kind, principal)})
 
     router.add_api_operation(

@@ -16,7 +16,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router
 from pydantic import BaseModel, ConfigDict
 
-from apps.core.http import openapi_body, parse_body
+from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.substrate import tokens
 from apps.substrate.api import ADMIN_BODY_BYTES, ToolError
@@ -57,7 +57,7 @@ class MeOut(BaseModel):
 
 @router.get("/_me", summary="The calling principal (tenant, subject, scopes)", response=MeOut, exclude_none=True)
 def me(request: HttpRequest) -> dict[str, Any]:
-    principal: Principal = request.auth  # type: ignore[attr-defined]
+    principal = request_principal(request)
     out: dict[str, Any] = {
         "tenant_id": principal.tenant_id,
         "subject": principal.subject,
@@ -103,6 +103,6 @@ async def operator_token_names(request: HttpRequest) -> JsonResponse:
 )
 async def operator_token_op(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, OperatorTokenOpIn, max_bytes=ADMIN_BODY_BYTES).model_dump(exclude_unset=True)
-    principal: Principal = request.auth  # type: ignore[attr-defined]
+    principal = request_principal(request)
     out = await sync_to_async(_run_op, thread_sensitive=False)(principal, data)
     return JsonResponse(out)

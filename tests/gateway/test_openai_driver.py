@@ -29,7 +29,7 @@ from apps.gateway.providers.base import (
 )
 from apps.gateway.providers.http import HttpProvider, ProviderConfig
 from apps.gateway.providers.openai import OpenAIProtocol
-from tests.gateway.wire import STALL, Collect, Wire, drain, play, serve
+from tests.gateway.wire import STALL, Collect, Wire, cancel_after, drain, play, serve
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openai"
 WEATHER = ToolSpec(
@@ -514,19 +514,11 @@ def test_a_stalling_server_times_out_as_a_transport_error(
 # --- cancellation -----------------------------------------------------------
 
 
-def _cancel_after(seconds: float) -> threading.Event:
-    cancel = threading.Event()
-    timer = threading.Timer(seconds, cancel.set)
-    timer.daemon = True
-    timer.start()
-    return cancel
-
-
 def test_cancel_while_stalled_before_the_first_byte_raises_within_a_second(
     wire: Wire, make_provider: Callable[..., HttpProvider]
 ) -> None:
     wire.reply(stall_before_headers=True)
-    cancel = _cancel_after(0.2)
+    cancel = cancel_after(0.2)
     started = time.monotonic()
     with pytest.raises(ProviderCancelled):
         list(make_provider(read_timeout_s=3.0).stream(request(), cancel))

@@ -123,3 +123,12 @@ Collect = Callable[[HttpProvider, ProviderRequest], list[ProviderEvent]]
 @pytest.fixture(params=["stream", "astream"])
 def collect(request: pytest.FixtureRequest) -> Collect:
     return play if request.param == "stream" else aplay
+
+
+def cancel_after(seconds: float) -> threading.Event:
+    """A cancel Event that a daemon timer sets after `seconds`."""
+    cancel = threading.Event()
+    timer = threading.Timer(seconds, cancel.set)
+    timer.daemon = True
+    timer.start()
+    return cancel

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from django.db import connection
+from django.db.models import Q
 
 from apps.core.bootstrap import load_yaml_config
 from apps.core.types import Principal
@@ -114,8 +115,20 @@ def web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def agents(transactional_db: None) -> None:
+def agents(transactional_db: None) -> Iterator[None]:
     load_yaml_config()
+    yield
+    _quiesce()
+
+
+def _quiesce(timeout: float = 10.0) -> None:
+    """Before the flush that ends a transactional test: wait (bounded) until no
+    run is queued or inside an iteration, so no worker's step commit races the
+    flush's TRUNCATE into a deadlock. Parked and finished runs hold no lock."""
+    deadline = time.monotonic() + timeout
+    busy = Run.objects.filter(Q(status="queued") | Q(status="running", lease_until__isnull=False))
+    while busy.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.fixture

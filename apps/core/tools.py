@@ -29,10 +29,30 @@ class SpawnRequest:
 
 
 @dataclass(frozen=True)
+class Park:
+    """A tool asks the engine to park the run until something answers this call
+    (a Channel subscribe/await with nothing to read yet). No worker waits:
+
+    - `record(run_id, step, call_id)` runs inside the step-commit transaction,
+      so the wait exists iff the parked step commits;
+    - `after_commit(run_id, call_id)` runs once that commit is visible, and
+      answers the call at once if what it waits for arrived in between (a
+      publisher that committed first could not have seen the wait);
+    - whoever answers later does it through `apps.runs.wake.run_answer`.
+    """
+
+    status: str  # the run's status while parked, e.g. "waiting_channel"
+    record: Callable[[str, int, str], None]
+    after_commit: Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
 class ToolResult:
     text: str
     is_error: bool = False
     spawn: SpawnRequest | None = None
+    park: Park | None = None
+    events: tuple[dict[str, Any], ...] = ()  # extra run events, emitted before the tool_result
 
 
 @dataclass(frozen=True)

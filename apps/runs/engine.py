@@ -11,6 +11,10 @@ Invariants:
 - Doorbells and stream notifications go out only after that commit.
 Commits per iteration: the claim, the tool-call start records (only when the
 model called tools) and the step commit.
+
+A tool may park its call (`ToolResult.park`): the step commits with the run
+parked and the wait recorded in the same transaction; whoever answers the
+call later resumes the run through `apps.runs.wake.run_answer`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from apps.core.errors import ApplicationError
-from apps.core.tools import ToolContext, ToolResult
+from apps.core.tools import Park, ToolContext, ToolResult
 from apps.gateway import fairness
 from apps.gateway.pricing import cost_usd
 from apps.gateway.providers import (
@@ -75,6 +79,7 @@ class StepWrite:
     advance: bool = True  # False for a pause park: no provider call was made
     provider_s: float = 0.0  # time inside the provider call(s), for timing samples
     spawns: list[Spawn] = field(default_factory=list)  # sub-agents to start with this commit
+    parks: list[tuple[str, Park]] = field(default_factory=list)  # (call_id, park): calls answered later
     child_ids: list[str] = field(default_factory=list)
     switched: tuple[str, str, int, int] | None = None  # (provider, model, candidate_idx, fallbacks)
 
@@ -378,9 +383,12 @@ def _run_tools(
     outcomes = _prepare_spawns(run, run_calls(base, calls), write)
     if cancel.is_set():
         return cancelled_write(_cancel_reason(run))
+    write.parks = [(o.call.id, o.result.park) for o in outcomes if o.result.park is not None]
+    outcomes = [o for o in outcomes if o.result.park is None]
     by_id = {o.call.id: o.result for o in outcomes}
     for o in outcomes:  # events in completion order
         block = {"id": o.call.id, "name": o.call.name, "input": o.call.input}
+        write.events.extend(o.result.events)
         write.events.append(
             {"type": "tool_result", "tool_use": block, "text": o.result.text, "is_error": o.result.is_error}
         )
@@ -395,6 +403,9 @@ def _run_tools(
         )
     if write.spawns:  # park until the last child reports back
         write.status, write.next = RunStatus.WAITING_CHILDREN, "park"
+        return write
+    if write.parks:  # park until every parked call is answered
+        write.status, write.next = write.parks[0][1].status, "park"
         return write
     if run.step + 1 >= run.max_iterations:
         return _finish(write, "max_iterations")
@@ -479,18 +490,21 @@ def _commit(run: ClaimedRun, write: StepWrite) -> bool:
         error=write.error,
         usage=write.usage,
         rows=rows,
-        pending_children=len(write.spawns),
+        pending_calls=len(write.spawns) + len(write.parks),
         switched=write.switched,
     )
     try:
-        if not write.spawns:
+        if not write.spawns and not write.parks:
             return commit()
-        with transaction.atomic():  # the children exist iff the parent's fenced step commits
+        with transaction.atomic():  # children and waits exist iff the parent's fenced step commits
             if not commit():
                 return False
-            write.child_ids = children_insert(
-                parent_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, spawns=write.spawns
-            )
+            if write.spawns:
+                write.child_ids = children_insert(
+                    parent_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, spawns=write.spawns
+                )
+            for call_id, park in write.parks:
+                park.record(run.id, run.step, call_id)
             return True
     finally:
         connection.close()
@@ -502,6 +516,13 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     if write.next == "requeue":
         enqueue_iteration(run.id, run.step + 1)
     children_enqueue(write.child_ids)
+    for call_id, park in write.parks:
+        try:
+            park.after_commit(run.id, call_id)
+        except Exception:  # the wait row is committed: the beat sweep answers it
+            log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
+        finally:
+            connection.close()
     if write.next == "finish" and run.parent_id:
         run_child_finished(child_id=run.id)
     elif write.next == "finish":  # sub-agents hold no fairness slot: they share their parent's

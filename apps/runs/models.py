@@ -54,7 +54,7 @@ class Run(models.Model):
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     parent_call_id = models.CharField(max_length=128, blank=True, default="")  # the parent's Agent tool call
     depth = models.PositiveSmallIntegerField(default=0)  # 0 = top-level run
-    pending_children = models.PositiveIntegerField(default=0)  # spawned children not yet reported back
+    pending_calls = models.PositiveIntegerField(default=0)  # parked tool calls not yet answered (children, waits)
     reported_to_parent = models.BooleanField(default=False)  # this child's result reached its parent
 
     status = models.CharField(max_length=24, choices=RunStatus.choices, default=RunStatus.QUEUED)

@@ -100,7 +100,7 @@ r AS (
   UPDATE runs_run SET
     status = %(status)s, attempts = 0, lease_owner = '', lease_until = NULL,
     step = %(new_step)s, last_seq = %(last_seq)s, transcript_len = %(transcript_len)s,
-    pending_inputs = pending_inputs - %(consumed)s, pending_children = %(pending_children)s,
+    pending_inputs = pending_inputs - %(consumed)s, pending_calls = %(pending_calls)s,
     usage = COALESCE(%(usage)s::jsonb, usage),
     provider = COALESCE(%(provider)s, provider), model = COALESCE(%(model)s, model),
     candidate_idx = COALESCE(%(candidate_idx)s, candidate_idx), fallbacks = COALESCE(%(fallbacks)s, fallbacks),
@@ -235,7 +235,7 @@ def commit_step(
     error: str,
     usage: dict[str, Any] | None,
     rows: StepRows,
-    pending_children: int = 0,
+    pending_calls: int = 0,
     switched: tuple[str, str, int, int] | None = None,
 ) -> bool:
     """The fenced step commit; False when the fence was lost (nothing written).
@@ -265,7 +265,7 @@ def commit_step(
         "seq_base": run.last_seq,
         "tenant_id": run.tenant_id,
         "user_id": run.user_id,
-        "pending_children": pending_children,
+        "pending_calls": pending_calls,
         "rows": json.dumps(packed),
         "provider": switched[0] if switched else None,
         "model": switched[1] if switched else None,

@@ -7,8 +7,9 @@ Invariants:
   orphan children). Children are enqueued after the commit.
 - A child reports to its parent exactly once: a conditional UPDATE flips
   `reported_to_parent` on the child, in the transaction that appends the
-  `tool_result` to the parent. The last report flips the parent
-  `waiting_children -> running` and rings its doorbell on commit.
+  `tool_result` to the parent (`apps.runs.wake.run_answer`). The last
+  pending answer flips the parent back to `running` and rings its doorbell
+  on commit.
 - A report lost to a crash is made by the sweeper (`children_report_sweep`).
 """
 
@@ -20,16 +21,16 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
 from apps.core.tools import SpawnRequest, Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
-from apps.runs.dispatch import enqueue_iteration, notify_events
-from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus, ToolCallRecord, ToolCallStatus, TranscriptEntry
+from apps.runs.dispatch import enqueue_iteration
+from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
+from apps.runs.wake import run_answer
 
 log = logging.getLogger("loomcycle.subruns")
 
@@ -129,49 +130,11 @@ def run_child_finished(*, child_id: str) -> bool:
         if not claimed:
             return False
         child = Run.objects.get(id=child_id)
-        parent = Run.objects.select_for_update().get(id=child.parent_id)  # serialise sibling reports
-        if parent.status in TERMINAL:
-            return True
         text, is_error = _child_result(child)
-        _append_result(parent, child.parent_call_id, text, is_error)
-    return True
-
-
-def _append_result(parent: Run, call_id: str, text: str, is_error: bool) -> None:
-    record = ToolCallRecord.objects.filter(run_id=parent.id, call_id=call_id).order_by("-step").first()
-    step = record.step if record else max(parent.step - 1, 0)
-    tool_use = {"id": call_id, "name": "Agent", "input": record.input if record else {}}
-    seq = parent.last_seq + 1
-    TranscriptEntry.objects.create(
-        run_id=parent.id,
-        idx=parent.transcript_len,
-        step=step,
-        role="user",
-        content=[{"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}],
-    )
-    RunEvent.objects.create(
-        run_id=parent.id,
-        seq=seq,
-        step=step,
-        type="tool_result",
-        payload={"type": "tool_result", "tool_use": tool_use, "text": text, "is_error": is_error},
-    )
-    if record:
-        ToolCallRecord.objects.filter(id=record.id).update(
-            status=ToolCallStatus.FINISHED, is_error=is_error, finished_at=timezone.now()
+        run_answer(
+            run_id=str(child.parent_id), call_id=child.parent_call_id, tool_name="Agent", text=text, is_error=is_error
         )
-    Run.objects.filter(id=parent.id).update(
-        last_seq=seq,
-        transcript_len=F("transcript_len") + 1,
-        pending_children=F("pending_children") - 1,
-        updated_at=timezone.now(),
-    )
-    transaction.on_commit(lambda: notify_events(parent.id, seq))
-    # Conditional wake: exactly the last report flips the parent back to running.
-    if Run.objects.filter(id=parent.id, status=RunStatus.WAITING_CHILDREN, pending_children=0).update(
-        status=RunStatus.RUNNING, updated_at=timezone.now()
-    ):
-        transaction.on_commit(lambda: enqueue_iteration(parent.id, parent.step))
+    return True
 
 
 def children_report_sweep(*, settle_seconds: float = 2.0) -> int:

@@ -37,7 +37,7 @@ def test_spawned_child_runs_and_wakes_its_parent_with_the_result(stack: WorkerPo
     ]
     [result] = tool_results(parent.id)
     assert result["text"] == f"[sub-agent agent_id={child.agent_id}]\nok" and result["is_error"] is False
-    assert done.pending_children == 0 and done.step == 2
+    assert done.pending_calls == 0 and done.step == 2
     assert ToolCallRecord.objects.get(run_id=parent.id).status == "finished"
     assert_consecutive(parent.id)
     assert run_child_finished(child_id=child.id) is False  # reported exactly once
@@ -47,7 +47,7 @@ def test_parent_waits_as_a_row_while_its_child_runs(stack: WorkerPool) -> None:
     parent = start("slow-spawner")
     child = wait_for(lambda: Run.objects.filter(parent_id=parent.id).first())
     waiting = wait_status(parent.id, RunStatus.WAITING_CHILDREN)
-    assert waiting.lease_owner == "" and waiting.pending_children == 1
+    assert waiting.lease_owner == "" and waiting.pending_calls == 1
     t0 = time.monotonic()
     services.run_cancel(principal=ALICE, agent_id=parent.agent_id)
     wait_for(lambda: run_row(child.id).status == RunStatus.CANCELLED, timeout=5, interval=0.01)

@@ -13,6 +13,22 @@ The model string may carry options as a query string, e.g.
   times (default 1), then answers "done" (for `tool=Agent`, `child` names the
   agent it spawns, default `echo`; `input` is the tool input as URL-encoded
   JSON, for any tool);
+- the circuit roles (loomcycle's load-test harness; the circuit id is the
+  first `cN` word in the user text, default `c0`; each step narrates, makes
+  one tool call, and after the last step answers "done"):
+  - `mock-researcher`: Memory set `<cid>-research`, Channel publish
+    `research-done/<cid>`;
+  - `mock-editor`: Channel subscribe `research-done/<cid>`, Memory get
+    `<cid>-research`, Memory set `<cid>-research-edited`, Context self,
+    Channel publish `editing-done/<cid>` with `editor_run_id` (the newest
+    tool result's `run_id`, else `mock-editor-<cid>`);
+  - `mock-evaluator`: Channel subscribe `editing-done/<cid>`, Memory get the
+    research and the edited version, Memory set `<cid>-research-scored`,
+    Evaluation submit for the editor's run (`editor_run_id` from the
+    subscribe result, "" if none) with score
+    0.50 + (fnv1a32(editor_run_id + cid) % 50) / 100 (0.85 for an empty seed);
+- `mock-mem-search`: one Memory search (scope user, top_k 10, dedup drop at
+  0.9), then "done";
 - `mock-generic` and anything unknown: text "ok", end_turn;
 - `mock-crash` (only with LOOMCYCLE_MOCK_ALLOW_CRASH=1): SIGKILLs its own
   process mid-call, to test crash recovery.
@@ -24,6 +40,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -101,7 +118,7 @@ class MockProvider(Provider):
         if text:
             yield TextDelta(text)
         yield from calls
-        out_tokens = len(text) // 4 + sum(len(json.dumps(c.input)) // 4 for c in calls)
+        out_tokens = len(text) // 4 + sum(len(_compact_json(c.input)) // 4 for c in calls)
         usage = Usage(
             input_tokens=max(1, chars // 4),
             output_tokens=out_tokens,
@@ -137,6 +154,12 @@ class MockProvider(Provider):
             if tool and step < calls:
                 return "", [ToolCall(new_mock_tool_id(), tool, _tool_input(tool, step, opts))]
             return "done", []
+        if variant in CIRCUIT_SCRIPTS:
+            return _circuit_step(variant, request, step)
+        if variant == "mock-mem-search":
+            if step == 0:
+                return "searching memory", [ToolCall(new_mock_tool_id(), "Memory", dict(MEM_SEARCH_INPUT))]
+            return "done", []
         return "ok", []
 
 
@@ -154,3 +177,178 @@ def _tool_input(tool: str, step: int, opts: dict[str, str]) -> dict[str, Any]:
     if tool == "Agent":
         return {"op": "spawn", "name": opts.get("child", "echo"), "prompt": f"sub-task {step}"}
     return {"call": step}
+
+
+def _compact_json(value: Any) -> str:
+    """The tool input as Go's json.Marshal writes a map: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+# --- circuit roles (loomcycle internal/providers/mock/driver.go) -------------
+
+MEM_SEARCH_QUERY = "research summary"
+MEM_SEARCH_INPUT: dict[str, Any] = {
+    "dedup": {"enabled": True, "mode": "drop", "threshold": 0.9},
+    "op": "search",
+    "query": MEM_SEARCH_QUERY,
+    "scope": "user",
+    "top_k": 10,
+}
+SUBSCRIBE_WAIT_MS = 120_000
+_CIRCUIT_ID = re.compile(r"\bc\d+\b", re.ASCII)
+_FNV32_OFFSET = 0x811C9DC5
+_FNV32_PRIME = 0x01000193
+
+
+def fnv1a32(data: bytes) -> int:
+    h = _FNV32_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV32_PRIME) & 0xFFFFFFFF
+    return h
+
+
+def derive_score(seed: str) -> float:
+    """0.50 + bucket/100 with the float artifacts Go's float64 math leaves
+    (bucket 7 -> 0.5700000000000001); 0.85 only for an empty seed."""
+    if not seed:
+        return 0.85
+    return 0.50 + (fnv1a32(seed.encode()) % 50) / 100.0
+
+
+def circuit_id(request: ProviderRequest) -> str:
+    """The first `cN` word in the user messages' text blocks, in order; `c0`."""
+    for message in request.messages:
+        if message["role"] != "user":
+            continue
+        for block in message["content"]:
+            if block.get("type") == "text":
+                found = _CIRCUIT_ID.search(str(block.get("text", "")))
+                if found:
+                    return found.group(0)
+    return "c0"
+
+
+def _result_text(content: Any) -> str:
+    """tool_result content: a string (our transcript) or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+def _nonempty(value: Any) -> str:
+    return value if isinstance(value, str) and value else ""
+
+
+def _as_object(value: Any) -> dict[str, Any] | None:
+    """An object, or a JSON-encoded string holding one."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
+def scan_json_for_key(text: str, key: str) -> str:
+    """A non-empty string `key` in a tool result: top level, then each of
+    `messages[]` (the message itself, then its `value`, object or JSON
+    string), then a raw `"key": "..."` regex over the text; "" if none."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        if found := _nonempty(doc.get(key)):
+            return found
+        messages = doc.get("messages")
+        for msg in messages if isinstance(messages, list) else []:
+            if not isinstance(msg, dict):
+                continue
+            if found := _nonempty(msg.get(key)):
+                return found
+            value = _as_object(msg.get("value"))
+            if value is not None and (found := _nonempty(value.get(key))):
+                return found
+    raw = re.search(r'"' + re.escape(key) + r'"\s*:\s*"([^"]+)"', text)
+    return raw.group(1) if raw else ""
+
+
+def newest_result_value(request: ProviderRequest, key: str) -> str:
+    """`scan_json_for_key` over the user tool_result blocks, newest first."""
+    for message in reversed(request.messages):
+        if message["role"] != "user":
+            continue
+        for block in reversed(message["content"]):
+            if block.get("type") == "tool_result":
+                if found := scan_json_for_key(_result_text(block.get("content")), key):
+                    return found
+    return ""
+
+
+def _memory_set(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {"key": key, "op": "set", "scope": "user", "value": value}
+
+
+def _memory_get(key: str) -> dict[str, Any]:
+    return {"key": key, "op": "get", "scope": "user"}
+
+
+def _subscribe(channel: str) -> dict[str, Any]:
+    return {"channel": channel, "max_messages": 1, "op": "subscribe", "wait_ms": SUBSCRIBE_WAIT_MS}
+
+
+def _publish(channel: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {"channel": channel, "op": "publish", "value": value}
+
+
+def _researcher(cid: str, request: ProviderRequest) -> list[tuple[str, str, dict[str, Any]]]:
+    text = f"Mock research for {cid}: a brief factual answer."
+    return [
+        ("storing research", "Memory", _memory_set(f"{cid}-research", {"text": text})),
+        ("publishing done signal", "Channel", _publish(f"research-done/{cid}", {"circuit_id": cid})),
+    ]
+
+
+def _editor(cid: str, request: ProviderRequest) -> list[tuple[str, str, dict[str, Any]]]:
+    run_id = newest_result_value(request, "run_id") or f"mock-editor-{cid}"
+    edited = {"text": f"Mock edit {cid}: tightened."}
+    done = {"circuit_id": cid, "editor_run_id": run_id}
+    return [
+        ("subscribing to research-done", "Channel", _subscribe(f"research-done/{cid}")),
+        ("reading research", "Memory", _memory_get(f"{cid}-research")),
+        ("storing edited version", "Memory", _memory_set(f"{cid}-research-edited", edited)),
+        ("fetching self identity", "Context", {"op": "self"}),
+        ("publishing editing-done", "Channel", _publish(f"editing-done/{cid}", done)),
+    ]
+
+
+def _evaluator(cid: str, request: ProviderRequest) -> list[tuple[str, str, dict[str, Any]]]:
+    editor_run_id = newest_result_value(request, "editor_run_id")
+    score = derive_score(editor_run_id + cid)
+    submit = {"op": "submit", "rationale": "ok", "run_id": editor_run_id, "score": score}
+    return [
+        ("subscribing to editing-done", "Channel", _subscribe(f"editing-done/{cid}")),
+        ("reading research", "Memory", _memory_get(f"{cid}-research")),
+        ("reading edited version", "Memory", _memory_get(f"{cid}-research-edited")),
+        ("storing score", "Memory", _memory_set(f"{cid}-research-scored", {"rationale": "ok", "score": score})),
+        ("submitting evaluation", "Evaluation", submit),
+    ]
+
+
+# Each role's script: (narration, tool, input) per step. Built whole per call
+# (cheap) so a step's input can depend on earlier tool results.
+CIRCUIT_SCRIPTS = {
+    "mock-researcher": _researcher,
+    "mock-editor": _editor,
+    "mock-evaluator": _evaluator,
+}
+
+
+def _circuit_step(variant: str, request: ProviderRequest, step: int) -> tuple[str, list[ToolCall]]:
+    script = CIRCUIT_SCRIPTS[variant](circuit_id(request), request)
+    if step >= len(script):
+        return "done", []
+    text, tool, tool_input = script[step]
+    return text, [ToolCall(new_mock_tool_id(), tool, tool_input)]

@@ -139,6 +139,13 @@ MEMORY_EMBED_BATCH_SIZE: int = env.int("LOOMCYCLE_MEMORY_EMBED_BATCH_SIZE", defa
 MEMORY_MAX_VALUE_BYTES: int = env.int("LOOMCYCLE_MEMORY_MAX_VALUE_BYTES", default=65_536)
 MEMORY_MAX_SCOPE_BYTES: int = env.int("LOOMCYCLE_MEMORY_MAX_SCOPE_BYTES", default=1_048_576)
 MEMORY_SWEEP_MS: int = env.int("LOOMCYCLE_MEMORY_SWEEP_MS", default=900_000)
+# Channels (SPEC 6.3, 9.4): one payload's JSON bytes (0: no cap); the longest wait a subscribe/await
+# may ask for (a longer wait_ms is cut to it; 0 disables waiting); how often beat deletes expired
+# messages; how often beat answers parked waits whose deadline (or deferred message) is due.
+CHANNELS_MAX_VALUE_BYTES: int = env.int("LOOMCYCLE_CHANNELS_MAX_VALUE_BYTES", default=65_536)
+CHANNELS_LONGPOLL_CAP_MS: int = env.int("LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS", default=30_000)
+CHANNELS_SWEEP_MS: int = env.int("LOOMCYCLE_CHANNELS_SWEEP_MS", default=900_000)
+CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=1000)
 # Evaluation caps (SPEC 6.6): UTF-8 bytes of one evaluation's judgement and rationale.
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)

@@ -19,6 +19,7 @@ _TEST_ENV = {
     "LOOMCYCLE_SWEEP_SECONDS": "1",
     "LOOMCYCLE_REQUEUE_GRACE_SECONDS": "10",
     "LOOMCYCLE_FLOWER_ENABLED": "0",
+    "LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS": "120000",  # as loomcycle's circuit load test runs it
     # Every request checks the auth epoch: a test's token writes (and the
     # teardown bump after its flush) reach the web process at once.
     "LOOMCYCLE_AUTH_EPOCH_CHECK_MS": "0",
@@ -29,7 +30,8 @@ for _key, _value in _TEST_ENV.items():
 _base = Path(__file__).resolve().parent.parent
 _data = Path(os.environ.get("LOOMCYCLE_DATA_DIR", str(_base / ".loomcycle"))) / "test"
 os.environ["LOOMCYCLE_DATA_DIR"] = str(_data)
-os.environ.setdefault("LOOMCYCLE_CONFIG_FILES", f"{_base / 'loomcycle.yaml'},{_base / 'tests' / 'loomcycle.test.yaml'}")
+_configs = [_base / "loomcycle.yaml", _base / "bench" / "circuit.yaml", _base / "tests" / "loomcycle.test.yaml"]
+os.environ.setdefault("LOOMCYCLE_CONFIG_FILES", ",".join(str(p) for p in _configs))
 _SERVICES: EmbeddedServices = ensure_services(_data)
 
 

@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "apps.runs",
     "apps.memory",
     "apps.evaluations",
+    "apps.channels",
 ]
 
 # The browser middleware serves the admin; API paths (/v1/, /healthz) skip it

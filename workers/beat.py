@@ -29,6 +29,16 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "schedule": E.MEMORY_SWEEP_MS / 1000.0,
             "options": {"expires": max(E.MEMORY_SWEEP_MS / 1000.0, 1.0)},
         },
+        "channels-wake-due": {
+            "task": "channels.wake_due",
+            "schedule": E.CHANNELS_WAKE_TICK_MS / 1000.0,
+            "options": {"expires": max(E.CHANNELS_WAKE_TICK_MS / 1000.0, 1.0)},
+        },
+        "channels-expired-sweep": {
+            "task": "maintenance.channels_expired_sweep",
+            "schedule": E.CHANNELS_SWEEP_MS / 1000.0,
+            "options": {"expires": max(E.CHANNELS_SWEEP_MS / 1000.0, 1.0)},
+        },
         "gateway-audit-prune": {
             "task": "maintenance.gateway_audit_prune",
             "schedule": 3600.0,

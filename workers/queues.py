@@ -6,4 +6,5 @@ MAINTENANCE = "maintenance"
 TASK_ROUTES = {
     "runs.*": {"queue": RUNS},
     "maintenance.*": {"queue": MAINTENANCE},
+    "channels.*": {"queue": MAINTENANCE},  # wake-ups of parked waits: small, frequent, never behind iterations
 }

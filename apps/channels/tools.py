@@ -1,0 +1,285 @@
+"""`Channel`: persistent inter-agent channels (SPEC 6.3), a thin adapter over
+the channel services.
+
+- A channel must be declared (yaml `channels:` or `POST /v1/_channels`), and
+  the agent definition's `channels.publish` / `channels.subscribe` allowlists
+  must name it: an exact name, or `prefix/*` for the names under `prefix/`
+  (not `prefix` itself). Default-deny. `_system/*` and `publisher: system`
+  channels refuse agent publishes.
+- The stream follows the channel's declared scope: agent -> this agent's
+  name, user -> this run's user_id, global/tenant -> one stream per tenant.
+- A `subscribe` or `await` with `wait_ms` that finds nothing PARKS the run
+  (`waiting_channel`, no worker held): a publish or the deadline answers it
+  (apps.channels.waits). `wait_ms` is cut to LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS.
+- Results are compact JSON with sorted keys; refusals are `is_error` texts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import close_old_connections, connection
+
+from apps.channels import services
+from apps.channels.services import Read, Stream
+from apps.channels.waits import WaitRequest, park
+from apps.core.errors import ApplicationError
+from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
+from apps.substrate.models import AgentDef, ChannelDef
+from loomcycle_project import env as E
+
+OPS = ("publish", "subscribe", "ack", "peek", "list_channels", "await", "broadcast")
+FIELDS = frozenset(
+    {"op", "channel", "channels", "mode", "n", "value", "ttl", "deliver_at", "from_cursor", "max_messages", "wait_ms"}
+    | {"cursor"}
+)
+PUBLISH, SUBSCRIBE = "publish", "subscribe"
+
+
+class Refusal(ToolRefusal):
+    """A bad call: the message goes back to the model as an is_error result."""
+
+
+def channel_allowed(patterns: list[str], name: str) -> bool:
+    """Exact name, or `p/*` matching names under `p/` (never `p` itself; a bare `*` is literal)."""
+    name = name.strip()
+    if ".." in name or "//" in name:
+        return False
+    for pattern in patterns:
+        if pattern == name:
+            return True
+        if pattern.endswith("/*") and name.startswith(pattern[:-1]) and len(name) > len(pattern) - 1:
+            return True
+    return False
+
+
+class _Caller:
+    """The calling run's view of channels: its tenant, identity and allowlists."""
+
+    def __init__(self, ctx: ToolContext) -> None:
+        self.ctx = ctx
+        definition = AgentDef.objects.filter(id=ctx.agent_def_id).values_list("definition", flat=True).first() or {}
+        acl = definition.get("channels") or {}
+        self.acl = {side: [p for p in acl.get(side) or [] if isinstance(p, str)] for side in (PUBLISH, SUBSCRIBE)}
+
+    def resolve(self, name: Any, side: str) -> tuple[Stream, ChannelDef]:
+        if not isinstance(name, str) or not name:
+            raise Refusal("missing required field: channel")
+        try:
+            declared = services.channel_get(tenant_id=self.ctx.tenant_id, name=name)
+        except services.ChannelNotDeclared as exc:
+            raise Refusal(
+                f'Channel tool: channel "{name}" is not declared (yaml `channels:` block or POST /v1/_channels)'
+            ) from exc
+        allow = self.acl[side]
+        if not allow:
+            raise Refusal(
+                f"Channel tool: this agent has no {side} allowlist — add `channels.{side}: [{name}]` to the agent yaml"
+            )
+        if not channel_allowed(allow, name):
+            listed = " ".join(allow)
+            raise Refusal(f'Channel tool: {side} not allowed on channel "{name}" (agent allowlist: [{listed}])')
+        return Stream(self.ctx.tenant_id, name, declared.scope, self._scope_id(name, declared.scope)), declared
+
+    def _scope_id(self, name: str, scope: str) -> str:
+        if scope == "agent":
+            if not self.ctx.agent_name:
+                raise Refusal(f'Channel tool: channel "{name}" has scope=agent but the run has no agent name')
+            return self.ctx.agent_name
+        if scope == "user":
+            if not self.ctx.user_id:
+                raise Refusal(f'Channel tool: channel "{name}" has scope=user but the run has no user_id')
+            return self.ctx.user_id
+        return ""
+
+
+def _check_publishable(name: str, declared: ChannelDef, prefix: str = "") -> None:
+    if name.startswith("_system/"):
+        raise Refusal(
+            f'{prefix}channel "{name}" starts with `_system/` (reserved prefix) — '
+            "agents may not publish to system channels"
+        )
+    if declared.publisher == "system":
+        raise Refusal(f'{prefix}channel "{name}" is `publisher: system` — agents may not publish')
+
+
+def _int(data: dict[str, Any], name: str, low: int = 0) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise Refusal(f"{name} must be an integer >= {low}")
+    return value
+
+
+def _wait_ms(data: dict[str, Any]) -> int:
+    """The requested wait, cut to the operator's cap (0: do not wait)."""
+    return min(_int(data, "wait_ms") or 0, max(E.CHANNELS_LONGPOLL_CAP_MS, 0))
+
+
+def _from_cursor(data: dict[str, Any]) -> str | None:
+    raw = data.get("from_cursor")
+    if raw is not None:
+        services.decode_cursor(raw)
+    return raw if isinstance(raw, str) else None
+
+
+def _publish(caller: _Caller, data: dict[str, Any]) -> ToolResult:
+    stream, declared = caller.resolve(data.get("channel"), PUBLISH)
+    _check_publishable(stream.channel, declared)
+    if "value" not in data:
+        raise Refusal("publish: missing required field: value")
+    done = services.publish(
+        stream=stream,
+        declared=declared,
+        value=data["value"],
+        ttl=_int(data, "ttl"),
+        deliver_at=services.parse_deliver_at(data.get("deliver_at")),
+        published_by=caller.ctx.run_id,
+        published_by_user_id=caller.ctx.user_id,
+    )
+    return _ok(done.as_tool(), events=(services.publish_event(done, data["value"]),))
+
+
+def _subscribe(caller: _Caller, data: dict[str, Any]) -> ToolResult:
+    stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
+    from_cursor = _from_cursor(data)
+    limit = services.clamp_max(data.get("max_messages"))
+    read = services.subscribe(stream=stream, from_cursor=from_cursor, max_messages=limit)
+    wait_ms = _wait_ms(data)
+    if not read.messages and wait_ms > 0:
+        return ToolResult("", park=park(WaitRequest("subscribe", [(stream, from_cursor)], limit), wait_ms))
+    return _delivered(read)
+
+
+def _delivered(read: Read) -> ToolResult:
+    return _ok(read.as_result(), events=tuple(services.delivery_events(read)))
+
+
+def _peek(caller: _Caller, data: dict[str, Any]) -> ToolResult:
+    stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
+    read = services.peek(
+        stream=stream, from_cursor=_from_cursor(data), max_messages=services.clamp_max(data.get("max_messages"))
+    )
+    return _ok({"channel": stream.channel, "messages": read.messages})
+
+
+def _ack(caller: _Caller, data: dict[str, Any]) -> ToolResult:
+    stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
+    return _ok(services.ack(stream=stream, cursor=data.get("cursor")))
+
+
+def _list_channels(caller: _Caller, data: dict[str, Any]) -> ToolResult:
+    return _ok({PUBLISH: caller.acl[PUBLISH], SUBSCRIBE: caller.acl[SUBSCRIBE]})
+
+
+def _await(caller: _Caller, data: dict[str, Any]) -> ToolResult:
+    names = services.dedupe(data.get("channels"), "await: ")
+    spec = services.check_await(data.get("mode"), data.get("n"))
+    spec = services.AwaitSpec(spec.mode, spec.n, services.clamp_max(data.get("max_messages")))
+    from_cursor = _from_cursor(data)
+    streams = [(caller.resolve(name, SUBSCRIBE)[0], from_cursor) for name in names]
+    wait_ms = _wait_ms(data)
+    satisfied, result = services.await_read(streams=streams, spec=spec, timed_out=wait_ms == 0)
+    if not satisfied and wait_ms > 0:
+        request = WaitRequest("await", streams, spec.max_messages, spec.mode, spec.n)
+        return ToolResult("", park=park(request, wait_ms))
+    return _ok(result)
+
+
+def _broadcast(caller: _Caller, data: dict[str, Any]) -> ToolResult:
+    names = services.dedupe(data.get("channels"), "broadcast: ")
+    if "value" not in data:
+        raise Refusal("broadcast: missing required field: value")
+    targets = []
+    for name in names:  # ACL pre-flight: one refusal and nothing is published
+        stream, declared = caller.resolve(name, PUBLISH)
+        _check_publishable(name, declared, "broadcast: ")
+        targets.append((stream, declared))
+    services.check_payload(data["value"])
+    ttl, deliver_at = _int(data, "ttl"), services.parse_deliver_at(data.get("deliver_at"))
+    results: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for stream, declared in targets:
+        try:
+            done = services.publish(
+                stream=stream,
+                declared=declared,
+                value=data["value"],
+                ttl=ttl,
+                deliver_at=deliver_at,
+                published_by=caller.ctx.run_id,
+                published_by_user_id=caller.ctx.user_id,
+            )
+        except ApplicationError as exc:
+            results.append({"channel": stream.channel, "error": exc.message})
+            continue
+        results.append(done.as_tool())
+        events.append(services.publish_event(done, data["value"]))
+    failed = sum(1 for r in results if "error" in r)
+    return _ok({"published": len(results) - failed, "failed": failed, "results": results}, events=tuple(events))
+
+
+def _ok(out: dict[str, Any], events: tuple[dict[str, Any], ...] = ()) -> ToolResult:
+    return ToolResult(services.result_text(out), events=events)
+
+
+_HANDLERS: dict[str, Callable[[_Caller, dict[str, Any]], ToolResult]] = {
+    "publish": _publish,
+    "subscribe": _subscribe,
+    "ack": _ack,
+    "peek": _peek,
+    "list_channels": _list_channels,
+    "await": _await,
+    "broadcast": _broadcast,
+}
+
+
+def channel_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    refused = input_refusal(data, OPS, FIELDS)
+    if refused is not None:
+        return refused
+    op = str(data["op"])
+    close_old_connections()
+    try:
+        return _HANDLERS[op](_Caller(ctx), data)
+    except ToolRefusal as exc:
+        return ToolResult(str(exc), is_error=True)
+    except services.ChannelCursorRegression as exc:
+        return ToolResult(f"{op}: channel: {exc.message}", is_error=True)
+    except ApplicationError as exc:
+        message = exc.message
+        return ToolResult(message if message.startswith(f"{op}: ") else f"{op}: {message}", is_error=True)
+    finally:
+        connection.close()
+
+
+CHANNEL_TOOL = Tool(
+    name="Channel",
+    description="Persistent channels between agents. op: publish (channel, value, optional ttl seconds, "
+    "deliver_at RFC 3339), subscribe (channel; reads after this agent's cursor and commits it; wait_ms waits "
+    "for a message without holding a worker), peek (non-committing, from_cursor), ack (cursor), list_channels, "
+    "await (channels, mode any|all|at_least, n, wait_ms; never commits), broadcast (channels, value). Channels "
+    "must be declared and allowed by the agent's channels.publish / channels.subscribe lists.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "op": {"type": "string", "enum": list(OPS)},
+            "channel": {"type": "string"},
+            "channels": {"type": "array", "items": {"type": "string"}, "maxItems": services.MAX_FANOUT},
+            "mode": {"type": "string", "enum": list(services.MODES), "description": "await: default any."},
+            "n": {"type": "integer", "description": "await with mode=at_least: messages needed in total."},
+            "value": {"description": "publish/broadcast: any JSON value."},
+            "ttl": {"type": "integer", "description": "Seconds the message lives (default: the channel's)."},
+            "deliver_at": {"type": "string", "description": "RFC 3339 time the message becomes visible."},
+            "from_cursor": {"type": "string", "description": "Read after this cursor; cur_0 replays from the oldest."},
+            "max_messages": {"type": "integer", "description": "Default 10, cap 100."},
+            "wait_ms": {"type": "integer", "description": "subscribe/await: how long to wait for messages."},
+            "cursor": {"type": "string", "description": "ack: the cursor to commit."},
+        },
+        "required": ["op"],
+        "additionalProperties": False,
+    },
+    execute=channel_execute,
+)

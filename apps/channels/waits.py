@@ -1,0 +1,205 @@
+"""Parked Channel calls: a subscribe or await that has to wait parks its run
+(`waiting_channel`) instead of holding a worker.
+
+Invariants:
+- The wait row is inserted in the parked step's own commit (`Park.record`),
+  so it exists iff the run is parked on it.
+- A wait is answered by whoever holds its row lock (SELECT ... FOR UPDATE
+  SKIP LOCKED) and is deleted in the same transaction that appends the
+  answer to the run (`apps.runs.wake.run_answer`): it is answered once.
+- Lost wake-ups are impossible: a publisher looks for waits AFTER its
+  message committed, and the parking iteration re-checks its wait AFTER
+  the wait committed (`Park.after_commit`); whichever comes second sees the
+  other. Deadlines and deferred messages are rows (`wake_at`) that beat
+  claims (`waits_due`), never long Celery ETAs.
+- A subscribe answer commits the stream cursor with the answer; an await
+  answer never moves cursors. A wait whose deadline passed is answered with
+  what is there (possibly nothing): a timeout is not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Min
+from django.utils import timezone
+
+from apps.channels import services
+from apps.channels.models import ChannelMessage, ChannelWait
+from apps.channels.services import AwaitSpec, Stream
+from apps.core.tools import Park
+from apps.runs.models import Run, RunStatus
+from apps.runs.wake import ANSWERABLE, run_answer
+
+log = logging.getLogger("loomcycle.channels")
+
+DUE_BATCH = 200
+
+
+@dataclass(frozen=True)
+class WaitRequest:
+    """What a parked call waits for, as stored in `ChannelWait.request`."""
+
+    op: str  # subscribe | await
+    streams: list[tuple[Stream, str | None]]  # (stream, from_cursor or None for the committed cursor)
+    max_messages: int
+    mode: str = "any"
+    n: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "streams": [{**asdict(s), "from_cursor": c} for s, c in self.streams],
+            "max_messages": self.max_messages,
+            "mode": self.mode,
+            "n": self.n,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> WaitRequest:
+        streams = [
+            (Stream(s["tenant_id"], s["channel"], s["scope"], s["scope_id"]), s.get("from_cursor"))
+            for s in raw["streams"]
+        ]
+        return cls(raw["op"], streams, int(raw["max_messages"]), raw.get("mode", "any"), int(raw.get("n", 0)))
+
+
+def park(request: WaitRequest, wait_ms: int) -> Park:
+    """The Park a Channel call returns when nothing is there to read yet."""
+    deadline = timezone.now() + timedelta(milliseconds=wait_ms)
+    return Park(
+        status=RunStatus.WAITING_CHANNEL,
+        record=partial(_record, request, deadline),
+        after_commit=_recheck,
+    )
+
+
+def _next_visible(streams: list[Stream]) -> datetime | None:
+    """The earliest visible_at of a deferred (not yet visible) message on the streams."""
+    soonest: datetime | None = None
+    now = timezone.now()
+    for s in streams:
+        found = ChannelMessage.objects.filter(visible_at__gt=now, **s.filter()).aggregate(t=Min("visible_at"))["t"]
+        if found is not None and (soonest is None or found < soonest):
+            soonest = found
+    return soonest
+
+
+def _wake_at(request: WaitRequest, deadline: datetime) -> datetime:
+    soonest = _next_visible([s for s, _ in request.streams])
+    return min(deadline, soonest) if soonest is not None else deadline
+
+
+def _record(request: WaitRequest, deadline: datetime, run_id: str, step: int, call_id: str) -> None:
+    """Inside the parked step's commit."""
+    ChannelWait.objects.create(
+        run_id=run_id,
+        call_id=call_id,
+        tenant_id=request.streams[0][0].tenant_id,
+        op=request.op,
+        streams=sorted({s.key for s, _ in request.streams}),
+        request=request.to_json(),
+        deadline=deadline,
+        wake_at=_wake_at(request, deadline),
+    )
+
+
+def _recheck(run_id: str, call_id: str) -> None:
+    wait_id = ChannelWait.objects.filter(run_id=run_id, call_id=call_id).values_list("id", flat=True).first()
+    if wait_id is not None:
+        wait_try_answer(wait_id)
+
+
+def _answer(request: WaitRequest, timed_out: bool) -> tuple[str, tuple[dict[str, Any], ...]] | None:
+    """The answer text and events if the wait is satisfied (or timed out); None to keep waiting."""
+    if request.op == "subscribe":
+        stream, from_cursor = request.streams[0]
+        read = services.subscribe(stream=stream, from_cursor=from_cursor, max_messages=request.max_messages)
+        if not read.messages and not timed_out:
+            return None
+        return services.result_text(read.as_result()), tuple(services.delivery_events(read))
+    spec = AwaitSpec(request.mode, request.n, request.max_messages)
+    satisfied, result = services.await_read(streams=request.streams, spec=spec, timed_out=timed_out)
+    if not satisfied and not timed_out:
+        return None
+    return services.result_text(result), ()
+
+
+def wait_try_answer(wait_id: int) -> str:
+    """Answer wait `wait_id` if it is satisfied or due: "answered", "waiting",
+    "gone" (its run ended: the wait is dropped) or "busy" (another process
+    holds it right now, or it was answered already)."""
+    with transaction.atomic():
+        wait = ChannelWait.objects.select_for_update(skip_locked=True).filter(id=wait_id).first()
+        if wait is None:
+            return "busy"
+        status = wait_run_status(wait.run_id)
+        if status not in ANSWERABLE:
+            wait.delete()
+            return "gone"
+        request = WaitRequest.from_json(wait.request)
+        timed_out = timezone.now() >= wait.deadline
+        answer = _answer(request, timed_out)
+        if answer is None:
+            ChannelWait.objects.filter(id=wait.id).update(wake_at=_wake_at(request, wait.deadline))
+            return "waiting"
+        text, events = answer
+        run_answer(
+            run_id=wait.run_id, call_id=wait.call_id, tool_name="Channel", text=text, is_error=False, events=events
+        )
+        wait.delete()
+    return "answered"
+
+
+def wait_run_status(run_id: str) -> str | None:
+    status: str | None = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
+    return status
+
+
+def waits_answer_stream(stream: Stream) -> int:
+    """After a publish to `stream` committed: answer the runs parked on it.
+    Subscribers of one stream share its cursor, so once one of them finds
+    nothing left the others are not tried (awaits never consume: each is)."""
+    answered = 0
+    drained = False
+    waits = ChannelWait.objects.filter(tenant_id=stream.tenant_id, streams__contains=[stream.key])
+    for wait_id, op in waits.order_by("created_at", "id").values_list("id", "op"):
+        if op == "subscribe" and drained:
+            continue
+        outcome = wait_try_answer(wait_id)
+        answered += outcome == "answered"
+        drained = drained or (op == "subscribe" and outcome == "waiting")
+    return answered
+
+
+def waits_due(*, budget_s: float = 5.0) -> int:
+    """Beat: answer waits whose deadline passed or whose deferred message is now
+    visible, in batches, for at most `budget_s`. Safe to overlap (SKIP LOCKED)."""
+    started = timezone.now()
+    answered = 0
+    while (timezone.now() - started).total_seconds() < budget_s:
+        due = list(
+            ChannelWait.objects.filter(wake_at__lte=timezone.now())
+            .order_by("wake_at")
+            .values_list("id", flat=True)[:DUE_BATCH]
+        )
+        if not due:
+            break
+        progressed = 0
+        for wait_id in due:
+            try:
+                outcome = wait_try_answer(wait_id)
+            except Exception:
+                log.exception("channel wait %s could not be answered; retrying on the next tick", wait_id)
+                connection.close()
+                continue
+            answered += outcome == "answered"
+            progressed += outcome != "busy"
+        if not progressed:  # everything due is being answered elsewhere
+            break
+    return answered

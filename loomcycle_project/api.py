@@ -29,6 +29,7 @@ api.add_router("/", "apps.substrate.api_auth.router")
 api.add_router("/", "apps.runs.api_concurrency.router")
 api.add_router("/", "apps.gateway.api.router")
 api.add_router("/", "apps.memory.api.router")
+api.add_router("/", "apps.channels.api.router")
 
 
 def error_response(status: int, code: str, message: str, details: dict[str, object] | None = None) -> JsonResponse:

@@ -9,11 +9,12 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from apps.runs.routing import websocket_urlpatterns  # noqa: E402
+from apps.channels.routing import websocket_urlpatterns as channel_urlpatterns  # noqa: E402
+from apps.runs.routing import websocket_urlpatterns as run_urlpatterns  # noqa: E402
 from apps.substrate.websocket import browser_origin_validator  # noqa: E402
 
 # Browsers send Origin: a page from another site cannot open a socket to us
 # (cross-site WebSocket hijacking); clients without an Origin header pass.
 application = ProtocolTypeRouter(
-    {"http": django_asgi_app, "websocket": browser_origin_validator(URLRouter(websocket_urlpatterns))}
+    {"http": django_asgi_app, "websocket": browser_origin_validator(URLRouter(run_urlpatterns + channel_urlpatterns))}
 )

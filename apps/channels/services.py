@@ -172,8 +172,9 @@ def channels_visible(*, tenant_id: str) -> list[ChannelDef]:
     return list(seen.values())
 
 
-def descriptor(row: ChannelDef) -> dict[str, Any]:
-    stats = ChannelMessage.objects.filter(tenant_id=row.tenant_id, channel=row.name).aggregate(
+def descriptor(row: ChannelDef, *, tenant_id: str) -> dict[str, Any]:
+    """The channel as `tenant_id` sees it: message stats are of its own streams."""
+    stats = ChannelMessage.objects.filter(tenant_id=tenant_id, channel=row.name).aggregate(
         n=Count("id"), newest=Max("visible_at")
     )
     return {

@@ -201,6 +201,8 @@ def required_scope(method: str, path: str) -> str:
     path = path.rstrip("/") or "/"
     if path.startswith("/ws/runs/"):
         return RUNS_READ
+    if path.startswith("/ws/channels/"):
+        return CHANNEL_READ
     if path in _ANY_PATHS:
         return ANY
     if path == "/v1/_users":

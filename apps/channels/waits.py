@@ -4,9 +4,9 @@
 Invariants:
 - The wait row is inserted in the parked step's own commit (`Park.record`),
   so it exists iff the run is parked on it.
-- A wait is answered by whoever holds its row lock (SELECT ... FOR UPDATE
-  SKIP LOCKED) and is deleted in the same transaction that appends the
-  answer to the run (`apps.runs.wake.run_answer`): it is answered once.
+- A wait is answered by whoever holds its row lock (SELECT ... FOR UPDATE)
+  and is deleted in the same transaction that appends the answer to the run
+  (`apps.runs.wake.run_answer`): it is answered once.
 - Lost wake-ups are impossible: a publisher looks for waits AFTER its
   message committed, and the parking iteration re-checks its wait AFTER
   the wait committed (`Park.after_commit`); whichever comes second sees the
@@ -130,12 +130,18 @@ def _answer(request: WaitRequest, timed_out: bool) -> tuple[str, tuple[dict[str,
     return services.result_text(result), ()
 
 
-def wait_try_answer(wait_id: int) -> str:
+def wait_try_answer(wait_id: int, *, skip_locked: bool = False) -> str:
     """Answer wait `wait_id` if it is satisfied or due: "answered", "waiting",
-    "gone" (its run ended: the wait is dropped) or "busy" (another process
-    holds it right now, or it was answered already)."""
+    "gone" (its run ended: the wait is dropped) or "busy" (answered already,
+    or, with `skip_locked`, being checked by another process right now).
+
+    A publisher and the parking iteration's re-check WAIT for the row lock
+    rather than skip it: a checker holding it may have read before their
+    message committed, so skipping could lose the wake-up. Their read comes
+    after the lock, so it sees what committed before. Only the beat sweep
+    skips locked rows (whoever holds one is checking it)."""
     with transaction.atomic():
-        wait = ChannelWait.objects.select_for_update(skip_locked=True).filter(id=wait_id).first()
+        wait = ChannelWait.objects.select_for_update(skip_locked=skip_locked).filter(id=wait_id).first()
         if wait is None:
             return "busy"
         status = wait_run_status(wait.run_id)
@@ -193,7 +199,7 @@ def waits_due(*, budget_s: float = 5.0) -> int:
         progressed = 0
         for wait_id in due:
             try:
-                outcome = wait_try_answer(wait_id)
+                outcome = wait_try_answer(wait_id, skip_locked=True)
             except Exception:
                 log.exception("channel wait %s could not be answered; retrying on the next tick", wait_id)
                 connection.close()

@@ -6,6 +6,7 @@ answers the call exactly once and the run carries on."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +14,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from django.db import connection, transaction
 
 from apps.channels import services, waits
 from apps.channels.models import ChannelMessage, ChannelWait
@@ -170,3 +172,34 @@ def test_subscribers_of_one_stream_share_its_messages(http: httpx.Client, stack:
         wait_status(run_id, RunStatus.COMPLETED)
     got = sorted(json.loads(_results(r)[0]["text"])["messages"][0]["value"] for r in (first, second))
     assert got == [1, 2]
+
+
+def test_a_publish_waits_for_a_checker_instead_of_skipping_the_wait(http: httpx.Client, stack: Any) -> None:
+    """A checker holding the wait's lock may have read before the message
+    committed: the publisher must wait for the lock and check again, or the
+    run would sleep until its deadline (a lost wake-up)."""
+    run_id = _parked(http, "contended", {"op": "subscribe", "channel": "handoff", "wait_ms": 60_000})
+    wait_id = ChannelWait.objects.get(run_id=run_id).id
+    locked, release = threading.Event(), threading.Event()
+
+    def checker() -> None:
+        try:
+            with transaction.atomic():
+                ChannelWait.objects.select_for_update().get(id=wait_id)
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=checker)
+    holder.start()
+    assert locked.wait(5)
+    publisher = threading.Thread(target=lambda: (_publish(HANDOFF, "contended"), connection.close()))
+    publisher.start()
+    time.sleep(0.5)  # the publish committed and its wake-up is blocked on the checker's lock
+    assert run_row(run_id).status == RunStatus.WAITING_CHANNEL
+    release.set()
+    holder.join()
+    publisher.join()
+    wait_status(run_id, RunStatus.COMPLETED, timeout=5)  # answered by the publisher, not at the 60 s deadline
+    assert json.loads(_results(run_id)[0]["text"])["messages"][0]["value"] == "contended"

@@ -29,8 +29,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DATA = ROOT / ".loomcycle" / "bench"
@@ -67,6 +65,8 @@ from apps.core.types import Principal  # noqa: E402
 from apps.runs import services  # noqa: E402
 from apps.runs.models import Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
+from bench import stack  # noqa: E402
+from bench.stack import cpu_s, pct, rss_mib, service_pids, stop_all  # noqa: E402
 from workers.celery import app  # noqa: E402
 
 PRINCIPAL = Principal(tenant_id="", subject="bench", scopes=frozenset({"substrate:admin"}))
@@ -79,83 +79,16 @@ def sql(query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]
 
 
 def start_workers(argv_app: list[str], queues: str, env: dict[str, str], tag: str) -> list[subprocess.Popen[bytes]]:
-    procs = []
-    for i in range(WORKERS):
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            *argv_app,
-            "worker",
-            "--pool",
-            "threads",
-            "-c",
-            str(CONCURRENCY),
-            "-Q",
-            queues,
-            "-n",
-            f"{tag}{i}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "WARNING",
-        ]
-        log = (DATA / f"{tag}{i}.log").open("ab")
-        procs.append(
-            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        replies = app.control.ping(timeout=1.0) or []
-        if sum(1 for r in replies for name in r if name.startswith(tag)) >= WORKERS:
-            return procs
-    stop_all(procs)
-    raise SystemExit(f"{tag} workers did not come up; see {DATA}/{tag}*.log")
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
-            p.wait(5)
-
-
-def rss_mib(procs: list[subprocess.Popen[bytes]]) -> float:
-    total = 0
-    for p in procs:
-        try:
-            proc = psutil.Process(p.pid)
-            total += proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
-        except psutil.NoSuchProcess:
-            continue
-    return total / 2**20
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            continue
-    return total
-
-
-def service_pids() -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {"postgres": [], "redis": []}
-    for proc in psutil.process_iter(["pid", "name"]):
-        name = proc.info["name"] or ""
-        if name.startswith("postgres"):
-            out["postgres"].append(proc.info["pid"])
-        elif name.startswith("redis-server"):
-            out["redis"].append(proc.info["pid"])
-    return out
+    return stack.start_workers(
+        app,
+        argv_app=argv_app,
+        queues=queues,
+        env=env,
+        tag=tag,
+        count=WORKERS,
+        concurrency=CONCURRENCY,
+        logdir=DATA,
+    )
 
 
 def create_runs(agent: str, n: int) -> list[str]:
@@ -178,11 +111,6 @@ def wait_status(ids: list[str], status: str, timeout: float) -> float:
         time.sleep(0.05)
     counts = dict(Run.objects.filter(id__in=ids).values_list("status").annotate(n=django.db.models.Count("id")))
     raise SystemExit(f"runs did not reach {status} within {timeout} s: {counts}")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
 
 
 def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:

@@ -1,0 +1,120 @@
+"""Process helpers shared by the benchmarks: Celery workers and beat as child
+processes (stopped by the caller, bounded waits), RSS and CPU of process
+trees, percentiles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_workers(
+    app: Any,
+    *,
+    argv_app: list[str],
+    queues: str,
+    env: dict[str, str],
+    tag: str,
+    count: int,
+    concurrency: int,
+    logdir: Path,
+) -> list[subprocess.Popen[bytes]]:
+    """`count` threads-pool workers; returns once each answers a ping (60 s at most)."""
+    procs = []
+    for i in range(count):
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            *argv_app,
+            "worker",
+            "--pool",
+            "threads",
+            "-c",
+            str(concurrency),
+            "-Q",
+            queues,
+            "-n",
+            f"{tag}{i}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+        ]
+        procs.append(spawn(argv, env, logdir / f"{tag}{i}.log"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        replies = app.control.ping(timeout=1.0) or []
+        if sum(1 for r in replies for name in r if name.startswith(tag)) >= count:
+            return procs
+    stop_all(procs)
+    raise SystemExit(f"{tag} workers did not come up; see {logdir}/{tag}*.log")
+
+
+def start_beat(env: dict[str, str], logdir: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "celery", "-A", "workers.celery:app", "beat", "--loglevel", "WARNING"]
+    return spawn([*argv, "-s", str(logdir / "beat-schedule")], env, logdir / "beat.log")
+
+
+def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = log.open("ab")
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.wait(5)
+
+
+def rss_mib(procs: list[subprocess.Popen[bytes]]) -> float:
+    total = 0
+    for p in procs:
+        try:
+            proc = psutil.Process(p.pid)
+            total += proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return total / 2**20
+
+
+def cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def service_pids() -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {"postgres": [], "redis": []}
+    for proc in psutil.process_iter(["pid", "name"]):
+        name = proc.info["name"] or ""
+        if name.startswith("postgres"):
+            out["postgres"].append(proc.info["pid"])
+        elif name.startswith("redis-server"):
+            out["redis"].append(proc.info["pid"])
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")

@@ -26,7 +26,8 @@ from apps.channels.services import Read, Stream
 from apps.channels.waits import WaitRequest, park
 from apps.core.errors import ApplicationError
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
-from apps.substrate.models import AgentDef, ChannelDef
+from apps.substrate.models import ChannelDef
+from apps.substrate.selectors import agent_definition
 from loomcycle_project import env as E
 
 OPS = ("publish", "subscribe", "ack", "peek", "list_channels", "await", "broadcast")
@@ -59,7 +60,7 @@ class _Caller:
 
     def __init__(self, ctx: ToolContext) -> None:
         self.ctx = ctx
-        definition = AgentDef.objects.filter(id=ctx.agent_def_id).values_list("definition", flat=True).first() or {}
+        definition = agent_definition(ctx.agent_def_id)
         acl = definition.get("channels") or {}
         self.acl = {side: [p for p in acl.get(side) or [] if isinstance(p, str)] for side in (PUBLISH, SUBSCRIBE)}
 

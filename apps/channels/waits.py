@@ -169,17 +169,19 @@ def wait_run_status(run_id: str) -> str | None:
 
 def waits_answer_stream(stream: Stream) -> int:
     """After a publish to `stream` committed: answer the runs parked on it.
-    Subscribers of one stream share its cursor, so once one of them finds
-    nothing left the others are not tried (awaits never consume: each is)."""
+    Subscribers reading from the committed cursor share it, so once one of
+    them finds nothing left the others like it are not tried; awaits and
+    subscribes from their own cursor never consume for others: each is tried."""
     answered = 0
     drained = False
     waits = ChannelWait.objects.filter(tenant_id=stream.tenant_id, streams__contains=[stream.key])
-    for wait_id, op in waits.order_by("created_at", "id").values_list("id", "op"):
-        if op == "subscribe" and drained:
+    for wait_id, op, request in waits.order_by("created_at", "id").values_list("id", "op", "request"):
+        shared = op == "subscribe" and all(s.get("from_cursor") is None for s in request["streams"])
+        if shared and drained:
             continue
         outcome = wait_try_answer(wait_id)
         answered += outcome == "answered"
-        drained = drained or (op == "subscribe" and outcome == "waiting")
+        drained = drained or (shared and outcome == "waiting")
     return answered
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
 from apps.evaluations import selectors, services
 from apps.evaluations.models import EmitterRole, Evaluation
-from apps.substrate.models import AgentDef
+from apps.substrate.selectors import agent_definition
 
 OPS = ("submit", "get", "list", "list_for_run", "list_for_def", "aggregate")
 FIELDS = frozenset({"op", "run_id", "eval_id", "def_id", "agent", "score", "judgement", "rationale", "limit"})
@@ -38,7 +38,7 @@ def _ts(value: Any) -> str | None:
 
 
 def _granted(ctx: ToolContext) -> list[str]:
-    definition = AgentDef.objects.filter(id=ctx.agent_def_id).values_list("definition", flat=True).first() or {}
+    definition = agent_definition(ctx.agent_def_id)
     return [s for s in definition.get("evaluation_scopes") or [] if isinstance(s, str)]
 
 

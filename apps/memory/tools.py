@@ -17,7 +17,7 @@ from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_
 from apps.memory import selectors, services
 from apps.memory.models import MemoryEntry, MemoryScope
 from apps.memory.services import Slot
-from apps.substrate.models import AgentDef
+from apps.substrate.selectors import agent_definition
 
 OPS = ("get", "set", "delete", "list", "incr", "search")
 READ_OPS = frozenset({"get", "list", "search"})
@@ -51,7 +51,7 @@ def _ts(value: Any) -> str | None:
 
 
 def _policy(ctx: ToolContext) -> tuple[list[str], int | None]:
-    definition = AgentDef.objects.filter(id=ctx.agent_def_id).values_list("definition", flat=True).first() or {}
+    definition = agent_definition(ctx.agent_def_id)
     scopes = [s for s in definition.get("memory_scopes") or [] if isinstance(s, str)]
     quota = definition.get("memory_quota_bytes")
     return scopes, quota if isinstance(quota, int) and not isinstance(quota, bool) and quota > 0 else None

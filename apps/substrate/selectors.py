@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from django.db.models import Count, Max, Q
@@ -31,6 +33,30 @@ def def_resolve(kind: Kind, *, tenant_id: str, name: str) -> VersionedDef | None
             found: VersionedDef = row
             return found
     return None
+
+
+_DEFINITIONS: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_DEFINITIONS_LOCK = threading.Lock()
+_DEFINITIONS_MAX = 1024
+
+
+def agent_definition(def_id: str) -> dict[str, Any]:
+    """The definition of AgentDef `def_id` ({} if there is none), cached per
+    process: a version's definition is never edited (only `retired` changes),
+    so the tools' per-call policy reads (memory_scopes, channels,
+    evaluation_scopes...) cost no query after the first. Treat it as read-only."""
+    with _DEFINITIONS_LOCK:
+        found = _DEFINITIONS.get(def_id)
+        if found is not None:
+            _DEFINITIONS.move_to_end(def_id)
+            return found
+    definition: dict[str, Any] = AgentDef.objects.filter(id=def_id).values_list("definition", flat=True).first() or {}
+    if definition:
+        with _DEFINITIONS_LOCK:
+            _DEFINITIONS[def_id] = definition
+            while len(_DEFINITIONS) > _DEFINITIONS_MAX:
+                _DEFINITIONS.popitem(last=False)
+    return definition
 
 
 def agent_def_resolve(*, tenant_id: str, name: str) -> AgentDef:

@@ -16,7 +16,7 @@ from django.db import close_old_connections, connection
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.substrate import services
 from apps.substrate.kinds import Kind, Refused, get_kind
-from apps.substrate.models import AgentDef
+from apps.substrate.selectors import agent_definition
 
 _SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -40,7 +40,7 @@ _SCHEMA: dict[str, Any] = {
 
 
 def _author(kind: Kind, ctx: ToolContext) -> services.Author:
-    definition = AgentDef.objects.filter(id=ctx.agent_def_id).values_list("definition", flat=True).first() or {}
+    definition = agent_definition(ctx.agent_def_id)
     field = "skills" if kind.key == "skill" else "agent_def_scopes"
     scopes = definition.get(field) or []
     return services.Author(

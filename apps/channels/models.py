@@ -30,8 +30,16 @@ class ChannelMessage(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     published_by = models.CharField(max_length=200, default="", blank=True)  # run id, "_admin" or "_system"
     published_by_user_id = models.CharField(max_length=200, default="", blank=True)
+    # The publishing tool call's (run_id, step, call_id) (+ channel for a broadcast): a redelivered
+    # iteration that publishes again finds its first message instead of publishing twice.
+    idempotency_key = models.CharField(max_length=400, default="", blank=True)
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key"], condition=~models.Q(idempotency_key=""), name="chanmsg_idempotency_key"
+            ),
+        ]
         indexes = [
             models.Index(
                 fields=["tenant_id", "channel", "scope", "scope_id", "visible_at", "id"], name="chanmsg_stream_order"

@@ -337,14 +337,23 @@ def publish(
     deliver_at: datetime | None = None,
     published_by: str = "",
     published_by_user_id: str = "",
+    idempotency_key: str = "",
 ) -> Published:
-    """Append one message; trims overflow. Wake-ups go out after the commit."""
+    """Append one message; trims overflow. Wake-ups go out after the commit.
+    With an `idempotency_key` already used (a redelivered tool call), the
+    first message is returned and nothing is published again."""
     size = check_payload(value)
     ttl_s = ttl if ttl else declared.default_ttl_seconds
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)), clock_timestamp()", [stream.lock_key])
             now: datetime = cur.fetchone()[1]
+        if idempotency_key:
+            first = ChannelMessage.objects.filter(idempotency_key=idempotency_key).first()
+            if first is not None:
+                return Published(
+                    stream, first.id, first.published_at, first.visible_at, first.visible_at > now, 0, size
+                )
         deferred = deliver_at is not None and deliver_at > now
         visible = deliver_at if deferred and deliver_at is not None else now
         msg = ChannelMessage.objects.create(
@@ -355,11 +364,14 @@ def publish(
             expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
             published_by=published_by,
             published_by_user_id=published_by_user_id,
+            idempotency_key=idempotency_key,
             **stream.filter(),
         )
         dropped = _trim(stream, declared.max_messages, msg.id)
         if deferred:  # parked readers of this stream wake when it becomes visible
-            ChannelWait.objects.filter(streams__contains=[stream.key], wake_at__gt=visible).update(wake_at=visible)
+            ChannelWait.objects.filter(
+                tenant_id=stream.tenant_id, streams__contains=[stream.key], wake_at__gt=visible
+            ).update(wake_at=visible)
         done = Published(stream, msg.id, now, visible, deferred, dropped, size)
         transaction.on_commit(lambda: after_publish(done))
     return done

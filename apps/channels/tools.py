@@ -60,8 +60,12 @@ class _Caller:
 
     def __init__(self, ctx: ToolContext) -> None:
         self.ctx = ctx
-        definition = agent_definition(ctx.agent_def_id)
-        acl = definition.get("channels") or {}
+        acl = agent_definition(ctx.agent_def_id).get("channels") or {}
+        if not isinstance(acl, dict) or not all(isinstance(acl.get(s) or [], list) for s in (PUBLISH, SUBSCRIBE)):
+            raise Refusal(
+                "Channel tool: this agent's `channels` field must be a mapping "
+                "{publish: [names], subscribe: [names]}; fix the agent definition"
+            )
         self.acl = {side: [p for p in acl.get(side) or [] if isinstance(p, str)] for side in (PUBLISH, SUBSCRIBE)}
 
     def resolve(self, name: Any, side: str) -> tuple[Stream, ChannelDef]:
@@ -139,6 +143,7 @@ def _publish(caller: _Caller, data: dict[str, Any]) -> ToolResult:
         deliver_at=services.parse_deliver_at(data.get("deliver_at")),
         published_by=caller.ctx.run_id,
         published_by_user_id=caller.ctx.user_id,
+        idempotency_key=caller.ctx.idempotency_key,
     )
     return _ok(done.as_tool(), events=(services.publish_event(done, data["value"]),))
 
@@ -212,6 +217,7 @@ def _broadcast(caller: _Caller, data: dict[str, Any]) -> ToolResult:
                 deliver_at=deliver_at,
                 published_by=caller.ctx.run_id,
                 published_by_user_id=caller.ctx.user_id,
+                idempotency_key=f"{caller.ctx.idempotency_key}:{stream.channel}",
             )
         except ApplicationError as exc:
             results.append({"channel": stream.channel, "error": exc.message})

@@ -5,9 +5,11 @@ trimming, TTL, await without waiting, broadcast."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +20,7 @@ from apps.channels.models import ChannelCursor, ChannelMessage
 from apps.channels.services import Stream
 from apps.channels.tools import channel_allowed, channel_execute
 from apps.core.tools import ToolContext, ToolResult
+from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -44,7 +47,11 @@ def ctx(agent: str = "chan-all", user_id: str = "u1", tenant_id: str = "") -> To
 
 
 def call(data: dict[str, Any], context: ToolContext | None = None) -> ToolResult:
-    return channel_execute(context or ctx(), data)
+    """One tool call: a fresh call_id each time, as the engine gives every call."""
+    return channel_execute(replace(context or ctx(), call_id=f"call_{next(_CALLS)}"), data)
+
+
+_CALLS = itertools.count()
 
 
 def ok(data: dict[str, Any], context: ToolContext | None = None) -> Any:
@@ -253,3 +260,28 @@ def test_concurrent_publishers_never_let_a_cursor_skip_a_message() -> None:
     assert sorted(map(tuple, seen)) == sorted((t, n) for t in range(threads) for n in range(per_thread))
     for t in range(threads):
         assert [n for tag, n in seen if tag == t] == list(range(per_thread))
+
+
+def test_a_redelivered_publish_is_not_published_twice() -> None:
+    """The same tool call (run, step, call_id) repeated after a lost iteration
+    returns its first message; another call publishes anew."""
+
+    def publish(call_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        result = channel_execute(replace(ctx(), call_id=call_id), data)
+        assert result.is_error is False, result.text
+        out: dict[str, Any] = json.loads(result.text)
+        return out
+
+    first = publish("c1", {"op": "publish", "channel": "handoff", "value": "once"})
+    assert publish("c1", {"op": "publish", "channel": "handoff", "value": "once"}) == first
+    assert publish("c2", {"op": "publish", "channel": "handoff", "value": "once"})["message_id"] != first["message_id"]
+    fan = {"op": "broadcast", "channels": ["handoff/a", "handoff/b"], "value": 1}
+    assert publish("c3", fan) == publish("c3", fan)
+    assert ChannelMessage.objects.count() == 4
+
+
+def test_a_malformed_channels_field_is_a_clear_refusal() -> None:
+    row = agent_def_resolve(tenant_id="", name="chan-none")
+    AgentDef.objects.filter(id=row.id).update(definition={**row.definition, "channels": ["handoff"]})
+    broken = replace(ctx("chan-none"), agent_def_id=row.id)
+    refused({"op": "list_channels"}, "`channels` field must be a mapping", broken)

@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,18 @@ bench: $(STAMP)
 
 bench-gateway: $(STAMP)
 	$(PY) bench/gateway.py
+
+# The circuit bench, with its LangGraph peer in a separate venv (.venv-peer).
+PEER_STAMP := .venv-peer/.installed-$(shell sha256sum requirements/bench-peer.txt | cut -c1-12)
+
+$(PEER_STAMP): requirements/bench-peer.txt
+	test -x .venv-peer/bin/python || python3 -m venv .venv-peer
+	.venv-peer/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/bench-peer.txt
+	rm -f .venv-peer/.installed-*
+	touch $(PEER_STAMP)
+
+bench-circuit: $(STAMP) $(PEER_STAMP)
+	$(PY) bench/circuit.py
 
 clean:
 	rm -rf .loomcycle/test .pytest_cache .mypy_cache .ruff_cache

@@ -124,10 +124,12 @@ class ParkedSampler(threading.Thread):
             connection.close()
 
 
-def level(size: int, first: int) -> dict[str, float]:
+def level(size: int, first: int, groups: dict[str, list[int]]) -> dict[str, float]:
     circuits = list(range(first, first + size))
     declare(circuits)
     sync_client().delete(TIMINGS_KEY)
+    groups = {**groups, **stack.service_pids()}  # Postgres backends come and go: re-read them
+    cpu0 = {k: stack.cpu_by_pid(v) for k, v in groups.items()}
     sampler = ParkedSampler()
     sampler.start()
     t0 = time.monotonic()
@@ -144,6 +146,11 @@ def level(size: int, first: int) -> dict[str, float]:
     sampler.stopping.set()
     sampler.join()
     wall = time.monotonic() - t0
+    groups = {**groups, **stack.service_pids()}
+    cpu = {}
+    for k, pids in groups.items():  # a process born during the level counts from zero; one gone is lost
+        after = stack.cpu_by_pid(pids)
+        cpu[k] = sum(t - cpu0[k].get(pid, 0.0) for pid, t in after.items()) * 1000 / size
     latencies = []
     for ids in started.values():
         span = Run.objects.filter(id__in=ids).aggregate(a=Min("created_at"), b=Max("completed_at"))
@@ -165,6 +172,7 @@ def level(size: int, first: int) -> dict[str, float]:
         "completed": completed,
         "runs": len(all_ids),
         "valid": validate(started),
+        "cpu_ms": cpu,  # type: ignore[dict-item]
     }
 
 
@@ -235,11 +243,13 @@ def main() -> None:
     )
     beat = stack.start_beat(env, DATA)
     results: dict[int, dict[str, float]] = {}
+    # CPU of each process group per level (Postgres backends that exit during a level are not counted).
+    groups = {"workers": [p.pid for p in workers], "beat": [beat.pid], "driver": [os.getpid()]}
     try:
-        level(2, 900_001)  # warm-up: pools, caches, threads
+        level(2, 900_001, groups)  # warm-up: pools, caches, threads
         first = 1
         for size in LEVELS:
-            r = results[size] = level(size, first)
+            r = results[size] = level(size, first, groups)
             first += size
             print(
                 f"x{size:<4} {r['circuits_per_s']:.1f} circuits/s, {r['runs_per_s']:.1f} runs/s "
@@ -251,6 +261,8 @@ def main() -> None:
                 f"p99 {r['iteration_p99_ms']:.1f} ms",
                 flush=True,
             )
+            cpu = r["cpu_ms"]
+            print("      cpu ms/circuit: " + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()), flush=True)  # type: ignore[attr-defined]
     finally:
         stack.stop_all([*workers, beat])
     lg = peer(LEVELS)

@@ -104,6 +104,17 @@ def cpu_s(pids: list[int]) -> float:
     return total
 
 
+def cpu_by_pid(pids: list[int]) -> dict[int, float]:
+    out = {}
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        out[pid] = t.user + t.system
+    return out
+
+
 def service_pids() -> dict[str, list[int]]:
     out: dict[str, list[int]] = {"postgres": [], "redis": []}
     for proc in psutil.process_iter(["pid", "name"]):

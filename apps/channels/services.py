@@ -445,12 +445,22 @@ def _json(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, str) else raw
 
 
+_LOCK_CURSOR_SQL = """
+INSERT INTO agent_channels_channelcursor AS c (tenant_id, channel, scope, scope_id, cursor, updated_at)
+VALUES (%s, %s, %s, %s, '', now())
+ON CONFLICT (tenant_id, channel, scope, scope_id) DO UPDATE SET cursor = c.cursor
+RETURNING c.cursor
+"""
+
+
 def _committed(stream: Stream, *, lock: bool) -> str:
+    """The stream's committed cursor ("" = from the oldest). With `lock`, the
+    cursor row is created if absent and locked until the transaction ends, in
+    one statement (readers of one stream are serialised on it)."""
     if lock:
-        ChannelCursor.objects.get_or_create(
-            tenant_id=stream.tenant_id, channel=stream.channel, scope=stream.scope, scope_id=stream.scope_id
-        )
-        return ChannelCursor.objects.select_for_update().get(**stream.filter()).cursor
+        with connection.cursor() as cur:
+            cur.execute(_LOCK_CURSOR_SQL, [stream.tenant_id, stream.channel, stream.scope, stream.scope_id])
+            return str(cur.fetchone()[0])
     return ChannelCursor.objects.filter(**stream.filter()).values_list("cursor", flat=True).first() or ""
 
 

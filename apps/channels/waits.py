@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -33,7 +34,7 @@ from apps.channels import services
 from apps.channels.models import ChannelMessage, ChannelWait
 from apps.channels.services import AwaitSpec, Stream
 from apps.core.tools import Park
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import RunStatus
 from apps.runs.wake import ANSWERABLE, run_answer
 
 log = logging.getLogger("loomcycle.channels")
@@ -141,30 +142,37 @@ def wait_try_answer(wait_id: int, *, skip_locked: bool = False) -> str:
     after the lock, so it sees what committed before. Only the beat sweep
     skips locked rows (whoever holds one is checking it)."""
     with transaction.atomic():
-        wait = ChannelWait.objects.select_for_update(skip_locked=skip_locked).filter(id=wait_id).first()
-        if wait is None:
+        with connection.cursor() as cur:
+            cur.execute(_LOCK_WAIT_SQL.format(skip=" SKIP LOCKED" if skip_locked else ""), [wait_id])
+            row = cur.fetchone()
+        if row is None:
             return "busy"
-        status = wait_run_status(wait.run_id)
+        run_id, call_id, raw_request, deadline, status = row
         if status not in ANSWERABLE:
-            wait.delete()
+            _delete(wait_id)
             return "gone"
-        request = WaitRequest.from_json(wait.request)
-        timed_out = timezone.now() >= wait.deadline
-        answer = _answer(request, timed_out)
+        request = WaitRequest.from_json(raw_request if isinstance(raw_request, dict) else json.loads(raw_request))
+        answer = _answer(request, timed_out=timezone.now() >= deadline)
         if answer is None:
-            ChannelWait.objects.filter(id=wait.id).update(wake_at=_wake_at(request, wait.deadline))
+            ChannelWait.objects.filter(id=wait_id).update(wake_at=_wake_at(request, deadline))
             return "waiting"
         text, events = answer
-        run_answer(
-            run_id=wait.run_id, call_id=wait.call_id, tool_name="Channel", text=text, is_error=False, events=events
-        )
-        wait.delete()
+        run_answer(run_id=run_id, call_id=call_id, tool_name="Channel", text=text, is_error=False, events=events)
+        _delete(wait_id)
     return "answered"
 
 
-def wait_run_status(run_id: str) -> str | None:
-    status: str | None = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
-    return status
+_LOCK_WAIT_SQL = """
+SELECT w.run_id, w.call_id, w.request, w.deadline, r.status
+FROM agent_channels_channelwait w JOIN runs_run r ON r.id = w.run_id
+WHERE w.id = %s
+FOR UPDATE OF w{skip}
+"""
+
+
+def _delete(wait_id: int) -> None:
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM agent_channels_channelwait WHERE id = %s", [wait_id])
 
 
 def waits_answer_stream(stream: Stream) -> int:

@@ -15,16 +15,49 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from django.db import transaction
-from django.db.models import F
-from django.utils import timezone
+from django.db import connection, transaction
 
 from apps.runs.dispatch import enqueue_iteration, notify_events
-from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus, ToolCallRecord, ToolCallStatus, TranscriptEntry
+from apps.runs.models import TERMINAL, RunStatus
 
 ANSWERABLE = (RunStatus.WAITING_CHILDREN, RunStatus.WAITING_CHANNEL)
+
+# The run row locked first (answers to one run are serialised), with the call's
+# started record in the same round trip.
+_LOCK_SQL = """
+SELECT r.status, r.step, r.last_seq, r.transcript_len, rec.id, rec.step, rec.input
+FROM runs_run r
+LEFT JOIN LATERAL (
+  SELECT id, step, input FROM runs_toolcallrecord WHERE run_id = r.id AND call_id = %s ORDER BY step DESC LIMIT 1
+) rec ON true
+WHERE r.id = %s
+FOR UPDATE OF r
+"""
+
+# Everything the answer writes, in one statement; returns whether this answer woke the run.
+_ANSWER_SQL = """
+WITH d AS (SELECT %(rows)s::jsonb AS j),
+e AS (
+  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
+  SELECT %(run_id)s, %(seq_base)s + x.n, %(step)s, x.v->>'type', x.v, now()
+  FROM d, jsonb_array_elements(d.j->'e') WITH ORDINALITY AS x(v, n)
+), t AS (
+  INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
+  SELECT %(run_id)s, %(idx)s, %(step)s, 'user', d.j->'t', now() FROM d
+), c AS (
+  UPDATE runs_toolcallrecord SET status = 'finished', is_error = %(is_error)s, finished_at = now()
+  WHERE id = %(record_id)s
+)
+UPDATE runs_run SET
+  last_seq = %(last_seq)s, transcript_len = transcript_len + 1, pending_calls = pending_calls - 1,
+  status = CASE WHEN status = ANY(%(answerable)s) AND pending_calls = 1 THEN 'running' ELSE status END,
+  updated_at = now()
+WHERE id = %(run_id)s
+RETURNING status = 'running' AND pending_calls = 0
+"""
 
 
 def run_answer(
@@ -39,41 +72,38 @@ def run_answer(
     """Append the result of parked call `call_id` (plus `events` before it) and
     wake the run if it was the last pending call. Must run inside a
     transaction. False when the run is already terminal (nothing written)."""
-    run = Run.objects.select_for_update().get(id=run_id)
-    if run.status in TERMINAL:
-        return False
-    record = ToolCallRecord.objects.filter(run_id=run_id, call_id=call_id).order_by("-step").first()
-    step = record.step if record else max(run.step - 1, 0)
-    tool_use = {"id": call_id, "name": tool_name, "input": record.input if record else {}}
-    payloads = [*events, {"type": "tool_result", "tool_use": tool_use, "text": text, "is_error": is_error}]
-    RunEvent.objects.bulk_create(
-        [
-            RunEvent(run_id=run_id, seq=run.last_seq + i, step=step, type=p["type"], payload=p)
-            for i, p in enumerate(payloads, start=1)
-        ]
-    )
-    seq = run.last_seq + len(payloads)
-    TranscriptEntry.objects.create(
-        run_id=run_id,
-        idx=run.transcript_len,
-        step=step,
-        role="user",
-        content=[{"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}],
-    )
-    if record:
-        ToolCallRecord.objects.filter(id=record.id).update(
-            status=ToolCallStatus.FINISHED, is_error=is_error, finished_at=timezone.now()
+    with connection.cursor() as cur:
+        cur.execute(_LOCK_SQL, [call_id, run_id])
+        row = cur.fetchone()
+        if row is None or row[0] in TERMINAL:
+            return False
+        _, run_step, last_seq, transcript_len, record_id, record_step, record_input = row
+        step = record_step if record_id is not None else max(run_step - 1, 0)
+        tool_use = {"id": call_id, "name": tool_name, "input": _json(record_input) if record_id is not None else {}}
+        payloads = [*events, {"type": "tool_result", "tool_use": tool_use, "text": text, "is_error": is_error}]
+        block = {"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}
+        seq = last_seq + len(payloads)
+        cur.execute(
+            _ANSWER_SQL,
+            {
+                "rows": json.dumps({"e": payloads, "t": [block]}),
+                "run_id": run_id,
+                "seq_base": last_seq,
+                "step": step,
+                "idx": transcript_len,
+                "is_error": is_error,
+                "record_id": record_id,
+                "last_seq": seq,
+                "answerable": list(ANSWERABLE),
+            },
         )
-    Run.objects.filter(id=run_id).update(
-        last_seq=seq,
-        transcript_len=F("transcript_len") + 1,
-        pending_calls=F("pending_calls") - 1,
-        updated_at=timezone.now(),
-    )
+        woke = bool(cur.fetchone()[0])
     transaction.on_commit(lambda: notify_events(run_id, seq))
-    # Conditional wake: exactly the last answer flips the run back to running.
-    if Run.objects.filter(id=run_id, status__in=ANSWERABLE, pending_calls=0).update(
-        status=RunStatus.RUNNING, updated_at=timezone.now()
-    ):
-        transaction.on_commit(lambda: enqueue_iteration(run_id, run.step))
+    # Exactly the last answer flips the run back to running (pending_calls was 1 under the row lock).
+    if woke:
+        transaction.on_commit(lambda: enqueue_iteration(run_id, run_step))
     return True
+
+
+def _json(raw: Any) -> Any:
+    return json.loads(raw) if isinstance(raw, str) else raw

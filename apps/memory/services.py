@@ -183,24 +183,37 @@ def memory_set(
     with transaction.atomic():
         _lock_slot(slot)
         _check_quota(slot, key, size, E.MEMORY_MAX_SCOPE_BYTES if quota_bytes is None else quota_bytes)
-        MemoryEntry.objects.update_or_create(
-            tenant_id=slot.tenant_id,
-            scope=slot.scope,
-            scope_id=slot.scope_id,
-            key=key,
-            defaults={
-                "value": value,
-                "expires_at": expires_at,
-                "embedding": vector,
-                "embedding_provider": embedder.id if embedder else "",
-                "embedding_model": embedder.model if embedder else "",
-            },
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _SET_SQL,
+                {
+                    "tenant": slot.tenant_id,
+                    "scope": slot.scope,
+                    "scope_id": slot.scope_id,
+                    "key": key,
+                    "value": json.dumps(value),
+                    "expires_at": expires_at,
+                    "embedding": None if vector is None else "[" + ",".join(map(repr, vector)) + "]",
+                    "provider": embedder.id if embedder else "",
+                    "model": embedder.model if embedder else "",
+                },
+            )
     return SetResult(embedded=vector is not None, embed_warning=warning, expires_at=expires_at)
 
 
 _TABLE = MemoryEntry._meta.db_table
 _LIVE = "(expires_at IS NULL OR expires_at > now())"
+
+# One upsert: the row is replaced whole (value, expiry, embedding), live or expired.
+_SET_SQL = f"""
+INSERT INTO {_TABLE} AS m (tenant_id, scope, scope_id, key, value, expires_at, embedding,
+    embedding_provider, embedding_model, created_at, updated_at)
+VALUES (%(tenant)s, %(scope)s, %(scope_id)s, %(key)s, %(value)s::jsonb, %(expires_at)s, %(embedding)s::vector,
+    %(provider)s, %(model)s, now(), now())
+ON CONFLICT ON CONSTRAINT memoryentry_tenant_scope_key DO UPDATE SET
+    value = EXCLUDED.value, expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding,
+    embedding_provider = EXCLUDED.embedding_provider, embedding_model = EXCLUDED.embedding_model, updated_at = now()
+"""
 
 
 def memory_delete(*, slot: Slot, key: str) -> bool:

@@ -360,23 +360,20 @@ def _broadcast(principal: Principal, body: ChannelBroadcastIn) -> dict[str, Any]
     # Every target is resolved first: one undeclared channel and nothing is published.
     targets = [_fanout_stream(principal, n, body.scope, body.scope_id) for n in names]
     services.check_payload(value)
-    deliver_at = services.parse_deliver_at(body.deliver_at)
-    results: list[dict[str, Any]] = []
-    for stream, declared in targets:
-        try:
-            done = services.publish(
-                stream=stream,
-                declared=declared,
-                value=value,
-                ttl=body.ttl,
-                deliver_at=deliver_at,
-                published_by=ADMIN,
-                published_by_user_id=ADMIN,
-            )
-        except ApplicationError as exc:  # reported per channel, as loomcycle does
-            results.append({"channel": stream.channel, "error": exc.message, "code": exc.code})
-            continue
-        results.append(done.as_rest())
+    outcomes = services.broadcast(
+        targets=targets,
+        value=value,
+        ttl=body.ttl,
+        deliver_at=services.parse_deliver_at(body.deliver_at),
+        published_by=ADMIN,
+        published_by_user_id=ADMIN,
+    )
+    results = [  # a failure is reported per channel, as loomcycle does
+        {"channel": stream.channel, "error": o.message, "code": o.code}
+        if isinstance(o, ApplicationError)
+        else o.as_rest()
+        for stream, o in outcomes
+    ]
     failed = sum(1 for r in results if "error" in r)
     return {"published": len(results) - failed, "failed": failed, "results": results}
 

@@ -35,7 +35,7 @@ from django.db.models import Count, Max
 from django.utils import timezone
 
 from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
-from apps.core.errors import Conflict, Forbidden, Invalid, NotFound, PayloadTooLarge
+from apps.core.errors import ApplicationError, Conflict, Forbidden, Invalid, NotFound, PayloadTooLarge
 from apps.core.redis import sync_client
 from apps.substrate.models import ChannelDef, DefSource
 from loomcycle_project import env as E
@@ -375,6 +375,38 @@ def publish(
         done = Published(stream, msg.id, now, visible, deferred, dropped, size)
         transaction.on_commit(lambda: after_publish(done))
     return done
+
+
+def broadcast(
+    *,
+    targets: list[tuple[Stream, ChannelDef]],
+    value: Any,
+    ttl: int | None,
+    deliver_at: datetime | None,
+    published_by: str,
+    published_by_user_id: str,
+    idempotency_key: str = "",
+) -> list[tuple[Stream, Published | ApplicationError]]:
+    """Publish `value` to each (already resolved and allowed) target, one
+    transaction each; a failure is reported for its channel, the others go on."""
+    out: list[tuple[Stream, Published | ApplicationError]] = []
+    for stream, declared in targets:
+        try:
+            done = publish(
+                stream=stream,
+                declared=declared,
+                value=value,
+                ttl=ttl,
+                deliver_at=deliver_at,
+                published_by=published_by,
+                published_by_user_id=published_by_user_id,
+                idempotency_key=f"{idempotency_key}:{stream.channel}" if idempotency_key else "",
+            )
+        except ApplicationError as exc:
+            out.append((stream, exc))
+            continue
+        out.append((stream, done))
+    return out
 
 
 def _trim(stream: Stream, keep: int | None, just_inserted: str) -> int:

@@ -204,26 +204,23 @@ def _broadcast(caller: _Caller, data: dict[str, Any]) -> ToolResult:
         _check_publishable(name, declared, "broadcast: ")
         targets.append((stream, declared))
     services.check_payload(data["value"])
-    ttl, deliver_at = _int(data, "ttl"), services.parse_deliver_at(data.get("deliver_at"))
+    outcomes = services.broadcast(
+        targets=targets,
+        value=data["value"],
+        ttl=_int(data, "ttl"),
+        deliver_at=services.parse_deliver_at(data.get("deliver_at")),
+        published_by=caller.ctx.run_id,
+        published_by_user_id=caller.ctx.user_id,
+        idempotency_key=caller.ctx.idempotency_key,
+    )
     results: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
-    for stream, declared in targets:
-        try:
-            done = services.publish(
-                stream=stream,
-                declared=declared,
-                value=data["value"],
-                ttl=ttl,
-                deliver_at=deliver_at,
-                published_by=caller.ctx.run_id,
-                published_by_user_id=caller.ctx.user_id,
-                idempotency_key=f"{caller.ctx.idempotency_key}:{stream.channel}",
-            )
-        except ApplicationError as exc:
-            results.append({"channel": stream.channel, "error": exc.message})
-            continue
-        results.append(done.as_tool())
-        events.append(services.publish_event(done, data["value"]))
+    for stream, outcome in outcomes:
+        if isinstance(outcome, ApplicationError):
+            results.append({"channel": stream.channel, "error": outcome.message})
+        else:
+            results.append(outcome.as_tool())
+            events.append(services.publish_event(outcome, data["value"]))
     failed = sum(1 for r in results if "error" in r)
     return _ok({"published": len(results) - failed, "failed": failed, "results": results}, events=tuple(events))
 

@@ -80,9 +80,13 @@ def _database() -> dict[str, object]:
     # psycopg pool: a worker thread hands its connection back before every
     # provider call, so 1,000 in-flight calls do not hold 1,000 connections.
     options["pool"] = {"min_size": 1, "max_size": E.PG_POOL_MAX, "timeout": 30}
-    # Server-side binding: psycopg prepares statements a connection runs often
-    # (the claim and the step commit), so Postgres plans them once per connection.
+    # Server-side binding. Django keeps psycopg's automatic preparation off
+    # (prepare_threshold None); the engine prepares its three hot statements
+    # explicitly (apps.runs.store), and generic plans make Postgres plan each
+    # once per connection. Only prepared statements follow plan_cache_mode, so
+    # every other query keeps its custom plan (and its partial indexes).
     options["server_side_binding"] = True
+    options["options"] = (str(options.get("options") or "") + " -c plan_cache_mode=force_generic_plan").strip()
     cfg["OPTIONS"] = options
     cfg["CONN_MAX_AGE"] = 0
     cfg["TEST"] = {"NAME": "test_loomcycle"}

@@ -14,9 +14,12 @@ Three writes per tool-calling iteration, each one statement in autocommit:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from django.db import connection
 
 _CLAIM_COLUMNS = (
@@ -196,10 +199,30 @@ class StepRows:
     ledger: list[dict[str, Any]] = field(default_factory=list)
 
 
+_NEVER_AUTOMATICALLY = 2**31 - 1
+
+
+@contextmanager
+def _prepared() -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor on Django's connection (same session, same transaction) for the
+    engine's three hot statements, executed with `prepare=True`: each becomes a
+    prepared statement of the pooled connection, and the session's
+    `plan_cache_mode=force_generic_plan` (settings: nothing else on it is
+    prepared; Django runs with prepare_threshold=None) plans it once per
+    connection. Unprepared, Postgres planned the step commit on every call,
+    ~3 ms of CPU, more than it took to execute."""
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold is None:  # Django's default: never prepare. Only explicit prepare=True calls do now.
+        raw.prepare_threshold = _NEVER_AUTOMATICALLY
+    with psycopg.Cursor(raw) as cur:
+        yield cur
+
+
 def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
     """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere."""
-    with connection.cursor() as cur:
-        cur.execute(_CLAIM_SQL, [owner, lease_seconds, run_id, step])
+    with _prepared() as cur:
+        cur.execute(_CLAIM_SQL, [owner, lease_seconds, run_id, step], prepare=True)
         row = cur.fetchone()
     if row is None:
         return None
@@ -221,8 +244,8 @@ def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
 
 def record_tool_starts(*, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
     """Recorded before the tools run; a redelivery repeats the same (run, step, call_id) keys."""
-    with connection.cursor() as cur:
-        cur.execute(_TOOL_STARTS_SQL, [run_id, step, json.dumps([list(c) for c in calls])])
+    with _prepared() as cur:
+        cur.execute(_TOOL_STARTS_SQL, [run_id, step, json.dumps([list(c) for c in calls])], prepare=True)
 
 
 def commit_step(
@@ -272,7 +295,7 @@ def commit_step(
         "candidate_idx": switched[2] if switched else None,
         "fallbacks": switched[3] if switched else None,
     }
-    with connection.cursor() as cur:
-        cur.execute(_COMMIT_SQL, params)
+    with _prepared() as cur:
+        cur.execute(_COMMIT_SQL, params, prepare=True)
         row = cur.fetchone()
     return bool(row and row[0])

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel
@@ -48,7 +46,7 @@ from apps.channels.schemas import (
 )
 from apps.channels.services import ChannelNotDeclared, ChannelScopeInvalid, NonSystemChannel, Stream
 from apps.core.errors import ApplicationError, Invalid, NotFound
-from apps.core.http import openapi_body, parse_body, request_principal
+from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.core.pubsub import hub
 from apps.core.types import Principal
@@ -59,7 +57,6 @@ from loomcycle_project import env as E
 
 router = Router(tags=["channels"])
 
-T = TypeVar("T")
 ADMIN = "_admin"  # published_by / published_by_user_id of operator publishes (SPEC 9.4)
 SYSTEM_PREFIX = "_system/"
 RESERVED_NAMES = frozenset({"_await", "_broadcast"})  # route names under /v1/_channels/
@@ -81,18 +78,6 @@ class UnknownChannel(NotFound):
 
 
 # --- helpers ----------------------------------------------------------------------
-
-
-def _sync(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """Run a blocking body off the event loop and hand its DB connection back."""
-
-    def body(*args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connection.close()
-
-    return sync_to_async(body, thread_sensitive=False)
 
 
 def _json(data: dict[str, Any], status: int = 200) -> JsonResponse:
@@ -228,7 +213,7 @@ async def _ring(queues: list[tuple[str, asyncio.Queue[str]]], timeout: float) ->
 async def _subscribe(stream: Stream, body: ChannelSubscribeIn) -> dict[str, Any]:
     from_cursor = check_cursor(body.from_cursor)
     limit = services.clamp_max(body.max_messages)
-    read = _sync(services.subscribe)
+    read = db_call(services.subscribe)
 
     async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
         got = await read(stream=stream, from_cursor=from_cursor, max_messages=limit)
@@ -310,7 +295,7 @@ def _system_publish(principal: Principal, name: str, body: ChannelPublishIn) -> 
 
 @router.get("/_channels", operation_id="channels_list", summary="Channels visible to the tenant (yaml + runtime)")
 async def channels_list(request: HttpRequest) -> JsonResponse:
-    return _json(await _sync(_list)(request_principal(request)))
+    return _json(await db_call(_list)(request_principal(request)))
 
 
 @router.post(
@@ -321,7 +306,7 @@ async def channels_list(request: HttpRequest) -> JsonResponse:
 )
 async def channel_create(request: HttpRequest) -> JsonResponse:
     body = _body(request, ChannelCreateIn)
-    return _json(await _sync(_create)(request_principal(request), body), status=201)
+    return _json(await db_call(_create)(request_principal(request), body), status=201)
 
 
 # --- fan-in / fan-out (before the {name} routes: these are not channel names) --------
@@ -344,8 +329,8 @@ async def channels_await(request: HttpRequest) -> JsonResponse:
     principal = request_principal(request)
     checked = services.check_await(body.mode, body.n, "await: ")
     spec = services.AwaitSpec(checked.mode, checked.n, services.clamp_max(body.max_messages))
-    streams = await _sync(_await_streams)(principal, body)
-    read = _sync(services.await_read)
+    streams = await db_call(_await_streams)(principal, body)
+    read = db_call(services.await_read)
 
     async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
         return await read(streams=streams, spec=spec, timed_out=final)
@@ -386,7 +371,7 @@ def _broadcast(principal: Principal, body: ChannelBroadcastIn) -> dict[str, Any]
 )
 async def channels_broadcast(request: HttpRequest) -> JsonResponse:
     body = _body(request, ChannelBroadcastIn)
-    return _json(await _sync(_broadcast)(request_principal(request), body))
+    return _json(await db_call(_broadcast)(request_principal(request), body))
 
 
 # --- one stream (admin routes) ------------------------------------------------------
@@ -405,7 +390,7 @@ def _admin_publish(principal: Principal, name: str, body: ChannelPublishIn) -> d
 )
 async def channel_publish(request: HttpRequest, name: str) -> JsonResponse:
     body = _body(request, ChannelPublishIn)
-    return _json(await _sync(_admin_publish)(request_principal(request), name, body))
+    return _json(await db_call(_admin_publish)(request_principal(request), name, body))
 
 
 @router.post(
@@ -416,7 +401,7 @@ async def channel_publish(request: HttpRequest, name: str) -> JsonResponse:
 )
 async def channel_subscribe(request: HttpRequest, name: str) -> JsonResponse:
     body = _body(request, ChannelSubscribeIn, required=False)
-    stream, _ = await _sync(admin_stream)(request_principal(request), name)
+    stream, _ = await db_call(admin_stream)(request_principal(request), name)
     return _json(await _subscribe(stream, body))
 
 
@@ -432,7 +417,7 @@ def _admin_ack(principal: Principal, name: str, cursor: Any) -> dict[str, Any]:
 )
 async def channel_ack(request: HttpRequest, name: str) -> JsonResponse:
     body = _body(request, ChannelAckIn)
-    return _json(await _sync(_admin_ack)(request_principal(request), name, body.cursor))
+    return _json(await db_call(_admin_ack)(request_principal(request), name, body.cursor))
 
 
 def _purge(principal: Principal, name: str) -> dict[str, Any]:
@@ -441,7 +426,7 @@ def _purge(principal: Principal, name: str) -> dict[str, Any]:
 
 @router.post(_PREFIX + "/purge", operation_id="channel_purge", summary="Drop every message of the channel")
 async def channel_purge(request: HttpRequest, name: str) -> JsonResponse:
-    return _json(await _sync(_purge)(request_principal(request), name))
+    return _json(await db_call(_purge)(request_principal(request), name))
 
 
 def _admin_peek(principal: Principal, name: str, from_cursor: str | None, max_raw: str | None) -> dict[str, Any]:
@@ -455,7 +440,7 @@ def _admin_peek(principal: Principal, name: str, from_cursor: str | None, max_ra
 )
 async def channel_peek(request: HttpRequest, name: str) -> JsonResponse:
     principal, from_cursor = request_principal(request), _query_cursor(request)
-    return _json(await _sync(_admin_peek)(principal, name, from_cursor, request.GET.get("max_messages")))
+    return _json(await db_call(_admin_peek)(principal, name, from_cursor, request.GET.get("max_messages")))
 
 
 # --- the bare {name} route: update, delete, system publish --------------------------
@@ -463,17 +448,17 @@ async def channel_peek(request: HttpRequest, name: str) -> JsonResponse:
 
 async def _patch(request: HttpRequest, name: str) -> JsonResponse:
     body = _body(request, ChannelUpdateIn)
-    return _json(await _sync(_update)(request_principal(request), name, body))
+    return _json(await db_call(_update)(request_principal(request), name, body))
 
 
 async def _delete(request: HttpRequest, name: str) -> HttpResponse:
-    await _sync(services.channel_delete)(tenant_id=request_principal(request).tenant_id, name=name)
+    await db_call(services.channel_delete)(tenant_id=request_principal(request).tenant_id, name=name)
     return HttpResponse(status=204)
 
 
 async def _system(request: HttpRequest, name: str) -> JsonResponse:
     body = _body(request, ChannelPublishIn)
-    return _json(await _sync(_system_publish)(request_principal(request), name, body))
+    return _json(await db_call(_system_publish)(request_principal(request), name, body))
 
 
 _BARE: dict[str, Callable[[HttpRequest, str], Awaitable[HttpResponse]]] = {
@@ -540,7 +525,7 @@ def _user_publish(principal: Principal, user_id: str, name: str, body: ChannelPu
 )
 async def user_channel_publish(request: HttpRequest, user_id: str, name: str) -> JsonResponse:
     body = _body(request, ChannelPublishIn)
-    return _json(await _sync(_user_publish)(request_principal(request), user_id, name, body))
+    return _json(await db_call(_user_publish)(request_principal(request), user_id, name, body))
 
 
 @router.post(
@@ -551,7 +536,7 @@ async def user_channel_publish(request: HttpRequest, user_id: str, name: str) ->
 )
 async def user_channel_subscribe(request: HttpRequest, user_id: str, name: str) -> JsonResponse:
     body = _body(request, ChannelSubscribeIn, required=False)
-    stream, _ = await _sync(user_stream)(request_principal(request), user_id, name)
+    stream, _ = await db_call(user_stream)(request_principal(request), user_id, name)
     return _json(await _subscribe(stream, body))
 
 
@@ -567,7 +552,7 @@ def _user_ack(principal: Principal, user_id: str, name: str, cursor: Any) -> dic
 )
 async def user_channel_ack(request: HttpRequest, user_id: str, name: str) -> JsonResponse:
     body = _body(request, ChannelAckIn)
-    return _json(await _sync(_user_ack)(request_principal(request), user_id, name, body.cursor))
+    return _json(await db_call(_user_ack)(request_principal(request), user_id, name, body.cursor))
 
 
 def _user_peek(
@@ -582,4 +567,4 @@ def _user_peek(
 async def user_channel_peek(request: HttpRequest, user_id: str, name: str) -> JsonResponse:
     principal, from_cursor = request_principal(request), _query_cursor(request)
     max_raw = request.GET.get("max_messages")
-    return _json(await _sync(_user_peek)(principal, user_id, name, from_cursor, max_raw))
+    return _json(await db_call(_user_peek)(principal, user_id, name, from_cursor, max_raw))

@@ -27,9 +27,8 @@ import json
 import logging
 from urllib.parse import parse_qs
 
-from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.db.models.functions import Now
 
 from apps.channels import services
@@ -37,6 +36,7 @@ from apps.channels.api import admin_stream, check_cursor, user_stream
 from apps.channels.models import ChannelMessage
 from apps.channels.services import Stream
 from apps.core.errors import ApplicationError
+from apps.core.http import db_call
 from apps.core.pubsub import hub
 from apps.core.types import Principal
 from apps.substrate.auth import aauthenticate_for, bearer_from_headers
@@ -59,19 +59,13 @@ def newest_cursor(stream: Stream) -> str:
 
 
 def _resolve(principal: Principal, name: str, user_id: str | None, from_cursor: str | None) -> tuple[Stream, str]:
-    """The stream and the cursor to read after; hands the DB connection back."""
-    try:
-        stream = user_stream(principal, user_id, name)[0] if user_id is not None else admin_stream(principal, name)[0]
-        return stream, from_cursor if from_cursor is not None else newest_cursor(stream)
-    finally:
-        connection.close()
+    """The stream and the cursor to read after."""
+    stream = user_stream(principal, user_id, name)[0] if user_id is not None else admin_stream(principal, name)[0]
+    return stream, from_cursor if from_cursor is not None else newest_cursor(stream)
 
 
 def _peek(stream: Stream, after: str) -> services.Read:
-    try:
-        return services.peek(stream=stream, from_cursor=after, max_messages=PAGE)
-    finally:
-        connection.close()
+    return services.peek(stream=stream, from_cursor=after, max_messages=PAGE)
 
 
 class ChannelStreamConsumer(AsyncWebsocketConsumer):
@@ -111,13 +105,13 @@ class ChannelStreamConsumer(AsyncWebsocketConsumer):
         tenant = principal.tenant_id
         self.bell, self.wake = services.bell(tenant, name), await hub().subscribe(services.bell(tenant, name))
         try:
-            return await sync_to_async(_resolve, thread_sensitive=False)(principal, name, user_id, from_cursor)
+            return await db_call(_resolve)(principal, name, user_id, from_cursor)
         except BaseException:
             await self._release()
             raise
 
     async def _pump(self, stream: Stream, after: str) -> None:
-        read = sync_to_async(_peek, thread_sensitive=False)
+        read = db_call(_peek)
         wake = self.wake
         try:
             while True:

@@ -5,8 +5,11 @@ does not validate (with the field errors in `details`)."""
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
+from django.db import connection
 from django.http import HttpRequest
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
@@ -15,6 +18,7 @@ from apps.core.errors import Invalid, PayloadTooLarge, UnsupportedMediaType
 from apps.core.types import Principal
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 # curl -d sends application/x-www-form-urlencoded; the body is still parsed as
 # JSON (docs/compat.md). Anything else that is not JSON is a 415.
 _JSON_TYPES = frozenset({"application/json", "application/x-www-form-urlencoded"})
@@ -57,3 +61,16 @@ def request_principal(request: HttpRequest) -> Principal:
     """The principal the bearer auth put on the request (every /v1 route has one)."""
     principal: Principal = request.auth  # type: ignore[attr-defined]
     return principal
+
+
+def db_call(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """For async views: run a blocking body on a worker thread and hand its DB
+    connection back to the pool when it ends."""
+
+    def body(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return sync_to_async(body, thread_sensitive=False)

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel, ConfigDict
 
 from apps.core.errors import Forbidden, Invalid, NotFound
-from apps.core.http import openapi_body, parse_body, request_principal
+from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.memory import selectors, services
 from apps.memory.models import MemoryEntry, MemoryScope
@@ -80,18 +78,6 @@ def _entry(row: MemoryEntry) -> dict[str, Any]:
         "updated_at": _ts(row.updated_at),
         "embedded": row.embedding is not None,
     }
-
-
-def _sync(fn: Any) -> Any:
-    """Run a blocking body off the event loop and hand its DB connection back."""
-
-    def body(*args: Any) -> Any:
-        try:
-            return fn(*args)
-        finally:
-            connection.close()
-
-    return sync_to_async(body, thread_sensitive=False)
 
 
 def _put(principal: Principal, scope: str, scope_id: str, key: str, body: MemoryPutIn, embed_q: bool) -> dict[str, Any]:
@@ -160,12 +146,12 @@ async def memory_scopes(request: HttpRequest) -> JsonResponse:
 @router.get(_PREFIX, operation_id="memory_keys_list", summary="List live keys (prefix, limit 200 default, max 1000)")
 async def memory_keys_list(request: HttpRequest, scope: str, scope_id: str) -> JsonResponse:
     prefix, limit = request.GET.get("prefix", ""), request.GET.get("limit", "200")
-    return JsonResponse(await _sync(_list)(request_principal(request), scope, scope_id, prefix, limit))
+    return JsonResponse(await db_call(_list)(request_principal(request), scope, scope_id, prefix, limit))
 
 
 @router.get(_PREFIX + "/{path:key}", operation_id="memory_key_get", summary="One live key; 404 not_found")
 async def memory_key_get(request: HttpRequest, scope: str, scope_id: str, key: str) -> JsonResponse:
-    return JsonResponse(await _sync(_get)(request_principal(request), scope, scope_id, key))
+    return JsonResponse(await db_call(_get)(request_principal(request), scope, scope_id, key))
 
 
 @router.put(
@@ -177,12 +163,12 @@ async def memory_key_get(request: HttpRequest, scope: str, scope_id: str, key: s
 async def memory_key_put(request: HttpRequest, scope: str, scope_id: str, key: str) -> JsonResponse:
     body = parse_body(request, MemoryPutIn, max_bytes=ADMIN_BODY_BYTES)
     embed_q = request.GET.get("embed", "").lower() in ("1", "true")
-    return JsonResponse(await _sync(_put)(request_principal(request), scope, scope_id, key, body, embed_q))
+    return JsonResponse(await db_call(_put)(request_principal(request), scope, scope_id, key, body, embed_q))
 
 
 @router.delete(_PREFIX + "/{path:key}", operation_id="memory_key_delete", summary="Delete a key (always 204)")
 async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key: str) -> HttpResponse:
-    await _sync(_delete)(request_principal(request), scope, scope_id, key)
+    await db_call(_delete)(request_principal(request), scope, scope_id, key)
     return HttpResponse(status=204)
 
 
@@ -194,4 +180,4 @@ async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key
 )
 async def memory_search(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, MemorySearchIn, max_bytes=ADMIN_BODY_BYTES)
-    return JsonResponse(await _sync(_search)(request_principal(request), body))
+    return JsonResponse(await db_call(_search)(request_principal(request), body))

@@ -1,17 +1,22 @@
 """Process-level plumbing the hot paths rely on: the Celery app's Redis
-transport reuses one client per channel; agent definitions are read once per
-process; the engine's statements are prepared, other queries are not."""
+transport reuses one client per channel and parses replies with hiredis; the
+doorbell is published without a per-message queue declaration; agent
+definitions are read once per process; the engine's statements are prepared,
+other queries are not."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from celery.signals import before_task_publish
 from django.conf import settings
 from django.db import connection
 from kombu import Connection
 
+from apps.core.redis import sync_client
 from apps.runs import store
+from apps.runs.dispatch import ITERATE_TASK, enqueue_iteration
 from apps.substrate.selectors import agent_def_resolve, agent_definition
 from workers.celery import app
 from workers.transport import Transport
@@ -25,6 +30,42 @@ def test_the_redis_transport_reuses_one_sync_client_per_channel() -> None:
         assert channel._create_client() is first
         assert channel.client is not first  # the asynchronous client is kombu's own
     assert app.conf.broker_url == settings.CELERY_BROKER_URL
+
+
+def test_redis_replies_are_parsed_by_hiredis() -> None:
+    from redis._parsers import _HiredisParser
+
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        pool = conn.default_channel._create_client().connection_pool
+        broker = pool.get_connection()
+        try:
+            assert isinstance(broker._parser, _HiredisParser)
+        finally:
+            pool.release(broker)
+    signals = sync_client().connection_pool.get_connection()
+    try:
+        assert isinstance(signals._parser, _HiredisParser)
+    finally:
+        sync_client().connection_pool.release(signals)
+
+
+def test_the_doorbell_skips_the_queue_declaration_and_the_argument_repr() -> None:
+    """Workers run the doorbell end to end in tests/runs; this pins what makes it cheap."""
+    seen: list[dict[str, Any]] = []
+
+    def capture(sender: str, body: Any, declare: Any, headers: dict[str, Any], **kw: Any) -> None:
+        seen.append({"task": sender, "body": body, "declare": declare, "headers": headers, "rk": kw["routing_key"]})
+
+    before_task_publish.connect(capture)
+    try:
+        enqueue_iteration("r_0123456789abcdef", 7)
+    finally:
+        before_task_publish.disconnect(capture)
+    [msg] = seen
+    assert msg["task"] == ITERATE_TASK and msg["rk"] == "runs"
+    assert msg["declare"] == []
+    assert msg["headers"]["argsrepr"] == "('r_0123456789abcdef', 7)"
+    assert msg["body"][0] == ("r_0123456789abcdef", 7)
 
 
 @pytest.mark.usefixtures("agents")

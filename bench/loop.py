@@ -127,7 +127,7 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     xid1 = int(sql("SELECT pg_current_xact_id()::text::bigint")[0][0])  # type: ignore[call-overload]
     elapsed = t1 - t0
     iterations = sum(Run.objects.filter(id__in=ids).values_list("step", flat=True))
-    samples = [tuple(map(float, s.decode().split(","))) for s in client.lrange(TIMINGS_KEY, 0, -1)]
+    samples = stack.timing_samples(client, TIMINGS_KEY)
     overhead = [total - provider for total, provider in samples]
     # xids: one per write transaction; minus the run creations and the 2 probes themselves
     commits = (xid1 - xid0 - RUNS - 1) / iterations
@@ -151,7 +151,7 @@ def light_load_phase() -> dict[str, float]:
     client.delete(TIMINGS_KEY)
     for _ in range(10):
         wait_status(create_runs("loop10", 4), RunStatus.COMPLETED, 120)
-    samples = [tuple(map(float, s.decode().split(","))) for s in client.lrange(TIMINGS_KEY, 0, -1)]
+    samples = stack.timing_samples(client, TIMINGS_KEY)
     overhead = [total - provider for total, provider in samples]
     return {
         "light_p50_overhead_ms": pct(overhead, 0.5),

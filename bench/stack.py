@@ -129,3 +129,11 @@ def service_pids() -> dict[str, list[int]]:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
+
+
+def timing_samples(client: Any, key: str) -> list[tuple[float, float]]:
+    """The workers' (total ms, provider ms) samples; waits out their buffered flush."""
+    from apps.runs.dispatch import TIMINGS_FLUSH_S
+
+    time.sleep(TIMINGS_FLUSH_S * 3)
+    return [(float(a), float(b)) for a, b in (s.decode().split(",") for s in client.lrange(key, 0, -1))]

@@ -6,6 +6,7 @@ other queries are not."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -93,3 +94,20 @@ def test_only_the_engine_statements_are_prepared() -> None:
         cur.execute("SHOW plan_cache_mode")
         assert cur.fetchone()[0] == "force_generic_plan"
     assert prepared == ["SELECT $1::int + 1"]
+
+
+def test_engine_timing_samples_are_buffered_then_pushed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.runs import dispatch
+    from loomcycle_project import env as E
+
+    key = "lc:test:timings"
+    client = sync_client()
+    client.delete(key)
+    monkeypatch.setattr(E, "ENGINE_TIMINGS_KEY", key)
+    for i in range(5):
+        dispatch.record_timing(0.010 + i / 1000, 0.002)
+    deadline = time.monotonic() + 5
+    while client.llen(key) < 5 and time.monotonic() < deadline:
+        time.sleep(dispatch.TIMINGS_FLUSH_S / 2)
+    assert [s.decode() for s in client.lrange(key, 0, -1)] == [f"{10 + i:.3f},2.000" for i in range(5)]
+    client.delete(key)

@@ -168,6 +168,7 @@ def run_insert(
     """Insert the run and its first rows; the caller owns the transaction and the doorbell."""
     r = resolved
     d = r.agent_def.definition
+    events = _first_events(data, r)
     run = Run.objects.create(
         id=run_id or new_run_id(),
         agent_id=r.agent_id,
@@ -189,34 +190,28 @@ def run_insert(
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,
+        last_seq=len(events),
+        transcript_len=1,
     )
-    _create_rows(run, data, r.user_text, r.agent_def.id)
+    TranscriptEntry.objects.create(run=run, idx=0, step=0, role="user", content=[{"type": "text", "text": r.user_text}])
+    RunEvent.objects.bulk_create(
+        [RunEvent(run=run, seq=i + 1, step=0, type=e["type"], payload=e) for i, e in enumerate(events)]
+    )
     return run
 
 
-def _create_rows(run: Run, data: RunCreate, user_text: str, def_id: str) -> None:
-    TranscriptEntry.objects.create(run=run, idx=0, step=0, role="user", content=[{"type": "text", "text": user_text}])
+def _first_events(data: RunCreate, r: Resolved) -> list[dict[str, Any]]:
     pinned = {
-        "agent_def_id": def_id,
-        "agent_def_version": run.agent_def.version,
-        "content_sha256": run.agent_def_sha256,
+        "agent_def_id": r.agent_def.id,
+        "agent_def_version": r.agent_def.version,
+        "content_sha256": r.agent_def.content_sha256,
     }
     events: list[dict[str, Any]] = [
         {"type": "user_input", "segments": [seg.model_dump(exclude_none=True) for seg in data.segments], **pinned}
     ]
-    if run.system:
-        events.append(
-            {
-                "type": "system_prompt",
-                "system_prompt": "\n\n".join(run.system),
-                **pinned,
-            }
-        )
-    RunEvent.objects.bulk_create(
-        [RunEvent(run=run, seq=i + 1, step=0, type=e["type"], payload=e) for i, e in enumerate(events)]
-    )
-    Run.objects.filter(id=run.id).update(last_seq=len(events), transcript_len=1)
-    run.last_seq, run.transcript_len = len(events), 1
+    if r.system:
+        events.append({"type": "system_prompt", "system_prompt": "\n\n".join(r.system), **pinned})
+    return events
 
 
 def _live_descendants(run: Run) -> list[Run]:

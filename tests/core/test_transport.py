@@ -1,0 +1,110 @@
+"""workers/transport.py against the real Redis broker: deferred acks keep
+kombu's late-ack bookkeeping exact (an acked message is never restored, an
+unacked one still is), and workers leave no unacked entry of a finished run."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from apps.runs.models import RunStatus
+from tests.conftest import ALICE, wait_for, wait_status
+from tests.procs import WorkerPool
+from workers.transport import QoS
+
+
+@pytest.fixture
+def broker() -> Iterator[tuple[Any, Queue]]:
+    queue = Queue(f"lc-test-{uuid.uuid4().hex[:8]}", Exchange("", type="direct"), routing_key="")
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        channel = conn.channel()
+        queue = queue.bind(channel)
+        queue.routing_key = queue.name
+        queue.declare()
+        try:
+            yield channel, queue
+        finally:
+            client = conn.default_channel.client
+            client.delete(queue.name)
+            if not channel.closed:
+                channel.close()
+
+
+def publish(channel: Any, queue: Queue, *bodies: str) -> None:
+    producer = Producer(channel)
+    for body in bodies:
+        producer.publish(body, routing_key=queue.name, serializer="json")
+
+
+def receive(channel: Any, queue: Queue, n: int) -> list[Any]:
+    got: list[Any] = []
+    channel.basic_qos(0, n, False)
+    with Consumer(channel, [queue], callbacks=[lambda body, msg: got.append(msg)], accept=["json"]):
+        while len(got) < n:
+            channel.connection.client.drain_events(timeout=5)
+    return got
+
+
+def unacked_tags(channel: Any) -> set[str]:
+    return {t.decode() for t in channel.client.hkeys(channel.unacked_key)}
+
+
+def test_an_ack_is_settled_by_the_next_delivery_or_a_flush(broker: tuple[Any, Queue]) -> None:
+    channel, queue = broker
+    assert isinstance(channel.qos, QoS)
+    publish(channel, queue, "one", "two", "three")
+    [first] = receive(channel, queue, 1)
+    first.ack()
+    assert first.delivery_tag in unacked_tags(channel)  # deferred: no round trip on the ack itself
+    assert channel.qos.can_consume()  # the prefetch window is freed at once
+    [second] = receive(channel, queue, 1)
+    assert first.delivery_tag not in unacked_tags(channel)  # rode along with the next delivery
+    assert second.delivery_tag in unacked_tags(channel)
+    second.ack()
+    channel.qos.flush_acks()
+    assert second.delivery_tag not in unacked_tags(channel)
+
+
+def test_closing_restores_only_what_was_not_acked(broker: tuple[Any, Queue]) -> None:
+    channel, queue = broker
+    publish(channel, queue, "acked", "unacked")
+    acked, unacked = receive(channel, queue, 2)
+    acked.ack()
+    assert {acked.delivery_tag, unacked.delivery_tag} <= unacked_tags(channel)
+    channel.close()  # kombu restores unacked messages at shutdown; the pending ack is settled first
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        client = conn.default_channel.client
+        back = [json.loads(m)["properties"]["delivery_tag"] for m in client.lrange(queue.name, 0, -1)]
+        tags = {t.decode() for t in client.hkeys(conn.default_channel.unacked_key)}
+    assert back == [unacked.delivery_tag]
+    assert not {acked.delivery_tag, unacked.delivery_tag} & tags
+
+
+@pytest.mark.usefixtures("agents")
+def test_workers_leave_no_unacked_entries(stack: WorkerPool) -> None:
+    from apps.runs import services
+    from apps.runs.prompt import Segment
+
+    runs = [
+        services.run_create(principal=ALICE, data=services.RunCreate(agent="toolcaller", segments=[Segment(text="x")]))
+        for _ in range(5)
+    ]
+    for run in runs:
+        wait_status(run.id, RunStatus.COMPLETED)
+    ids = {run.id for run in runs}
+
+    def ours_unacked() -> list[str]:  # (workers killed by other tests leave theirs until the visibility timeout)
+        entries = channel.client.hvals(channel.unacked_key)
+        bodies = [base64.b64decode(json.loads(e)[0]["body"]).decode() for e in entries]
+        return [b for b in bodies if any(i in b for i in ids)]
+
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        channel = conn.default_channel
+        wait_for(lambda: not ours_unacked(), timeout=5)

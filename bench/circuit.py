@@ -127,6 +127,7 @@ class ParkedSampler(threading.Thread):
 def level(size: int, first: int, groups: dict[str, list[int]]) -> dict[str, float]:
     circuits = list(range(first, first + size))
     declare(circuits)
+    stack.timing_samples(sync_client(), TIMINGS_KEY)  # earlier buffered samples land before they are dropped
     sync_client().delete(TIMINGS_KEY)
     groups = {**groups, **stack.service_pids()}  # Postgres backends come and go: re-read them
     cpu0 = {k: stack.cpu_by_pid(v) for k, v in groups.items()}

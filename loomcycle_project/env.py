@@ -77,8 +77,8 @@ MOCK_500_RATE: float = env.float("LOOMCYCLE_MOCK_500_RATE", default=0.0)
 # Lets the `mock-crash` model kill its worker (crash-recovery tests only).
 MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
 
-# Opt-in engine timing samples: each iteration RPUSHes "total_ms,provider_ms"
-# to this Redis list (bench/loop.py reads it). Off when unset.
+# Opt-in engine timing samples: each iteration's "total_ms,provider_ms" is
+# pushed to this Redis list, in batches every 100 ms (bench/loop.py reads it). Off when unset.
 ENGINE_TIMINGS_KEY: str | None = env.str("LOOMCYCLE_ENGINE_TIMINGS_KEY", default=None) or None
 
 # Substrate (SPEC 5.2, 8): definition size caps (0 = no cap) and operator tokens.

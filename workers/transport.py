@@ -54,11 +54,7 @@ class QoS(kombu_redis.QoS):
             acks = self._take_acks(pipe)
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
             pipe.hset(self.unacked_key, delivery_tag, entry)
-            try:
-                pipe.execute()
-            except BaseException:
-                self._return_acks(acks)
-                raise
+            self._execute(pipe, acks)
         virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
@@ -70,12 +66,7 @@ class QoS(kombu_redis.QoS):
         if not self._pending_acks:
             return
         with self.pipe_or_acquire() as pipe:
-            acks = self._take_acks(pipe)
-            try:
-                pipe.execute()
-            except BaseException:
-                self._return_acks(acks)
-                raise
+            self._execute(pipe, self._take_acks(pipe))
 
     def restore_unacked_once(self, stderr: Any = None) -> Any:
         try:
@@ -92,9 +83,13 @@ class QoS(kombu_redis.QoS):
             pipe.hdel(self.unacked_key, tag)
         return acks
 
-    def _return_acks(self, acks: list[str]) -> None:
-        with self._acks_lock:
-            self._pending_acks[:0] = acks
+    def _execute(self, pipe: Any, acks: list[str]) -> None:
+        try:
+            pipe.execute()
+        except BaseException:  # the acks stay pending for the next pipeline
+            with self._acks_lock:
+                self._pending_acks[:0] = acks
+            raise
 
 
 class Channel(kombu_redis.Channel):

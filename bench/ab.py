@@ -5,7 +5,8 @@ The host's speed drifts by up to 30 % between runs, so single runs cannot
 compare two settings. This starts fresh workers for each configuration in
 turn, alternating them for BENCH_AB_ROUNDS rounds (3), runs the engine phase
 (200 runs x 10 iterations, after a warm-up) and prints each round and the
-medians. A null A/B (the same configuration twice) differed by ~2 %.
+medians. A null A/B (the same configuration twice) differed by ~2 % in the
+medians of 3 rounds, and by up to 10 % in single rounds.
 
     BENCH_AB="default:2:600;fewer:4:300;knob:2:600:LOOMCYCLE_X=1" .venv/bin/python bench/ab.py
 
@@ -23,8 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import loop, stack
-
-TRUNCATE = "TRUNCATE runs_run, runs_runevent, runs_transcriptentry, runs_runinput, runs_toolcallrecord CASCADE"
 
 
 def configs(spec: str) -> list[tuple[str, int, int, dict[str, str]]]:
@@ -44,7 +43,7 @@ def main() -> None:
     results: dict[str, list[float]] = {name: [] for name, *_ in cfgs}
     for rnd in range(rounds):
         for name, workers, threads, extra in cfgs:
-            loop.sql(TRUNCATE)
+            loop.sql(loop.TRUNCATE_RUNS)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
             procs = stack.start_workers(
                 loop.app,

@@ -69,6 +69,7 @@ from bench import stack  # noqa: E402
 from bench.stack import cpu_s, pct, rss_mib, service_pids, stop_all  # noqa: E402
 from workers.celery import app  # noqa: E402
 
+TRUNCATE_RUNS = "TRUNCATE runs_run, runs_runevent, runs_transcriptentry, runs_runinput, runs_toolcallrecord CASCADE"
 PRINCIPAL = Principal(tenant_id="", subject="bench", scopes=frozenset({"substrate:admin"}))
 
 
@@ -254,7 +255,7 @@ def parked_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
 def main() -> None:
     call_command("migrate", interactive=False, verbosity=0)
     load_yaml_config()
-    sql("TRUNCATE runs_run, runs_runevent, runs_transcriptentry, runs_runinput, runs_toolcallrecord CASCADE")
+    sql(TRUNCATE_RUNS)
     sync_client().delete("runs", "floor")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     print(

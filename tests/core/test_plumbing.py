@@ -36,18 +36,16 @@ def test_the_redis_transport_reuses_one_sync_client_per_channel() -> None:
 def test_redis_replies_are_parsed_by_hiredis() -> None:
     from redis._parsers import _HiredisParser
 
-    with Connection(settings.CELERY_BROKER_URL) as conn:
-        pool = conn.default_channel._create_client().connection_pool
-        broker = pool.get_connection()
+    def parser_of(pool: Any) -> Any:
+        conn = pool.get_connection()
         try:
-            assert isinstance(broker._parser, _HiredisParser)
+            return conn._parser
         finally:
-            pool.release(broker)
-    signals = sync_client().connection_pool.get_connection()
-    try:
-        assert isinstance(signals._parser, _HiredisParser)
-    finally:
-        sync_client().connection_pool.release(signals)
+            pool.release(conn)
+
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        assert isinstance(parser_of(conn.default_channel._create_client().connection_pool), _HiredisParser)
+    assert isinstance(parser_of(sync_client().connection_pool), _HiredisParser)
 
 
 def test_the_doorbell_skips_the_queue_declaration_and_the_argument_repr() -> None:

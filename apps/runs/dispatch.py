@@ -11,6 +11,8 @@ from celery import current_app
 
 from apps.core.redis import sync_client
 from loomcycle_project import env as E
+from workers import doorbell
+from workers.queues import RUNS
 
 log = logging.getLogger("loomcycle.engine")
 
@@ -22,6 +24,26 @@ def run_channel(run_id: str) -> str:
 
 
 def enqueue_iteration(run_id: str, step: int) -> None:
+    wake_and_enqueue(run_id, None, step)
+
+
+def wake_and_enqueue(run_id: str, last_seq: int | None, step: int | None) -> None:
+    """After a commit: wake stream readers (if `last_seq`) and ring the doorbell
+    for `step` (if given), in one Redis round trip (workers/doorbell.py)."""
+    if step is not None and not doorbell.direct():
+        if last_seq is not None:
+            notify_events(run_id, last_seq)
+        _send_task(run_id, step)
+        return
+    pipe = doorbell.DoorbellPipe()
+    if last_seq is not None:
+        pipe.publish(run_channel(run_id), str(last_seq))
+    if step is not None:
+        pipe.doorbell(ITERATE_TASK, (run_id, step), RUNS)
+    pipe.send()
+
+
+def _send_task(run_id: str, step: int) -> None:
     # `argsrepr` spares Celery a saferepr of the arguments; `declare=[]` skips
     # re-binding a copy of the routed queue on every publish (the broker needs
     # no declaration to deliver: on Redis a queue is a list the workers read).

@@ -48,7 +48,7 @@ from apps.gateway.providers import (
 )
 from apps.gateway.resolver import Candidate, Policy
 from apps.runs import registry, store
-from apps.runs.dispatch import enqueue_iteration, notify_events, record_timing
+from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import messages_from_rows
@@ -511,10 +511,11 @@ def _commit(run: ClaimedRun, write: StepWrite) -> bool:
 
 
 def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
-    if write.events:
-        notify_events(run.id, run.last_seq + len(write.events))
-    if write.next == "requeue":
-        enqueue_iteration(run.id, run.step + 1)
+    wake_and_enqueue(
+        run.id,
+        run.last_seq + len(write.events) if write.events else None,
+        run.step + 1 if write.next == "requeue" else None,
+    )
     children_enqueue(write.child_ids)
     for call_id, park in write.parks:
         try:

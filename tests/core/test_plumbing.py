@@ -1,24 +1,27 @@
 """Process-level plumbing the hot paths rely on: the Celery app's Redis
 transport reuses one client per channel and parses replies with hiredis; the
-doorbell is published without a per-message queue declaration; agent
+doorbell is Celery's own message, written with the wake-up in one round trip; agent
 definitions are read once per process; the engine's statements are prepared,
 other queries are not."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
+import uuid
 from typing import Any
 
 import pytest
-from celery.signals import before_task_publish
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from kombu import Connection
 
 from apps.core.redis import sync_client
 from apps.runs import store
-from apps.runs.dispatch import ITERATE_TASK, enqueue_iteration
+from apps.runs.dispatch import ITERATE_TASK, run_channel, wake_and_enqueue
 from apps.substrate.selectors import agent_def_resolve, agent_definition
+from workers import doorbell
 from workers.celery import app
 from workers.transport import Transport
 
@@ -48,23 +51,75 @@ def test_redis_replies_are_parsed_by_hiredis() -> None:
     assert isinstance(parser_of(sync_client().connection_pool), _HiredisParser)
 
 
-def test_the_doorbell_skips_the_queue_declaration_and_the_argument_repr() -> None:
-    """Workers run the doorbell end to end in tests/runs; this pins what makes it cheap."""
-    seen: list[dict[str, Any]] = []
+def _wire(raw: bytes) -> dict[str, Any]:
+    """A broker message with its per-message ids and process identity blanked."""
+    msg: dict[str, Any] = json.loads(raw)
+    task_id = msg["headers"]["id"]
+    assert msg["headers"]["root_id"] == msg["properties"]["correlation_id"] == task_id
+    for part, key in [("headers", "id"), ("headers", "root_id"), ("properties", "correlation_id")]:
+        msg[part][key] = "<id>"
+    uuid.UUID(msg["properties"].pop("delivery_tag"))
+    return msg
 
-    def capture(sender: str, body: Any, declare: Any, headers: dict[str, Any], **kw: Any) -> None:
-        seen.append({"task": sender, "body": body, "declare": declare, "headers": headers, "rk": kw["routing_key"]})
 
-    before_task_publish.connect(capture)
+def test_a_doorbell_is_the_message_send_task_writes() -> None:
+    """workers/doorbell.py writes Celery's protocol-v2 message in kombu's Redis
+    envelope itself; this pins it to what the pinned Celery and kombu write."""
+    queue, client = "lc-test-doorbell", sync_client()
+    client.delete(queue)
+    app.send_task(
+        ITERATE_TASK,
+        args=("r_0123456789abcdef", 7),
+        queue=queue,
+        argsrepr="('r_0123456789abcdef', 7)",
+        kwargsrepr="{}",
+        declare=[],
+    )
+    pipe = doorbell.DoorbellPipe()
+    pipe.publish("lc-test-doorbell-wake", "3")
+    pipe.doorbell(ITERATE_TASK, ("r_0123456789abcdef", 7), queue)
+    pipe.send()
+    ours, celerys = client.lrange(queue, 0, -1)  # LPUSH: the newest first
+    client.delete(queue)
+    assert _wire(ours) == _wire(celerys)
+    body = json.loads(base64.b64decode(json.loads(ours)["body"]))
+    assert body[:2] == [["r_0123456789abcdef", 7], {}]
+
+
+def test_run_doorbells_go_to_the_runs_list_in_one_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[list[tuple[Any, ...]]] = []
+    real = doorbell.DoorbellPipe.send
+
+    def spy(self: doorbell.DoorbellPipe) -> None:
+        sent.append([cmd[0] for cmd in self._pipe.command_stack])
+        real(self)
+
+    monkeypatch.setattr(doorbell.DoorbellPipe, "send", spy)
+    published = sync_client().pubsub()
+    published.subscribe(run_channel("r_0123456789abcdef"))
     try:
-        enqueue_iteration("r_0123456789abcdef", 7)
+        wake_and_enqueue("r_0123456789abcdef", 12, None)  # a wake-up alone rings no doorbell
+        assert [args[0] for args in sent[0]] == ["PUBLISH"]
+        monkeypatch.setattr(doorbell, "envelope", lambda task, args, queue: json.dumps([task, list(args), queue]))
+        wake_and_enqueue("r_0123456789abcdef", 13, 4)
+        publish, lpush = sent[1]
+        assert publish[:3] == ("PUBLISH", run_channel("r_0123456789abcdef"), "13")
+        assert lpush[:2] == ("LPUSH", "runs")
+        assert json.loads(lpush[2]) == [ITERATE_TASK, ["r_0123456789abcdef", 4], "runs"]
+        seen = [m["data"] for m in _drain(published)]
+        assert seen == [b"12", b"13"]
     finally:
-        before_task_publish.disconnect(capture)
-    [msg] = seen
-    assert msg["task"] == ITERATE_TASK and msg["rk"] == "runs"
-    assert msg["declare"] == []
-    assert msg["headers"]["argsrepr"] == "('r_0123456789abcdef', 7)"
-    assert msg["body"][0] == ("r_0123456789abcdef", 7)
+        published.close()
+        sync_client().lrem("runs", 0, json.dumps([ITERATE_TASK, ["r_0123456789abcdef", 4], "runs"]))
+
+
+def _drain(sub: Any) -> list[dict[str, Any]]:
+    out, deadline = [], time.monotonic() + 5
+    while time.monotonic() < deadline and len(out) < 2:
+        msg = sub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+        if msg:
+            out.append(msg)
+    return out
 
 
 @pytest.mark.usefixtures("agents")
@@ -92,6 +147,29 @@ def test_only_the_engine_statements_are_prepared() -> None:
         cur.execute("SHOW plan_cache_mode")
         assert cur.fetchone()[0] == "force_generic_plan"
     assert prepared == ["SELECT $1::int + 1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_engine_borrows_from_the_pool_first_use_included() -> None:
+    """The hot statements borrow a pooled connection for one statement when
+    Django's is closed, opening the pool if nothing has yet (a fresh worker's
+    first claim); inside atomic() they stay on Django's connection."""
+    connection.close()
+    connection.close_pool()  # as in a fresh process: the next pool is not open yet
+    with store._prepared() as cur:
+        cur.execute("SELECT pg_backend_pid()", prepare=True)
+        borrowed = cur.fetchone()[0]
+    assert connection.connection is None  # Django's own connection was never opened
+    assert store.claim(run_id="r_0000000000000000", step=0, owner="test", lease_seconds=5) is None
+    assert connection.pool.get_stats()["pool_size"] >= 1
+    with transaction.atomic():
+        with store._prepared() as cur:
+            cur.execute("SELECT pg_backend_pid()", prepare=True)
+            inside = cur.fetchone()[0]
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            assert cur.fetchone()[0] == inside
+    assert borrowed > 0
 
 
 def test_engine_timing_samples_are_buffered_then_pushed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,141 @@
+"""Doorbells written straight to the broker's list, one pipelined round trip.
+
+A doorbell is a `runs.iterate(run_id, step)` task message. Celery's
+`send_task` spends ~400 us of CPU on each one (routing, option merging,
+signals, a producer from a pool, kombu's message preparation), about a tenth
+of an iteration's CPU in a worker. The message itself is small and fixed: the
+Celery message protocol v2 (headers + a `[args, kwargs, embed]` body) in
+kombu's Redis envelope (a JSON object LPUSHed to the queue's list, its body
+base64-encoded). `DoorbellPipe` writes exactly that envelope, so a stock
+Celery worker consumes it like any other task, and lets the engine send the
+stream wake-up PUBLISH in the same round trip.
+
+tests/core/test_plumbing.py pins the envelope to what `send_task` writes with
+the pinned Celery and kombu, field by field. What these messages do not do:
+fire Celery's `before_task_publish`/`after_task_publish` signals, or go
+through kombu's publish retry (redis-py's own retry applies instead). Lost
+doorbells are recovered by the lease sweeper either way (architecture.md).
+
+Used only when the broker is the Redis that `REDIS_URL` names, without a
+key prefix; otherwise `enqueue` falls back to `send_task`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import threading
+import uuid
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+
+from apps.core.redis import sync_client
+
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+_origin: tuple[int, str] | None = None  # (pid, "gen<pid>@<host>"): a fork gets its own
+_local = threading.local()
+
+
+def direct() -> bool:
+    """True when doorbells can be LPUSHed to the broker's list directly."""
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}
+    return bool(
+        settings.CELERY_BROKER_URL == settings.REDIS_URL
+        and str(settings.REDIS_URL).startswith(("redis://", "rediss://", "redis+socket://", "unix://"))
+        and not options.get("global_keyprefix")
+    )
+
+
+def _origin_name() -> str:
+    global _origin
+    pid = os.getpid()
+    if _origin is None or _origin[0] != pid:
+        _origin = (pid, f"gen{pid}@{socket.gethostname()}")  # celery.utils.nodenames.anon_nodename
+    return _origin[1]
+
+
+def _timelimit(task_name: str) -> list[int | None]:
+    task = current_app.tasks.get(task_name) if getattr(current_app, "finalized", False) else None
+    return [getattr(task, "time_limit", None), getattr(task, "soft_time_limit", None)]
+
+
+def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
+    """The message `send_task(task_name, args=args)` would LPUSH to `queue`."""
+    task_id = str(uuid.uuid4())
+    root_id: str | None = task_id
+    parent_id: str | None = None
+    parent = current_app.current_worker_task
+    if parent is not None:  # as send_task: a doorbell sent from a task is its child
+        root_id = parent.request.root_id or parent.request.id
+        parent_id = parent.request.id
+    argsrepr = repr(args)
+    body = json.dumps([list(args), {}, _EMBED]).encode()
+    reply_to = getattr(_local, "oid", None)
+    if reply_to is None:
+        reply_to = _local.oid = current_app.thread_oid
+    return json.dumps(
+        {
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {
+                "lang": "py",
+                "task": task_name,
+                "id": task_id,
+                "shadow": None,
+                "eta": None,
+                "expires": None,
+                "group": None,
+                "group_index": None,
+                "retries": 0,
+                "timelimit": _timelimit(task_name),
+                "root_id": root_id,
+                "parent_id": parent_id,
+                "argsrepr": argsrepr,
+                "kwargsrepr": "{}",
+                "origin": _origin_name(),
+                "ignore_result": None,
+                "replaced_task_nesting": 0,
+                "stamped_headers": None,
+                "stamps": {},
+            },
+            "properties": {
+                "correlation_id": task_id,
+                "reply_to": reply_to,
+                "argsrepr": argsrepr,
+                "kwargsrepr": "{}",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
+
+
+class DoorbellPipe:
+    """Collects PUBLISHes and doorbells; `send` writes them in one round trip.
+
+    Priority 0 messages live in the list named after the queue (kombu's
+    `_q_for_pri`), which workers BRPOP."""
+
+    def __init__(self) -> None:
+        self._pipe = sync_client().pipeline(transaction=False)
+        self._empty = True
+
+    def publish(self, channel: str, message: str) -> None:
+        self._pipe.publish(channel, message)
+        self._empty = False
+
+    def doorbell(self, task_name: str, args: tuple[Any, ...], queue: str) -> None:
+        self._pipe.lpush(queue, envelope(task_name, args, queue))
+        self._empty = False
+
+    def send(self) -> None:
+        if not self._empty:
+            self._pipe.execute()

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -16,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -25,7 +26,7 @@ from apps.core.ids import new_agent_id, new_run_id, new_session_id
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import registry
+from apps.runs import registry, store
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
 from apps.runs.models import (
@@ -38,7 +39,6 @@ from apps.runs.models import (
     RunStatus,
     RuntimeState,
     RuntimeStateValue,
-    TranscriptEntry,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
 from apps.runs.selectors import run_get, runs_liveness
@@ -66,8 +66,10 @@ class RunCreate:
 
 
 def runtime_state_get() -> str:
-    state = RuntimeState.objects.filter(id=1).values_list("state", flat=True).first()
-    return state or RuntimeStateValue.RUNNING
+    with connection.cursor() as cur:  # on every run creation: plain SQL, no ORM compile
+        cur.execute("SELECT state FROM runs_runtimestate WHERE id = 1")
+        row = cur.fetchone()
+    return row[0] if row else RuntimeStateValue.RUNNING
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -85,9 +87,11 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
     inserted = False
     try:
-        with transaction.atomic():
+        # One statement (autocommit) unless the caller holds a transaction: then a savepoint,
+        # so that a duplicate agent_id leaves the caller's transaction usable.
+        with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
             run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id)
-            transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+        transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
         inserted = True
     except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
         raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
@@ -169,7 +173,7 @@ def run_insert(
     r = resolved
     d = r.agent_def.definition
     events = _first_events(data, r)
-    run = Run.objects.create(
+    run = Run(
         id=run_id or new_run_id(),
         agent_id=r.agent_id,
         session_id=new_session_id(),
@@ -193,10 +197,7 @@ def run_insert(
         last_seq=len(events),
         transcript_len=1,
     )
-    TranscriptEntry.objects.create(run=run, idx=0, step=0, role="user", content=[{"type": "text", "text": r.user_text}])
-    RunEvent.objects.bulk_create(
-        [RunEvent(run=run, seq=i + 1, step=0, type=e["type"], payload=e) for i, e in enumerate(events)]
-    )
+    store.insert_run(run, first_message=[{"type": "text", "text": r.user_text}], events=events)
     return run
 
 

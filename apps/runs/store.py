@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 from django.db import connection
+from django.utils import timezone
 
 _CLAIM_COLUMNS = (
     "id",
@@ -320,3 +321,48 @@ def commit_step(
         cur.execute(_COMMIT_SQL, params, prepare=True)
         row = cur.fetchone()
     return bool(row and row[0])
+
+
+_INSERT_RUN_SQL: str | None = None
+
+
+def _insert_run_sql() -> tuple[str, list[Any]]:
+    """One statement: the run row (every column of the model, in its order),
+    its first transcript row and its first events."""
+    global _INSERT_RUN_SQL
+    from apps.runs.models import Run
+
+    fields = list(Run._meta.concrete_fields)
+    if _INSERT_RUN_SQL is None:
+        columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
+        values = ", ".join(["%s"] * len(fields))
+        _INSERT_RUN_SQL = f"""
+WITH r AS (
+  INSERT INTO runs_run ({columns}) VALUES ({values}) RETURNING id
+), t AS (
+  INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
+  SELECT r.id, 0, 0, 'user', %s::jsonb, %s FROM r
+), e AS (
+  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
+  SELECT r.id, x.n, 0, x.v->>'type', x.v, %s FROM r, jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(v, n)
+)
+SELECT count(*) FROM r
+"""
+    return _INSERT_RUN_SQL, fields
+
+
+def insert_run(run: Any, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    """Insert an unsaved `Run` with its first user message (transcript idx 0)
+    and its first events (seq 1..n), in one statement; `run` becomes a saved
+    instance. The ORM's three INSERTs cost ~1.7 ms of CPU, mostly compiling
+    them. Through Django's cursor, so a duplicate `agent_id` raises Django's
+    IntegrityError."""
+    sql, fields = _insert_run_sql()
+    now = timezone.now()
+    run.created_at = run.updated_at = now
+    params = [f.get_db_prep_save(getattr(run, f.attname), connection) for f in fields]
+    params += [json.dumps(first_message), now, now, json.dumps(events)]
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+    run._state.adding = False
+    run._state.db = connection.alias

@@ -6,6 +6,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, Max, Q
 
 from apps.core.errors import NotFound
@@ -17,22 +18,57 @@ def def_resolve(kind: Kind, *, tenant_id: str, name: str) -> VersionedDef | None
     """SPEC 5.1 lookup order: the tenant's active version, then the static
     yaml entry, then the shared tenant's active version. A retired active
     version is skipped (it resolves as not found at its level)."""
-    pointers = {
-        p.tenant_id: p
-        for p in kind.pointer._default_manager.select_related("active_def", "static_def").filter(
-            name=name, tenant_id__in={tenant_id, ""}
-        )
-    }
+    sql, fields, converters = _resolve_sql(kind)
+    n = len(fields)
+    with connection.cursor() as cur:  # on every run creation: plain SQL, the ORM's compile cost ~1 ms
+        cur.execute(sql, [name, tenant_id])
+        pointers = {row[0]: (row[1 : 1 + n], row[1 + n :]) for row in cur.fetchall()}
+
+    def load(values: tuple[Any, ...]) -> VersionedDef | None:
+        if values[0] is None:  # no version at this level (LEFT JOIN)
+            return None
+        values = tuple(conv(v, None, connection) if conv else v for conv, v in zip(converters, values, strict=True))
+        row: VersionedDef = kind.model.from_db(connection.alias, [f.attname for f in fields], values)
+        return row
+
     candidates = []
     if tenant_id and tenant_id in pointers:
-        candidates.append(pointers[tenant_id].active_def)
+        candidates.append(load(pointers[tenant_id][0]))
     if "" in pointers:
-        candidates += [pointers[""].static_def, pointers[""].active_def]
-    for row in candidates:
-        if row is not None and not row.retired:
-            found: VersionedDef = row
+        active, static = pointers[""]
+        candidates += [load(static), load(active)]
+    for found in candidates:
+        if found is not None and not found.retired:
             return found
     return None
+
+
+_RESOLVE_SQL: dict[str, tuple[str, list[Any], list[Any]]] = {}
+
+
+def _resolve_sql(kind: Kind) -> tuple[str, list[Any], list[Any]]:
+    """The pointer rows of (name, tenant or shared) with their active and
+    static versions: all columns of the kind's model, twice."""
+    cached = _RESOLVE_SQL.get(kind.key)
+    if cached is None:
+        q = connection.ops.quote_name
+        fields = list(kind.model._meta.concrete_fields)
+        pk = q(kind.model._meta.pk.column)
+
+        def cols(alias: str) -> str:
+            return ", ".join(f"{alias}.{q(f.column)}" for f in fields)
+
+        table, ptable = q(kind.model._meta.db_table), q(kind.pointer._meta.db_table)
+        active = q(kind.pointer._meta.get_field("active_def").column)
+        static = q(kind.pointer._meta.get_field("static_def").column)
+        sql = (
+            f"SELECT p.tenant_id, {cols('a')}, {cols('s')} FROM {ptable} p"
+            f" LEFT JOIN {table} a ON a.{pk} = p.{active} LEFT JOIN {table} s ON s.{pk} = p.{static}"
+            " WHERE p.name = %s AND p.tenant_id IN (%s, '')"
+        )
+        converters = [getattr(f, "from_db_value", None) for f in fields]
+        cached = _RESOLVE_SQL[kind.key] = (sql, fields, converters)
+    return cached
 
 
 _DEFINITIONS: OrderedDict[str, dict[str, Any]] = OrderedDict()

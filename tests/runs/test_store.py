@@ -31,15 +31,17 @@ def test_a_created_run_reads_back_as_the_instance_returned() -> None:
         metadata={"k": "v"},
         max_iterations=5,
     )
-    run = services.run_create(principal=ALICE, data=data)
-    assert not run._state.adding
-    stored = Run.objects.get(id=run.id)
+    with transaction.atomic():  # read back before the doorbell rings: no worker of another test claims it first
+        run = services.run_create(principal=ALICE, data=data)
+        assert not run._state.adding
+        stored = Run.objects.get(id=run.id)
+        entries = list(TranscriptEntry.objects.filter(run_id=run.id))
+        events = list(RunEvent.objects.filter(run_id=run.id).order_by("seq"))
     assert _fields(stored) == _fields(run)
     assert stored.status == RunStatus.QUEUED and stored.step == 0 and stored.max_iterations == 5
     assert stored.metadata == {"k": "v"} and stored.last_seq == 2 and stored.transcript_len == 1
-    [entry] = TranscriptEntry.objects.filter(run_id=run.id)
+    [entry] = entries
     assert (entry.idx, entry.step, entry.role, entry.content) == (0, 0, "user", [{"type": "text", "text": "hello"}])
-    events = list(RunEvent.objects.filter(run_id=run.id).order_by("seq"))
     assert [(e.seq, e.type, e.payload["type"]) for e in events] == [
         (1, "user_input", "user_input"),
         (2, "system_prompt", "system_prompt"),

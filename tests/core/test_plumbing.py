@@ -87,6 +87,11 @@ def test_a_doorbell_is_the_message_send_task_writes() -> None:
 
 
 def test_run_doorbells_go_to_the_runs_list_in_one_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.runs import dispatch
+
+    assert dispatch.RUNS == "runs"
+    queue = "lc-test-runs"  # the real list may have consumers from other tests; this one has none
+    monkeypatch.setattr(dispatch, "RUNS", queue)
     sent: list[list[tuple[Any, ...]]] = []
     real = doorbell.DoorbellPipe.send
 
@@ -100,17 +105,19 @@ def test_run_doorbells_go_to_the_runs_list_in_one_round_trip(monkeypatch: pytest
     try:
         wake_and_enqueue("r_0123456789abcdef", 12, None)  # a wake-up alone rings no doorbell
         assert [args[0] for args in sent[0]] == ["PUBLISH"]
-        monkeypatch.setattr(doorbell, "envelope", lambda task, args, queue: json.dumps([task, list(args), queue]))
         wake_and_enqueue("r_0123456789abcdef", 13, 4)
         publish, lpush = sent[1]
         assert publish[:3] == ("PUBLISH", run_channel("r_0123456789abcdef"), "13")
-        assert lpush[:2] == ("LPUSH", "runs")
-        assert json.loads(lpush[2]) == [ITERATE_TASK, ["r_0123456789abcdef", 4], "runs"]
+        assert lpush[:2] == ("LPUSH", queue)
+        [raw] = sync_client().lrange(queue, 0, -1)
+        msg = json.loads(raw)
+        assert msg["headers"]["task"] == ITERATE_TASK and msg["properties"]["delivery_info"]["routing_key"] == queue
+        assert json.loads(base64.b64decode(msg["body"]))[0] == ["r_0123456789abcdef", 4]
         seen = [m["data"] for m in _drain(published)]
         assert seen == [b"12", b"13"]
     finally:
         published.close()
-        sync_client().lrem("runs", 0, json.dumps([ITERATE_TASK, ["r_0123456789abcdef", 4], "runs"]))
+        sync_client().delete(queue)
 
 
 def _drain(sub: Any) -> list[dict[str, Any]]:

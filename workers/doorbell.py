@@ -17,45 +17,36 @@ through kombu's publish retry (redis-py's own retry applies instead). Lost
 doorbells are recovered by the lease sweeper either way (architecture.md).
 
 Used only when the broker is the Redis that `REDIS_URL` names, without a
-key prefix; otherwise `enqueue` falls back to `send_task`.
+key prefix; otherwise `apps.runs.dispatch` falls back to `send_task`.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
-import os
-import socket
-import threading
 import uuid
 from typing import Any
 
 from celery import current_app
+from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 
 from apps.core.redis import sync_client
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-_origin: tuple[int, str] | None = None  # (pid, "gen<pid>@<host>"): a fork gets its own
-_local = threading.local()
 
 
+@functools.cache
 def direct() -> bool:
-    """True when doorbells can be LPUSHed to the broker's list directly."""
+    """True when doorbells can be LPUSHed to the broker's list directly (settings
+    are read once per process)."""
     options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}
     return bool(
         settings.CELERY_BROKER_URL == settings.REDIS_URL
         and str(settings.REDIS_URL).startswith(("redis://", "rediss://", "redis+socket://", "unix://"))
         and not options.get("global_keyprefix")
     )
-
-
-def _origin_name() -> str:
-    global _origin
-    pid = os.getpid()
-    if _origin is None or _origin[0] != pid:
-        _origin = (pid, f"gen{pid}@{socket.gethostname()}")  # celery.utils.nodenames.anon_nodename
-    return _origin[1]
 
 
 def _timelimit(task_name: str) -> list[int | None]:
@@ -74,9 +65,6 @@ def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
         parent_id = parent.request.id
     argsrepr = repr(args)
     body = json.dumps([list(args), {}, _EMBED]).encode()
-    reply_to = getattr(_local, "oid", None)
-    if reply_to is None:
-        reply_to = _local.oid = current_app.thread_oid
     return json.dumps(
         {
             "body": base64.b64encode(body).decode(),
@@ -97,7 +85,7 @@ def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
                 "parent_id": parent_id,
                 "argsrepr": argsrepr,
                 "kwargsrepr": "{}",
-                "origin": _origin_name(),
+                "origin": anon_nodename(),
                 "ignore_result": None,
                 "replaced_task_nesting": 0,
                 "stamped_headers": None,
@@ -105,7 +93,7 @@ def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
             },
             "properties": {
                 "correlation_id": task_id,
-                "reply_to": reply_to,
+                "reply_to": current_app.thread_oid,
                 "argsrepr": argsrepr,
                 "kwargsrepr": "{}",
                 "delivery_mode": 2,
@@ -126,16 +114,13 @@ class DoorbellPipe:
 
     def __init__(self) -> None:
         self._pipe = sync_client().pipeline(transaction=False)
-        self._empty = True
 
     def publish(self, channel: str, message: str) -> None:
         self._pipe.publish(channel, message)
-        self._empty = False
 
     def doorbell(self, task_name: str, args: tuple[Any, ...], queue: str) -> None:
         self._pipe.lpush(queue, envelope(task_name, args, queue))
-        self._empty = False
 
     def send(self) -> None:
-        if not self._empty:
+        if len(self._pipe):
             self._pipe.execute()

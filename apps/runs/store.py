@@ -13,15 +13,19 @@ Three writes per tool-calling iteration, each one statement in autocommit:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.db import connection
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from apps.runs.models import Run
 
 _CLAIM_COLUMNS = (
     "id",
@@ -323,20 +327,16 @@ def commit_step(
     return bool(row and row[0])
 
 
-_INSERT_RUN_SQL: str | None = None
-
-
+@functools.cache
 def _insert_run_sql() -> tuple[str, list[Any]]:
     """One statement: the run row (every column of the model, in its order),
-    its first transcript row and its first events."""
-    global _INSERT_RUN_SQL
+    its first transcript row and its first events. Built once per process."""
     from apps.runs.models import Run
 
     fields = list(Run._meta.concrete_fields)
-    if _INSERT_RUN_SQL is None:
-        columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
-        values = ", ".join(["%s"] * len(fields))
-        _INSERT_RUN_SQL = f"""
+    columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
+    values = ", ".join(["%s"] * len(fields))
+    sql = f"""
 WITH r AS (
   INSERT INTO runs_run ({columns}) VALUES ({values}) RETURNING id
 ), t AS (
@@ -348,10 +348,10 @@ WITH r AS (
 )
 SELECT count(*) FROM r
 """
-    return _INSERT_RUN_SQL, fields
+    return sql, fields
 
 
-def insert_run(run: Any, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+def insert_run(run: Run, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
     """Insert an unsaved `Run` with its first user message (transcript idx 0)
     and its first events (seq 1..n), in one statement; `run` becomes a saved
     instance. The ORM's three INSERTs cost ~1.7 ms of CPU, mostly compiling

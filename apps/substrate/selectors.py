@@ -18,8 +18,8 @@ def def_resolve(kind: Kind, *, tenant_id: str, name: str) -> VersionedDef | None
     """SPEC 5.1 lookup order: the tenant's active version, then the static
     yaml entry, then the shared tenant's active version. A retired active
     version is skipped (it resolves as not found at its level)."""
-    sql, fields, converters = _resolve_sql(kind)
-    n = len(fields)
+    sql, attnames, converters = _resolve_sql(kind)
+    n = len(attnames)
     with connection.cursor() as cur:  # on every run creation: plain SQL, the ORM's compile cost ~1 ms
         cur.execute(sql, [name, tenant_id])
         pointers = {row[0]: (row[1 : 1 + n], row[1 + n :]) for row in cur.fetchall()}
@@ -28,7 +28,7 @@ def def_resolve(kind: Kind, *, tenant_id: str, name: str) -> VersionedDef | None
         if values[0] is None:  # no version at this level (LEFT JOIN)
             return None
         values = tuple(conv(v, None, connection) if conv else v for conv, v in zip(converters, values, strict=True))
-        row: VersionedDef = kind.model.from_db(connection.alias, [f.attname for f in fields], values)
+        row: VersionedDef = kind.model.from_db(connection.alias, attnames, values)
         return row
 
     candidates = []
@@ -43,12 +43,13 @@ def def_resolve(kind: Kind, *, tenant_id: str, name: str) -> VersionedDef | None
     return None
 
 
-_RESOLVE_SQL: dict[str, tuple[str, list[Any], list[Any]]] = {}
+_RESOLVE_SQL: dict[str, tuple[str, list[str], list[Any]]] = {}
 
 
-def _resolve_sql(kind: Kind) -> tuple[str, list[Any], list[Any]]:
+def _resolve_sql(kind: Kind) -> tuple[str, list[str], list[Any]]:
     """The pointer rows of (name, tenant or shared) with their active and
-    static versions: all columns of the kind's model, twice."""
+    static versions: all columns of the kind's model, twice. Returns the SQL,
+    the model's field attnames and each field's from_db_value (or None)."""
     cached = _RESOLVE_SQL.get(kind.key)
     if cached is None:
         q = connection.ops.quote_name
@@ -67,7 +68,7 @@ def _resolve_sql(kind: Kind) -> tuple[str, list[Any], list[Any]]:
             " WHERE p.name = %s AND p.tenant_id IN (%s, '')"
         )
         converters = [getattr(f, "from_db_value", None) for f in fields]
-        cached = _RESOLVE_SQL[kind.key] = (sql, fields, converters)
+        cached = _RESOLVE_SQL[kind.key] = (sql, [f.attname for f in fields], converters)
     return cached
 
 

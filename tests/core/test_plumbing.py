@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
+from celery.signals import before_task_publish
 from django.conf import settings
 from django.db import connection, transaction
 from kombu import Connection
@@ -120,9 +121,29 @@ def test_run_doorbells_go_to_the_runs_list_in_one_round_trip(monkeypatch: pytest
         sync_client().delete(queue)
 
 
-def _drain(sub: Any) -> list[dict[str, Any]]:
+def test_without_a_direct_broker_the_doorbell_goes_through_send_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that is not REDIS_URL (or has a key prefix) gets Celery's own publish."""
+    monkeypatch.setattr(doorbell, "direct", lambda: False)
+    seen: list[tuple[str, Any]] = []
+
+    def capture(sender: str, body: Any, **_: Any) -> None:
+        seen.append((sender, body[0]))
+
+    before_task_publish.connect(capture)
+    published = sync_client().pubsub()
+    published.subscribe(run_channel("r_00000000000000ff"))
+    try:
+        wake_and_enqueue("r_00000000000000ff", 5, 6)  # no such run: a worker that takes it finds nothing to claim
+        assert seen == [(ITERATE_TASK, ("r_00000000000000ff", 6))]
+        assert [m["data"] for m in _drain(published, 1)] == [b"5"]
+    finally:
+        before_task_publish.disconnect(capture)
+        published.close()
+
+
+def _drain(sub: Any, n: int = 2) -> list[dict[str, Any]]:
     out, deadline = [], time.monotonic() + 5
-    while time.monotonic() < deadline and len(out) < 2:
+    while time.monotonic() < deadline and len(out) < n:
         msg = sub.get_message(ignore_subscribe_messages=True, timeout=0.5)
         if msg:
             out.append(msg)

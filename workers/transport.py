@@ -1,6 +1,6 @@
 """kombu's Redis transport, tuned for many small tasks with late acks.
 
-Two changes, both inside kombu's own extension points (Channel, QoS, Transport):
+Three changes, all inside kombu's own extension points (Channel, QoS, Transport):
 
 - One reused client per channel. kombu's Redis `Channel` builds a new
   `redis.Redis` object for every synchronous operation (each publish, ack and
@@ -20,6 +20,19 @@ Two changes, both inside kombu's own extension points (Channel, QoS, Transport):
   doorbells whose duplicates are no-ops (the run engine's claim), and a lost
   worker's runs are recovered by the lease sweeper long before that.
 
+- No Redis copy of doorbells. A `runs.iterate` message is a doorbell: what
+  makes the iteration durable is the run row in Postgres (its lease, fencing
+  token and step) and the beat sweeper that re-rings a run whose lease
+  expired or whose doorbell went missing. kombu's unacked hash and index
+  would only redeliver it after the visibility timeout (two hours), long
+  after the sweeper. So for these messages `append` keeps the delivery in
+  memory only (the prefetch window still counts it), sparing the event-loop
+  thread a synchronous MULTI/EXEC round trip per message, and `ack` has no
+  Redis work at all. A doorbell still unacked when its channel closes (warm
+  or cold shutdown), or rejected with requeue, is pushed back onto its queue
+  as kombu would; one lost with a killed process is the sweeper's, as it
+  already was. Every other task keeps kombu's bookkeeping.
+
 Registered as the `redis` transport in workers.celery, for every process that
 uses our Celery app.
 """
@@ -36,6 +49,8 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps
 from redis import RedisError
 
+from workers.queues import DOORBELL_TASKS
+
 log = logging.getLogger("loomcycle.transport")
 
 ACK_FLUSH_S = 0.02
@@ -46,9 +61,14 @@ class QoS(kombu_redis.QoS):
         super().__init__(*args, **kwargs)
         self._pending_acks: list[str] = []
         self._acks_lock = threading.Lock()
+        self._doorbells: dict[str, tuple[Any, str, str]] = {}  # delivery tag -> (raw message, exchange, routing key)
 
     def append(self, message: Any, delivery_tag: str) -> None:
         delivery = message.delivery_info
+        if (message.headers or {}).get("task") in DOORBELL_TASKS:
+            self._doorbells[delivery_tag] = (message._raw, delivery["exchange"], delivery["routing_key"])
+            virtual.QoS.append(self, message, delivery_tag)
+            return
         entry = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         with self.pipe_or_acquire() as pipe:
             acks = self._take_acks(pipe)
@@ -58,9 +78,34 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
+        if self._doorbells.pop(delivery_tag, None) is not None:
+            virtual.QoS.ack(self, delivery_tag)
+            return
         with self._acks_lock:
             self._pending_acks.append(delivery_tag)
         virtual.QoS.ack(self, delivery_tag)  # prefetch accounting now; Redis with the next pipeline
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if delivery_tag not in self._doorbells:
+            super().reject(delivery_tag, requeue)
+            return
+        if requeue:
+            self.restore_by_tag(delivery_tag, leftmost=True)
+        self._doorbells.pop(delivery_tag, None)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        """Back onto its queue; a doorbell from memory, anything else from the unacked hash."""
+        doorbell = self._doorbells.pop(tag, None)
+        if doorbell is None:
+            super().restore_by_tag(tag, client, leftmost)
+            return
+        raw, exchange, routing_key = doorbell
+        channel: Any = self.channel  # the Redis channel (typed as kombu's virtual one)
+        with channel.conn_or_acquire(client) as conn:
+            pipe = conn.pipeline()
+            channel._do_restore_message(raw, exchange, routing_key, pipe, leftmost)
+            pipe.execute()
 
     def flush_acks(self) -> None:
         if not self._pending_acks:

@@ -12,11 +12,9 @@ from celery import current_app
 from apps.core.redis import sync_client
 from loomcycle_project import env as E
 from workers import doorbell
-from workers.queues import RUNS
+from workers.queues import ITERATE_TASK, RUNS
 
 log = logging.getLogger("loomcycle.engine")
-
-ITERATE_TASK = "runs.iterate"
 
 
 def run_channel(run_id: str) -> str:

@@ -8,9 +8,10 @@ from celery import shared_task
 
 from apps.runs import engine, services, subruns
 from workers.base import AgentTask
+from workers.queues import ITERATE_TASK
 
 
-@shared_task(base=AgentTask, name="runs.iterate")
+@shared_task(base=AgentTask, name=ITERATE_TASK)
 def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
     """One agent-loop iteration; duplicates and stale steps are no-ops."""
     return engine.run_iterate(run_id=run_id, step=step)

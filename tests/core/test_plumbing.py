@@ -20,10 +20,11 @@ from kombu import Connection
 
 from apps.core.redis import sync_client
 from apps.runs import store
-from apps.runs.dispatch import ITERATE_TASK, run_channel, wake_and_enqueue
+from apps.runs.dispatch import run_channel, wake_and_enqueue
 from apps.substrate.selectors import agent_def_resolve, agent_definition
 from workers import doorbell
 from workers.celery import app
+from workers.queues import ITERATE_TASK
 from workers.transport import Transport
 
 

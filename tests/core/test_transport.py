@@ -1,6 +1,8 @@
 """workers/transport.py against the real Redis broker: deferred acks keep
 kombu's late-ack bookkeeping exact (an acked message is never restored, an
-unacked one still is), and workers leave no unacked entry of a finished run."""
+unacked one still is); run doorbells never enter the unacked hash yet count
+against the prefetch window and are restored at close or on a requeue; and
+workers leave no unacked entry of a finished run."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from apps.runs.models import RunStatus
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
+from workers.queues import ITERATE_TASK
 from workers.transport import QoS
 
 
@@ -37,10 +40,15 @@ def broker() -> Iterator[tuple[Any, Queue]]:
                 channel.close()
 
 
-def publish(channel: Any, queue: Queue, *bodies: str) -> None:
+def publish(channel: Any, queue: Queue, *bodies: str, task: str | None = None) -> None:
     producer = Producer(channel)
     for body in bodies:
-        producer.publish(body, routing_key=queue.name, serializer="json")
+        headers = {"task": task} if task else {}
+        producer.publish(body, routing_key=queue.name, serializer="json", headers=headers)
+
+
+def queued(channel: Any, queue: Queue) -> list[dict[str, Any]]:
+    return [json.loads(m) for m in channel.client.lrange(queue.name, 0, -1)]
 
 
 def receive(channel: Any, queue: Queue, n: int) -> list[Any]:
@@ -85,6 +93,50 @@ def test_closing_restores_only_what_was_not_acked(broker: tuple[Any, Queue]) -> 
         tags = {t.decode() for t in client.hkeys(conn.default_channel.unacked_key)}
     assert back == [unacked.delivery_tag]
     assert not {acked.delivery_tag, unacked.delivery_tag} & tags
+
+
+def test_a_doorbell_has_no_redis_copy_but_holds_its_prefetch_slot(broker: tuple[Any, Queue]) -> None:
+    channel, queue = broker
+    publish(channel, queue, "bell", task=ITERATE_TASK)
+    publish(channel, queue, "other", task="maintenance.run_leases_sweep")
+    [bell] = receive(channel, queue, 1)
+    assert bell.headers["task"] == ITERATE_TASK
+    assert bell.delivery_tag not in unacked_tags(channel)  # no MULTI/EXEC round trip for it
+    channel.basic_qos(0, 1, False)
+    assert not channel.qos.can_consume()  # the window still counts it
+    bell.ack()
+    assert channel.qos.can_consume()
+    [other] = receive(channel, queue, 1)
+    assert other.delivery_tag in unacked_tags(channel)  # every other task keeps kombu's copy
+    other.ack()
+    channel.qos.flush_acks()
+    assert not unacked_tags(channel) & {bell.delivery_tag, other.delivery_tag}
+    assert queued(channel, queue) == []
+
+
+def test_a_doorbell_rejected_with_requeue_goes_back_onto_its_queue(broker: tuple[Any, Queue]) -> None:
+    channel, queue = broker
+    publish(channel, queue, "kept", "dropped", task=ITERATE_TASK)
+    kept, dropped = receive(channel, queue, 2)
+    kept.reject(requeue=True)
+    dropped.reject(requeue=False)
+    [back] = queued(channel, queue)
+    assert back["properties"]["delivery_tag"] == kept.delivery_tag
+    assert back["headers"]["redelivered"] is True
+    assert channel.qos.can_consume()
+
+
+def test_closing_restores_unacked_doorbells_too(broker: tuple[Any, Queue]) -> None:
+    channel, queue = broker
+    publish(channel, queue, "acked", "unacked", task=ITERATE_TASK)
+    acked, unacked = receive(channel, queue, 2)
+    acked.ack()
+    channel.close()  # warm or cold shutdown: the doorbell is pushed back as kombu pushes its own
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        client = conn.default_channel.client
+        back = [json.loads(m) for m in client.lrange(queue.name, 0, -1)]
+    assert [m["properties"]["delivery_tag"] for m in back] == [unacked.delivery_tag]
+    assert base64.b64decode(back[0]["body"]).decode() == '"unacked"'
 
 
 @pytest.mark.usefixtures("agents")

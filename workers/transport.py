@@ -65,11 +65,12 @@ class QoS(kombu_redis.QoS):
 
     def append(self, message: Any, delivery_tag: str) -> None:
         delivery = message.delivery_info
+        restorable = (message._raw, delivery["exchange"], delivery["routing_key"])
         if (message.headers or {}).get("task") in DOORBELL_TASKS:
-            self._doorbells[delivery_tag] = (message._raw, delivery["exchange"], delivery["routing_key"])
+            self._doorbells[delivery_tag] = restorable
             virtual.QoS.append(self, message, delivery_tag)
             return
-        entry = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        entry = dumps(list(restorable))
         with self.pipe_or_acquire() as pipe:
             acks = self._take_acks(pipe)
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
@@ -86,13 +87,10 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.ack(self, delivery_tag)  # prefetch accounting now; Redis with the next pipeline
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        if delivery_tag not in self._doorbells:
-            super().reject(delivery_tag, requeue)
+        if not requeue and delivery_tag in self._doorbells:
+            self.ack(delivery_tag)  # no Redis copy to remove
             return
-        if requeue:
-            self.restore_by_tag(delivery_tag, leftmost=True)
-        self._doorbells.pop(delivery_tag, None)
-        virtual.QoS.ack(self, delivery_tag)
+        super().reject(delivery_tag, requeue)  # a requeued doorbell comes back from memory (restore_by_tag)
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         """Back onto its queue; a doorbell from memory, anything else from the unacked hash."""

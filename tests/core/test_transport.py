@@ -124,6 +124,7 @@ def test_a_doorbell_rejected_with_requeue_goes_back_onto_its_queue(broker: tuple
     assert back["properties"]["delivery_tag"] == kept.delivery_tag
     assert back["headers"]["redelivered"] is True
     assert channel.qos.can_consume()
+    assert not channel.qos._doorbells  # neither is still held in memory
 
 
 def test_closing_restores_unacked_doorbells_too(broker: tuple[Any, Queue]) -> None:

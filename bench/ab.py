@@ -62,7 +62,8 @@ def main() -> None:
             results[name].append(r["iterations_per_s"])
             print(
                 f"round {rnd} {name}: {r['iterations_per_s']:.0f} iterations/s, overhead p50 "
-                f"{r['p50_overhead_ms']:.1f} ms p99 {r['p99_overhead_ms']:.1f} ms",
+                f"{r['p50_overhead_ms']:.1f} ms p99 {r['p99_overhead_ms']:.1f} ms; admission wait p50 "
+                f"{r['p50_admission_ms']:.1f} ms p99 {r['p99_admission_ms']:.1f} ms",
                 flush=True,
             )
     for name, values in results.items():

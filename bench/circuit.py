@@ -157,7 +157,7 @@ def level(size: int, first: int, groups: dict[str, list[int]]) -> dict[str, floa
         span = Run.objects.filter(id__in=ids).aggregate(a=Min("created_at"), b=Max("completed_at"))
         latencies.append((span["b"] - span["a"]).total_seconds() * 1000)
     completed = Run.objects.filter(id__in=all_ids, status=RunStatus.COMPLETED).count()
-    samples = [total for total, _ in stack.timing_samples(sync_client(), TIMINGS_KEY)]
+    samples = [total for total, _, _ in stack.timing_samples(sync_client(), TIMINGS_KEY)]
     return {
         "iterations_per_s": len(samples) / wall,
         "iteration_p50_ms": stack.pct(samples, 0.5),

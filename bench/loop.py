@@ -130,7 +130,8 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     elapsed = t1 - t0
     iterations = sum(Run.objects.filter(id__in=ids).values_list("step", flat=True))
     samples = stack.timing_samples(client, TIMINGS_KEY)
-    overhead = [total - provider for total, provider in samples]
+    overhead = [total - provider for total, provider, _ in samples]
+    admission = [wait for _, _, wait in samples]
     # xids: one per write transaction; minus the run creations and the 2 probes themselves
     commits = (xid1 - xid0 - RUNS - 1) / iterations
     cpu = {k: (cpu1.get(k, 0.0) - cpu0[k]) * 1000 / iterations for k in cpu0}
@@ -142,6 +143,8 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
         "elapsed_s": elapsed,
         "p50_overhead_ms": pct(overhead, 0.5),
         "p99_overhead_ms": pct(overhead, 0.99),
+        "p50_admission_ms": pct(admission, 0.5),
+        "p99_admission_ms": pct(admission, 0.99),
         "samples": len(samples),
         "commits_per_iteration": commits,
     }
@@ -154,7 +157,7 @@ def light_load_phase() -> dict[str, float]:
     for _ in range(10):
         wait_status(create_runs("loop10", 4), RunStatus.COMPLETED, 120)
     samples = stack.timing_samples(client, TIMINGS_KEY)
-    overhead = [total - provider for total, provider in samples]
+    overhead = [total - provider for total, provider, _ in samples]
     return {
         "light_p50_overhead_ms": pct(overhead, 0.5),
         "light_p99_overhead_ms": pct(overhead, 0.99),
@@ -270,7 +273,8 @@ def main() -> None:
             f"engine   {r['runs_per_s']:.1f} runs/s, {r['iterations_per_s']:.0f} iterations/s "
             f"({r['iterations']} iterations in {r['elapsed_s']:.2f} s); overhead/iteration p50 "
             f"{r['p50_overhead_ms']:.2f} ms, p99 {r['p99_overhead_ms']:.2f} ms ({r['samples']} samples); "
-            f"{r['commits_per_iteration']:.2f} write commits/iteration",
+            f"queued for admission before the claim p50 {r['p50_admission_ms']:.1f} ms, "
+            f"p99 {r['p99_admission_ms']:.1f} ms; {r['commits_per_iteration']:.2f} write commits/iteration",
             flush=True,
         )
         r |= light_load_phase()

@@ -131,9 +131,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
 
 
-def timing_samples(client: Any, key: str) -> list[tuple[float, float]]:
-    """The workers' (total ms, provider ms) samples; waits out their buffered flush."""
+def timing_samples(client: Any, key: str) -> list[tuple[float, float, float]]:
+    """The workers' (total ms, provider ms, admission wait ms) samples; waits out their buffered flush."""
     from apps.runs.dispatch import TIMINGS_FLUSH_S
 
     time.sleep(TIMINGS_FLUSH_S * 3)
-    return [(float(a), float(b)) for a, b in (s.decode().split(",") for s in client.lrange(key, 0, -1))]
+    return [(float(a), float(b), float(c)) for a, b, c in (s.decode().split(",") for s in client.lrange(key, 0, -1))]

@@ -77,6 +77,13 @@ MOCK_500_RATE: float = env.float("LOOMCYCLE_MOCK_500_RATE", default=0.0)
 # Lets the `mock-crash` model kill its worker (crash-recovery tests only).
 MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
 
+# Engine admission (apps/core/admission.py): iterations doing engine work at
+# once per worker process (0 = no limit: every pool thread runs its iteration
+# at once), and how long a batch of tool calls keeps its slot before a queued
+# iteration may take it (remote provider calls give theirs up at once).
+ENGINE_ADMISSION_SLOTS: int = env.int("LOOMCYCLE_ENGINE_ADMISSION_SLOTS", default=2)
+ENGINE_ADMISSION_TOOLS_AFTER_MS: float = env.float("LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS", default=20.0)
+
 # Opt-in engine timing samples: each iteration's "total_ms,provider_ms" is
 # pushed to this Redis list, in batches every 100 ms (bench/loop.py reads it). Off when unset.
 ENGINE_TIMINGS_KEY: str | None = env.str("LOOMCYCLE_ENGINE_TIMINGS_KEY", default=None) or None

@@ -60,8 +60,9 @@ _timings_lock = threading.Lock()
 _flusher: threading.Thread | None = None
 
 
-def record_timing(total_s: float, provider_s: float) -> None:
-    """Opt-in (LOOMCYCLE_ENGINE_TIMINGS_KEY): one sample per committed iteration.
+def record_timing(total_s: float, provider_s: float, admission_s: float) -> None:
+    """Opt-in (LOOMCYCLE_ENGINE_TIMINGS_KEY): one sample per committed iteration
+    ("total_ms,provider_ms,admission_wait_ms"; the wait is not in the total).
 
     Samples are buffered and pushed by one thread every TIMINGS_FLUSH_S, so
     that measuring costs the measured iteration no Redis round trip."""
@@ -69,7 +70,7 @@ def record_timing(total_s: float, provider_s: float) -> None:
     if not E.ENGINE_TIMINGS_KEY:
         return
     with _timings_lock:
-        _timings.append(f"{total_s * 1000:.3f},{provider_s * 1000:.3f}")
+        _timings.append(f"{total_s * 1000:.3f},{provider_s * 1000:.3f},{admission_s * 1000:.3f}")
         if _flusher is None:
             _flusher = threading.Thread(target=_flush_timings, name="lc-timings", daemon=True)
             _flusher.start()

@@ -23,6 +23,7 @@ import logging
 import random
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
+from apps.core.admission import ADMISSION, TOOLS_AFTER_S
 from apps.core.errors import ApplicationError
 from apps.core.tools import Park, ToolContext, ToolResult
 from apps.gateway import fairness
@@ -58,6 +60,7 @@ from apps.runs.toolrun import CallOutcome, run_calls
 from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.engine")
+outside = ADMISSION.outside
 
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -85,7 +88,13 @@ class StepWrite:
 
 
 def run_iterate(*, run_id: str, step: int) -> str:
-    """Execute iteration `step` of `run_id` if this delivery wins the claim."""
+    """Execute iteration `step` of `run_id` if this delivery wins the claim
+    (after this process admits it: apps.runs.admission)."""
+    with ADMISSION.admitted() as waited:
+        return _iterate(run_id, step, waited)
+
+
+def _iterate(run_id: str, step: int, waited: float) -> str:
     started = time.perf_counter()
     with LIVE.track(run_id) as cancel:
         run = _claim(run_id, step)
@@ -100,7 +109,7 @@ def run_iterate(*, run_id: str, step: int) -> str:
         log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
         return "fence_lost"
     _after_commit(run, write)
-    record_timing(time.perf_counter() - started, write.provider_s)
+    record_timing(time.perf_counter() - started, write.provider_s, waited)
     return write.next
 
 
@@ -275,8 +284,10 @@ def _call_with_retries(
         t0 = time.perf_counter()
         try:
             try:
-                with fairness.provider_slot(provider.id, cancel=cancel):  # the provider's max_concurrent, if any
-                    return _consume(provider.stream(request, cancel))
+                # a remote call gives the engine to other iterations; provider_slot: its max_concurrent
+                with outside() if provider.capabilities.remote else nullcontext():
+                    with fairness.provider_slot(provider.id, cancel=cancel):
+                        return _consume(provider.stream(request, cancel))
             except fairness.SlotRefused as refused:  # queued too long: retry/fall back like a provider 429
                 raise ProviderError(provider.id, 429, refused.message, retry_after=5.0) from refused
         except ProviderError as exc:
@@ -285,8 +296,9 @@ def _call_with_retries(
             wait_s = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
             wait_s = min(wait_s, 30.0) + random.uniform(0, 0.1)
             write.events.append({"type": "retry", "retry": _retry_info(provider.id, attempt, wait_s, exc)})
-            if cancel.wait(wait_s):
-                raise ProviderCancelled() from exc
+            with outside():
+                if cancel.wait(wait_s):
+                    raise ProviderCancelled() from exc
         finally:
             write.provider_s += time.perf_counter() - t0
     raise AssertionError("unreachable: the loop returns or raises")
@@ -380,7 +392,9 @@ def _run_tools(
         tools=tuple(run.tools),
         cancelled=cancel,
     )
-    outcomes = _prepare_spawns(run, run_calls(base, calls), write)
+    with outside(TOOLS_AFTER_S):
+        ran = run_calls(base, calls)
+    outcomes = _prepare_spawns(run, ran, write)
     if cancel.is_set():
         return cancelled_write(_cancel_reason(run))
     write.parks = [(o.call.id, o.result.park) for o in outcomes if o.result.park is not None]

@@ -210,9 +210,9 @@ def test_engine_timing_samples_are_buffered_then_pushed(monkeypatch: pytest.Monk
     client.delete(key)
     monkeypatch.setattr(E, "ENGINE_TIMINGS_KEY", key)
     for i in range(5):
-        dispatch.record_timing(0.010 + i / 1000, 0.002)
+        dispatch.record_timing(0.010 + i / 1000, 0.002, 0.0005)
     deadline = time.monotonic() + 5
     while client.llen(key) < 5 and time.monotonic() < deadline:
         time.sleep(dispatch.TIMINGS_FLUSH_S / 2)
-    assert [s.decode() for s in client.lrange(key, 0, -1)] == [f"{10 + i:.3f},2.000" for i in range(5)]
+    assert [s.decode() for s in client.lrange(key, 0, -1)] == [f"{10 + i:.3f},2.000,0.500" for i in range(5)]
     client.delete(key)

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from apps.core.admission import ADMISSION
 from apps.core.redis import sync_client
 from apps.gateway.fairness import store
 from apps.gateway.fairness.config import (
@@ -168,8 +169,9 @@ def provider_slot(provider_id: str, cap: int | None = None, *, cancel: threading
                 raise full.refused()
             waited = True
             store.mark_waiting(gate, waiter)  # counted as `queued` in the stats while it waits
-            if cancel.wait(min(delay * random.uniform(0.8, 1.2), left)):
-                raise ProviderCancelled()
+            with ADMISSION.outside():  # an engine iteration queued here gives its admission slot up
+                if cancel.wait(min(delay * random.uniform(0.8, 1.2), left)):
+                    raise ProviderCancelled()
             delay = _next_delay(delay)
     finally:
         if waited:

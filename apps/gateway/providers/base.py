@@ -27,6 +27,10 @@ class Capabilities:
     max_context_tokens: int = 0
     native_prompt_cache: bool = False
     effort: bool = False
+    # The call waits on the network. The engine then gives its admission slot
+    # (apps.core.admission) to the next iteration for the call's duration; an
+    # in-process provider (the mock) marks its own waits instead.
+    remote: bool = True
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
+from apps.core.admission import ADMISSION
 from apps.core.ids import new_mock_tool_id
 from apps.gateway.providers.base import (
     Capabilities,
@@ -80,7 +81,7 @@ def _tool_results(request: ProviderRequest) -> int:
 
 
 class MockProvider(Provider):
-    capabilities = Capabilities(streaming=False, parallel_tools=False, vision=True)
+    capabilities = Capabilities(streaming=False, parallel_tools=False, vision=True, remote=False)
 
     def __init__(self, provider_id: str, *, stable: bool = False) -> None:
         self.id = provider_id
@@ -92,8 +93,10 @@ class MockProvider(Provider):
         chars = _request_chars(request)
         self._roll_failures(opts)
         seconds = self._latency(chars, opts)
-        if seconds > 0 and cancel.wait(seconds):
-            raise ProviderCancelled()
+        if seconds > 0:
+            with ADMISSION.outside():  # simulated network time: the engine may run another iteration
+                if cancel.wait(seconds):
+                    raise ProviderCancelled()
         if cancel.is_set():
             raise ProviderCancelled()
         if variant == "mock-crash" and E.MOCK_ALLOW_CRASH:

@@ -60,7 +60,6 @@ from apps.runs.toolrun import CallOutcome, run_calls
 from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.engine")
-outside = ADMISSION.outside
 
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -89,7 +88,7 @@ class StepWrite:
 
 def run_iterate(*, run_id: str, step: int) -> str:
     """Execute iteration `step` of `run_id` if this delivery wins the claim
-    (after this process admits it: apps.runs.admission)."""
+    (after this process admits it: apps.core.admission)."""
     with ADMISSION.admitted() as waited:
         return _iterate(run_id, step, waited)
 
@@ -285,7 +284,7 @@ def _call_with_retries(
         try:
             try:
                 # a remote call gives the engine to other iterations; provider_slot: its max_concurrent
-                with outside() if provider.capabilities.remote else nullcontext():
+                with ADMISSION.outside() if provider.capabilities.remote else nullcontext():
                     with fairness.provider_slot(provider.id, cancel=cancel):
                         return _consume(provider.stream(request, cancel))
             except fairness.SlotRefused as refused:  # queued too long: retry/fall back like a provider 429
@@ -296,7 +295,7 @@ def _call_with_retries(
             wait_s = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
             wait_s = min(wait_s, 30.0) + random.uniform(0, 0.1)
             write.events.append({"type": "retry", "retry": _retry_info(provider.id, attempt, wait_s, exc)})
-            with outside():
+            with ADMISSION.outside():
                 if cancel.wait(wait_s):
                     raise ProviderCancelled() from exc
         finally:
@@ -392,7 +391,7 @@ def _run_tools(
         tools=tuple(run.tools),
         cancelled=cancel,
     )
-    with outside(TOOLS_AFTER_S):
+    with ADMISSION.outside(TOOLS_AFTER_S):
         ran = run_calls(base, calls)
     outcomes = _prepare_spawns(run, ran, write)
     if cancel.is_set():

@@ -150,18 +150,24 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     }
 
 
-def light_load_phase() -> dict[str, float]:
-    """Overhead without saturation: 4 runs at a time, 10 rounds."""
+def light_load_phase(concurrent: int, rounds: int) -> dict[str, float]:
+    """Overhead without saturation: `concurrent` runs at a time, `rounds` times.
+
+    One run at a time is the engine's own latency: its round trips and CPU with
+    the machine otherwise idle. Four at a time already keep about two thirds of
+    the two cores busy (Postgres and the workers' consumer threads included).
+    """
     client = sync_client()
+    stack.timing_samples(client, TIMINGS_KEY)  # lets earlier buffered samples land before they are dropped
     client.delete(TIMINGS_KEY)
-    for _ in range(10):
-        wait_status(create_runs("loop10", 4), RunStatus.COMPLETED, 120)
+    for _ in range(rounds):
+        wait_status(create_runs("loop10", concurrent), RunStatus.COMPLETED, 120)
     samples = stack.timing_samples(client, TIMINGS_KEY)
     overhead = [total - provider for total, provider, _ in samples]
     return {
-        "light_p50_overhead_ms": pct(overhead, 0.5),
-        "light_p99_overhead_ms": pct(overhead, 0.99),
-        "light_samples": len(samples),
+        f"light{concurrent}_p50_overhead_ms": pct(overhead, 0.5),
+        f"light{concurrent}_p99_overhead_ms": pct(overhead, 0.99),
+        f"light{concurrent}_samples": len(samples),
     }
 
 
@@ -277,12 +283,15 @@ def main() -> None:
             f"p99 {r['p99_admission_ms']:.1f} ms; {r['commits_per_iteration']:.2f} write commits/iteration",
             flush=True,
         )
-        r |= light_load_phase()
-        print(
-            f"light    4 concurrent runs: overhead/iteration p50 {r['light_p50_overhead_ms']:.2f} ms, "
-            f"p99 {r['light_p99_overhead_ms']:.2f} ms ({r['light_samples']} samples)",
-            flush=True,
-        )
+        for concurrent, rounds in ((1, 50), (4, 10)):
+            r |= light_load_phase(concurrent, rounds)
+            key = f"light{concurrent}"
+            print(
+                f"light    {concurrent} run{'s' if concurrent > 1 else ''} at a time: overhead/iteration p50 "
+                f"{r[f'{key}_p50_overhead_ms']:.2f} ms, p99 {r[f'{key}_p99_overhead_ms']:.2f} ms "
+                f"({r[f'{key}_samples']} samples)",
+                flush=True,
+            )
         r |= inflight_phase(workers)
         print(
             f"inflight peak {r['inflight_runs']} runs leased at once; {r['inflight_completed']}/{INFLIGHT} done "

@@ -29,6 +29,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DATA = ROOT / ".loomcycle" / "bench"
@@ -66,7 +68,7 @@ from apps.runs import services  # noqa: E402
 from apps.runs.models import Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 from bench import stack  # noqa: E402
-from bench.stack import cpu_s, pct, rss_mib, service_pids, stop_all  # noqa: E402
+from bench.stack import cpu_s, host_steal_pct, pct, rss_mib, service_pids, stop_all  # noqa: E402
 from workers.celery import app  # noqa: E402
 
 TRUNCATE_RUNS = "TRUNCATE runs_run, runs_runevent, runs_transcriptentry, runs_runinput, runs_toolcallrecord CASCADE"
@@ -122,10 +124,12 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     xid0 = int(sql("SELECT pg_current_xact_id()::text::bigint")[0][0])  # type: ignore[call-overload]
     groups = {"worker": [p.pid for p in workers], **service_pids(), "driver": [os.getpid()]}
     cpu0 = {k: cpu_s(v) for k, v in groups.items()}
+    host0 = psutil.cpu_times()
     t0 = time.monotonic()
     ids = create_runs("loop10", RUNS)
     t1 = wait_status(ids, RunStatus.COMPLETED, 600)
     cpu1 = {k: cpu_s(v) for k, v in groups.items()}  # same pids: postgres backends that exited are not counted
+    steal = host_steal_pct(host0, psutil.cpu_times())
     xid1 = int(sql("SELECT pg_current_xact_id()::text::bigint")[0][0])  # type: ignore[call-overload]
     elapsed = t1 - t0
     iterations = sum(Run.objects.filter(id__in=ids).values_list("step", flat=True))
@@ -135,7 +139,10 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     # xids: one per write transaction; minus the run creations and the 2 probes themselves
     commits = (xid1 - xid0 - RUNS - 1) / iterations
     cpu = {k: (cpu1.get(k, 0.0) - cpu0[k]) * 1000 / iterations for k in cpu0}
-    print("cpu ms/iteration: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()), flush=True)
+    print(
+        "cpu ms/iteration: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()) + f"; host steal {steal:.0f} %",
+        flush=True,
+    )
     return {
         "runs_per_s": RUNS / elapsed,
         "iterations_per_s": iterations / elapsed,
@@ -147,6 +154,7 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
         "p99_admission_ms": pct(admission, 0.99),
         "samples": len(samples),
         "commits_per_iteration": commits,
+        "steal_pct": steal,
     }
 
 
@@ -206,8 +214,13 @@ def floor_phase(env: dict[str, str]) -> dict[str, float]:
             return time.monotonic() - t0
 
         chains(20, 10)  # warm-up
+        host0 = psutil.cpu_times()
         elapsed = chains(RUNS, ITERS)
-        return {"floor_iterations_per_s": RUNS * ITERS / elapsed, "floor_elapsed_s": elapsed}
+        return {
+            "floor_iterations_per_s": RUNS * ITERS / elapsed,
+            "floor_elapsed_s": elapsed,
+            "floor_steal_pct": host_steal_pct(host0, psutil.cpu_times()),
+        }
     finally:
         stop_all(procs)
         sql("DROP TABLE IF EXISTS floor_ckpt")
@@ -311,8 +324,8 @@ def main() -> None:
     r |= floor_phase(env)
     ratio = r["iterations_per_s"] / r["floor_iterations_per_s"]
     print(
-        f"floor    {r['floor_iterations_per_s']:.0f} hops/s (Celery hop + one INSERT/COMMIT, same pool); "
-        f"engine/floor = {ratio:.2f}",
+        f"floor    {r['floor_iterations_per_s']:.0f} hops/s (Celery hop + one INSERT/COMMIT, same pool; host steal "
+        f"{r['floor_steal_pct']:.0f} %); engine/floor = {ratio:.2f}",
         flush=True,
     )
     print(

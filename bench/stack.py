@@ -115,6 +115,15 @@ def cpu_by_pid(pids: list[int]) -> dict[int, float]:
     return out
 
 
+def host_steal_pct(before: Any, after: Any) -> float:
+    """Share of the host's CPU time stolen by the hypervisor between two `psutil.cpu_times()`.
+
+    On a shared VM a phase's figures move with it: this host has shown 0-40 %.
+    """
+    total = sum(after) - sum(before)
+    return 100.0 * (getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0)) / total if total > 0 else 0.0
+
+
 def service_pids() -> dict[str, list[int]]:
     out: dict[str, list[int]] = {"postgres": [], "redis": []}
     for proc in psutil.process_iter(["pid", "name"]):

@@ -154,7 +154,6 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
         "p99_admission_ms": pct(admission, 0.99),
         "samples": len(samples),
         "commits_per_iteration": commits,
-        "steal_pct": steal,
     }
 
 

@@ -120,7 +120,9 @@ def host_steal_pct(before: Any, after: Any) -> float:
 
     On a shared VM a phase's figures move with it: this host has shown 0-40 %.
     """
-    total = sum(after) - sum(before)
+    # /proc/stat counts guest time inside user and nice time already
+    fields = [f for f in after._fields if f not in ("guest", "guest_nice")]
+    total = sum(getattr(after, f) - getattr(before, f) for f in fields)
     return 100.0 * (getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0)) / total if total > 0 else 0.0
 
 

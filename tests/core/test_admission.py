@@ -1,4 +1,4 @@
-"""Per-process admission of iterations (apps/runs/admission.py), with real threads."""
+"""Per-process admission of iterations (apps/core/admission.py), with real threads."""
 
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ class Holder(threading.Thread):
             self.release.wait(WAIT)
 
 
+def _admitted(holder: Holder) -> Holder:
+    """Starts `holder` and waits until it holds a slot."""
+    holder.start()
+    assert holder.admitted.wait(WAIT)
+    return holder
+
+
 def _free(gate: Admission) -> int:
     return gate._free
 
@@ -78,14 +85,10 @@ def test_at_most_k_admitted_and_the_queue_is_fifo() -> None:
 def test_a_long_outside_section_gives_its_slot_away_and_takes_one_back_first() -> None:
     gate = Admission(slots=1)
     log: list[str] = []
-    slow = Holder(gate, "slow", log, outside=0.05)
-    slow.start()
-    assert slow.admitted.wait(WAIT)
+    slow = _admitted(Holder(gate, "slow", log, outside=0.05))
     _until(lambda: bool(gate._outside))
     t0 = time.monotonic()
-    nxt = Holder(gate, "next", log)
-    nxt.start()
-    assert nxt.admitted.wait(WAIT)
+    nxt = _admitted(Holder(gate, "next", log))
     assert time.monotonic() - t0 >= 0.04  # not before the section had lasted after_s
     later = Holder(gate, "later", log)
     later.start()
@@ -126,9 +129,7 @@ def test_a_blocking_section_gives_its_slot_at_once_to_a_queued_iteration() -> No
 def test_a_short_outside_call_keeps_its_slot() -> None:
     gate = Admission(slots=1)
     log: list[str] = []
-    holder = Holder(gate, "h", log, outside=10.0)
-    holder.start()
-    assert holder.admitted.wait(WAIT)
+    holder = _admitted(Holder(gate, "h", log, outside=10.0))
     _until(lambda: bool(gate._outside))
     waiter = Holder(gate, "w", log)
     waiter.start()

@@ -1,4 +1,6 @@
-"""Open mode answers loopback host names only (protection against DNS rebinding).
+"""Open mode answers loopback host names only (protection against DNS
+rebinding) and same-machine browser pages only (protection against cross-site
+requests).
 
 Open mode (no LOOMCYCLE_AUTH_TOKEN and no live admin OperatorTokenDef) makes
 every loopback client an unauthenticated admin. A web page on a rebound DNS
@@ -7,6 +9,15 @@ is open a request must name a loopback host (localhost, *.localhost,
 127.0.0.1, [::1]) or one listed explicitly in ALLOWED_HOSTS (LOOMCYCLE_ALLOWED_HOSTS;
 the `*` default does not count). Once a credential exists the bearer is the
 boundary and any host Django allows is served.
+
+A web page on any site can also make the developer's browser send a "simple"
+cross-site request (a form POST, which the body parser reads as JSON so that
+`curl -d` works) to 127.0.0.1. While the runtime is open such a request is
+refused with 403 `cross_site_request` when the browser marks it `Sec-Fetch-Site:
+cross-site` or its `Origin` is not a loopback origin (or one of the explicit
+ALLOWED_HOSTS). Clients that send neither header (curl, SDKs) are not browser
+pages and pass; once a credential exists a browser cannot attach the bearer on
+its own, so the check stops.
 
 The decision is made per request, because an operator token minted at runtime
 closes open mode: the database answer is cached per process for OPEN_MODE_TTL_S,
@@ -20,6 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
@@ -37,6 +49,10 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 OPEN_MODE_HOST_MESSAGE = (
     "open mode (no token configured) answers loopback host names only (localhost, 127.0.0.1, [::1]); "
     "configure a token, or list this host in LOOMCYCLE_ALLOWED_HOSTS"
+)
+CROSS_SITE_MESSAGE = (
+    "open mode (no token configured) refuses requests from web pages of other sites; "
+    "call the API from a client that sends no Origin (curl, an SDK), or configure a token"
 )
 
 _clock: Callable[[], float] = time.monotonic
@@ -125,8 +141,48 @@ def open_mode_host_refused() -> JsonResponse:
     return JsonResponse(body, status=400)
 
 
+def origin_allowed_in_open_mode(origin: str) -> bool:
+    """An http(s) origin naming a host open mode serves; `null` and anything
+    else (file:, data:, sandboxed frames) is not."""
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return False
+    return host_allowed_in_open_mode(split_domain_port(parts.netloc.lower())[0])
+
+
+def is_cross_site(request: HttpRequest) -> bool:
+    """The browser says the request comes from another site, or from an origin
+    open mode does not serve. No header at all: not a browser page."""
+    if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+        return True
+    origin = request.headers.get("Origin")
+    return origin is not None and not origin_allowed_in_open_mode(origin)
+
+
+def cross_site_refused() -> JsonResponse:
+    body = {"code": "cross_site_request", "error": CROSS_SITE_MESSAGE, "details": {}}
+    return JsonResponse(body, status=403)
+
+
+def open_mode_refusal(request: HttpRequest, is_open: Callable[[], bool]) -> JsonResponse | None:
+    """The refusal for a request open mode must not serve, or None. The header
+    checks run first so that a plain API request costs no open-mode lookup."""
+    if not host_allowed_in_open_mode(request_domain(request)) and is_open():
+        return open_mode_host_refused()
+    if is_cross_site(request) and is_open():
+        log.warning(
+            "open mode: refused a cross-site %s %s (Origin %r)",
+            request.method,
+            request.path,
+            request.headers.get("Origin"),
+        )
+        return cross_site_refused()
+    return None
+
+
 class OpenModeHostMiddleware:
-    """400 `open_mode_host` for a non-loopback Host while the runtime is in open mode."""
+    """While the runtime is in open mode: 400 `open_mode_host` for a
+    non-loopback Host, 403 `cross_site_request` for a cross-site browser request."""
 
     sync_capable = True
     async_capable = True
@@ -140,12 +196,14 @@ class OpenModeHostMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        if not host_allowed_in_open_mode(request_domain(request)) and open_mode():
-            return open_mode_host_refused()
-        return self.get_response(request)
+        refusal = open_mode_refusal(request, open_mode)
+        return refusal if refusal is not None else self.get_response(request)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
-        if not host_allowed_in_open_mode(request_domain(request)) and await aopen_mode():
-            return open_mode_host_refused()
+        if not host_allowed_in_open_mode(request_domain(request)) or is_cross_site(request):
+            is_open = await aopen_mode()
+            refusal = open_mode_refusal(request, lambda: is_open)
+            if refusal is not None:
+                return refusal
         get_response: Callable[[HttpRequest], Awaitable[HttpResponse]] = self.get_response
         return await get_response(request)

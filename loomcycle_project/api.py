@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.db import DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -52,6 +53,21 @@ def on_auth_error(request: HttpRequest, exc: AuthenticationError) -> HttpRespons
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     return error_response(400, "invalid_request", "request did not validate", {"errors": exc.errors})
+
+
+@api.exception_handler(DataError)
+def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
+    """A value the store refused (too long for its column, out of range): the
+    request's data, so a 400; routes validate first, this is the backstop."""
+    log.warning("%s %s: the store refused a value: %s", request.method, request.path, exc)
+    return error_response(400, "invalid_value", "a value in the request cannot be stored (too long or out of range)")
+
+
+@api.exception_handler(Exception)
+def on_unexpected_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """Anything else is our bug: logged with its traceback, answered as JSON."""
+    log.error("%s %s: unhandled error", request.method, request.path, exc_info=exc)
+    return error_response(500, "internal_error", "internal server error (logged on the server)")
 
 
 @api.exception_handler(HttpError)

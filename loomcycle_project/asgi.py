@@ -8,13 +8,24 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from apps.channels.routing import websocket_urlpatterns as channel_urlpatterns  # noqa: E402
+from apps.core.request_guard import RequestGuard  # noqa: E402
 from apps.runs.routing import websocket_urlpatterns as run_urlpatterns  # noqa: E402
 from apps.substrate.websocket import browser_origin_validator  # noqa: E402
+from loomcycle_project import daphne_limits  # noqa: E402
+
+# Daphne reads request bodies before any of this runs: cap them while they are read.
+daphne_limits.install(settings.LOOMCYCLE.max_request_bytes)
 
 # Browsers send Origin: a page from another site cannot open a socket to us
 # (cross-site WebSocket hijacking); clients without an Origin header pass.
-application = ProtocolTypeRouter(
-    {"http": django_asgi_app, "websocket": browser_origin_validator(URLRouter(run_urlpatterns + channel_urlpatterns))}
+application = RequestGuard(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": browser_origin_validator(URLRouter(run_urlpatterns + channel_urlpatterns)),
+        }
+    )
 )

@@ -1,11 +1,34 @@
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
 from django.urls import path
+from django.views import defaults
 
 from apps.core.health import healthz
-from loomcycle_project.api import api
+from apps.core.middleware import API_PREFIXES
+from loomcycle_project.api import api, error_response
 
 urlpatterns = [
     path("healthz", healthz),
     path("admin/", admin.site.urls),
     path("v1/", api.urls),
 ]
+
+
+# API clients get JSON for a path no route matches and for an error outside
+# the NinjaAPI's handlers; the admin keeps Django's pages.
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if request.path.startswith(API_PREFIXES):
+        return error_response(404, "not_found", f"no route for {request.method} {request.path[:200]}")
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest, *args: Any) -> HttpResponse:
+    if request.path.startswith(API_PREFIXES):
+        return error_response(500, "internal_error", "internal server error (logged on the server)")
+    return defaults.server_error(request)
+
+
+handler404 = not_found
+handler500 = server_error

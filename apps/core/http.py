@@ -1,6 +1,11 @@
 """Request-body parsing with loomcycle's status codes (SPEC 2.0): 415 for a
 non-JSON content type, 413 over the size cap, 400 for bad JSON or a body that
-does not validate (with the field errors in `details`)."""
+does not validate (with the field errors in `details`).
+
+Two things valid JSON may carry that the store cannot take are refused here
+with 400 `invalid_body` too: a NUL character (`\u0000`) in any string or key
+(Postgres `text` and `jsonb` reject it) and nesting deeper than
+MAX_JSON_DEPTH (recursive code downstream: hashing, redaction, jsonb)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ T = TypeVar("T")
 # curl -d sends application/x-www-form-urlencoded; the body is still parsed as
 # JSON (docs/compat.md). Anything else that is not JSON is a 415.
 _JSON_TYPES = frozenset({"application/json", "application/x-www-form-urlencoded"})
+MAX_JSON_DEPTH = 64
 
 
 def parse_body(request: HttpRequest, schema: type[M], *, max_bytes: int, required: bool = True) -> M:
@@ -38,10 +44,7 @@ def parse_body(request: HttpRequest, schema: type[M], *, max_bytes: int, require
         if required:
             raise Invalid("request body is required", code="invalid_body")
         raw = b"{}"
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Invalid(f"bad json: {exc}", code="invalid_json") from exc
+    data = loads_checked(raw)
     if not isinstance(data, dict):
         raise Invalid("request body must be a JSON object", code="invalid_body")
     try:
@@ -51,6 +54,35 @@ def parse_body(request: HttpRequest, schema: type[M], *, max_bytes: int, require
         first = errors[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise Invalid(f"{where}: {first['msg']}", code="invalid_body", details={"errors": errors}) from exc
+
+
+def loads_checked(raw: bytes | str) -> Any:
+    """json.loads, refusing what the store cannot keep (see the module docstring)."""
+    try:
+        data = json.loads(raw)
+    except RecursionError as exc:
+        raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Invalid(f"bad json: {exc}", code="invalid_json") from exc
+    check_storable(data)
+    return data
+
+
+def check_storable(data: Any) -> None:
+    """Walk `data` without recursion: no NUL in a string or key, depth at most MAX_JSON_DEPTH."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise Invalid("NUL characters (\\u0000) are not allowed in strings", code="invalid_body")
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body")
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        stack.extend((item, depth + 1) for item in items)
 
 
 def openapi_body(schema: type[BaseModel]) -> dict[str, object]:

@@ -26,7 +26,7 @@ from typing import Any
 
 from apps.core.config import runtime_config
 from apps.core.errors import ApplicationError, Forbidden, Invalid
-from apps.gateway.providers.registry import has_provider, provider_ids
+from apps.gateway.providers.registry import get_provider, has_provider, provider_ids
 
 TIERS = ("low", "middle", "high")
 EFFORTS = ("", "low", "medium", "high")
@@ -175,14 +175,24 @@ def resolve_route(
                 f"{', '.join(f'{c.provider}/{c.model}' for c in candidates) or 'none'}; "
                 f"configured providers: {', '.join(provider_ids()) or 'none'})"
             )
-        return Route(tuple(usable), policy, tier_name, tier)
+        return Route(_checked(usable), policy, tier_name, tier)
     pin = _pin(provider, model, agent, aliases, config)
     if not has_provider(pin.provider):
         raise Invalid(
             f'unknown provider "{pin.provider}" (available: {", ".join(provider_ids()) or "none"})',
             code="unknown_provider",
         )
-    return Route((pin,), policy, tier_name)
+    return Route(_checked([pin]), policy, tier_name)
+
+
+def _checked(candidates: list[Candidate]) -> tuple[Candidate, ...]:
+    """Each candidate's model as its provider accepts it (400 before any call)."""
+    for c in candidates:
+        try:
+            get_provider(c.provider).check_model(c.model)
+        except ValueError as exc:
+            raise Invalid(f"{c.provider}/{c.model[:80]}: {exc}", code="invalid_model_options") from exc
+    return tuple(candidates)
 
 
 def _pin(
@@ -237,6 +247,17 @@ def validate_agent_routing(name: str, definition: dict[str, Any]) -> str | None:
     providers = definition.get("providers")
     if providers is not None and not (isinstance(providers, list) and all(isinstance(p, str) for p in providers)):
         return f"agent {name!r}: providers must be a list of provider ids"
+    return _pinned_model_error(name, definition)
+
+
+def _pinned_model_error(name: str, definition: dict[str, Any]) -> str | None:
+    provider, model = definition.get("provider"), definition.get("model")
+    if not (isinstance(provider, str) and isinstance(model, str) and has_provider(provider)):
+        return None  # an unknown provider is reported when the agent is resolved
+    try:
+        get_provider(provider).check_model(model)
+    except ValueError as exc:
+        return f"agent {name!r}: {exc}"
     return None
 
 

@@ -24,6 +24,7 @@ from apps.memory.tools import MAX_KEY_CHARS, Refusal, search_options, search_out
 
 router = Router(tags=["memory"])
 ADMIN_BODY_BYTES = 1024 * 1024
+MAX_SCOPE_ID_CHARS = 256  # the column width (MemoryEntry.scope_id)
 MAX_TTL_SECONDS = 10 * 365 * 86400
 _PREFIX = "/_memory/scopes/{scope}/{scope_id}/keys"
 
@@ -61,6 +62,8 @@ def _slot(principal: Principal, scope: str, scope_id: str, *, write: bool) -> Sl
         return Slot("" if scope == MemoryScope.GLOBAL else principal.tenant_id, scope, "")
     if not scope_id or scope_id == "-":
         raise Invalid(f"scope {scope} needs a scope_id", code="missing_scope_id")
+    if len(scope_id) > MAX_SCOPE_ID_CHARS:
+        raise Invalid(f"scope_id must be at most {MAX_SCOPE_ID_CHARS} characters", code="invalid_scope_id")
     return Slot(principal.tenant_id, scope, scope_id)
 
 

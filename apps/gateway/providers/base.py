@@ -138,6 +138,10 @@ class Provider(ABC):
     id: str
     capabilities: Capabilities
 
+    def check_model(self, model: str) -> None:  # noqa: B027 -- a hook with a default, not abstract
+        """Raise ValueError for a model string this provider refuses before any
+        call (the mock's malformed options); most providers accept any name."""
+
     @abstractmethod
     def stream(self, request: ProviderRequest, cancel: threading.Event) -> Iterator[ProviderEvent]:
         """Blocking, for worker threads; honours `cancel`."""

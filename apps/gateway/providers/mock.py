@@ -7,8 +7,14 @@ in the conversation.
 
 The model string may carry options as a query string, e.g.
 `mock-tool-loop?tool=Context&calls=2&latency_ms=2000`:
-- `latency_ms`, `jitter_ms` override the process-wide latency for this model;
-- `rate_429`, `rate_500` override the injected failure rates for this model;
+- `latency_ms`, `jitter_ms` override the process-wide latency for this model
+  (clamped to 0..MAX_LATENCY_MS, so no option holds a connection and a
+  fairness slot for hours);
+- `rate_429`, `rate_500` override the injected failure rates for this model
+  (clamped to 0..1);
+- an option that is not a finite number (`latency_ms=x`) is refused where the
+  model is named (`check_model`: 400 `invalid_model_options`) and, should one
+  reach a call anyway, fails that call with a 400 ProviderError;
 - `mock-tool-loop`: calls `tool` (default: the first offered tool) `calls`
   times (default 1), then answers "done" (for `tool=Agent`, `child` names the
   agent it spawns, default `echo`; `input` is the tool input as URL-encoded
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -45,6 +52,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -64,10 +72,55 @@ from apps.gateway.providers.base import (
 )
 from loomcycle_project import env as E
 
+MAX_LATENCY_MS = 300_000.0
+MAX_CALLS = 1_000
+# option -> (lower bound, upper bound): values outside are clamped to them.
+_NUMERIC_BOUNDS: dict[str, tuple[float, float]] = {
+    "latency_ms": (0.0, MAX_LATENCY_MS),
+    "jitter_ms": (0.0, MAX_LATENCY_MS),
+    "rate_429": (0.0, 1.0),
+    "rate_500": (0.0, 1.0),
+    "calls": (0.0, float(MAX_CALLS)),
+}
 
-def _parse_model(model: str) -> tuple[str, dict[str, str]]:
+
+@dataclass(frozen=True)
+class MockOptions:
+    """The model string's query options, numeric ones validated and clamped."""
+
+    raw: dict[str, str]
+    numbers: dict[str, float]
+
+    def number(self, key: str, default: float) -> float:
+        return self.numbers.get(key, default)
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.raw.get(key, default)
+
+
+def mock_options(query: str) -> MockOptions:
+    """Parse a model's `?k=v&…` options; ValueError names a non-numeric one."""
+    raw = {k: v[-1] for k, v in parse_qs(query).items()}
+    numbers = {}
+    for key, (low, high) in _NUMERIC_BOUNDS.items():
+        if key not in raw:
+            continue
+        try:
+            value = float(raw[key])
+        except ValueError:
+            value = math.nan
+        if math.isnan(value):
+            raise ValueError(f"mock option {key} must be a number, got {raw[key][:40]!r}")
+        numbers[key] = min(max(value, low), high)
+    return MockOptions(raw, numbers)
+
+
+def _parse_model(model: str) -> tuple[str, MockOptions]:
     base, _, query = model.partition("?")
-    return base, {k: v[-1] for k, v in parse_qs(query).items()}
+    try:
+        return base, mock_options(query)
+    except ValueError as exc:
+        raise ProviderError("mock", 400, f"{model[:80]}: {exc}") from exc
 
 
 def _request_chars(request: ProviderRequest) -> int:
@@ -87,6 +140,9 @@ class MockProvider(Provider):
         self.id = provider_id
         self.stable = stable
         self._rng = random.Random()
+
+    def check_model(self, model: str) -> None:
+        mock_options(model.partition("?")[2])
 
     def stream(self, request: ProviderRequest, cancel: threading.Event) -> Iterator[ProviderEvent]:
         variant, opts = _parse_model(request.model)
@@ -113,9 +169,7 @@ class MockProvider(Provider):
         for event in self._play(variant, opts, request, chars):
             yield event
 
-    def _play(
-        self, variant: str, opts: dict[str, str], request: ProviderRequest, chars: int
-    ) -> Iterator[ProviderEvent]:
+    def _play(self, variant: str, opts: MockOptions, request: ProviderRequest, chars: int) -> Iterator[ProviderEvent]:
         step = _tool_results(request)
         text, calls = self._script(variant, opts, request, step)
         if text:
@@ -130,11 +184,11 @@ class MockProvider(Provider):
         )
         yield Done(stop_reason="tool_use" if calls else "end_turn", usage=usage)
 
-    def _roll_failures(self, opts: dict[str, str]) -> None:
+    def _roll_failures(self, opts: MockOptions) -> None:
         if self.stable:
             return
-        rate_429 = float(opts.get("rate_429", E.MOCK_429_RATE))
-        rate_500 = float(opts.get("rate_500", E.MOCK_500_RATE))
+        rate_429 = opts.number("rate_429", E.MOCK_429_RATE)
+        rate_500 = opts.number("rate_500", E.MOCK_500_RATE)
         roll = self._rng.random()
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if roll < rate_429:
@@ -142,17 +196,17 @@ class MockProvider(Provider):
         if roll < rate_429 + rate_500:
             raise ProviderError(self.id, 500, f"server_error (injected at {now})")
 
-    def _latency(self, chars: int, opts: dict[str, str]) -> float:
-        base = float(opts.get("latency_ms", E.MOCK_LATENCY_MS))
-        jitter = float(opts.get("jitter_ms", E.MOCK_LATENCY_JITTER_MS))
+    def _latency(self, chars: int, opts: MockOptions) -> float:
+        base = opts.number("latency_ms", E.MOCK_LATENCY_MS)
+        jitter = opts.number("jitter_ms", E.MOCK_LATENCY_JITTER_MS)
         seconds = (base + (self._rng.uniform(0, jitter) if jitter > 0 else 0.0)) / 1000.0
         return seconds + chars / 100 / 1_000_000
 
     def _script(
-        self, variant: str, opts: dict[str, str], request: ProviderRequest, step: int
+        self, variant: str, opts: MockOptions, request: ProviderRequest, step: int
     ) -> tuple[str, list[ToolCall]]:
         if variant == "mock-tool-loop":
-            calls = int(opts.get("calls", "1"))
+            calls = int(opts.number("calls", 1))
             tool = opts.get("tool") or (request.tools[0].name if request.tools else "")
             if tool and step < calls:
                 return "", [ToolCall(new_mock_tool_id(), tool, _tool_input(tool, step, opts))]
@@ -166,10 +220,10 @@ class MockProvider(Provider):
         return "ok", []
 
 
-def _tool_input(tool: str, step: int, opts: dict[str, str]) -> dict[str, Any]:
-    if "input" in opts:
+def _tool_input(tool: str, step: int, opts: MockOptions) -> dict[str, Any]:
+    if "input" in opts.raw:
         try:
-            scripted = json.loads(opts["input"])
+            scripted = json.loads(opts.raw["input"])
         except json.JSONDecodeError as exc:
             raise ProviderError("mock", 400, f"mock-tool-loop: input is not JSON: {exc}") from exc
         if not isinstance(scripted, dict):

@@ -134,6 +134,10 @@ FALLBACK_PIN_AFTER_SUCCESS: bool = env.bool("LOOMCYCLE_FALLBACK_PIN_AFTER_SUCCES
 MAX_CONCURRENT_RUNS_PER_USER: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER", default=0)
 MAX_CONCURRENT_RUNS_PER_TENANT: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT", default=0)
 PROVIDER_QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS", default=30_000)
+# Event streams (SSE and WebSocket) one principal may hold open at once, cluster-wide (0 = no cap),
+# and the longest a stream stays open before the server ends it (0 = no limit; clients re-attach).
+MAX_STREAMS_PER_PRINCIPAL: int = env.int("LOOMCYCLE_MAX_STREAMS_PER_PRINCIPAL", default=64)
+MAX_STREAM_SECONDS: int = env.int("LOOMCYCLE_MAX_STREAM_SECONDS", default=3600)
 
 # Gateway audit rows (one per /v1/chat/completions, /v1/_llm/chat, /v1/embeddings call).
 GATEWAY_AUDIT_RETENTION_DAYS: int = env.int("LOOMCYCLE_GATEWAY_AUDIT_RETENTION_DAYS", default=30)
@@ -182,3 +186,5 @@ class RuntimeSettings:
     operator_token_rotation_grace_seconds: int = 86_400
     audit_log_path: str = ""
     http_host_allowlist: tuple[str, ...] = ()
+    max_streams_per_principal: int = 64
+    max_stream_seconds: int = 3600

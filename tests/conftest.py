@@ -3,6 +3,7 @@ plugin), real Celery workers, beat and Daphne against the test database."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -92,8 +93,9 @@ def stack(workers: procs.WorkerPool) -> procs.WorkerPool:
     return workers
 
 
-@pytest.fixture(scope="session")
-def web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def daphne(stack_env: dict[str, str], logdir: Path, name: str = "daphne", **env: str) -> Iterator[str]:
+    """A web process on a free loopback port (extra `env` on top of the stack's); yields its base URL."""
     port = procs.free_port()
     argv = [
         procs.sys.executable,
@@ -105,13 +107,19 @@ def web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
         str(port),
         "loomcycle_project.asgi:application",
     ]
-    proc = procs.spawn(argv, stack_env, logdir / "daphne.log")
+    proc = procs.spawn(argv, {**stack_env, **env}, logdir / f"{name}.log")
     base = f"http://127.0.0.1:{port}"
     try:
         procs.wait_http(base + "/healthz")
         yield base
     finally:
         procs.stop(proc)
+
+
+@pytest.fixture(scope="session")
+def web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
+    with daphne(stack_env, logdir) as base:
+        yield base
 
 
 @pytest.fixture

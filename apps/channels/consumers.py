@@ -17,7 +17,10 @@ view of one channel stream.
   (a deferred message becomes visible without a ring).
 - Close codes: 4400 bad request (cursor, user id, channel scope), 4401 bad
   credentials, 4403 missing channel:read, 4404 unknown channel (or another
-  user's stream for an isolated principal), 1011 when reading fails.
+  user's stream for an isolated principal), 4429 when the principal holds
+  LOOMCYCLE_MAX_STREAMS_PER_PRINCIPAL streams already, 4408 when the socket
+  has been open for LOOMCYCLE_MAX_STREAM_SECONDS (re-attach with the last
+  cursor), 1011 when reading fails.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from apps.core.errors import ApplicationError
 from apps.core.http import db_call
 from apps.core.pubsub import hub
 from apps.core.types import Principal
+from apps.gateway.fairness.streams import LIFETIME_CLOSE, StreamSlot, astream_slot
 from apps.substrate.auth import aauthenticate_for, bearer_from_headers
 
 log = logging.getLogger("loomcycle.channels.ws")
@@ -70,6 +74,7 @@ def _peek(stream: Stream, after: str) -> services.Read:
 
 class ChannelStreamConsumer(AsyncWebsocketConsumer):
     task: asyncio.Task[None] | None = None
+    slot: StreamSlot = StreamSlot()
     bell: str = ""
     wake: asyncio.Queue[str] | None = None
 
@@ -89,6 +94,7 @@ class ChannelStreamConsumer(AsyncWebsocketConsumer):
             user_id = (query.get("user_id") or [None])[-1]
             # Ring first, position second: nothing published after the handshake is missed.
             stream, start = await self._subscribe_then_resolve(principal, name, user_id, from_cursor)
+            self.slot = await astream_slot(principal)
         except ApplicationError as exc:
             failed = 4000 + exc.status
         # Accept, then close with a code: a close before accept becomes a bare
@@ -111,10 +117,14 @@ class ChannelStreamConsumer(AsyncWebsocketConsumer):
             raise
 
     async def _pump(self, stream: Stream, after: str) -> None:
+        async with self.slot.held():
+            await self._pump_held(stream, after)
+
+    async def _pump_held(self, stream: Stream, after: str) -> None:
         read = db_call(_peek)
         wake = self.wake
         try:
-            while True:
+            while not self.slot.expired():
                 page = await read(stream, after)
                 for message, cursor in zip(page.messages, page.cursors, strict=True):
                     frame = {"channel": stream.channel, **message, "cursor": cursor}
@@ -134,6 +144,8 @@ class ChannelStreamConsumer(AsyncWebsocketConsumer):
         except DatabaseError:
             log.exception("channel stream %s: reading failed; closing the socket", stream.channel)
             await self.close(code=1011)
+            return
+        await self.close(code=LIFETIME_CLOSE)
 
     async def _release(self) -> None:
         wake, self.wake = self.wake, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -18,6 +19,7 @@ from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.core.types import Principal
+from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs import selectors, services
 from apps.runs.models import PARKED, RUNNABLE, Run, RunStatus
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
@@ -34,6 +36,8 @@ _AWAITED = {
     RunStatus.PAUSED: "paused",
 }
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# The last bytes of a stream that reached LOOMCYCLE_MAX_STREAM_SECONDS (an SSE comment).
+LIFETIME_COMMENT = b": stream lifetime reached; re-attach with Last-Event-ID\n\n"
 
 
 def _check_ident(value: str, what: str) -> None:
@@ -102,15 +106,31 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
 async def runs_create(request: HttpRequest) -> HttpResponseBase:
     data = parse_body(request, RunCreateIn, max_bytes=settings.LOOMCYCLE.max_request_bytes)
     principal: Principal = request_principal(request)
-    run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
     if data.background:
+        run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
         body = {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
         return JsonResponse(body, status=202)
-    stream = _post_stream(run, principal, cancel_on_disconnect=data.cancel_on_disconnect)
+    slot = await astream_slot(principal)  # before the run exists: a 429 here starts nothing
+    try:
+        run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
+    except BaseException:
+        await slot.release()
+        raise
+    stream = _post_stream(run, principal, slot, cancel_on_disconnect=data.cancel_on_disconnect)
     return StreamingHttpResponse(stream, content_type="text/event-stream", headers=_SSE_HEADERS)
 
 
-async def _post_stream(run: Run, principal: Principal, *, cancel_on_disconnect: bool) -> AsyncIterator[bytes]:
+async def _post_stream(
+    run: Run, principal: Principal, slot: StreamSlot, *, cancel_on_disconnect: bool
+) -> AsyncIterator[bytes]:
+    async with slot.held():
+        async for chunk in _post_frames(run, principal, slot, cancel_on_disconnect=cancel_on_disconnect):
+            yield chunk
+
+
+async def _post_frames(
+    run: Run, principal: Principal, slot: StreamSlot, *, cancel_on_disconnect: bool
+) -> AsyncIterator[bytes]:
     yield sse_encode(Frame("session", {"type": "session", "text": run.session_id}))
     yield sse_encode(
         Frame(
@@ -130,9 +150,13 @@ async def _post_stream(run: Run, principal: Principal, *, cancel_on_disconnect: 
     keepalive = 1.0 if cancel_on_disconnect else keepalive_seconds()
     try:
         # Interactive runs replay their initial input as a `steer` frame (SPEC 3.4).
-        async for frame in run_frames(run.id, 0 if run.interactive else run.last_seq, keepalive):
-            yield sse_encode(frame)
-        finished = True
+        async with aclosing(run_frames(run.id, 0 if run.interactive else run.last_seq, keepalive)) as frames:
+            async for frame in frames:
+                yield sse_encode(frame)
+                if slot.expired():
+                    yield LIFETIME_COMMENT
+                    break
+        finished = True  # the run ended, or the stream's lifetime did: neither is a disconnect
     finally:
         if not finished and cancel_on_disconnect:
             asyncio.get_running_loop().create_task(_cancel_async(principal, run.agent_id, "client disconnected"))
@@ -205,10 +229,17 @@ async def runs_stream(request: HttpRequest, run_id: str, from_seq: int | None = 
     if start < 0:
         raise Invalid("from_seq must be >= 0", code="invalid_request")
 
+    slot = await astream_slot(principal)
+
     async def stream() -> AsyncIterator[bytes]:
-        yield sse_encode(Frame("agent", {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id}))
-        async for frame in run_frames(run.id, start, keepalive_seconds()):
-            yield sse_encode(frame)
+        async with slot.held():
+            yield sse_encode(Frame("agent", {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id}))
+            async with aclosing(run_frames(run.id, start, keepalive_seconds())) as frames:
+                async for frame in frames:
+                    yield sse_encode(frame)
+                    if slot.expired():
+                        yield LIFETIME_COMMENT
+                        return
 
     return StreamingHttpResponse(stream(), content_type="text/event-stream", headers=_SSE_HEADERS)
 

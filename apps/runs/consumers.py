@@ -3,13 +3,16 @@
 Each message is `{"seq": N|null, "event": "<type>", "data": {...}}`; the
 socket closes (1000) once the run is terminal and drained. Unknown or
 another tenant's run closes with 4404, bad credentials with 4401, a token
-without runs:read with 4403.
+without runs:read with 4403, a principal at its stream cap with 4429, and a
+socket open for LOOMCYCLE_MAX_STREAM_SECONDS with 4408 (re-attach with
+`from_seq`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import aclosing
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -19,6 +22,7 @@ from django.db import connection
 
 from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
+from apps.gateway.fairness.streams import LIFETIME_CLOSE, StreamSlot, astream_slot
 from apps.runs.selectors import run_get
 from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
 from apps.substrate.auth import aauthenticate_for, bearer_from_headers
@@ -33,6 +37,7 @@ def _owned_run_id(tenant_id: str | None, owner: str | None, run_id: str) -> str:
 
 class RunStreamConsumer(AsyncWebsocketConsumer):
     task: asyncio.Task[None] | None = None
+    slot: StreamSlot = StreamSlot()
 
     async def connect(self) -> None:
         headers = {k.decode().lower(): v.decode() for k, v in self.scope.get("headers", [])}
@@ -53,19 +58,23 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             run_id = await sync_to_async(_owned_run_id, thread_sensitive=False)(
                 principal.read_tenant, principal.read_user, run_id
             )
+            self.slot = await astream_slot(principal)
         except ApplicationError as exc:
             await self.close(code=4000 + exc.status)
             return
         self.task = asyncio.get_running_loop().create_task(self._pump(run_id, int(from_seq_raw)))
 
     async def _pump(self, run_id: str, from_seq: int) -> None:
-        keepalive = keepalive_seconds()
-        async for frame in run_frames(run_id, from_seq, keepalive):
-            if frame is KEEPALIVE:
-                message: dict[str, Any] = {"seq": None, "event": "keepalive", "data": {}}
-            else:
-                message = {"seq": frame.seq, "event": frame.event, "data": frame.data}
-            await self.send(text_data=json.dumps(message, separators=(",", ":")))
+        async with self.slot.held(), aclosing(run_frames(run_id, from_seq, keepalive_seconds())) as frames:
+            async for frame in frames:
+                if frame is KEEPALIVE:
+                    message: dict[str, Any] = {"seq": None, "event": "keepalive", "data": {}}
+                else:
+                    message = {"seq": frame.seq, "event": frame.event, "data": frame.data}
+                await self.send(text_data=json.dumps(message, separators=(",", ":")))
+                if self.slot.expired():
+                    await self.close(code=LIFETIME_CLOSE)
+                    return
         await self.close(code=1000)
 
     async def disconnect(self, code: int) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +69,7 @@ def to_frame(row: dict[str, Any]) -> Frame | None:
     return Frame(kind, payload, row["seq"])
 
 
-async def run_frames(run_id: str, from_seq: int, keepalive_s: float) -> AsyncIterator[Frame]:
+async def run_frames(run_id: str, from_seq: int, keepalive_s: float) -> AsyncGenerator[Frame, None]:
     """Persisted events with seq > from_seq until the run is terminal."""
     bells = hub()
     wake = await bells.subscribe(run_channel(run_id))

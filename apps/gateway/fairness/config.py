@@ -13,7 +13,7 @@ from apps.gateway.providers.http import HttpProvider
 from loomcycle_project import env as E
 
 PREFIX = "lc:fair:"
-USER_KEY, TENANT_KEY, PROVIDER_KEY, WAITING_KEY = (PREFIX + s for s in ("u:", "t:", "p:", "pw:"))
+USER_KEY, TENANT_KEY, PROVIDER_KEY, WAITING_KEY, STREAM_KEY = (PREFIX + s for s in ("u:", "t:", "p:", "pw:", "s:"))
 RUNS_KEY, INDEX_KEY = PREFIX + "runs", PREFIX + "keys"
 RETRY_AFTER = {"Retry-After": "5"}
 
@@ -65,6 +65,7 @@ _REFUSALS = {
     "user": ("user_id", "per_user_quota_exhausted", "per-user quota exhausted: user={} cap={}"),
     "tenant": ("tenant_id", "per_tenant_quota_exhausted", "per-tenant quota exhausted: tenant={} cap={}"),
     "provider": ("provider", "provider_concurrency_exhausted", "provider concurrency exhausted: provider={} cap={}"),
+    "stream": ("principal", "stream_limit_exceeded", "too many open event streams: principal={} cap={}"),
 }
 
 
@@ -74,7 +75,7 @@ class Gate:
 
     key: str
     cap: int
-    kind: str  # user | tenant | provider
+    kind: str  # user | tenant | provider | stream
     name: str
 
     def refused(self) -> SlotRefused:

@@ -124,7 +124,7 @@ def ascripts() -> tuple[aioredis.Redis, dict[str, AsyncScript]]:
 
 
 def _take_args(gates: list[Gate], member: str, ttl_ms: int, *, run: bool) -> tuple[list[str], list[Any]]:
-    index = INDEX_KEY if gates[0].kind != "provider" else ""
+    index = INDEX_KEY if gates[0].kind in ("user", "tenant") else ""  # the run/call counters the stats list
     return [g.key for g in gates], [member, ttl_ms, RUNS_KEY if run else "", index, *(g.cap for g in gates)]
 
 

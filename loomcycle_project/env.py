@@ -7,10 +7,13 @@ bootstrap import this module, nothing else reads `os.environ` for config.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import environ
+
+from loomcycle_project import instance_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -35,7 +38,28 @@ AUTH_TOKEN: str | None = env.str("LOOMCYCLE_AUTH_TOKEN", default=None) or None
 # open mode, loopback names (and names listed here) only: a DNS-rebinding page
 # must not reach the open API (apps.substrate.openmode, decided per request).
 ALLOWED_HOSTS: list[str] = [h.strip() for h in env.list("LOOMCYCLE_ALLOWED_HOSTS", default=[]) if h.strip()]
-SECRET_KEY: str | None = env.str("DJANGO_SECRET_KEY", default=None)
+
+
+def secret_key() -> tuple[str | None, str]:
+    """Django's SECRET_KEY and where it came from: DJANGO_SECRET_KEY, else the
+    data directory's generated secrets file (read when settings load: manage.py
+    may have just written it), else none."""
+    value = env.str("DJANGO_SECRET_KEY", default=None)
+    if value:
+        return value, "env"
+    generated = instance_secrets.load(DATA_DIR).get("secret_key")
+    return (generated, "file") if generated else (None, "none")
+
+
+def operator_token_pepper() -> tuple[str, str]:
+    """The token pepper and its source, as `secret_key` (set but empty in the env counts as set)."""
+    value = os.environ.get("LOOMCYCLE_OPERATOR_TOKEN_PEPPER")  # django-environ reads "" as unset
+    if value is not None:
+        return value, "env"
+    generated = instance_secrets.load(DATA_DIR).get("operator_token_pepper")
+    return (generated, "file") if generated is not None else ("", "none")
+
+
 DEBUG: bool = env.bool("LOOMCYCLE_DEBUG", default=False)
 
 
@@ -67,9 +91,34 @@ WEB_PROCESSES: int = env.int("LOOMCYCLE_WEB_PROCESSES", default=1)
 WORKER_CONCURRENCY: int = env.int("LOOMCYCLE_WORKER_CONCURRENCY", default=64)
 FLOWER_PORT: int = env.int("LOOMCYCLE_FLOWER_PORT", default=5555)
 FLOWER_ENABLED: bool = env.bool("LOOMCYCLE_FLOWER_ENABLED", default=True)
+# Flower listens on loopback; another address needs basic auth ("user:password[,user2:password2]").
+FLOWER_ADDRESS: str = env.str("LOOMCYCLE_FLOWER_ADDRESS", default="127.0.0.1")
+FLOWER_BASIC_AUTH: str = env.str("LOOMCYCLE_FLOWER_BASIC_AUTH", default="")
+# Browser cookies (the admin's session and CSRF cookies) are Secure on every
+# request Django sees as HTTPS. Behind a TLS-terminating proxy, name the header
+# it sets (e.g. "X-Forwarded-Proto"; the proxy must overwrite a client's own);
+# LOOMCYCLE_COOKIE_SECURE=1 marks them Secure always.
+SECURE_PROXY_SSL_HEADER: str = env.str("LOOMCYCLE_SECURE_PROXY_SSL_HEADER", default="")
+COOKIE_SECURE: bool = env.bool("LOOMCYCLE_COOKIE_SECURE", default=False)
 
 # Mock provider (SPEC 7.5).
-MOCK_ENABLED: bool = env.bool("LOOMCYCLE_MOCK_ENABLED", default=True)
+
+
+def embedded_default() -> bool:
+    """Running on the embedded Postgres: no DATABASE_URL was given, or manage.py
+    or the pytest plugin filled it with the embedded server (and said so)."""
+    return env.bool("LOOMCYCLE_EMBEDDED_POSTGRES", default=False) or not database_url()
+
+
+def mock_enabled() -> tuple[bool, str]:
+    """Whether the mock providers are registered, and why: LOOMCYCLE_MOCK_ENABLED
+    when set, else on for the embedded default only (a production configuration
+    on external servers must ask for the mock explicitly)."""
+    if env.str("LOOMCYCLE_MOCK_ENABLED", default=""):
+        return env.bool("LOOMCYCLE_MOCK_ENABLED"), "LOOMCYCLE_MOCK_ENABLED"
+    return embedded_default(), "embedded default" if embedded_default() else "external DATABASE_URL"
+
+
 MOCK_LATENCY_MS: float = env.float("LOOMCYCLE_MOCK_LATENCY_MS", default=50.0)
 MOCK_LATENCY_JITTER_MS: float = env.float("LOOMCYCLE_MOCK_LATENCY_JITTER_MS", default=25.0)
 MOCK_429_RATE: float = env.float("LOOMCYCLE_MOCK_429_RATE", default=0.0)
@@ -96,7 +145,6 @@ SKILL_DEF_MAX_BODY_BYTES: int = env.int("LOOMCYCLE_SKILL_DEF_MAX_BODY_BYTES", de
 AUTH_CACHE_TTL_SECONDS: float = env.float("LOOMCYCLE_AUTH_CACHE_TTL_SECONDS", default=30.0)
 # How often a process re-reads the Redis auth epoch that token writes bump (0 = every request).
 AUTH_EPOCH_CHECK_MS: int = env.int("LOOMCYCLE_AUTH_EPOCH_CHECK_MS", default=1000)
-OPERATOR_TOKEN_PEPPER: str = env.str("LOOMCYCLE_OPERATOR_TOKEN_PEPPER", default="")
 OPERATOR_TOKEN_ROTATION_GRACE_SECONDS: int = env.int("LOOMCYCLE_OPERATOR_TOKEN_ROTATION_GRACE_SECONDS", default=86_400)
 AUDIT_LOG_PATH: str = env.str("LOOMCYCLE_AUDIT_LOG_PATH", default="")
 HTTP_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_HOST_ALLOWLIST", [])
@@ -187,4 +235,5 @@ class RuntimeSettings:
     audit_log_path: str = ""
     http_host_allowlist: tuple[str, ...] = ()
     max_streams_per_principal: int = 64
+    mock_enabled: bool = True
     max_stream_seconds: int = 3600

@@ -9,9 +9,13 @@ from workers.beat import beat_schedule
 
 BASE_DIR = E.BASE_DIR
 DEBUG = E.DEBUG
-# No secret has a default: without DJANGO_SECRET_KEY each process gets a random
-# key (sessions do not survive restarts; the API uses bearer tokens, not cookies).
-SECRET_KEY = E.SECRET_KEY or secrets.token_urlsafe(50)
+# No secret has a default: DJANGO_SECRET_KEY, else the one manage.py generated
+# into the data directory (loomcycle_project.instance_secrets), else a random key
+# per process (admin sessions then do not survive; the API uses bearer tokens).
+_SECRET_KEY, SECRET_KEY_SOURCE = E.secret_key()
+SECRET_KEY = _SECRET_KEY or secrets.token_urlsafe(50)
+_PEPPER, OPERATOR_TOKEN_PEPPER_SOURCE = E.operator_token_pepper()
+_MOCK_ENABLED, MOCK_ENABLED_SOURCE = E.mock_enabled()
 # Any host by default: a credential (LOOMCYCLE_AUTH_TOKEN or an admin operator
 # token, which can be minted at runtime) is the boundary. While there is none
 # (open mode), apps.substrate.openmode answers loopback host names only, decided
@@ -49,7 +53,13 @@ MIDDLEWARE = [
     "apps.core.middleware.CsrfViewMiddleware",
     "apps.core.middleware.AuthenticationMiddleware",
     "apps.core.middleware.MessageMiddleware",
+    "apps.core.middleware.XFrameOptionsMiddleware",
+    "apps.core.middleware.SecureCookiesMiddleware",
 ]
+X_FRAME_OPTIONS = "DENY"  # the admin is never framed (clickjacking)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = E.COOKIE_SECURE
+if E.SECURE_PROXY_SSL_HEADER:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + E.SECURE_PROXY_SSL_HEADER.upper().replace("-", "_"), "https")
 
 ROOT_URLCONF = "loomcycle_project.urls"
 ASGI_APPLICATION = "loomcycle_project.asgi.application"
@@ -147,11 +157,12 @@ LOOMCYCLE = E.RuntimeSettings(
     agent_def_max_definition_bytes=E.AGENT_DEF_MAX_DEFINITION_BYTES,
     agent_def_max_description_bytes=E.AGENT_DEF_MAX_DESCRIPTION_BYTES,
     skill_def_max_body_bytes=E.SKILL_DEF_MAX_BODY_BYTES,
-    operator_token_pepper=E.OPERATOR_TOKEN_PEPPER,
+    operator_token_pepper=_PEPPER,
     operator_token_rotation_grace_seconds=E.OPERATOR_TOKEN_ROTATION_GRACE_SECONDS,
     audit_log_path=E.AUDIT_LOG_PATH or str(E.DATA_DIR / "audit.jsonl"),
     http_host_allowlist=tuple(E.HTTP_HOST_ALLOWLIST),
     max_streams_per_principal=E.MAX_STREAMS_PER_PRINCIPAL,
+    mock_enabled=_MOCK_ENABLED,
     max_stream_seconds=E.MAX_STREAM_SECONDS,
 )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
@@ -46,3 +47,36 @@ CommonMiddleware = api_bypass("django.middleware.common.CommonMiddleware")
 CsrfViewMiddleware = api_bypass("django.middleware.csrf.CsrfViewMiddleware")
 AuthenticationMiddleware = api_bypass("django.contrib.auth.middleware.AuthenticationMiddleware")
 MessageMiddleware = api_bypass("django.contrib.messages.middleware.MessageMiddleware")
+XFrameOptionsMiddleware = api_bypass("django.middleware.clickjacking.XFrameOptionsMiddleware")
+
+
+class SecureCookiesMiddleware:
+    """Mark every cookie Secure on a response to an HTTPS request (as Django
+    sees it: TLS, or SECURE_PROXY_SSL_HEADER behind a proxy), so the admin's
+    session and CSRF cookies never travel in clear once TLS is in use, while a
+    plain-HTTP loopback admin keeps working. Sync and async, so API requests
+    take no hop to the sync thread here."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        return _secure_cookies(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        return _secure_cookies(request, await self.get_response(request))
+
+
+def _secure_cookies(request: HttpRequest, response: Any) -> Any:
+    if request.is_secure():
+        for morsel in response.cookies.values():
+            morsel["secure"] = True
+    return response

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +63,16 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(tmp_path: Path
         assert health["postgres"]["ok"] and health["redis"]["ok"] and health["workers"]["count"] == 1
         runs = httpx.get(base + "/v1/users/_/agents", params={"status": "all"}).json()["agents"]
         assert runs == []
+        mint = {"op": "create", "name": "ops", "tenant_id": "ops"}
+        token = httpx.post(base + "/v1/_operatortokendef", json=mint).json()["token"]
     finally:
         leftovers = _stop(proc)
     assert leftovers == [], log.read_text()[-3000:]
+    # `up` generated the instance's secrets once (0600); every process hashed with its pepper.
+    secrets_file = tmp_path / "data" / "secrets.json"
+    assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    generated = json.loads(secrets_file.read_text())
+    assert generated["secret_key"] and generated["operator_token_pepper"]
     # A second `up` reuses the data: the run from the first session is still there.
     # This time two Daphne processes share the one listening socket `up` bound.
     proc = _up(tmp_path / "data", port, log, web_processes=2)
@@ -72,9 +80,11 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(tmp_path: Path
         wait_http(base + "/healthz", timeout=90)
         kids = psutil.Process(proc.pid).children(recursive=True)
         assert sum(1 for k in kids if "daphne" in k.cmdline() and "--fd" in k.cmdline()) == 2
-        for _ in range(6):  # connections spread over both; every one is answered
-            again = httpx.get(f"{base}/v1/runs/{run_id}").json()
+        bearer = {"Authorization": f"Bearer {token}"}
+        for _ in range(6):  # connections spread over both; every one is answered, the token still valid
+            again = httpx.get(f"{base}/v1/runs/{run_id}", headers=bearer).json()
             assert again["status"] == "completed" and again["run_id"] == run_id
+        assert json.loads(secrets_file.read_text()) == generated  # the second `up` reused them
     finally:
         assert _stop(proc) == []
 

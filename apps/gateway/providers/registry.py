@@ -4,7 +4,8 @@ Built-ins are enabled by their environment: `anthropic` (ANTHROPIC_API_KEY),
 `openai` (OPENAI_API_KEY), `deepseek` (DEEPSEEK_API_KEY), `gemini`
 (GEMINI_API_KEY), `ollama` (OLLAMA_API_KEY, Ollama cloud), `ollama-local`
 (on unless OLLAMA_BASE_URL=disabled), `mock`/`mock-stable`
-(LOOMCYCLE_MOCK_ENABLED). The yaml `providers:` block adds endpoints
+(LOOMCYCLE_MOCK_ENABLED; on by default for the embedded default only). The
+yaml `providers:` block adds endpoints
 (`{driver, dialect, base_url, api_key_env, max_concurrent, options,
 capabilities}`) or tunes a built-in of the same id.
 """
@@ -17,6 +18,8 @@ import logging
 from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
+
+from django.conf import settings
 
 from apps.core.config import runtime_config
 from apps.core.errors import Invalid
@@ -150,7 +153,7 @@ def provider_configs(config: dict[str, Any]) -> dict[str, ProviderConfig]:
 @cache
 def _providers() -> dict[str, Provider]:
     found: dict[str, Provider] = {}
-    if E.MOCK_ENABLED:
+    if settings.LOOMCYCLE.mock_enabled:
         found["mock"] = MockProvider("mock")
         found["mock-stable"] = MockProvider("mock-stable", stable=True)
     for pid, cfg in provider_configs(runtime_config()).items():

@@ -108,6 +108,37 @@ def check_audit_log(path: str) -> Check:
     return ("FAIL", "audit log", f"{target} is not writable: token create/rotate/retire will fail")
 
 
+_SOURCES = {"env": "from the environment", "file": "generated in {path}", "none": "not set"}
+
+
+def check_secrets() -> list[Check]:
+    """Where SECRET_KEY and the token pepper come from; a deployment on external
+    servers should set both itself (each machine would generate its own)."""
+    from loomcycle_project import instance_secrets
+
+    path = instance_secrets.path(E.DATA_DIR)
+    out: list[Check] = []
+    for name, source in (
+        ("secret key", settings.SECRET_KEY_SOURCE),
+        ("token pepper", settings.OPERATOR_TOKEN_PEPPER_SOURCE),
+    ):
+        detail = _SOURCES[source].format(path=path)
+        if source == "none":
+            out.append(("WARN", name, f"{detail}: set it, or start with `make run` on the embedded default"))
+        elif source == "file" and not E.embedded_default():
+            out.append(("WARN", name, f"{detail}; on external servers set it in the environment of every machine"))
+        else:
+            out.append(("PASS", name, detail))
+    return out
+
+
+def check_mock() -> list[Check]:
+    enabled, why = E.mock_enabled()
+    state = "enabled" if enabled else "disabled"
+    level = "WARN" if enabled and why == "LOOMCYCLE_MOCK_ENABLED" and not E.embedded_default() else "PASS"
+    return [(level, "mock provider", f"{state} ({why})")]
+
+
 def check_providers() -> list[Check]:
     """Configured providers (a config error is a FAIL) and which keys are set."""
     try:
@@ -130,7 +161,9 @@ CHECKS: list[Callable[[], list[Check]]] = [
     check_redis,
     check_listen,
     check_auth,
+    check_secrets,
     check_providers,
+    check_mock,
 ]
 
 

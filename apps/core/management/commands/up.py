@@ -43,8 +43,10 @@ class Child:
     next_start: float = 0.0
     started_at: float = field(default=0.0)
     pass_fds: tuple[int, ...] = ()
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def start(self, env: dict[str, str]) -> None:
+        env = {**env, **self.extra_env}
         self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True, pass_fds=self.pass_fds)
         self.started_at = time.monotonic()
 
@@ -130,8 +132,21 @@ def children(host: str, port: int, sock: socket.socket | None = None) -> list[Ch
         )
     out.append(Child("beat", [*celery, "beat", "--loglevel", "INFO", "-s", str(E.DATA_DIR / "celerybeat-schedule")]))
     if E.FLOWER_ENABLED:
-        out.append(Child("flower", [*celery, "flower", f"--port={E.FLOWER_PORT}", "--address=127.0.0.1"]))
+        out.append(flower_child(celery))
     return out
+
+
+def flower_child(celery: list[str]) -> Child:
+    """Flower on loopback, or beyond it only behind basic auth (passed in the
+    child's environment as FLOWER_BASIC_AUTH, never on its command line)."""
+    address = E.FLOWER_ADDRESS
+    if address.strip("[]") not in LOOPBACK_ADDRS and not E.FLOWER_BASIC_AUTH:
+        raise CommandError(
+            f"refusing to start Flower on {address} without basic auth: set LOOMCYCLE_FLOWER_BASIC_AUTH=user:password "
+            "(or LOOMCYCLE_FLOWER_ADDRESS=127.0.0.1, or LOOMCYCLE_FLOWER_ENABLED=0)"
+        )
+    env = {"FLOWER_BASIC_AUTH": E.FLOWER_BASIC_AUTH} if E.FLOWER_BASIC_AUTH else {}
+    return Child("flower", [*celery, "flower", f"--port={E.FLOWER_PORT}", f"--address={address}"], extra_env=env)
 
 
 class Command(BaseCommand):
@@ -162,7 +177,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"loomcycle is up\n  API      {base}/v1  (OpenAPI docs {base}/v1/docs)\n  health   {base}/healthz\n"
-                f"  admin    {base}/admin/\n  flower   http://127.0.0.1:{E.FLOWER_PORT}/\n"
+                f"  admin    {base}/admin/\n  flower   http://{E.FLOWER_ADDRESS}:{E.FLOWER_PORT}/\n"
                 f"  data     {E.DATA_DIR}\nCtrl-C stops everything."
             )
         )

@@ -134,6 +134,12 @@ FALLBACK_PIN_AFTER_SUCCESS: bool = env.bool("LOOMCYCLE_FALLBACK_PIN_AFTER_SUCCES
 MAX_CONCURRENT_RUNS_PER_USER: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER", default=0)
 MAX_CONCURRENT_RUNS_PER_TENANT: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT", default=0)
 PROVIDER_QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS", default=30_000)
+# Admission backpressure (loomcycle's global semaphore, here cluster-wide in Postgres): live
+# top-level runs admitted at once (0 = off), runs waiting for a slot before 429 `backpressure`,
+# and how long a streaming POST /v1/runs waits for its slot. yaml `concurrency:` may set them too.
+MAX_CONCURRENT_RUNS: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS", default=0)
+MAX_QUEUE_DEPTH: int = env.int("LOOMCYCLE_MAX_QUEUE_DEPTH", default=16)
+QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_QUEUE_TIMEOUT_MS", default=30_000)
 
 # Gateway audit rows (one per /v1/chat/completions, /v1/_llm/chat, /v1/embeddings call).
 GATEWAY_AUDIT_RETENTION_DAYS: int = env.int("LOOMCYCLE_GATEWAY_AUDIT_RETENTION_DAYS", default=30)

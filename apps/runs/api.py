@@ -18,7 +18,7 @@ from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.core.types import Principal
-from apps.runs import selectors, services
+from apps.runs import backpressure, selectors, services
 from apps.runs.models import PARKED, RUNNABLE, Run, RunStatus
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
 from apps.runs.streams import Frame, keepalive_seconds, run_frames, sse_encode
@@ -106,6 +106,8 @@ async def runs_create(request: HttpRequest) -> HttpResponseBase:
     if data.background:
         body = {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
         return JsonResponse(body, status=202)
+    if run.status == RunStatus.WAITING_SLOT:  # over max_concurrent_runs: 429 if no slot within queue_timeout_ms
+        await backpressure.slot_awaited(run.id, backpressure.limits().queue_timeout_ms)
     stream = _post_stream(run, principal, cancel_on_disconnect=data.cancel_on_disconnect)
     return StreamingHttpResponse(stream, content_type="text/event-stream", headers=_SSE_HEADERS)
 

@@ -168,7 +168,9 @@ def test_a_full_queue_is_429_backpressure_with_retry_after_and_no_run_row(api: h
 
 def test_a_freed_slot_starts_the_oldest_waiting_run(api: httpx.Client) -> None:
     holders = fill_slots(api)
-    first, second = (post(api, "echo", f"fifo-{n}").json()["run_id"] for n in range(2))
+    waiting = [post(api, "echo", f"fifo-{n}").json() for n in range(2)]
+    assert [w["status"] for w in waiting] == ["waiting_slot"] * 2
+    first, second = (w["run_id"] for w in waiting)
     api.post("/v1/agents/holder-0/cancel", json={})  # one slot frees: the oldest waiting run starts
     a, b = (wait_status(run_id, RunStatus.COMPLETED) for run_id in (first, second))
     assert a.completed_at < b.started_at  # the slot was first's until it ended, then second's
@@ -225,7 +227,9 @@ def test_a_client_that_leaves_while_waiting_withdraws_its_run(api: httpx.Client)
 
 def test_beat_starts_a_waiting_run_whose_promotion_was_lost(api: httpx.Client) -> None:
     holders = fill_slots(api)
-    waiting = post(api, "echo", "stranded").json()["run_id"]
+    stranded = post(api, "echo", "stranded").json()
+    assert stranded["status"] == "waiting_slot"
+    waiting = stranded["run_id"]
     # A holder ends without anyone promoting (as if its process died right after its commit).
     Run.objects.filter(id=holders[0]).update(status=RunStatus.COMPLETED)
     wait_status(waiting, RunStatus.COMPLETED, timeout=15)  # beat's admission sweep, every second in tests

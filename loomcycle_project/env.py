@@ -186,6 +186,12 @@ PROVIDER_QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS", 
 # and the longest a stream stays open before the server ends it (0 = no limit; clients re-attach).
 MAX_STREAMS_PER_PRINCIPAL: int = env.int("LOOMCYCLE_MAX_STREAMS_PER_PRINCIPAL", default=64)
 MAX_STREAM_SECONDS: int = env.int("LOOMCYCLE_MAX_STREAM_SECONDS", default=3600)
+# Admission backpressure (loomcycle's global semaphore, here cluster-wide in Postgres): live
+# top-level runs admitted at once (0 = off), runs waiting for a slot before 429 `backpressure`,
+# and how long a streaming POST /v1/runs waits for its slot. yaml `concurrency:` may set them too.
+MAX_CONCURRENT_RUNS: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS", default=0)
+MAX_QUEUE_DEPTH: int = env.int("LOOMCYCLE_MAX_QUEUE_DEPTH", default=16)
+QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_QUEUE_TIMEOUT_MS", default=30_000)
 
 # Gateway audit rows (one per /v1/chat/completions, /v1/_llm/chat, /v1/embeddings call).
 GATEWAY_AUDIT_RETENTION_DAYS: int = env.int("LOOMCYCLE_GATEWAY_AUDIT_RETENTION_DAYS", default=30)

@@ -74,15 +74,11 @@ def logdir() -> Path:
 def workers(stack_env: dict[str, str], logdir: Path) -> Iterator[procs.WorkerPool]:
     pool = procs.WorkerPool(stack_env, logdir)
     pool.ensure()
-    beat = procs.spawn(
-        [*procs.CELERY, "beat", "--loglevel", "INFO", "-s", str(logdir / "beat-schedule")],
-        stack_env,
-        logdir / "beat.log",
-    )
+    pool.start_beat()
     try:
         yield pool
     finally:
-        procs.stop(beat)
+        pool.stop_beat()
         pool.stop()
 
 

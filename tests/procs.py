@@ -46,6 +46,7 @@ class WorkerPool:
     def __init__(self, env: dict[str, str], logdir: Path, size: int = 2, concurrency: int = 16) -> None:
         self.env, self.logdir, self.size, self.concurrency = env, logdir, size, concurrency
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.beat: subprocess.Popen[bytes] | None = None
         self._n = 0
 
     def _start_one(self) -> subprocess.Popen[bytes]:
@@ -88,6 +89,16 @@ class WorkerPool:
         for p in self.procs:
             stop(p)
         self.procs = []
+
+    def start_beat(self) -> None:
+        """Celery beat with this pool's environment (one beat per cluster at a time)."""
+        argv = [*CELERY, "beat", "--loglevel", "INFO", "-s", str(self.logdir / "beat-schedule")]
+        self.beat = spawn(argv, self.env, self.logdir / "beat.log")
+
+    def stop_beat(self) -> None:
+        if self.beat is not None:
+            stop(self.beat)
+            self.beat = None
 
 
 def wait_http(url: str, timeout: float = 30.0) -> None:

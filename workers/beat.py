@@ -24,6 +24,11 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
             "schedule": E.SWEEP_SECONDS,
             "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
         },
+        "runs-admission-sweep": {
+            "task": "maintenance.runs_admission_sweep",
+            "schedule": E.SWEEP_SECONDS,
+            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
+        },
         "memory-expired-sweep": {
             "task": "maintenance.memory_expired_sweep",
             "schedule": E.MEMORY_SWEEP_MS / 1000.0,

@@ -20,7 +20,7 @@ from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
-from apps.runs import selectors, services
+from apps.runs import backpressure, selectors, services
 from apps.runs.models import PARKED, RUNNABLE, Run, RunStatus
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
 from apps.runs.streams import Frame, keepalive_seconds, run_frames, sse_encode
@@ -113,6 +113,8 @@ async def runs_create(request: HttpRequest) -> HttpResponseBase:
     slot = await astream_slot(principal)  # before the run exists: a 429 here starts nothing
     try:
         run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
+        if run.status == RunStatus.WAITING_SLOT:  # over max_concurrent_runs: 429 if no slot within queue_timeout_ms
+            await backpressure.slot_awaited(run.id, backpressure.limits().queue_timeout_ms)
     except BaseException:
         await slot.release()
         raise

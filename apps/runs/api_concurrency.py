@@ -31,7 +31,7 @@ class CapsOut(Schema):
 
 class ConcurrencyStatsOut(Schema):
     active: int  # live runs past `queued` (running or parked), every tenant
-    queued: int  # runs not yet claimed by a worker
+    queued: int  # runs not yet claimed by a worker, or waiting for an admission slot
     per_user: dict[str, int]
     per_tenant: dict[str, int]
     providers: dict[str, ProviderSlotsOut]

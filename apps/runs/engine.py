@@ -57,6 +57,7 @@ from apps.runs.prompt import messages_from_rows
 from apps.runs.store import ClaimedRun, StepRows
 from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
 from apps.runs.toolrun import CallOutcome, run_calls
+from apps.runs.wake import run_slot_freed
 from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.engine")
@@ -541,3 +542,11 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
         run_child_finished(child_id=run.id)
     elif write.next == "finish":  # sub-agents hold no fairness slot: they share their parent's
         fairness.run_slot_release(run.id)
+        _slot_freed(run.id)
+
+
+def _slot_freed(run_id: str) -> None:
+    try:
+        run_slot_freed(run_id)  # a top-level run's admission slot: the next waiting run starts
+    finally:
+        connection.close()

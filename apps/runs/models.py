@@ -20,6 +20,7 @@ from apps.substrate.models import AgentDef
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
+    WAITING_SLOT = "waiting_slot"  # over `max_concurrent_runs`: not admitted yet (apps.runs.backpressure)
     RUNNING = "running"
     AWAITING_INPUT = "awaiting_input"
     WAITING_CHILDREN = "waiting_children"
@@ -33,6 +34,7 @@ class RunStatus(models.TextChoices):
 
 RUNNABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
 PARKED = (
+    RunStatus.WAITING_SLOT,
     RunStatus.AWAITING_INPUT,
     RunStatus.WAITING_CHILDREN,
     RunStatus.AWAITING_INTERRUPT,
@@ -100,6 +102,13 @@ class Run(models.Model):
             # indexed: claims and step commits then update the row HOT (no index
             # writes), which is most of Postgres's cost per iteration.
             models.Index(fields=["status"], name="run_live", condition=models.Q(status__in=["queued", "running"])),
+            # Admission (apps.runs.backpressure) counts live top-level runs and takes the
+            # oldest waiting ones from here; a step commit that keeps its status stays HOT.
+            models.Index(
+                fields=["status", "created_at"],
+                name="run_top_live",
+                condition=models.Q(parent__isnull=True) & ~models.Q(status__in=["completed", "failed", "cancelled"]),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -57,10 +57,11 @@ def paused_runs_count() -> int:
 
 
 def runs_live_counts() -> dict[str, int]:
-    """Live runs of every tenant: `queued` (not claimed yet) and `active` (every other live state)."""
+    """Live runs of every tenant: `queued` (not claimed yet, or waiting for an admission
+    slot) and `active` (every other live state)."""
     rows = Run.objects.filter(status__in=[*RUNNABLE, *PARKED]).values("status").annotate(n=Count("id"))
     by_status = {row["status"]: row["n"] for row in rows}
-    queued = by_status.pop(RunStatus.QUEUED, 0)
+    queued = by_status.pop(RunStatus.QUEUED, 0) + by_status.pop(RunStatus.WAITING_SLOT, 0)
     return {"active": sum(by_status.values()), "queued": queued}
 
 

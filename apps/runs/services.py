@@ -26,7 +26,7 @@ from apps.core.ids import new_agent_id, new_run_id, new_session_id
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import registry, store
+from apps.runs import backpressure, registry, store
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
 from apps.runs.models import (
@@ -43,6 +43,7 @@ from apps.runs.models import (
 from apps.runs.prompt import Segment, split_segments, system_blocks
 from apps.runs.selectors import run_get, runs_liveness
 from apps.runs.subruns import run_child_finished
+from apps.runs.wake import ring_promoted, run_slot_freed
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
 
@@ -85,13 +86,20 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
+    limit = backpressure.limits()
+    gated = data.parent_id is None and limit.max_concurrent_runs > 0
     inserted = False
     try:
         # One statement (autocommit) unless the caller holds a transaction: then a savepoint,
-        # so that a duplicate agent_id leaves the caller's transaction usable.
-        with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
-            run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id)
-        transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+        # so that a duplicate agent_id leaves the caller's transaction usable. With admission
+        # on, the admission lock and the insert share one transaction (apps.runs.backpressure).
+        with transaction.atomic() if gated or connection.in_atomic_block else contextlib.nullcontext():
+            status, promoted = backpressure.admission_status(limit) if gated else (RunStatus.QUEUED, [])
+            run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id, status=status)
+            if promoted:
+                transaction.on_commit(lambda: ring_promoted(promoted))
+        if status == RunStatus.QUEUED:
+            transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
         inserted = True
     except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
         raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
@@ -168,6 +176,7 @@ def run_insert(
     depth: int = 0,
     parent_call_id: str = "",
     run_id: str | None = None,
+    status: str = RunStatus.QUEUED,
 ) -> Run:
     """Insert the run and its first rows; the caller owns the transaction and the doorbell."""
     r = resolved
@@ -194,6 +203,7 @@ def run_insert(
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,
+        status=status,
         last_seq=len(events),
         transcript_len=1,
     )
@@ -278,6 +288,7 @@ def _finish_unleased(run_id: str, reason: str) -> bool:
         transaction.on_commit(lambda: notify_events(run_id, seq))
         transaction.on_commit(lambda: run_child_finished(child_id=run_id))  # a no-op for top-level runs
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
+        transaction.on_commit(lambda: run_slot_freed(run_id))  # its admission slot (or queue place) is free
     return True
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.runs import engine, services, subruns
+from apps.runs import engine, services, subruns, wake
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
 
@@ -33,3 +33,9 @@ def children_report_sweep_task(**_: Any) -> int:
 def run_slots_reconcile_task(**_: Any) -> int:
     """Free fairness slots of runs that finished without releasing them."""
     return services.run_slots_reconcile()
+
+
+@shared_task(base=AgentTask, name="maintenance.runs_admission_sweep")
+def runs_admission_sweep_task(**_: Any) -> int:
+    """Start runs waiting for an admission slot that no finishing run promoted."""
+    return wake.runs_admit_waiting()

@@ -11,17 +11,25 @@ Invariants:
   its parked status back to `running` (a conditional UPDATE) and rings its
   doorbell after the commit. A run that ended meanwhile (cancelled) is left
   alone and the answer is dropped.
+
+Runs waiting for an admission slot (`waiting_slot`, apps.runs.backpressure)
+are woken here too, by `runs_admit_waiting`, when a top-level run ends and by
+beat as a backstop.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
-from apps.runs.dispatch import enqueue_iteration, notify_events
+from apps.runs import backpressure
+from apps.runs.dispatch import enqueue_iteration, notify_events, wake_and_enqueue
 from apps.runs.models import TERMINAL, RunStatus
+
+log = logging.getLogger("loomcycle.runs")
 
 ANSWERABLE = (RunStatus.WAITING_CHILDREN, RunStatus.WAITING_CHANNEL)
 
@@ -107,3 +115,33 @@ def run_answer(
 
 def _json(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, str) else raw
+
+
+def ring_promoted(promoted: list[backpressure.Promoted]) -> None:
+    """After the promotion committed: each run's doorbell and its stream readers."""
+    for p in promoted:
+        wake_and_enqueue(p.run_id, p.last_seq, p.step)
+
+
+def runs_admit_waiting() -> int:
+    """Move waiting runs into free admission slots (oldest first) and ring
+    their doorbells after that commit. Beat calls it too, as the backstop for a
+    promotion lost with its process (or a cap raised or turned off)."""
+    promoted = backpressure.promote_waiting()
+    ring_promoted(promoted)
+    if promoted:
+        log.info("admission: %d waiting run(s) started", len(promoted))
+    return len(promoted)
+
+
+def run_slot_freed(run_id: str) -> None:
+    """After a top-level run ended and committed: its admission slot is free.
+    A no-op with `max_concurrent_runs` off (beat still promotes leftovers).
+    A database error is logged: the run's end is committed, and beat's sweep
+    promotes within a sweep period."""
+    if backpressure.limits().max_concurrent_runs <= 0:
+        return
+    try:
+        runs_admit_waiting()
+    except DatabaseError:
+        log.exception("run %s ended; promoting waiting runs failed, the admission sweep will", run_id)

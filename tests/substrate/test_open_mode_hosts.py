@@ -207,7 +207,7 @@ def test_websocket_origins_still_follow_explicit_allowed_hosts(lc: Any, clock: C
 def test_the_asgi_websocket_route_is_wrapped() -> None:
     from loomcycle_project.asgi import application
 
-    assert isinstance(application.application_mapping["websocket"], BrowserOriginValidator)
+    assert isinstance(application.app.application_mapping["websocket"], BrowserOriginValidator)
 
 
 # --- manage.py up ---------------------------------------------------------------------------------

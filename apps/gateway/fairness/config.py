@@ -48,12 +48,22 @@ def _knob(block: dict[str, Any], name: str, default: int) -> int:
     raise Invalid(f"concurrency.{name} must be a non-negative integer, not {value!r}", code="config_invalid")
 
 
-def caps() -> Caps:
-    """yaml `concurrency:` when it sets a knob, else the environment (LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER,
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT, LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS)."""
+def _block() -> dict[str, Any]:
     block = runtime_config().get("concurrency") or {}
     if not isinstance(block, dict):
         raise Invalid("concurrency: must be a mapping", code="config_invalid")
+    return block
+
+
+def concurrency_knob(name: str, default: int) -> int:
+    """One knob of yaml `concurrency:` when it is set, else `default` (its environment variable)."""
+    return _knob(_block(), name, default)
+
+
+def caps() -> Caps:
+    """yaml `concurrency:` when it sets a knob, else the environment (LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER,
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT, LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS)."""
+    block = _block()
     return Caps(
         per_user=_knob(block, "max_concurrent_runs_per_user", E.MAX_CONCURRENT_RUNS_PER_USER),
         per_tenant=_knob(block, "max_concurrent_runs_per_tenant", E.MAX_CONCURRENT_RUNS_PER_TENANT),

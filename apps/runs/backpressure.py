@@ -1,0 +1,190 @@
+"""Admission backpressure: loomcycle's `concurrency` block (`max_concurrent_runs`,
+`max_queue_depth`, `queue_timeout_ms`), cluster-wide in Postgres.
+
+A top-level run holds a slot from its admission until it ends (parked runs
+keep theirs, as in loomcycle; sub-agents share their parent's). Over the cap,
+a new run is inserted as a `waiting_slot` row: it has no doorbell, so no
+worker holds it, and the claim ignores it. When a slot frees (a top-level run
+finishes or is cancelled) the oldest waiting rows are flipped to `queued` and
+their doorbells rung after the commit (`apps.runs.wake.runs_admit_waiting`);
+beat runs the same promotion as a backstop. A full queue is 429
+`backpressure` before any row is written.
+
+Invariants:
+- every decision (count, promote, admit or queue) runs under ONE transaction
+  advisory lock, so two web processes or workers never both take the last
+  slot, and the counts are Postgres's committed rows, never a counter that
+  could drift;
+- first in, first out: a new run is admitted directly only when nobody waits;
+- a waiting row leaves the queue exactly once: promoted (`SKIP LOCKED`, so a
+  row being withdrawn is never promoted) or withdrawn/cancelled under its
+  row lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.db import connection, transaction
+
+from apps.core.errors import QuotaExhausted
+from apps.core.pubsub import hub
+from apps.gateway import fairness
+from apps.gateway.fairness.config import concurrency_knob
+from apps.runs.dispatch import run_channel
+from apps.runs.models import Run, RunStatus
+from apps.runs.selectors import run_status
+from loomcycle_project import env as E
+
+RETRY_AFTER = {"Retry-After": "5"}
+REPOLL_S = 1.0  # a waiting request re-reads its run at least this often (a lost ring costs latency only)
+# One lock for every admission decision of the cluster (pg_advisory_xact_lock key).
+_LOCK_KEY = 0x6C635F61646D6974  # "lc_admit"
+
+_COUNT_SQL = """
+SELECT count(*) FILTER (WHERE status <> 'waiting_slot'), count(*) FILTER (WHERE status = 'waiting_slot')
+FROM runs_run WHERE parent_id IS NULL AND NOT (status IN ('completed', 'failed', 'cancelled'))
+"""
+
+# SKIP LOCKED: a waiting row locked by its withdrawal (or a cancel) is not promoted.
+# MATERIALIZED: the LIMIT picks its rows once; as an `IN (subquery)` Postgres
+# may evaluate it more than once and promote more rows than the limit.
+_PROMOTE_SQL = """
+WITH picked AS MATERIALIZED (
+  SELECT id FROM runs_run
+  WHERE parent_id IS NULL AND NOT (status IN ('completed', 'failed', 'cancelled')) AND status = 'waiting_slot'
+  ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED
+)
+UPDATE runs_run r SET status = 'queued', updated_at = now() FROM picked WHERE r.id = picked.id
+RETURNING r.id, r.step, r.last_seq
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_concurrent_runs: int  # 0 = off
+    max_queue_depth: int
+    queue_timeout_ms: int
+
+
+def limits() -> Limits:
+    """yaml `concurrency:` when it sets a knob, else LOOMCYCLE_MAX_CONCURRENT_RUNS,
+    LOOMCYCLE_MAX_QUEUE_DEPTH, LOOMCYCLE_QUEUE_TIMEOUT_MS."""
+    return Limits(
+        max_concurrent_runs=concurrency_knob("max_concurrent_runs", E.MAX_CONCURRENT_RUNS),
+        max_queue_depth=concurrency_knob("max_queue_depth", E.MAX_QUEUE_DEPTH),
+        queue_timeout_ms=concurrency_knob("queue_timeout_ms", E.QUEUE_TIMEOUT_MS),
+    )
+
+
+class Backpressure(QuotaExhausted):
+    """429 `{"code": "backpressure", "error": "queue full" | "queue timeout"}` (loomcycle's body) + Retry-After."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="backpressure", headers=RETRY_AFTER)
+
+
+@dataclass(frozen=True)
+class Promoted:
+    run_id: str
+    step: int
+    last_seq: int
+
+
+def _lock_and_promote(cap: int) -> tuple[int, int, list[Promoted]]:
+    """Inside a transaction: take the admission lock, move waiting runs into
+    free slots (all of them when `cap` is 0). Returns (admitted, waiting, promoted)."""
+    with connection.cursor() as cur:
+        # Held to commit: the count below and the caller's insert or promotion are one decision cluster-wide.
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        cur.execute(_COUNT_SQL)
+        admitted, waiting = cur.fetchone() or (0, 0)
+        free = waiting if cap <= 0 else min(max(cap - admitted, 0), waiting)
+        promoted: list[Promoted] = []
+        if free:
+            cur.execute(_PROMOTE_SQL, [free])
+            promoted = [Promoted(r, int(s), int(q)) for r, s, q in cur.fetchall()]
+    return admitted + len(promoted), waiting - len(promoted), promoted
+
+
+def admission_status(limit: Limits) -> tuple[str, list[Promoted]]:
+    """In run_create's transaction, before the insert: `queued` (admitted) or
+    `waiting_slot`, and the waiting runs promoted on the way (their doorbells
+    go out on commit); Backpressure when the queue is full (a raise rolls the
+    promotions back too: the next finish or beat's sweep makes them)."""
+    admitted, waiting, promoted = _lock_and_promote(limit.max_concurrent_runs)
+    if admitted < limit.max_concurrent_runs and waiting == 0:
+        return RunStatus.QUEUED, promoted
+    if waiting >= limit.max_queue_depth:
+        raise Backpressure("queue full")
+    return RunStatus.WAITING_SLOT, promoted
+
+
+def promote_waiting() -> list[Promoted]:
+    """Fill free slots from the queue, in its own transaction; the caller rings
+    the doorbells of what it returns after this commit."""
+    with transaction.atomic():
+        return _lock_and_promote(limits().max_concurrent_runs)[2]
+
+
+def withdraw_waiting(run_id: str) -> bool:
+    """Remove a run that is still waiting for its slot (a streaming request
+    that waited past `queue_timeout_ms`, or whose client left): True when it
+    was removed, False when it was admitted meanwhile (and must run)."""
+    with transaction.atomic():
+        # Row lock: a concurrent promotion skips this row, or already flipped it.
+        waiting = Run.objects.select_for_update().filter(id=run_id, status=RunStatus.WAITING_SLOT).first()
+        if waiting is None:
+            return False
+        waiting.delete()
+        transaction.on_commit(lambda: fairness.run_slot_release(run_id))
+    return True
+
+
+def _waiting(run_id: str) -> bool:
+    try:
+        return run_status(run_id=run_id) == RunStatus.WAITING_SLOT
+    finally:
+        connection.close()
+
+
+def _withdraw(run_id: str) -> bool:
+    try:
+        return withdraw_waiting(run_id)
+    finally:
+        connection.close()
+
+
+_withdrawals: set[asyncio.Task[bool]] = set()  # strong references until they finish
+
+
+async def slot_awaited(run_id: str, timeout_ms: int) -> None:
+    """A streaming POST /v1/runs whose run waits for a slot: return once it is
+    admitted. loomcycle holds such a request before its SSE stream opens and
+    answers 429 when the wait times out, leaving no run; so past `timeout_ms`
+    the waiting row is withdrawn and Backpressure("queue timeout") raised, and
+    a client that hangs up meanwhile withdraws it too. Waits on the run's
+    doorbell channel (the promotion rings it), no thread is held."""
+    bells = hub()
+    wake = await bells.subscribe(run_channel(run_id))
+    waiting = sync_to_async(_waiting, thread_sensitive=False)
+    deadline = time.monotonic() + timeout_ms / 1000
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not await waiting(run_id):
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.get(), timeout=min(left, REPOLL_S))
+    except asyncio.CancelledError:  # the client left before its stream opened
+        task = asyncio.get_running_loop().create_task(sync_to_async(_withdraw, thread_sensitive=False)(run_id))
+        _withdrawals.add(task)
+        task.add_done_callback(_withdrawals.discard)
+        raise
+    finally:
+        await bells.unsubscribe(run_channel(run_id), wake)
+    if await sync_to_async(_withdraw, thread_sensitive=False)(run_id):
+        raise Backpressure("queue timeout")

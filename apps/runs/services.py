@@ -22,6 +22,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
+from apps.core.identity import acting_tenant_id, acting_user_id
 from apps.core.ids import new_agent_id, new_run_id, new_session_id
 from apps.core.types import Principal
 from apps.gateway import fairness
@@ -63,6 +64,7 @@ class RunCreate:
     max_iterations: int | None = None
     parent_id: str | None = None  # set by sub-agent spawns
     user_tier: str | None = None
+    tenant_id: str = ""  # the request's claim: only logged, the principal's tenant wins (SPEC 8)
 
 
 def runtime_state_get() -> str:
@@ -77,10 +79,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     and `user_input`/`system_prompt` events, enqueue step 0 on commit."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
-    if principal.isolated and data.user_id != principal.subject:
-        if data.user_id:
-            log.info("identity_overridden: user_id %r -> %r (isolated principal)", data.user_id, principal.subject)
-        data = dataclasses.replace(data, user_id=principal.subject)
+    acting_tenant_id(principal, data.tenant_id)  # the run's tenant is always the principal's
+    data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id))
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot

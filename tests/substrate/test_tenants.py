@@ -41,9 +41,10 @@ def test_another_tenants_runs_are_404_and_never_listed(
     run_id, agent_id = created.json()["run_id"], created.json()["agent_id"]
     wait_status(run_id, RunStatus.COMPLETED)
 
-    # Same tenant: bob reads alice's run.
+    # Same tenant: bob reads alice's run (whose user is alice: the token's subject wins over the wire's u1).
     assert http.get(f"/v1/runs/{run_id}", headers=bob).json()["run_id"] == run_id
-    assert [a["run_id"] for a in http.get("/v1/users/u1/agents?status=all", headers=bob).json()["agents"]] == [run_id]
+    mine = http.get("/v1/users/alice/agents?status=all", headers=bob).json()["agents"]
+    assert [a["run_id"] for a in mine] == [run_id]
     assert _ws_close_code(web, run_id, bob) == 1000  # streamed to the end
 
     # Another tenant: every by-id route is the same opaque 404.
@@ -58,7 +59,7 @@ def test_another_tenants_runs_are_404_and_never_listed(
         body = {"text": "x"} if path.endswith("/input") else {}
         resp = http.request(method, path, headers=charlie, json=body)
         assert resp.status_code == 404, (method, path, resp.status_code, resp.text)
-    assert http.get("/v1/users/u1/agents?status=all", headers=charlie).json()["agents"] == []
+    assert http.get("/v1/users/alice/agents?status=all", headers=charlie).json()["agents"] == []
     assert _ws_close_code(web, run_id, charlie) == 4404
 
 

@@ -44,7 +44,7 @@ TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 class Run(models.Model):
     id = models.CharField(primary_key=True, max_length=32)  # r_<16hex>
-    agent_id = models.CharField(max_length=128, unique=True)  # caller handle, a_<16hex> by default
+    agent_id = models.CharField(max_length=128)  # caller handle, a_<16hex> by default; unique per tenant
     session_id = models.CharField(max_length=32, db_index=True)  # s_<16hex>
     tenant_id = models.CharField(max_length=128, default="", blank=True)
     user_id = models.CharField(max_length=128, default="", blank=True)
@@ -96,6 +96,11 @@ class Run(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["tenant_id", "user_id", "status"], name="run_user_status"),
+        constraints = [
+            # Per tenant, so another tenant's agent_id can be neither probed (409) nor squatted.
+            # agent_id first: the index also serves an admin's lookup by agent_id alone.
+            models.UniqueConstraint(fields=["agent_id", "tenant_id"], name="run_tenant_agent_id"),
+        ]
             # The sweeper scans live runs only. lease_until is deliberately NOT
             # indexed: claims and step commits then update the row HOT (no index
             # writes), which is most of Postgres's cost per iteration.

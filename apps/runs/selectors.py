@@ -70,3 +70,9 @@ def runs_liveness(*, run_ids: list[str]) -> dict[str, bool]:
     """{run_id: is live} for the runs that exist; ids with no row are absent."""
     rows = Run.objects.filter(id__in=run_ids).values_list("id", "status")
     return {run_id: status not in TERMINAL for run_id, status in rows}
+
+
+def run_caller_tools(run_id: str) -> list[str] | None:
+    """The tool narrowing the run's creator asked for (None: none), which its sub-agents inherit."""
+    found: list[str] | None = Run.objects.filter(id=run_id).values_list("caller_tools", flat=True).first()
+    return found

@@ -111,9 +111,10 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
     route = resolve_route(user_tier=data.user_tier, agent=d)  # 400/403/503 before any row exists
     request_system, user_text = split_segments(data.segments)
     interactive = bool(d.get("interactive", False)) if data.interactive is None else data.interactive
-    max_it = data.max_iterations or d.get("max_iterations")
-    if max_it is None:
-        max_it = UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
+    agent_cap = d.get("max_iterations") or (
+        UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
+    )
+    max_it = min(data.max_iterations, agent_cap) if data.max_iterations else agent_cap  # a caller only narrows
     tools = registry.effective_tools(
         operator=list(settings.LOOMCYCLE.tools_enabled),
         agent=list(d.get("tools", [])),
@@ -190,6 +191,7 @@ def run_insert(
         interactive=r.interactive,
         max_iterations=r.max_iterations,
         tools=r.tools,
+        caller_tools=data.tools,
         metadata=data.metadata or {},
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,

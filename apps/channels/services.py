@@ -532,6 +532,10 @@ def ack(*, stream: Stream, cursor: Any) -> dict[str, Any]:
         raise Invalid("missing required field: cursor", code="missing_cursor")
     decode_cursor(cursor)
     if cursor in OLDEST_CURSORS:
+        # `cur_0` is the position before every message: older than any committed cursor,
+        # so acking it is a regression once one exists (as loomcycle answers), a no-op before.
+        if _committed(stream, lock=False):
+            raise ChannelCursorRegression("ack cursor older than committed")
         return {"ok": True}
     with transaction.atomic():
         committed = _committed(stream, lock=True)

@@ -1,6 +1,10 @@
 """`loomcycle.yaml` loading (SPEC C.1): layered files, later files win;
 `${ENV}` / `${ENV:-fallback}` expansion for `[A-Za-z_][A-Za-z0-9_]*` names.
 
+Secret-bearing fields (`mcp_servers.*.headers` and `.env`) are not expanded:
+they keep the reference, resolved only where it is used (apps.core.secrets).
+A reference to one of the runtime's own secrets, anywhere, is a config error.
+
 `runtime_config()` is this process's merged configuration, read once: the
 gateway (providers, models, tiers, user_tiers, concurrency, memory.embedder)
 and the substrate loader read their blocks from it.
@@ -8,8 +12,6 @@ and the substrate loader read their blocks from it.
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +19,34 @@ import yaml
 from django.conf import settings
 
 from apps.core.errors import Invalid
+from apps.core.secrets import config_secret_names, name_refusal, referenced_names, resolve_references
 
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# (top-level block, field of each entry) whose string values stay references.
+SECRET_FIELDS = frozenset({("mcp_servers", "headers"), ("mcp_servers", "env")})
 
 
-def _substitute(match: re.Match[str]) -> str:
+def _expand(value: Any, path: tuple[str, ...], denied: set[str]) -> Any:
     """`${VAR}` -> its value or ""; `${VAR:-fb}` -> fb when VAR is unset OR empty (shell semantics)."""
-    value = os.environ.get(match.group(1), "")
-    if match.group(2) is not None and value == "":
-        return match.group(2)
-    return value
-
-
-def _expand(value: Any) -> Any:
     if isinstance(value, str):
-        return _ENV_RE.sub(_substitute, value)
+        try:
+            if len(path) >= 3 and (path[0], path[2]) in SECRET_FIELDS:
+                _check_references(value, denied)
+                return value
+            return resolve_references(value, runtime=False, denied=denied)
+        except ValueError as exc:
+            raise Invalid(f"{'.'.join(path)}: {exc}", code="config_invalid") from exc
     if isinstance(value, list):
-        return [_expand(v) for v in value]
+        return [_expand(v, path, denied) for v in value]
     if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
+        return {k: _expand(v, (*path, str(k)), denied) for k, v in value.items()}
     return value
+
+
+def _check_references(text: str, denied: set[str]) -> None:
+    for name in referenced_names(text):
+        refusal = name_refusal(name, runtime=False, denied=denied)
+        if refusal:
+            raise ValueError(refusal)
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -61,8 +71,10 @@ def load_config(paths: list[Path]) -> dict[str, Any]:
             raise Invalid(f"{path}: invalid yaml: {exc}", code="config_invalid") from exc
         if not isinstance(doc, dict):
             raise Invalid(f"{path}: top level must be a mapping", code="config_invalid")
-        merged = _merge(merged, _expand(doc))
-    return merged
+        merged = _merge(merged, doc)
+    # Expanded once, after the merge: a key variable any layer names is denied in every layer.
+    expanded: dict[str, Any] = _expand(merged, (), config_secret_names(merged))
+    return expanded
 
 
 def default_config_paths(base_dir: Path, configured: list[str]) -> list[Path]:

@@ -28,6 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from apps.core.errors import ApplicationError, Invalid
+from apps.core.identity import acting_user_id, may_name_user
 from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.gateway import fairness
@@ -316,11 +317,8 @@ async def chat_reply(call: Call, first: ProviderEvent) -> Reply:
 
 
 def caller_user_id(principal: Principal, wire: str | None) -> str:
-    """The user a call counts against: an isolated member is always itself (SPEC 8); anyone else names one."""
-    if principal.isolated:
-        if wire and wire != principal.subject:
-            log.info("identity_overridden: user_id %r -> %r (isolated principal)", wire, principal.subject)
-        return principal.subject
-    if wire and not is_ident(wire):
+    """The user a call counts against: a tenant token's own subject unless it
+    may name the user (apps.core.identity, SPEC 8)."""
+    if may_name_user(principal) and wire and not is_ident(wire):
         raise Invalid("invalid user_id: must match [A-Za-z0-9_-]{1,128}", code="invalid_user_id")
-    return wire or ""
+    return acting_user_id(principal, wire)

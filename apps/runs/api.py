@@ -86,6 +86,7 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
                 segments=data.segment_list(),
                 tools=data.tools,
                 user_id=data.user_id or "",
+                tenant_id=data.tenant_id or "",
                 agent_id=data.agent_id,
                 metadata=data.metadata,
                 interactive=data.interactive,

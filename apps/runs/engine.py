@@ -442,6 +442,7 @@ def _prepare_spawns(run: ClaimedRun, outcomes: list[CallOutcome], write: StepWri
                     call=o.call,
                     request=o.result.spawn,
                     user_tier=(run.routing or {}).get("user_tier") or None,
+                    parent_id=run.id,
                 )
             )
         except ApplicationError as exc:

@@ -46,7 +46,7 @@ TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 class Run(models.Model):
     id = models.CharField(primary_key=True, max_length=32)  # r_<16hex>
-    agent_id = models.CharField(max_length=128, unique=True)  # caller handle, a_<16hex> by default
+    agent_id = models.CharField(max_length=128)  # caller handle, a_<16hex> by default; unique per tenant
     session_id = models.CharField(max_length=32, db_index=True)  # s_<16hex>
     tenant_id = models.CharField(max_length=128, default="", blank=True)
     user_id = models.CharField(max_length=128, default="", blank=True)
@@ -81,6 +81,8 @@ class Run(models.Model):
     interactive = models.BooleanField(default=False)
     max_iterations = models.PositiveIntegerField(default=16)
     tools = models.JSONField(default=list)  # effective tool names (operator ∩ agent ∩ caller)
+    # The creating request's `tools` narrowing (None: none); sub-agents inherit it as their caller layer.
+    caller_tools = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(default=dict)
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")
@@ -96,6 +98,11 @@ class Run(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [
+            # Per tenant, so another tenant's agent_id can be neither probed (409) nor squatted.
+            # agent_id first: the index also serves an admin's lookup by agent_id alone.
+            models.UniqueConstraint(fields=["agent_id", "tenant_id"], name="run_tenant_agent_id"),
+        ]
         indexes = [
             models.Index(fields=["tenant_id", "user_id", "status"], name="run_user_status"),
             # The sweeper scans live runs only. lease_until is deliberately NOT

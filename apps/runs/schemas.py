@@ -22,6 +22,7 @@ class RunCreateIn(BaseModel):
     segments: list[Segment] | None = None
     tools: list[str] | None = None
     user_id: str | None = None
+    tenant_id: str | None = Field(default=None, max_length=128)  # the token's tenant wins (SPEC 8)
     agent_id: str | None = None
     metadata: dict[str, Any] | None = None
     interactive: bool | None = None

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from apps.core.errors import NotFound
+from apps.core.errors import Conflict, NotFound
 from apps.runs.models import PARKED, RUNNABLE, TERMINAL, Run, RunEvent, RunStatus
 
 
@@ -21,12 +21,14 @@ def run_get(
     if owner is not None:
         qs = qs.filter(user_id=owner)
     qs = qs.filter(agent_id=agent_id) if agent_id is not None else qs.filter(id=run_id)
-    run = qs.first()
-    if run is None:
+    found = list(qs[:2])
+    if not found:
         if agent_id is not None:
             raise NotFound(f"unknown agent_id {agent_id}", code="unknown_agent_id")
         raise NotFound(f"unknown run {run_id}", code="not_found")
-    return run
+    if len(found) > 1:  # an agent_id is unique per tenant: only a cross-tenant (admin) read can meet two
+        raise Conflict(f"agent_id {agent_id} names runs in several tenants; use the run_id", code="agent_id_ambiguous")
+    return found[0]
 
 
 def runs_for_user(*, tenant_id: str | None, user_id: str, status: str = "running") -> list[Run]:
@@ -69,3 +71,9 @@ def runs_liveness(*, run_ids: list[str]) -> dict[str, bool]:
     """{run_id: is live} for the runs that exist; ids with no row are absent."""
     rows = Run.objects.filter(id__in=run_ids).values_list("id", "status")
     return {run_id: status not in TERMINAL for run_id, status in rows}
+
+
+def run_caller_tools(run_id: str) -> list[str] | None:
+    """The tool narrowing the run's creator asked for (None: none), which its sub-agents inherit."""
+    found: list[str] | None = Run.objects.filter(id=run_id).values_list("caller_tools", flat=True).first()
+    return found

@@ -22,6 +22,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
+from apps.core.identity import acting_tenant_id, acting_user_id
 from apps.core.ids import new_agent_id, new_run_id, new_session_id
 from apps.core.types import Principal
 from apps.gateway import fairness
@@ -64,6 +65,7 @@ class RunCreate:
     max_iterations: int | None = None
     parent_id: str | None = None  # set by sub-agent spawns
     user_tier: str | None = None
+    tenant_id: str = ""  # the request's claim: only logged, the principal's tenant wins (SPEC 8)
 
 
 def runtime_state_get() -> str:
@@ -78,10 +80,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     and `user_input`/`system_prompt` events, enqueue step 0 on commit."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
-    if principal.isolated and data.user_id != principal.subject:
-        if data.user_id:
-            log.info("identity_overridden: user_id %r -> %r (isolated principal)", data.user_id, principal.subject)
-        data = dataclasses.replace(data, user_id=principal.subject)
+    acting_tenant_id(principal, data.tenant_id)  # the run's tenant is always the principal's
+    data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id))
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
@@ -119,9 +119,10 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
     route = resolve_route(user_tier=data.user_tier, agent=d)  # 400/403/503 before any row exists
     request_system, user_text = split_segments(data.segments)
     interactive = bool(d.get("interactive", False)) if data.interactive is None else data.interactive
-    max_it = data.max_iterations or d.get("max_iterations")
-    if max_it is None:
-        max_it = UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
+    agent_cap = d.get("max_iterations") or (
+        UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
+    )
+    max_it = min(data.max_iterations, agent_cap) if data.max_iterations else agent_cap  # a caller only narrows
     tools = registry.effective_tools(
         operator=list(settings.LOOMCYCLE.tools_enabled),
         agent=list(d.get("tools", [])),
@@ -199,6 +200,7 @@ def run_insert(
         interactive=r.interactive,
         max_iterations=r.max_iterations,
         tools=r.tools,
+        caller_tools=data.tools,
         metadata=data.metadata or {},
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,

@@ -30,6 +30,7 @@ from apps.gateway.providers import ToolCall
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
+from apps.runs.selectors import run_caller_tools
 from apps.runs.wake import run_answer
 
 log = logging.getLogger("loomcycle.subruns")
@@ -71,18 +72,33 @@ class Spawn:
     call: ToolCall
     request: SpawnRequest
     resolved: Any  # services.Resolved
+    caller_tools: list[str] | None = None  # the top-level caller's narrowing, inherited
 
 
 def spawn_prepare(
-    *, tenant_id: str, user_id: str, depth: int, call: ToolCall, request: SpawnRequest, user_tier: str | None = None
+    *,
+    tenant_id: str,
+    user_id: str,
+    depth: int,
+    call: ToolCall,
+    request: SpawnRequest,
+    user_tier: str | None = None,
+    parent_id: str | None = None,
 ) -> Spawn:
-    """Resolve the child before any write; refusals become the call's is_error result."""
+    """Resolve the child before any write; refusals become the call's is_error result.
+    The child inherits its parent's caller narrowing: a caller who narrowed a
+    run's tools narrowed every sub-agent it spawns (the child's own agent
+    definition still decides what it may have inside that)."""
     from apps.runs.services import RunCreate, run_resolve
 
     if depth + 1 > MAX_DEPTH:
         raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
-    data = RunCreate(agent=request.agent, segments=[Segment(text=request.prompt)], user_id=user_id, user_tier=user_tier)
-    return Spawn(call=call, request=request, resolved=run_resolve(tenant_id=tenant_id, data=data))
+    caller = run_caller_tools(parent_id) if parent_id else None
+    data = RunCreate(
+        agent=request.agent, segments=[Segment(text=request.prompt)], user_id=user_id, user_tier=user_tier, tools=caller
+    )
+    resolved = run_resolve(tenant_id=tenant_id, data=data)
+    return Spawn(call=call, request=request, resolved=resolved, caller_tools=caller)
 
 
 def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int, spawns: list[Spawn]) -> list[str]:
@@ -92,7 +108,11 @@ def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int,
     ids = []
     for s in spawns:
         data = RunCreate(
-            agent=s.request.agent, segments=[Segment(text=s.request.prompt)], user_id=user_id, parent_id=parent_id
+            agent=s.request.agent,
+            segments=[Segment(text=s.request.prompt)],
+            user_id=user_id,
+            parent_id=parent_id,
+            tools=s.caller_tools,
         )
         child = run_insert(
             tenant_id=tenant_id, data=data, resolved=s.resolved, depth=depth + 1, parent_call_id=s.call.id

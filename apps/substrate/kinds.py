@@ -169,6 +169,7 @@ class Kind:
     agent_callable: bool = False  # usable by agents as a tool (SPEC 6.5)
     yaml_key: str = ""  # top-level loomcycle.yaml block
     tools_field: str | None = None  # field holding a tool list that may narrow, never widen
+    secret_fields: tuple[str, ...] = ()  # string maps holding `${NAME}` references or secret values
 
 
 KINDS: dict[str, Kind] = {}

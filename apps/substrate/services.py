@@ -28,6 +28,7 @@ from apps.core.errors import Invalid
 from apps.core.ids import new_def_id
 from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound, check_def_name, get_kind
 from apps.substrate.models import AgentDef, DefPointer, DefSource, VersionedDef
+from apps.substrate.secretrefs import check_definition, redacted
 
 log = logging.getLogger("loomcycle.substrate")
 
@@ -57,6 +58,11 @@ class Author:
 
     def owns(self, tenant_id: str) -> bool:
         return self.is_admin or tenant_id == self.tenant_id
+
+    def definition_of(self, kind: Kind, row: VersionedDef) -> dict[str, Any]:
+        """`row.definition` as this author may see it: secret fields masked
+        unless the author owns the row (apps.substrate.secretrefs)."""
+        return row.definition if self.owns(row.tenant_id) else redacted(kind, row.definition)
 
 
 def operator_author(principal: Any) -> Author:
@@ -259,6 +265,7 @@ def def_create(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
         raise Refused(f"create: name {name!r} matches a static yaml entry; use `fork` to derive a new version")
     description = _text(data, "description")
     definition = kind.normalise(name, {k: v for k, v in _overlay(data).items() if v is not None}, True)
+    check_definition(kind, author.tenant_id, name, definition)
     if kind.tools_field and author.tools_ceiling is not None:
         _tools_subset(definition.get(kind.tools_field, []), author.tools_ceiling, "the caller's own tools")
     _check_caps(kind, definition, description)
@@ -308,7 +315,7 @@ def _fork_parent(kind: Kind, author: Author, name: str, parent_def_id: Any) -> V
         author,
         tenant_id=author.tenant_id,
         name=name,
-        definition=static.definition,
+        definition=author.definition_of(kind, static),
         description="bootstrapped from the static yaml entry",
         parent=None,
         bootstrapped=True,
@@ -323,8 +330,9 @@ def def_fork(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]
     promote = _flag(data, "promote", kind.fork_promotes)
     _lock(kind, author.tenant_id, name)
     parent = _fork_parent(kind, author, name, data.get("parent_def_id"))
-    merged = {**parent.definition, **_overlay(data)}
+    merged = {**author.definition_of(kind, parent), **_overlay(data)}
     definition = kind.normalise(name, {k: v for k, v in merged.items() if v is not None}, True)  # null removes a field
+    check_definition(kind, author.tenant_id, name, definition)
     if kind.tools_field:
         static = static_row(kind, name)
         root = static if static is not None else _lineage_root(kind, parent)
@@ -349,7 +357,9 @@ def def_get(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]:
     row = _visible_row(kind, author, data.get("def_id"), "get")
     _check_scope(kind, author, row.name)
     pointer = _pointer(kind, row.tenant_id, row.name)
-    return row_out(row, promoted=pointer is not None and pointer.active_def_id == row.id)
+    out = row_out(row, promoted=pointer is not None and pointer.active_def_id == row.id)
+    out["definition"] = author.definition_of(kind, row)
+    return out
 
 
 def def_list(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]:

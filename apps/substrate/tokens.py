@@ -40,7 +40,7 @@ PREFIX = "lct_"
 SUFFIX_LEN = 6
 ADMIN_SCOPE = "substrate:admin"
 SCOPE_CATALOG = frozenset(
-    "substrate:admin substrate:tenant substrate:user runs:create runs:read "
+    "substrate:admin substrate:tenant substrate:user runs:create runs:read runs:act-as-user "
     "channel:publish channel:read providers:operator-key".split()
 )
 MAX_SCOPES = 64

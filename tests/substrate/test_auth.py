@@ -115,6 +115,7 @@ def test_scope_implication() -> None:
     assert {s for s in tokens.SCOPE_CATALOG if has_scope(tenant, s)} == tokens.SCOPE_CATALOG - {
         "substrate:admin",
         "substrate:user",
+        "runs:act-as-user",  # only ever granted explicitly (apps.core.identity)
     }
     assert {s for s in tokens.SCOPE_CATALOG if has_scope(user, s)} == {"substrate:user", "runs:create", "runs:read"}
     assert has_scope(frozenset({"runs:read"}), "") and not has_scope(frozenset({"runs:read"}), "runs:create")

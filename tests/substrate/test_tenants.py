@@ -41,9 +41,10 @@ def test_another_tenants_runs_are_404_and_never_listed(
     run_id, agent_id = created.json()["run_id"], created.json()["agent_id"]
     wait_status(run_id, RunStatus.COMPLETED)
 
-    # Same tenant: bob reads alice's run.
+    # Same tenant: bob reads alice's run (whose user is alice: the token's subject wins over the wire's u1).
     assert http.get(f"/v1/runs/{run_id}", headers=bob).json()["run_id"] == run_id
-    assert [a["run_id"] for a in http.get("/v1/users/u1/agents?status=all", headers=bob).json()["agents"]] == [run_id]
+    mine = http.get("/v1/users/alice/agents?status=all", headers=bob).json()["agents"]
+    assert [a["run_id"] for a in mine] == [run_id]
     assert _ws_close_code(web, run_id, bob) == 1000  # streamed to the end
 
     # Another tenant: every by-id route is the same opaque 404.
@@ -58,7 +59,7 @@ def test_another_tenants_runs_are_404_and_never_listed(
         body = {"text": "x"} if path.endswith("/input") else {}
         resp = http.request(method, path, headers=charlie, json=body)
         assert resp.status_code == 404, (method, path, resp.status_code, resp.text)
-    assert http.get("/v1/users/u1/agents?status=all", headers=charlie).json()["agents"] == []
+    assert http.get("/v1/users/alice/agents?status=all", headers=charlie).json()["agents"] == []
     assert _ws_close_code(web, run_id, charlie) == 4404
 
 
@@ -133,3 +134,26 @@ def test_an_isolated_member_acts_and_reads_only_as_its_own_user(
     ]
     assert _ws_close_code(web, alices["run_id"], dave) == 4404
     assert http.get(f"/v1/runs/{own['run_id']}", headers=people["alice"]).status_code == 200  # the tenant sees it
+
+
+def test_agent_id_is_unique_per_tenant_so_another_tenants_cannot_be_probed_or_squatted(
+    http: httpx.Client, people: dict[str, dict[str, str]]
+) -> None:
+    body = {"agent": "echo", "prompt": "hi", "background": True, "agent_id": "handle-1"}
+    alices = http.post("/v1/runs", headers=people["alice"], json=body)
+    assert alices.status_code == 202, alices.text
+    charlies = http.post("/v1/runs", headers=people["charlie"], json=body)  # another tenant: no 409 oracle
+    assert charlies.status_code == 202, charlies.text
+    assert alices.json()["run_id"] != charlies.json()["run_id"]
+    again = http.post("/v1/runs", headers=people["bob"], json=body)  # same tenant as alice
+    assert again.status_code == 409 and again.json()["code"] == "agent_id_in_use"
+
+    # Each tenant's handle names its own run; an admin reading every tenant must use the run_id.
+    assert http.get("/v1/agents/handle-1", headers=people["charlie"]).json()["run_id"] == charlies.json()["run_id"]
+    assert http.get("/v1/agents/handle-1", headers=people["bob"]).json()["run_id"] == alices.json()["run_id"]
+    admin = {"authorization": f"Bearer {tokens.token_create(name='root', tenant_id='ops')['token']}"}
+    ambiguous = http.get("/v1/agents/handle-1", headers=admin)
+    assert ambiguous.status_code == 409 and ambiguous.json()["code"] == "agent_id_ambiguous"
+    assert http.get(f"/v1/runs/{charlies.json()['run_id']}", headers=admin).status_code == 200
+    for created in (alices, charlies):
+        wait_status(created.json()["run_id"], RunStatus.COMPLETED)

@@ -38,6 +38,7 @@ register(
         normalise=normalise_mcpserver,
         content_hash=hashing.mcp_content_sha256,
         yaml_key="mcp_servers",
+        secret_fields=("headers", "env"),
     )
 )
 register(

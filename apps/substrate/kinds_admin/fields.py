@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from apps.core.config import runtime_config
+from apps.core.secrets import config_secret_names, name_refusal, referenced_names
 from apps.substrate.kinds import Refused
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -59,6 +61,8 @@ def get_str_map(d: dict[str, Any], key: str, what: str, *, env_values: bool = Fa
             raise Refused(f"{what}: {key} must map strings to strings")
         if env_values and not ENV_NAME_RE.fullmatch(v):
             raise Refused(f"{what}: {key}.{k}: {v!r} is not an environment variable name")
+        if env_values:
+            check_secret_name(v, f"{what}: {key}.{k}", runtime=False)
     return dict(value)
 
 
@@ -66,6 +70,26 @@ def get_env_name(d: dict[str, Any], key: str, what: str, *, required: bool) -> s
     value = get_text(d, key, what, required=required)
     if value and not ENV_NAME_RE.fullmatch(value):
         raise Refused(f"{what}: {key} {value!r} is not an environment variable name")
+    if value:
+        check_secret_name(value, f"{what}: {key}", runtime=False)
+    return value
+
+
+def check_secret_name(name: str, what: str, *, runtime: bool) -> None:
+    """A credential source or `${NAME}` reference may not name one of the
+    runtime's own secrets (fixed ones, and the key variables yaml names)."""
+    refusal = name_refusal(name, runtime=runtime, denied=config_secret_names(runtime_config()))
+    if refusal:
+        raise Refused(f"{what}: {refusal}")
+
+
+def get_secret_map(d: dict[str, Any], key: str, what: str, *, runtime: bool) -> dict[str, str] | None:
+    """A string map whose values may hold `${NAME}` references, stored as
+    written (resolved only at use, see kinds_admin.mcp.mcp_server_connection)."""
+    value = get_str_map(d, key, what)
+    for k, v in (value or {}).items():
+        for name in referenced_names(v):
+            check_secret_name(name, f"{what}: {key}.{k}", runtime=runtime)
     return value
 
 

@@ -1,15 +1,27 @@
 """MCPServerDef (SPEC 5.2): http/streamable-http servers at runtime, stdio only from yaml.
-There is no MCP client in this build, so `rediscover` refuses."""
+There is no MCP client in this build, so `rediscover` refuses.
+
+`headers` and `env` are secret-bearing: they are stored with their `${NAME}`
+references as written (yaml expansion skips them), so rows, hashes and every
+answer carry the reference. `mcp_server_connection` is the one place that
+resolves them, for the MCP client at connect time (apps.substrate.secretrefs
+has the rules every secret-bearing field follows).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from apps.core.config import runtime_config
+from apps.core.secrets import config_secret_names, resolve_references
 from apps.substrate.kinds import Kind, Refused, _drop_unknown, string_list
-from apps.substrate.kinds_admin.fields import get_str_map, get_text, put
+from apps.substrate.kinds_admin.fields import get_secret_map, get_text, put
+from apps.substrate.models import DefSource, VersionedDef
+from apps.substrate.secretrefs import check_tenant_refs
 
 MCP_FIELDS = frozenset({"transport", "url", "headers", "description", "command", "args", "env", "tools"})
 HTTP_TRANSPORTS = ("http", "streamable-http")
@@ -58,12 +70,12 @@ def normalise_mcpserver(name: str, raw: dict[str, Any], strict: bool) -> dict[st
             raise Refused(f"{what}: url and headers are for http transports, not stdio")
         out["command"] = get_text(d, "command", what, required=True)
         put(out, "args", string_list(d.get("args"), f"{what}: args") or None)
-        put(out, "env", get_str_map(d, "env", what) or None)
+        put(out, "env", get_secret_map(d, "env", what, runtime=strict) or None)
     elif transport in HTTP_TRANSPORTS:
         if d.get("command") or d.get("args") or d.get("env"):
             raise Refused(f"{what}: command, args and env are for stdio servers, not {transport}")
         out["url"] = _check_url(get_text(d, "url", what, required=True), what, strict)
-        put(out, "headers", get_str_map(d, "headers", what) or None)
+        put(out, "headers", get_secret_map(d, "headers", what, runtime=strict) or None)
     else:
         allowed = "http, streamable-http" + ("" if strict else ", stdio")
         raise Refused(f"{what}: transport must be one of {allowed} (got {transport!r})")
@@ -74,3 +86,51 @@ def normalise_mcpserver(name: str, raw: dict[str, Any], strict: bool) -> dict[st
 
 def mcpserver_rediscover(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
     raise Refused("rediscover: MCP discovery is not available in this build")
+
+
+@dataclass(frozen=True)
+class MCPServerConnection:
+    """What the MCP client needs to connect, with the references resolved.
+    Never persisted, logged or returned over any API."""
+
+    name: str
+    transport: str
+    url: str
+    headers: dict[str, str]
+    command: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+    tools: tuple[str, ...]
+
+
+def mcp_server_connection(row: VersionedDef) -> MCPServerConnection:
+    """Resolve an MCPServerDef row's `${NAME}` references from this process's
+    environment. Only shared rows may hold references; a runtime-authored one
+    only to LOOMCYCLE_* variables; none to the runtime's own secrets. Checked
+    again here, not only at write time, so a row stored before a rule existed
+    cannot leak a value. Raises Refused naming the offending field."""
+    d = row.definition
+    if row.tenant_id:
+        check_tenant_refs(row.tenant_id, row.name, {k: d.get(k) for k in ("headers", "env")})
+    runtime = row.source != DefSource.YAML
+    denied = config_secret_names(runtime_config())
+
+    def resolve(key: str) -> dict[str, str]:
+        out = {}
+        for k, v in (d.get(key) or {}).items():
+            try:
+                out[k] = resolve_references(v, runtime=runtime, denied=denied)
+            except ValueError as exc:
+                raise Refused(f"mcp server {row.name!r}: {key}.{k}: {exc}") from exc
+        return out
+
+    return MCPServerConnection(
+        name=row.name,
+        transport=str(d.get("transport", "")),
+        url=str(d.get("url", "")),
+        headers=resolve("headers"),
+        command=str(d.get("command", "")),
+        args=tuple(d.get("args") or ()),
+        env=resolve("env"),
+        tools=tuple(d.get("tools") or ()),
+    )

@@ -1,0 +1,94 @@
+"""Secret references: `${NAME}` (or `${NAME:-fallback}`) naming an environment
+variable, kept as written in secret-bearing fields (MCP server `headers` and
+`env`) and resolved only where the value is used.
+
+A definition row, its content hash, a REST/admin/tool answer and a snapshot
+therefore carry the reference, never the value: every tenant may read the
+shared rows, so a resolved value stored there would be readable by all.
+
+`INFRA_SECRET_NAMES` are the runtime's own secrets. No reference, `*_env`
+field or credential name may name one: a definition that could send the
+database URL, the token pepper or a provider key to a server of the author's
+choosing would hand them to whoever may write a definition.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+# The same name shape loomcycle.yaml expansion uses (SPEC C.1). `${run.user_bearer}`
+# and `${run.credentials.x}` have a dot, so they never match: they are request-time
+# placeholders of the MCP client, not environment references.
+REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+INFRA_SECRET_NAMES = frozenset(
+    {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "DJANGO_SECRET_KEY",
+        "LOOMCYCLE_AUTH_TOKEN",
+        "LOOMCYCLE_OPERATOR_TOKEN_PEPPER",
+        "LOOMCYCLE_FLOWER_BASIC_AUTH",
+        "FLOWER_BASIC_AUTH",
+        "LOOMCYCLE_PG_DSN",
+        "PG_DSN",
+        "ANTHROPIC_API_KEY",
+        "OPENAI_API_KEY",
+        "DEEPSEEK_API_KEY",
+        "GEMINI_API_KEY",
+        "OLLAMA_API_KEY",
+        "VOYAGE_API_KEY",
+    }
+)
+
+# A runtime-authored definition (REST, admin, tool) may reference only the
+# runtime's own namespace, as loomcycle's ExpandEnvAllowed does; operator yaml any name.
+RUNTIME_REF_PREFIX = "LOOMCYCLE_"
+
+
+def config_secret_names(config: dict[str, Any]) -> set[str]:
+    """The key variables a loomcycle.yaml names (`providers.*.api_key_env`,
+    `memory.embedder.api_key_env`): provider keys too, so denied like the fixed set."""
+    names: set[str] = set()
+    providers = config.get("providers")
+    for raw in providers.values() if isinstance(providers, dict) else ():
+        if isinstance(raw, dict) and isinstance(raw.get("api_key_env"), str):
+            names.add(raw["api_key_env"])
+    memory = config.get("memory")
+    embedder = memory.get("embedder") if isinstance(memory, dict) else None
+    if isinstance(embedder, dict) and isinstance(embedder.get("api_key_env"), str):
+        names.add(embedder["api_key_env"])
+    return names
+
+
+def referenced_names(text: str) -> list[str]:
+    return [m.group(1) for m in REF_RE.finditer(text)]
+
+
+def name_refusal(name: str, *, runtime: bool, denied: Iterable[str] = ()) -> str | None:
+    """Why `name` may not be referenced (or used as a credential source), or None."""
+    if name in INFRA_SECRET_NAMES or name in set(denied):
+        return f"{name} is one of the runtime's own infrastructure secrets and cannot be referenced"
+    if runtime and not name.startswith(RUNTIME_REF_PREFIX):
+        return f"{name}: a runtime definition may reference only {RUNTIME_REF_PREFIX}* variables"
+    return None
+
+
+def resolve_references(text: str, *, runtime: bool, denied: Iterable[str] = ()) -> str:
+    """`text` with each `${NAME}` replaced by the variable's value ("" when
+    unset; `${NAME:-fb}` gives fb when unset or empty). Raises ValueError for a
+    name `name_refusal` refuses: checked again here, not only at write time,
+    so a row written before a name was denied still cannot leak it."""
+    deny = set(denied)
+
+    def substitute(match: re.Match[str]) -> str:
+        refusal = name_refusal(match.group(1), runtime=runtime, denied=deny)
+        if refusal:
+            raise ValueError(refusal)
+        value = os.environ.get(match.group(1), "")
+        return match.group(2) if match.group(2) is not None and value == "" else value
+
+    return REF_RE.sub(substitute, text)

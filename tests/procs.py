@@ -3,6 +3,7 @@ Every process binds to loopback and is stopped by the fixture that started it.""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -34,10 +35,28 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
         proc.wait(5)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls into it
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the test process dies, so a
+    killed pytest leaves no web or worker process consuming the test Redis."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,  # only a C call into libc, loaded before any fork
+    )
 
 
 class WorkerPool:

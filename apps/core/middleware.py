@@ -50,12 +50,9 @@ MessageMiddleware = api_bypass("django.contrib.messages.middleware.MessageMiddle
 XFrameOptionsMiddleware = api_bypass("django.middleware.clickjacking.XFrameOptionsMiddleware")
 
 
-class SecureCookiesMiddleware:
-    """Mark every cookie Secure on a response to an HTTPS request (as Django
-    sees it: TLS, or SECURE_PROXY_SSL_HEADER behind a proxy), so the admin's
-    session and CSRF cookies never travel in clear once TLS is in use, while a
-    plain-HTTP loopback admin keeps working. Sync and async, so API requests
-    take no hop to the sync thread here."""
+class HybridMiddleware:
+    """A middleware that runs natively in both modes (no hop to the sync
+    thread on async requests): subclasses implement `sync_call` and `async_call`."""
 
     sync_capable = True
     async_capable = True
@@ -68,10 +65,26 @@ class SecureCookiesMiddleware:
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
-            return self.__acall__(request)
+            return self.async_call(request)
+        return self.sync_call(request)
+
+    def sync_call(self, request: HttpRequest) -> Any:
+        raise NotImplementedError
+
+    async def async_call(self, request: HttpRequest) -> Any:
+        raise NotImplementedError
+
+
+class SecureCookiesMiddleware(HybridMiddleware):
+    """Mark every cookie Secure on a response to an HTTPS request (as Django
+    sees it: TLS, or SECURE_PROXY_SSL_HEADER behind a proxy), so the admin's
+    session and CSRF cookies never travel in clear once TLS is in use, while a
+    plain-HTTP loopback admin keeps working."""
+
+    def sync_call(self, request: HttpRequest) -> Any:
         return _secure_cookies(request, self.get_response(request))
 
-    async def __acall__(self, request: HttpRequest) -> Any:
+    async def async_call(self, request: HttpRequest) -> Any:
         return _secure_cookies(request, await self.get_response(request))
 
 

@@ -33,12 +33,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.request import split_domain_port, validate_host
 
+from apps.core.middleware import HybridMiddleware
 from apps.substrate import auth_cache
 from apps.substrate.tokens import live_admin_token_exists
 
@@ -180,26 +181,15 @@ def open_mode_refusal(request: HttpRequest, is_open: Callable[[], bool]) -> Json
     return None
 
 
-class OpenModeHostMiddleware:
+class OpenModeHostMiddleware(HybridMiddleware):
     """While the runtime is in open mode: 400 `open_mode_host` for a
     non-loopback Host, 403 `cross_site_request` for a cross-site browser request."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> Any:
-        if self.is_async:
-            return self.__acall__(request)
+    def sync_call(self, request: HttpRequest) -> Any:
         refusal = open_mode_refusal(request, open_mode)
         return refusal if refusal is not None else self.get_response(request)
 
-    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+    async def async_call(self, request: HttpRequest) -> HttpResponse:
         if not host_allowed_in_open_mode(request_domain(request)) or is_cross_site(request):
             is_open = await aopen_mode()
             refusal = open_mode_refusal(request, lambda: is_open)

@@ -104,9 +104,11 @@ def _iterate(run_id: str, step: int, waited: float) -> str:
             notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
         write = _execute(run, cancel)
         committed = _commit(run, write)
-    if not committed:
+    if committed is None:
         log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
         return "fence_lost"
+    if committed != write.status:  # input or a cancel arrived during the step: it rang instead of parking
+        write.next = "requeue"
     _after_commit(run, write)
     record_timing(time.perf_counter() - started, write.provider_s, waited)
     return write.next
@@ -485,7 +487,8 @@ def failed_write(error: str) -> StepWrite:
     return StepWrite(status=RunStatus.FAILED, next="finish", error=error, events=[{"type": "error", "error": error}])
 
 
-def _commit(run: ClaimedRun, write: StepWrite) -> bool:
+def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
+    """The committed status (store.commit_step), None when the fence was lost."""
     rows = StepRows(
         transcript=write.transcript,
         events=write.events,
@@ -510,15 +513,17 @@ def _commit(run: ClaimedRun, write: StepWrite) -> bool:
         if not write.spawns and not write.parks:
             return commit()
         with transaction.atomic():  # children and waits exist iff the parent's fenced step commits
-            if not commit():
-                return False
+            status = commit()
+            if status != write.status:  # fence lost, or a cancel turned the park into a doorbell
+                write.spawns, write.parks = [], []
+                return status
             if write.spawns:
                 write.child_ids = children_insert(
                     parent_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, spawns=write.spawns
                 )
             for call_id, park in write.parks:
                 park.record(run.id, run.step, call_id)
-            return True
+            return status
     finally:
         connection.close()
 
@@ -527,7 +532,7 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     wake_and_enqueue(
         run.id,
         run.last_seq + len(write.events) if write.events else None,
-        run.step + 1 if write.next == "requeue" else None,
+        run.step + int(write.advance) if write.next == "requeue" else None,
     )
     children_enqueue(write.child_ids)
     for call_id, park in write.parks:

@@ -100,6 +100,12 @@ class Run(models.Model):
             # indexed: claims and step commits then update the row HOT (no index
             # writes), which is most of Postgres's cost per iteration.
             models.Index(fields=["status"], name="run_live", condition=models.Q(status__in=["queued", "running"])),
+            # The sweeper's look for parked runs with a cancel that had not landed (few or none).
+            models.Index(
+                fields=["status"],
+                name="run_parked_cancel",
+                condition=models.Q(cancel_requested=True, status__in=PARKED),
+            ),
         ]
 
     def __str__(self) -> str:

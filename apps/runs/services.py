@@ -376,6 +376,19 @@ def run_leases_sweep() -> int:
     return len(stale)
 
 
+def run_parked_cancels_finish() -> int:
+    """Finish parked runs whose cancel flag is set: a cancel meant for a worker
+    that then parked the run (the step commit turns such parks into doorbells;
+    this sweep finishes any that got through, e.g. parked before that fix)."""
+    parked = Run.objects.filter(status__in=PARKED, cancel_requested=True)  # index run_parked_cancel
+    finished = sum(
+        _finish_unleased(run_id, reason) for run_id, reason in parked.values_list("id", "cancel_reason")[:1000]
+    )
+    if finished:
+        log.info("sweeper finished %d parked run(s) whose cancel had not landed", finished)
+    return finished
+
+
 def run_slots_reconcile() -> int:
     """Beat: refresh the fairness slots of live runs, free those of terminal or
     vanished runs (a process that died before releasing leaks nothing for long)."""

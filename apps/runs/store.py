@@ -102,11 +102,21 @@ FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
 ON CONFLICT (run_id, step, call_id) DO NOTHING
 """
 
+# apps.runs.models.PARKED (this module does not import the models at runtime).
+PARKED_STATUSES = ("awaiting_input", "waiting_children", "awaiting_interrupt", "waiting_channel", "paused")
+
 _COMMIT_SQL = """
 WITH d AS (SELECT %(rows)s::jsonb AS j),
 r AS (
   UPDATE runs_run SET
-    status = %(status)s, attempts = 0, lease_owner = '', lease_until = NULL,
+    -- A park is not committed while input or a cancel is already waiting: such a run
+    -- commits `running` and the engine rings its doorbell (no wake-up is lost; the
+    -- values are those of the row as this UPDATE sees it, after any writer it waited for).
+    status = CASE
+      WHEN %(status)s = 'awaiting_input' AND pending_inputs > %(consumed)s THEN 'running'
+      WHEN %(status)s IN ({parked}) AND cancel_requested THEN 'running'
+      ELSE %(status)s END,
+    attempts = 0, lease_owner = '', lease_until = NULL,
     step = %(new_step)s, last_seq = %(last_seq)s, transcript_len = %(transcript_len)s,
     pending_inputs = pending_inputs - %(consumed)s, pending_calls = %(pending_calls)s,
     usage = COALESCE(%(usage)s::jsonb, usage),
@@ -117,7 +127,7 @@ r AS (
     completed_at = CASE WHEN %(finish)s THEN now() ELSE completed_at END,
     updated_at = now(), last_heartbeat_at = now()
   WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
-  RETURNING id
+  RETURNING id, status
 ), t AS (
   INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
   SELECT r.id, %(transcript_base)s + x.n - 1, %(step)s, x.v->>'role', x.v->'content', now()
@@ -144,8 +154,8 @@ r AS (
   WHERE runs_toolcallrecord.run_id = r.id AND runs_toolcallrecord.step = %(step)s
     AND runs_toolcallrecord.call_id = x.v->>0
 )
-SELECT count(*) FROM r
-"""
+SELECT status FROM r
+""".replace("{parked}", ", ".join(f"'{s}'" for s in PARKED_STATUSES))
 
 
 def _json(value: Any) -> Any:
@@ -286,8 +296,10 @@ def commit_step(
     rows: StepRows,
     pending_calls: int = 0,
     switched: tuple[str, str, int, int] | None = None,
-) -> bool:
-    """The fenced step commit; False when the fence was lost (nothing written).
+) -> str | None:
+    """The fenced step commit: the status committed (`running` instead of a park
+    when input or a cancel was already waiting), None when the fence was lost
+    (nothing written).
     `switched`: (provider, model, candidate_idx, fallbacks) after a provider fallback."""
     packed = {
         "t": [{"role": role, "content": content} for role, content in rows.transcript],
@@ -324,7 +336,7 @@ def commit_step(
     with _prepared() as cur:
         cur.execute(_COMMIT_SQL, params, prepare=True)
         row = cur.fetchone()
-    return bool(row and row[0])
+    return str(row[0]) if row else None
 
 
 @functools.cache

@@ -19,8 +19,9 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 
 @shared_task(base=AgentTask, name="maintenance.run_leases_sweep")
 def run_leases_sweep_task(**_: Any) -> int:
-    """Requeue runs whose lease expired or whose doorbell was lost."""
-    return services.run_leases_sweep()
+    """Requeue runs whose lease expired or whose doorbell was lost; finish
+    parked runs whose cancel had not landed."""
+    return services.run_leases_sweep() + services.run_parked_cancels_finish()
 
 
 @shared_task(base=AgentTask, name="maintenance.children_report_sweep")

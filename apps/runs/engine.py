@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -116,7 +117,11 @@ def _iterate(run_id: str, step: int, waited: float) -> str:
 
 def _claim(run_id: str, step: int) -> ClaimedRun | None:
     lease = settings.LOOMCYCLE.lease_seconds
-    return store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
+    try:
+        return store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
+    except psycopg.OperationalError:  # the database stayed away (store._hot retried for a lease)
+        wake_and_enqueue(run_id, None, step)  # the claim did not commit: no attempt, and the doorbell rings on
+        raise
 
 
 def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:

@@ -20,6 +20,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from redis import RedisError
 
 from apps.core.redis import sync_client
+from apps.runs.store import pool_purge
 from workers.held import WORKER_ID as WORKER_ID  # the process's lease owner id
 
 log = logging.getLogger("loomcycle.live")
@@ -103,6 +104,7 @@ class _Live:
                     )
             except DatabaseError:  # a failed beat is retried next period; the lease is long enough for one miss
                 log.exception("lease heartbeat failed")
+                pool_purge()  # after a Postgres restart the next beat must not take another dead connection
             finally:
                 connection.close()
 

@@ -4,8 +4,9 @@ of 10 zero-latency iterations on 2 workers (BENCH_CONCURRENCY threads each, 64
 as `up` starts them) with beat, at the default lease, heartbeat, sweep and
 grace; one worker is killed with SIGKILL once a quarter of the iterations have
 committed. For each doorbell that worker held at that moment (its hash in
-workers/held.py, read just before the kill), the delay from the kill to the
-commit of that iteration is measured; the p50 and p100 are printed, split by
+workers/held.py, read just before the kill; on a build without the hash, what
+Celery's inspect reports it executing and reserved), the delay from the kill
+to the commit of that iteration is measured; the p50 and p100 are printed, split by
 whether the run was leased (claimed) or still unclaimed (queued in admission
 or not yet started). Every wait is bounded; every process is stopped.
 """
@@ -55,13 +56,19 @@ from workers import held  # noqa: E402
 from workers.celery import app  # noqa: E402
 
 
-def held_by(worker_id: str) -> list[tuple[str, int]]:
+def held_by(worker_id: str, node: str) -> list[tuple[str, int]]:
+    """The worker's held hash (workers/held.py); without one (a build before it),
+    what Celery's inspect reports the node executing and reserved."""
     doorbells = []
     for raw in sync_client().hvals(held.held_key(worker_id)):
         message = json.loads(raw)[0]
         args = json.loads(base64.b64decode(message["body"]))[0]
         doorbells.append((str(args[0]), int(args[1])))
-    return doorbells
+    if doorbells:
+        return doorbells
+    inspect = app.control.inspect(destination=[node], timeout=5)
+    tasks = [*((inspect.active() or {}).get(node) or []), *((inspect.reserved() or {}).get(node) or [])]
+    return [(str(t["args"][0]), int(t["args"][1])) for t in tasks if t.get("name") == "runs.iterate"]
 
 
 def main() -> None:
@@ -104,7 +111,7 @@ def measure(workers: list[object]) -> None:
         time.sleep(0.02)
     victim = workers[0]
     worker_id = f"{os.uname().nodename}:{victim.pid}"  # type: ignore[attr-defined]
-    doorbells = held_by(worker_id)
+    doorbells = held_by(worker_id, f"kill0@{os.uname().nodename}")
     leased = set(Run.objects.filter(lease_owner=worker_id).values_list("id", flat=True))
     os.killpg(victim.pid, signal.SIGKILL)  # type: ignore[attr-defined]
     with connection.cursor() as cur:

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from apps.core.admission import ADMISSION, TOOLS_AFTER_S
 from apps.core.errors import ApplicationError
@@ -119,7 +119,7 @@ def _claim(run_id: str, step: int) -> ClaimedRun | None:
     lease = settings.LOOMCYCLE.lease_seconds
     try:
         return store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
-    except psycopg.OperationalError:  # the database stayed away (store._hot retried for a lease)
+    except (psycopg.OperationalError, OperationalError):  # the database stayed away (store._hot retried for a lease)
         wake_and_enqueue(run_id, None, step)  # the claim did not commit: no attempt, and the doorbell rings on
         raise
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 if TYPE_CHECKING:
@@ -278,7 +278,7 @@ def _hot(sql: str, params: Any, *, landed: Callable[[], Any] | None = None) -> A
             with _prepared() as cur:
                 cur.execute(sql, params, prepare=True)
                 return cur.fetchone() if cur.description else None
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, OperationalError) as exc:  # raw (pool) or Django-wrapped
             if connection.in_atomic_block or time.monotonic() + delay > deadline:
                 raise
             log.warning("engine statement lost its connection (%s); retrying on a fresh one", exc)

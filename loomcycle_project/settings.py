@@ -86,6 +86,9 @@ def _database() -> dict[str, object]:
         # server before Django starts; reaching here means another entry point.
         return {"ENGINE": "django.db.backends.postgresql", "NAME": "loomcycle", "OPTIONS": {}}
     cfg: dict[str, object] = dict(E.env.db_url_config(url))
+    # Django's PostgreSQL backend whose pool checks idle connections without a
+    # round trip, so a Postgres restart leaves no dead connection to lend.
+    cfg["ENGINE"] = "loomcycle_project.db"
     options = dict(cfg.get("OPTIONS") or {})  # type: ignore[call-overload]
     # psycopg pool: a worker thread hands its connection back before every
     # provider call, so 1,000 in-flight calls do not hold 1,000 connections.

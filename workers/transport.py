@@ -20,18 +20,18 @@ Three changes, all inside kombu's own extension points (Channel, QoS, Transport)
   doorbells whose duplicates are no-ops (the run engine's claim), and a lost
   worker's runs are recovered by the lease sweeper long before that.
 
-- No Redis copy of doorbells. A `runs.iterate` message is a doorbell: what
+- No kombu copy of doorbells. A `runs.iterate` message is a doorbell: what
   makes the iteration durable is the run row in Postgres (its lease, fencing
   token and step) and the beat sweeper that re-rings a run whose lease
   expired or whose doorbell went missing. kombu's unacked hash and index
   would only redeliver it after the visibility timeout (two hours), long
   after the sweeper. So for these messages `append` keeps the delivery in
-  memory only (the prefetch window still counts it), sparing the event-loop
-  thread a synchronous MULTI/EXEC round trip per message, and `ack` has no
-  Redis work at all. A doorbell still unacked when its channel closes (warm
-  or cold shutdown), or rejected with requeue, is pushed back onto its queue
-  as kombu would; one lost with a killed process is the sweeper's, as it
-  already was. Every other task keeps kombu's bookkeeping.
+  memory plus one HSET in this worker's held hash (workers/held.py: the
+  sweeper re-rings a dead worker's held doorbells), sparing the event-loop
+  thread kombu's MULTI/EXEC round trip per message; the ack's HDEL is
+  deferred like the other acks. A doorbell still unacked when its channel
+  closes (warm or cold shutdown), or rejected with requeue, is pushed back
+  onto its queue as kombu would. Every other task keeps kombu's bookkeeping.
 
 Registered as the `redis` transport in workers.celery, for every process that
 uses our Celery app.
@@ -49,6 +49,7 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps
 from redis import RedisError
 
+from workers import held
 from workers.queues import DOORBELL_TASKS
 
 log = logging.getLogger("loomcycle.transport")
@@ -59,7 +60,7 @@ ACK_FLUSH_S = 0.02
 class QoS(kombu_redis.QoS):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._pending_acks: list[str] = []
+        self._pending_acks: list[tuple[str, bool]] = []  # (delivery tag, is a doorbell)
         self._acks_lock = threading.Lock()
         self._doorbells: dict[str, tuple[Any, str, str]] = {}  # delivery tag -> (raw message, exchange, routing key)
 
@@ -68,6 +69,12 @@ class QoS(kombu_redis.QoS):
         restorable = (message._raw, delivery["exchange"], delivery["routing_key"])
         if (message.headers or {}).get("task") in DOORBELL_TASKS:
             self._doorbells[delivery_tag] = restorable
+            # Synchronous (with the pending acks): once it returns, a kill -9 cannot lose the doorbell.
+            channel: Any = self.channel  # the Redis channel (typed as kombu's virtual one)
+            pipe = channel.client.pipeline(transaction=False)
+            acks = self._take_acks(pipe)
+            pipe.hset(held.held_key(), delivery_tag, held.entry(*restorable))
+            self._execute(pipe, acks)
             virtual.QoS.append(self, message, delivery_tag)
             return
         entry = dumps(list(restorable))
@@ -79,16 +86,14 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        if self._doorbells.pop(delivery_tag, None) is not None:
-            virtual.QoS.ack(self, delivery_tag)
-            return
+        doorbell = self._doorbells.pop(delivery_tag, None) is not None
         with self._acks_lock:
-            self._pending_acks.append(delivery_tag)
+            self._pending_acks.append((delivery_tag, doorbell))
         virtual.QoS.ack(self, delivery_tag)  # prefetch accounting now; Redis with the next pipeline
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if not requeue and delivery_tag in self._doorbells:
-            self.ack(delivery_tag)  # no Redis copy to remove
+            self.ack(delivery_tag)  # drops its held entry (workers/held.py) with the acks
             return
         super().reject(delivery_tag, requeue)  # a requeued doorbell comes back from memory (restore_by_tag)
 
@@ -103,6 +108,7 @@ class QoS(kombu_redis.QoS):
         with channel.conn_or_acquire(client) as conn:
             pipe = conn.pipeline()
             channel._do_restore_message(raw, exchange, routing_key, pipe, leftmost)
+            pipe.hdel(held.held_key(), tag)
             pipe.execute()
 
     def flush_acks(self) -> None:
@@ -118,15 +124,18 @@ class QoS(kombu_redis.QoS):
             log.exception("could not settle %d acks before restoring unacked messages", len(self._pending_acks))
         return super().restore_unacked_once(stderr)
 
-    def _take_acks(self, pipe: Any) -> list[str]:
+    def _take_acks(self, pipe: Any) -> list[tuple[str, bool]]:
         with self._acks_lock:
             acks, self._pending_acks = self._pending_acks, []
-        for tag in acks:
+        for tag, doorbell in acks:
+            if doorbell:
+                pipe.hdel(held.held_key(), tag)
+                continue
             pipe.zrem(self.unacked_index_key, tag)
             pipe.hdel(self.unacked_key, tag)
         return acks
 
-    def _execute(self, pipe: Any, acks: list[str]) -> None:
+    def _execute(self, pipe: Any, acks: list[tuple[str, bool]]) -> None:
         try:
             pipe.execute()
         except BaseException:  # the acks stay pending for the next pipeline

@@ -28,7 +28,7 @@ def _postgres() -> dict[str, Any]:
 
 
 def _redis_and_workers() -> tuple[dict[str, Any], dict[str, Any]]:
-    from workers.signals import PRESENCE_PREFIX
+    from workers.held import PRESENCE_PREFIX
 
     try:
         client = sync_client()

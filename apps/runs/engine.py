@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from apps.core.admission import ADMISSION, TOOLS_AFTER_S
 from apps.core.errors import ApplicationError
@@ -105,9 +106,11 @@ def _iterate(run_id: str, step: int, waited: float) -> str:
             notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
         write = _execute(run, cancel)
         committed = _commit(run, write)
-    if not committed:
+    if committed is None:
         log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
         return "fence_lost"
+    if committed != write.status:  # input or a cancel arrived during the step: it rang instead of parking
+        write.next = "requeue"
     _after_commit(run, write)
     record_timing(time.perf_counter() - started, write.provider_s, waited)
     return write.next
@@ -115,7 +118,11 @@ def _iterate(run_id: str, step: int, waited: float) -> str:
 
 def _claim(run_id: str, step: int) -> ClaimedRun | None:
     lease = settings.LOOMCYCLE.lease_seconds
-    return store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
+    try:
+        return store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
+    except (psycopg.OperationalError, OperationalError):  # the database stayed away (store._hot retried for a lease)
+        wake_and_enqueue(run_id, None, step)  # the claim did not commit: no attempt, and the doorbell rings on
+        raise
 
 
 def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
@@ -487,7 +494,8 @@ def failed_write(error: str) -> StepWrite:
     return StepWrite(status=RunStatus.FAILED, next="finish", error=error, events=[{"type": "error", "error": error}])
 
 
-def _commit(run: ClaimedRun, write: StepWrite) -> bool:
+def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
+    """The committed status (store.commit_step), None when the fence was lost."""
     rows = StepRows(
         transcript=write.transcript,
         events=write.events,
@@ -512,15 +520,17 @@ def _commit(run: ClaimedRun, write: StepWrite) -> bool:
         if not write.spawns and not write.parks:
             return commit()
         with transaction.atomic():  # children and waits exist iff the parent's fenced step commits
-            if not commit():
-                return False
+            status = commit()
+            if status != write.status:  # fence lost, or a cancel turned the park into a doorbell
+                write.spawns, write.parks = [], []
+                return status
             if write.spawns:
                 write.child_ids = children_insert(
                     parent_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, spawns=write.spawns
                 )
             for call_id, park in write.parks:
                 park.record(run.id, run.step, call_id)
-            return True
+            return status
     finally:
         connection.close()
 
@@ -529,7 +539,7 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     wake_and_enqueue(
         run.id,
         run.last_seq + len(write.events) if write.events else None,
-        run.step + 1 if write.next == "requeue" else None,
+        run.step + int(write.advance) if write.next == "requeue" else None,
     )
     children_enqueue(write.child_ids)
     for call_id, park in write.parks:

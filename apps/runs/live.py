@@ -10,8 +10,6 @@ Two daemon threads per worker process, started on first use:
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,11 +20,12 @@ from django.db import DatabaseError, close_old_connections, connection
 from redis import RedisError
 
 from apps.core.redis import sync_client
+from apps.runs.store import pool_purge
+from workers.held import WORKER_ID as WORKER_ID  # the process's lease owner id
 
 log = logging.getLogger("loomcycle.live")
 
 CANCEL_CHANNEL = "lc:cancel"
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
 class _Live:
@@ -105,6 +104,7 @@ class _Live:
                     )
             except DatabaseError:  # a failed beat is retried next period; the lease is long enough for one miss
                 log.exception("lease heartbeat failed")
+                pool_purge()  # after a Postgres restart the next beat must not take another dead connection
             finally:
                 connection.close()
 

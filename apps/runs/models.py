@@ -116,6 +116,12 @@ class Run(models.Model):
                 name="run_top_live",
                 condition=models.Q(parent__isnull=True) & ~models.Q(status__in=["completed", "failed", "cancelled"]),
             ),
+            # The sweeper's look for parked runs with a cancel that had not landed (few or none).
+            models.Index(
+                fields=["status"],
+                name="run_parked_cancel",
+                condition=models.Q(cancel_requested=True, status__in=PARKED),
+            ),
         ]
 
     def __str__(self) -> str:

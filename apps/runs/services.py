@@ -18,7 +18,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
@@ -262,7 +263,7 @@ def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict
 
 def _finish_unleased(run_id: str, reason: str) -> bool:
     """Set the cancel flag; finish the run here if no worker holds a lease."""
-    now = timezone.now()
+    now = Now()  # Postgres's clock, as the claim's: never this host's (it may be skewed)
     with transaction.atomic():
         Run.objects.filter(id=run_id).exclude(status__in=TERMINAL).update(cancel_requested=True, cancel_reason=reason)
         # Conditional: only a run no live worker holds is finished here; bumping
@@ -328,7 +329,7 @@ def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
         if state.state != RuntimeStateValue.RUNNING:
             raise Conflict("runtime is already paused or pausing", code="already_pausing")
         RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.PAUSING, updated_at=timezone.now())
-    now = timezone.now()
+    now = Now()  # leases are compared with Postgres's clock, as the claim does
     # Unleased runnable runs park right away; their queued doorbells become no-ops.
     Run.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), status__in=RUNNABLE).update(
         status=RunStatus.PAUSED, updated_at=now, lease_token=F("lease_token") + 1
@@ -369,15 +370,19 @@ def runtime_resume() -> dict[str, Any]:
 def run_leases_sweep() -> int:
     """Requeue runnable runs whose lease expired (crashed worker) or that sat
     unleased past the grace period (a doorbell lost before it was sent).
-    Each run gets at most one doorbell per grace period."""
-    now = timezone.now()
+    Each run gets at most one doorbell per grace period. Leases are compared
+    with Postgres's clock, as the claim and the heartbeat set them: a sweeper
+    host whose clock runs ahead must not take live leases."""
+    now = Now()
     grace = timedelta(seconds=settings.LOOMCYCLE.requeue_grace_seconds)
     with transaction.atomic():
         # SKIP LOCKED: several beat/sweeper instances never requeue the same run twice.
         stale = list(
             Run.objects.select_for_update(skip_locked=True)
             .filter(
-                Q(lease_until__lt=now) | Q(lease_until__isnull=True, updated_at__lt=now - grace), status__in=RUNNABLE
+                Q(lease_until__lt=now)
+                | Q(lease_until__isnull=True, updated_at__lt=ExpressionWrapper(now - grace, DateTimeField())),
+                status__in=RUNNABLE,
             )
             .values_list("id", "step")[:1000]
         )
@@ -387,6 +392,19 @@ def run_leases_sweep() -> int:
         transaction.on_commit(lambda: _enqueue_all(stale))
     log.info("sweeper requeued %d run(s)", len(stale))
     return len(stale)
+
+
+def run_parked_cancels_finish() -> int:
+    """Finish parked runs whose cancel flag is set: a cancel meant for a worker
+    that then parked the run (the step commit turns such parks into doorbells;
+    this sweep finishes any that got through, e.g. parked before that fix)."""
+    parked = Run.objects.filter(status__in=PARKED, cancel_requested=True)  # index run_parked_cancel
+    finished = sum(
+        _finish_unleased(run_id, reason) for run_id, reason in parked.values_list("id", "cancel_reason")[:1000]
+    )
+    if finished:
+        log.info("sweeper finished %d parked run(s) whose cancel had not landed", finished)
+    return finished
 
 
 def run_slots_reconcile() -> int:

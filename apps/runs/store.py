@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from django.db import connection
+from django.conf import settings
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 if TYPE_CHECKING:
     from apps.runs.models import Run
+
+log = logging.getLogger("loomcycle.engine")
 
 _CLAIM_COLUMNS = (
     "id",
@@ -102,11 +107,21 @@ FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
 ON CONFLICT (run_id, step, call_id) DO NOTHING
 """
 
+# apps.runs.models.PARKED (this module does not import the models at runtime).
+PARKED_STATUSES = ("awaiting_input", "waiting_children", "awaiting_interrupt", "waiting_channel", "paused")
+
 _COMMIT_SQL = """
 WITH d AS (SELECT %(rows)s::jsonb AS j),
 r AS (
   UPDATE runs_run SET
-    status = %(status)s, attempts = 0, lease_owner = '', lease_until = NULL,
+    -- A park is not committed while input or a cancel is already waiting: such a run
+    -- commits `running` and the engine rings its doorbell (no wake-up is lost; the
+    -- values are those of the row as this UPDATE sees it, after any writer it waited for).
+    status = CASE
+      WHEN %(status)s = 'awaiting_input' AND pending_inputs > %(consumed)s THEN 'running'
+      WHEN %(status)s IN ({parked}) AND cancel_requested THEN 'running'
+      ELSE %(status)s END,
+    attempts = 0, lease_owner = '', lease_until = NULL,
     step = %(new_step)s, last_seq = %(last_seq)s, transcript_len = %(transcript_len)s,
     pending_inputs = pending_inputs - %(consumed)s, pending_calls = %(pending_calls)s,
     usage = COALESCE(%(usage)s::jsonb, usage),
@@ -117,7 +132,7 @@ r AS (
     completed_at = CASE WHEN %(finish)s THEN now() ELSE completed_at END,
     updated_at = now(), last_heartbeat_at = now()
   WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
-  RETURNING id
+  RETURNING id, status
 ), t AS (
   INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
   SELECT r.id, %(transcript_base)s + x.n - 1, %(step)s, x.v->>'role', x.v->'content', now()
@@ -144,8 +159,8 @@ r AS (
   WHERE runs_toolcallrecord.run_id = r.id AND runs_toolcallrecord.step = %(step)s
     AND runs_toolcallrecord.call_id = x.v->>0
 )
-SELECT count(*) FROM r
-"""
+SELECT status FROM r
+""".replace("{parked}", ", ".join(f"'{s}'" for s in PARKED_STATUSES))
 
 
 def _json(value: Any) -> Any:
@@ -245,11 +260,46 @@ def _allow_explicit_prepare(raw: Any) -> None:
         raw.prepare_threshold = _NEVER_AUTOMATICALLY
 
 
+def _hot(sql: str, params: Any, *, landed: Callable[[], Any] | None = None) -> Any:
+    """Execute one of the three hot statements and return its first row.
+
+    A lost connection (a Postgres restart, a terminated backend) is not the
+    run's fault: the statement is tried again on a fresh connection, for up to
+    a lease, after dropping the pool's dead idle connections (psycopg's
+    `pool.check`, only after such an error: checking at every checkout costs a
+    round trip, ~70 us of CPU). `landed`, if given, tells after an error
+    whether the statement had committed anyway (its reply was lost). Inside a
+    transaction nothing is retried: the transaction is gone."""
+    delay, deadline, failed = 0.05, time.monotonic() + settings.LOOMCYCLE.lease_seconds, False
+    while True:
+        try:
+            if failed and landed is not None and (row := landed()) is not None:
+                return row
+            with _prepared() as cur:
+                cur.execute(sql, params, prepare=True)
+                return cur.fetchone() if cur.description else None
+        except (psycopg.OperationalError, OperationalError) as exc:  # raw (pool) or Django-wrapped
+            if connection.in_atomic_block or time.monotonic() + delay > deadline:
+                raise
+            log.warning("engine statement lost its connection (%s); retrying on a fresh one", exc)
+            failed = True
+            pool_purge()
+            time.sleep(delay)  # back-off while the server comes back
+            delay = min(delay * 2, 1.0)
+
+
+def pool_purge() -> None:
+    """Drop this thread's Django connection and the pool's dead idle ones (after a connection error)."""
+    if connection.connection is not None:
+        connection.close()  # a broken connection goes back to the pool, which discards it
+    pool = getattr(connection, "pool", None)
+    if pool is not None and not pool.closed:
+        pool.check()
+
+
 def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
     """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere."""
-    with _prepared() as cur:
-        cur.execute(_CLAIM_SQL, [owner, lease_seconds, run_id, step], prepare=True)
-        row = cur.fetchone()
+    row = _hot(_CLAIM_SQL, [owner, lease_seconds, run_id, step])
     if row is None:
         return None
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
@@ -270,8 +320,7 @@ def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
 
 def record_tool_starts(*, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
     """Recorded before the tools run; a redelivery repeats the same (run, step, call_id) keys."""
-    with _prepared() as cur:
-        cur.execute(_TOOL_STARTS_SQL, [run_id, step, json.dumps([list(c) for c in calls])], prepare=True)
+    _hot(_TOOL_STARTS_SQL, [run_id, step, json.dumps([list(c) for c in calls])])
 
 
 def commit_step(
@@ -286,8 +335,10 @@ def commit_step(
     rows: StepRows,
     pending_calls: int = 0,
     switched: tuple[str, str, int, int] | None = None,
-) -> bool:
-    """The fenced step commit; False when the fence was lost (nothing written).
+) -> str | None:
+    """The fenced step commit: the status committed (`running` instead of a park
+    when input or a cancel was already waiting), None when the fence was lost
+    (nothing written).
     `switched`: (provider, model, candidate_idx, fallbacks) after a provider fallback."""
     packed = {
         "t": [{"role": role, "content": content} for role, content in rows.transcript],
@@ -321,10 +372,21 @@ def commit_step(
         "candidate_idx": switched[2] if switched else None,
         "fallbacks": switched[3] if switched else None,
     }
+    landed = functools.partial(_step_landed, run, params["new_step"]) if advance else None
+    row = _hot(_COMMIT_SQL, params, landed=landed)
+    return str(row[0]) if row else None
+
+
+def _step_landed(run: ClaimedRun, new_step: int) -> Any:
+    """After a lost connection: the run as our step commit leaves it (step
+    advanced, our token, no lease), or None. Only a commit with this token
+    advances the step: a sweeper or a later claim changes one or the other."""
     with _prepared() as cur:
-        cur.execute(_COMMIT_SQL, params, prepare=True)
-        row = cur.fetchone()
-    return bool(row and row[0])
+        cur.execute(
+            "SELECT status FROM runs_run WHERE id = %s AND step = %s AND lease_token = %s AND lease_owner = ''",
+            [run.id, new_step, run.lease_token],
+        )
+        return cur.fetchone()
 
 
 @functools.cache

@@ -7,6 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from apps.runs import engine, services, subruns, wake
+from workers import held
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
 
@@ -19,8 +20,9 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 
 @shared_task(base=AgentTask, name="maintenance.run_leases_sweep")
 def run_leases_sweep_task(**_: Any) -> int:
-    """Requeue runs whose lease expired or whose doorbell was lost."""
-    return services.run_leases_sweep()
+    """Requeue runs whose lease expired or whose doorbell was lost, and the
+    doorbells dead workers held; finish parked runs whose cancel had not landed."""
+    return held.recover() + services.run_leases_sweep() + services.run_parked_cancels_finish()
 
 
 @shared_task(base=AgentTask, name="maintenance.children_report_sweep")

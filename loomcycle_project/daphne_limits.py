@@ -12,8 +12,10 @@ authentication or any route runs.
 What this relies on, and what an upgrade must keep: `daphne.server` names
 `HTTPFactory` at module level and instantiates it in `Server.run`, and
 `HTTPFactory.buildProtocol` sets `protocol.requestFactory`; Twisted calls
-`Request.gotLength` and `Request.handleContentChunk` while it reads the body.
-tests/core/test_request_guard.py fails if any of that changes.
+`Request.gotLength` and `Request.handleContentChunk` while it reads the body,
+then `Request.requestReceived` (which a refused request ignores: the chunked
+terminator may arrive in the same read as the chunk that crossed the cap).
+tests/core/test_bad_input.py fails if any of that changes.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class CappedWebRequest(WebRequest):
             self._refuse()
             return
         super().handleContentChunk(data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if self._refused:
+            return  # answered 413 already: never hand a truncated body to the application
+        super().requestReceived(command, path, version)
 
     def _refuse(self) -> None:
         """Answer 413 on the raw transport and hang up: the rest of the body is never read."""

@@ -20,7 +20,9 @@ def test_compose_file_declares_every_process_on_real_postgres_and_redis() -> Non
     assert "LOOMCYCLE_AUTH_TOKEN" in env  # published beyond loopback: a token is required
     # Nothing is generated on external servers: every container shares these.
     assert {"DJANGO_SECRET_KEY", "LOOMCYCLE_OPERATOR_TOKEN_PEPPER"} <= set(env)
-    assert "FLOWER_BASIC_AUTH" in services["flower"]["environment"]  # it listens on 0.0.0.0 in the network
+    flower_env = services["flower"]["environment"]
+    assert "FLOWER_BASIC_AUTH" in flower_env  # it listens on 0.0.0.0 in the network
+    assert set(env) <= set(flower_env)  # and keeps every shared variable
     assert services["migrate"]["command"] == ["python", "manage.py", "boot"]
     for name in ("worker", "beat", "flower"):
         command = services[name]["command"]

@@ -19,12 +19,18 @@ was only slow to refresh its presence costs duplicates, nothing else.
 What it gives up: a process killed between Redis answering BRPOP and the HSET
 (microseconds) loses that doorbell as before (kombu's own bookkeeping has the
 same window); the sweeper's grace still re-rings it.
+
+Private kombu API: the push-back uses the Redis channel's
+`_do_restore_message` (the same call kombu's own restore of unacked messages
+makes), so a kombu upgrade must keep it; tests/core/test_transport.py
+exercises it and fails if it changes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from typing import Any
 
@@ -35,7 +41,9 @@ log = logging.getLogger("loomcycle.transport")
 HELD_PREFIX = "lc:held:"
 PRESENCE_PREFIX = "lc:worker:"
 # One id per worker process: its leases (apps.runs.live), its presence key and its held hash.
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+# The random part makes a restarted process another worker even when its host name and pid
+# repeat (a container's PID 1 after a restart), so its predecessor's hash is still recovered.
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 def held_key(worker_id: str = WORKER_ID) -> str:

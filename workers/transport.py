@@ -1,6 +1,10 @@
 """kombu's Redis transport, tuned for many small tasks with late acks.
 
-Three changes, all inside kombu's own extension points (Channel, QoS, Transport):
+Three changes, made by subclassing kombu's Channel, QoS and Transport. They
+are not all public API: the QoS skips the Redis QoS's own `append` (calling
+`virtual.QoS.append` directly), reads `message._raw`, and pushes doorbells back
+with the channel's private `_do_restore_message`. A kombu upgrade must be
+checked against them (tests/core/test_transport.py exercises each).
 
 - One reused client per channel. kombu's Redis `Channel` builds a new
   `redis.Redis` object for every synchronous operation (each publish, ack and

@@ -3,9 +3,10 @@ non-JSON content type, 413 over the size cap, 400 for bad JSON or a body that
 does not validate (with the field errors in `details`).
 
 Two things valid JSON may carry that the store cannot take are refused here
-with 400 `invalid_body` too: a NUL character (`\u0000`) in any string or key
-(Postgres `text` and `jsonb` reject it) and nesting deeper than
-MAX_JSON_DEPTH (recursive code downstream: hashing, redaction, jsonb)."""
+with 400 `invalid_body` too: a NUL character (`\u0000`) or a lone UTF-16
+surrogate (`\ud800`) in any string or key (Postgres `text` and `jsonb` reject
+them), and nesting deeper than MAX_JSON_DEPTH (recursive code downstream:
+hashing, redaction, jsonb)."""
 
 from __future__ import annotations
 
@@ -74,8 +75,7 @@ def check_storable(data: Any) -> None:
     while stack:
         value, depth = stack.pop()
         if isinstance(value, str):
-            if "\x00" in value:
-                raise Invalid("NUL characters (\\u0000) are not allowed in strings", code="invalid_body")
+            _check_string(value)
             continue
         if not isinstance(value, dict | list):
             continue
@@ -83,6 +83,17 @@ def check_storable(data: Any) -> None:
             raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body")
         items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
         stack.extend((item, depth + 1) for item in items)
+
+
+def _check_string(value: str) -> None:
+    if "\x00" in value:
+        raise Invalid("NUL characters (\\u0000) are not allowed in strings", code="invalid_body")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone UTF-16 surrogate ("\\ud800"): valid JSON, not storable text
+        raise Invalid(
+            "strings must be valid Unicode (no lone \\ud800-\\udfff surrogates)", code="invalid_body"
+        ) from exc
 
 
 def openapi_body(schema: type[BaseModel]) -> dict[str, object]:

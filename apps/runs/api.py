@@ -115,7 +115,8 @@ async def runs_create(request: HttpRequest) -> HttpResponseBase:
     try:
         run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
         if run.status == RunStatus.WAITING_SLOT:  # over max_concurrent_runs: 429 if no slot within queue_timeout_ms
-            await backpressure.slot_awaited(run.id, backpressure.limits().queue_timeout_ms)
+            with slot.kept():  # the wait may outlast the slot's TTL
+                await backpressure.slot_awaited(run.id, backpressure.limits().queue_timeout_ms)
     except BaseException:
         await slot.release()
         raise

@@ -107,7 +107,9 @@ FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
 ON CONFLICT (run_id, step, call_id) DO NOTHING
 """
 
-# apps.runs.models.PARKED (this module does not import the models at runtime).
+# The statuses a step commit can park a run in: apps.runs.models.PARKED less
+# `waiting_slot`, which only run creation sets (this module does not import the
+# models at runtime; tests/runs/test_store.py checks the two agree).
 PARKED_STATUSES = ("awaiting_input", "waiting_children", "awaiting_interrupt", "waiting_channel", "paused")
 
 _COMMIT_SQL = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
@@ -10,6 +11,8 @@ from apps.runs import engine, services, subruns, wake
 from workers import held
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
+
+log = logging.getLogger("loomcycle.runs")
 
 
 @shared_task(base=AgentTask, name=ITERATE_TASK)
@@ -21,8 +24,19 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 @shared_task(base=AgentTask, name="maintenance.run_leases_sweep")
 def run_leases_sweep_task(**_: Any) -> int:
     """Requeue runs whose lease expired or whose doorbell was lost, and the
-    doorbells dead workers held; finish parked runs whose cancel had not landed."""
-    return held.recover() + services.run_leases_sweep() + services.run_parked_cancels_finish()
+    doorbells dead workers held; finish parked runs whose cancel had not landed.
+    Each sweep runs even if another failed (a Redis error must not stop the
+    Postgres sweeps); the first failure is raised once all have run."""
+    total, failure = 0, None
+    for sweep in (held.recover, services.run_leases_sweep, services.run_parked_cancels_finish):
+        try:
+            total += sweep()
+        except Exception as exc:
+            log.exception("lease sweep: %s failed", sweep.__name__)
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+    return total
 
 
 @shared_task(base=AgentTask, name="maintenance.children_report_sweep")

@@ -4,14 +4,16 @@ such as MCP server `headers` and `env`) that every def op follows:
 - only the shared tenant's rows (yaml, or written by an operator) may hold
   `${NAME}` references: the environment belongs to the operator, and a tenant
   that could name a variable could have it sent to a server of its choosing;
-- a reader who does not own a row (a tenant reading a shared row) sees a value
-  that holds a reference as written (`Bearer ${LOOMCYCLE_X}`: a name, not a
-  secret) and every other value masked; a tenant forking a shared row starts
+- a reader who does not own a row (a tenant reading a shared row) sees the
+  references of a value as written (`Bearer ${LOOMCYCLE_X}`: a name, not a
+  secret) and every literal part masked (a literal beside a reference, a
+  `${NAME:-fallback}` fallback), save an auth scheme word; a tenant forking a shared row starts
   from that masked copy, so a fork never copies a literal secret either.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from apps.core.secrets import REF_RE, referenced_names
@@ -38,8 +40,26 @@ def check_definition(kind: Kind, tenant_id: str, name: str, definition: dict[str
     check_tenant_refs(tenant_id, name, {f: definition.get(f) for f in kind.secret_fields})
 
 
+# Literal text a reader may see beside a reference: an auth scheme word, never a secret.
+_SCHEME_RE = re.compile(r"(?i)(bearer|basic|token|bot)\s+")
+
+
 def _mask(value: Any) -> str:
-    return value if isinstance(value, str) and REF_RE.search(value) else MASKED
+    """A value as a non-owner sees it: its references as written, every literal
+    part masked (a `${NAME:-fallback}` fallback too), save an auth scheme word."""
+    if not isinstance(value, str) or not REF_RE.search(value):
+        return MASKED
+    out, pos = [], 0
+    for ref in REF_RE.finditer(value):
+        out.append(_mask_literal(value[pos : ref.start()]))
+        out.append(f"${{{ref.group(1)}:-{MASKED}}}" if ref.group(2) else f"${{{ref.group(1)}}}")
+        pos = ref.end()
+    out.append(_mask_literal(value[pos:]))
+    return "".join(out)
+
+
+def _mask_literal(text: str) -> str:
+    return text if not text or _SCHEME_RE.fullmatch(text) else MASKED
 
 
 def redacted(kind: Kind, definition: dict[str, Any]) -> dict[str, Any]:

@@ -37,8 +37,11 @@ def check_idle_connection(conn: Any) -> None:
 
     if conn.closed or conn.broken:
         raise psycopg.OperationalError("the pooled connection is closed")
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:  # unasked-for input on an idle connection: usually the server saying goodbye
+    # poll, not select: select() refuses descriptors past 1023, which a web or
+    # worker process holding many streams or provider sockets reaches.
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    if poller.poll(0):  # unasked-for input on an idle connection: usually the server saying goodbye
         ConnectionPool.check_connection(conn)
 
 

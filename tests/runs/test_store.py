@@ -66,3 +66,10 @@ def test_the_resolved_agent_is_the_orm_row() -> None:
     assert {f.attname: getattr(found, f.attname) for f in AgentDef._meta.concrete_fields} == {
         f.attname: getattr(AgentDef.objects.get(id=found.id), f.attname) for f in AgentDef._meta.concrete_fields
     }
+
+
+def test_the_statuses_a_step_commit_parks_in_are_the_models_parks_but_waiting_slot() -> None:
+    from apps.runs.models import PARKED, RunStatus
+    from apps.runs.store import PARKED_STATUSES
+
+    assert set(PARKED_STATUSES) == {s.value for s in PARKED} - {RunStatus.WAITING_SLOT.value}

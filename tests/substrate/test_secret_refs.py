@@ -198,3 +198,23 @@ def test_connect_refuses_rows_stored_before_the_rules(tenant_id: str, source: st
     )
     with pytest.raises(Refused, match=match):
         mcp_server_connection(row)
+
+
+def test_a_tenant_sees_no_literal_beside_a_reference_nor_a_fallback() -> None:
+    from apps.substrate.secretrefs import redacted
+
+    headers = {
+        "A": "Bearer ${LOOMCYCLE_X}",
+        "B": "Basic s3cr3t:${LOOMCYCLE_X}",
+        "C": "${LOOMCYCLE_A} sk-live-123",
+        "D": "${LOOMCYCLE_X:-sk-fallback}",
+        "E": "sk-plain",
+    }
+    masked = redacted(get_kind("mcpserver"), {"headers": headers})["headers"]
+    assert masked == {
+        "A": "Bearer ${LOOMCYCLE_X}",
+        "B": "[redacted]${LOOMCYCLE_X}",
+        "C": "${LOOMCYCLE_A}[redacted]",
+        "D": "${LOOMCYCLE_X:-[redacted]}",
+        "E": "[redacted]",
+    }

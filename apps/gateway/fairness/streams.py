@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -46,6 +46,18 @@ class StreamSlot:
             return
         async with store.aheld(self.gates, self.member):
             yield
+
+    @contextmanager
+    def kept(self) -> Iterator[None]:
+        """Keep the slot alive (heartbeat) while the request waits before its
+        stream starts (a streaming run waiting for its admission slot)."""
+        if self.gates:
+            store.HEARTBEAT.hold(self.member, [g.key for g in self.gates])
+        try:
+            yield
+        finally:
+            if self.gates:
+                store.HEARTBEAT.drop(self.member)  # `held` takes over, or `release` gives it back
 
     async def release(self) -> None:
         """Give back a slot the stream will never hold (its run was not created)."""

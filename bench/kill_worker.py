@@ -102,6 +102,15 @@ def main() -> None:
         stack.stop_all(procs)
 
 
+def worker_id_of(pid: int) -> str:
+    """A worker's id (`<host>:<pid>:<boot token>`), read from its presence key."""
+    pattern = f"{held.PRESENCE_PREFIX}{os.uname().nodename}:{pid}:*"
+    keys = [k.decode() for k in sync_client().scan_iter(pattern)]
+    if len(keys) != 1:
+        raise SystemExit(f"expected one presence key for pid {pid}, found {keys}")
+    return keys[0].removeprefix(held.PRESENCE_PREFIX)
+
+
 def measure(workers: list[object]) -> None:
     ids = create_runs("loop10", RUNS)
     deadline = time.monotonic() + 300
@@ -110,7 +119,7 @@ def measure(workers: list[object]) -> None:
             raise SystemExit("a quarter of the iterations did not commit within 300 s")
         time.sleep(0.02)
     victim = workers[0]
-    worker_id = f"{os.uname().nodename}:{victim.pid}"  # type: ignore[attr-defined]
+    worker_id = worker_id_of(victim.pid)  # type: ignore[attr-defined]
     doorbells = held_by(worker_id, f"kill0@{os.uname().nodename}")
     leased = set(Run.objects.filter(lease_owner=worker_id).values_list("id", flat=True))
     os.killpg(victim.pid, signal.SIGKILL)  # type: ignore[attr-defined]

@@ -86,8 +86,9 @@ def test_duplicate_and_stale_deliveries_are_noops(stack: WorkerPool) -> None:
 
 
 def _owner_pid(run_id: str) -> int:
+    """The pid in the lease owner's worker id (`<host>:<pid>:<boot token>`), 0 when unleased."""
     owner = run_row(run_id).lease_owner
-    return int(owner.rsplit(":", 1)[1]) if owner else 0
+    return int(owner.split(":")[-2]) if owner else 0
 
 
 def test_worker_killed_mid_iteration_run_completes_on_another_worker(stack: WorkerPool) -> None:

@@ -31,8 +31,12 @@ from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
 
 
-def check_idle_connection(conn: Any) -> None:
-    """psycopg pool `check`: raise if `conn` is gone; a round trip only when its socket is readable."""
+def check_idle_connection(conn: Any, pool: Any = None) -> None:
+    """psycopg pool `check`: raise if `conn` is gone; a round trip only when its
+    socket is readable. A dead one means the server restarted and every idle
+    connection of `pool` is dead too: they are all dropped now (`pool.check()`),
+    because psycopg's checkout drops one per backoff step and a full pool would
+    outlast the checkout wait (a PoolTimeout: 503s in the web process)."""
     from psycopg_pool import ConnectionPool
 
     if conn.closed or conn.broken:
@@ -41,8 +45,14 @@ def check_idle_connection(conn: Any) -> None:
     # worker process holding many streams or provider sockets reaches.
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN)
-    if poller.poll(0):  # unasked-for input on an idle connection: usually the server saying goodbye
+    if not poller.poll(0):
+        return
+    try:  # unasked-for input on an idle connection: usually the server saying goodbye
         ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        if pool is not None:
+            pool.check()
+        raise
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -61,12 +71,18 @@ class DatabaseWrapper(base.DatabaseWrapper):
             options = {} if pool_options is True else dict(pool_options)
             connect_kwargs = self.get_connection_params()
             connect_kwargs["autocommit"] = True  # as Django: it sets the real value later
+            made: list[Any] = []  # the pool itself, for its check callback
+
+            def check(conn: Any) -> None:
+                check_idle_connection(conn, made[0] if made else None)
+
             pool = ConnectionPool(
                 kwargs=connect_kwargs,
                 open=False,
                 configure=django._configure_connection,
-                check=check_idle_connection,
+                check=check,
                 **options,
             )
+            made.append(pool)
             pools.setdefault(self.alias, pool)  # the first thread's pool wins, as in Django
         return pools[self.alias]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -51,8 +52,11 @@ def _all_finished(ids: list[str], timeout: float) -> None:
 def test_a_postgres_restart_under_twenty_in_flight_runs_completes_them_all(
     stack: WorkerPool, http: httpx.Client
 ) -> None:
-    for _ in range(RUNS_COUNT):  # the web process's pool holds idle connections
-        assert http.get("/healthz").json()["postgres"]["ok"] is True
+    # Concurrent requests grow the web process's pool: it holds many idle connections, all dead
+    # after the restart (one dropped per backoff step, they would outlast the 30 s checkout wait).
+    with ThreadPoolExecutor(max_workers=RUNS_COUNT) as pool:
+        before = list(pool.map(lambda _: http.get("/healthz").json()["postgres"]["ok"], range(RUNS_COUNT * 2)))
+    assert all(before)
     ids = [start("stepper").id for _ in range(RUNS_COUNT)]  # five 300 ms iterations each
     wait_for(lambda: Run.objects.filter(id__in=ids, step__gte=1).count() >= RUNS_COUNT // 2)
     _restart_postgres()
@@ -99,3 +103,27 @@ def test_the_pool_check_works_on_a_connection_past_descriptor_1023() -> None:
             os.close(r)
             os.close(w)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_pool_full_of_dead_connections_lends_a_live_one_at_once(django_db_setup: None) -> None:
+    """After a restart every idle pooled connection is dead. Dropping them one per
+    backoff step (psycopg's check loop) would outlast the 30 s checkout wait with a
+    full pool; the first dead one found drops them all."""
+    pool = connection.pool
+    assert pool is not None
+    held = [pool.getconn() for _ in range(12)]
+    for conn in held:
+        pool.putconn(conn)
+    server: Any = pytest_plugin._SERVICES.pg_server
+    if server is None:
+        pytest.skip("Postgres is not the embedded server this session started (DATABASE_URL is set)")
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=120)
+    started = time.monotonic()
+    conn = pool.getconn(timeout=30)
+    elapsed = time.monotonic() - started
+    try:
+        conn.execute("SELECT 1")
+    finally:
+        pool.putconn(conn)
+        connection.close()  # this test's own connection died with the restart too
+    assert elapsed < 5, f"the first checkout after the restart took {elapsed:.1f} s"

@@ -14,6 +14,7 @@ ALLOWED_HOSTS) is kept for API requests here.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -50,7 +51,7 @@ MessageMiddleware = api_bypass("django.contrib.messages.middleware.MessageMiddle
 XFrameOptionsMiddleware = api_bypass("django.middleware.clickjacking.XFrameOptionsMiddleware")
 
 
-class HybridMiddleware:
+class HybridMiddleware(ABC):
     """A middleware that runs natively in both modes (no hop to the sync
     thread on async requests): subclasses implement `sync_call` and `async_call`."""
 
@@ -68,11 +69,13 @@ class HybridMiddleware:
             return self.async_call(request)
         return self.sync_call(request)
 
+    @abstractmethod
     def sync_call(self, request: HttpRequest) -> Any:
-        raise NotImplementedError
+        """The middleware for a request in sync mode."""
 
+    @abstractmethod
     async def async_call(self, request: HttpRequest) -> Any:
-        raise NotImplementedError
+        """The same in async mode."""
 
 
 class SecureCookiesMiddleware(HybridMiddleware):

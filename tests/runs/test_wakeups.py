@@ -8,31 +8,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from apps.runs import services
 from apps.runs.models import Run, RunStatus
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
+from tests.runs.locks import run_updates_waiting
 from tests.runs.test_engine import assert_consecutive, event_types, start
 
 pytestmark = pytest.mark.usefixtures("agents")
 
-# The step commit (apps.runs.store._COMMIT_SQL) is the statement whose second
-# CTE `r` updates the run (pg_stat_activity keeps only a query's first 1 kB).
-# It may queue for the row lock behind the worker's lease heartbeat, which
-# waits for the test's lock: any lock wait of the step commit is the test's.
-_STEP_COMMIT_WAITING = r"""
-SELECT count(*) FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query ~ '\sr AS \(\s+UPDATE runs_run SET'
-"""
 
-
+# The step commit may queue for the row lock behind the worker's lease heartbeat,
+# which waits for the test's lock: any lock wait of the step commit is the test's.
 def _step_commit_waiting() -> bool:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_stat_clear_snapshot()")  # pg_stat_activity is otherwise frozen per transaction
-        cur.execute(_STEP_COMMIT_WAITING)
-        return bool(cur.fetchone()[0])
+    return run_updates_waiting("r") > 0
 
 
 @contextmanager

@@ -14,31 +14,24 @@ import time
 import pytest
 from celery import current_app
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
 from apps.core.redis import sync_client
 from apps.runs.models import Run, RunStatus
 from tests.conftest import wait_for
 from tests.procs import WorkerPool
+from tests.runs.locks import run_updates_waiting
 from tests.runs.test_engine import start
 from workers.queues import RUNS
 
 pytestmark = pytest.mark.usefixtures("agents")
 
 RUNS_COUNT = 20
-# pg_stat_activity keeps a query's first 1 kB: the claim is the statement whose CTE `c` updates the run.
-_CLAIMS_WAITING = r"""
-SELECT count(*) FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query ~ '\sc AS \(\s+UPDATE runs_run SET'
-"""
 
 
 def _claims_waiting() -> int:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_stat_clear_snapshot()")  # pg_stat_activity is otherwise frozen per transaction
-        cur.execute(_CLAIMS_WAITING)
-        return int(cur.fetchone()[0])
+    return run_updates_waiting("c")
 
 
 def _consumers(action: str, stack: WorkerPool) -> None:

@@ -248,11 +248,16 @@ async def aheld(gates: list[Gate], member: str) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        HEARTBEAT.drop(member)
-        pipe = ascripts()[0].pipeline(transaction=False)
-        for gate in gates:
-            pipe.zrem(gate.key, member)
-        try:
-            await pipe.execute()
-        except redis.RedisError as exc:
-            _release_failed(member, exc)
+        await arelease(gates, member)
+
+
+async def arelease(gates: list[Gate], member: str) -> None:
+    """Give a slot back: stop refreshing it and remove it from every gate."""
+    HEARTBEAT.drop(member)
+    pipe = ascripts()[0].pipeline(transaction=False)
+    for gate in gates:
+        pipe.zrem(gate.key, member)
+    try:
+        await pipe.execute()
+    except redis.RedisError as exc:
+        _release_failed(member, exc)

@@ -61,8 +61,8 @@ class StreamSlot:
 
     async def release(self) -> None:
         """Give back a slot the stream will never hold (its run was not created)."""
-        async with self.held():
-            pass  # entering and leaving `held` is the release
+        if self.gates:
+            await store.arelease(self.gates, self.member)
 
 
 def stream_gate(principal: Principal) -> Gate | None:

@@ -7,12 +7,14 @@ bootstrap import this module, nothing else reads `os.environ` for config.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import environ
 
+from apps.core.secrets import PROVIDER_KEY_NAMES
 from loomcycle_project import instance_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -40,6 +42,13 @@ AUTH_TOKEN: str | None = env.str("LOOMCYCLE_AUTH_TOKEN", default=None) or None
 ALLOWED_HOSTS: list[str] = [h.strip() for h in env.list("LOOMCYCLE_ALLOWED_HOSTS", default=[]) if h.strip()]
 
 
+@functools.cache
+def _generated_secrets() -> dict[str, str]:
+    """The data directory's secrets file, read once (when settings load, after
+    manage.py may have written it)."""
+    return instance_secrets.load(DATA_DIR)
+
+
 def secret_key() -> tuple[str | None, str]:
     """Django's SECRET_KEY and where it came from: DJANGO_SECRET_KEY, else the
     data directory's generated secrets file (read when settings load: manage.py
@@ -47,7 +56,7 @@ def secret_key() -> tuple[str | None, str]:
     value = env.str("DJANGO_SECRET_KEY", default=None)
     if value:
         return value, "env"
-    generated = instance_secrets.load(DATA_DIR).get("secret_key")
+    generated = _generated_secrets().get("secret_key")
     return (generated, "file") if generated else (None, "none")
 
 
@@ -56,7 +65,7 @@ def operator_token_pepper() -> tuple[str, str]:
     value = os.environ.get("LOOMCYCLE_OPERATOR_TOKEN_PEPPER")  # django-environ reads "" as unset
     if value is not None:
         return value, "env"
-    generated = instance_secrets.load(DATA_DIR).get("operator_token_pepper")
+    generated = _generated_secrets().get("operator_token_pepper")
     return (generated, "file") if generated is not None else ("", "none")
 
 
@@ -151,17 +160,7 @@ HTTP_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_HOST_ALLOWLIST", [])
 
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
 
-PROVIDER_KEYS = {
-    name: env.str(name, default=None) or None
-    for name in (
-        "ANTHROPIC_API_KEY",
-        "OPENAI_API_KEY",
-        "DEEPSEEK_API_KEY",
-        "GEMINI_API_KEY",
-        "OLLAMA_API_KEY",
-        "VOYAGE_API_KEY",
-    )
-}
+PROVIDER_KEYS = {name: env.str(name, default=None) or None for name in PROVIDER_KEY_NAMES}
 # Provider endpoints (SPEC C.2). OLLAMA_BASE_URL=disabled opts out of the local Ollama.
 ANTHROPIC_BASE_URL: str = env.str("ANTHROPIC_BASE_URL", default="https://api.anthropic.com")
 OPENAI_BASE_URL: str = env.str("OPENAI_BASE_URL", default="https://api.openai.com/v1")

@@ -24,8 +24,19 @@ from typing import Any
 # placeholders of the MCP client, not environment references.
 REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
+# The provider API keys the runtime reads (loomcycle_project.env reads exactly these).
+PROVIDER_KEY_NAMES = (
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "GEMINI_API_KEY",
+    "OLLAMA_API_KEY",
+    "VOYAGE_API_KEY",
+)
+
 INFRA_SECRET_NAMES = frozenset(
     {
+        *PROVIDER_KEY_NAMES,
         "DATABASE_URL",
         "REDIS_URL",
         "DJANGO_SECRET_KEY",
@@ -35,12 +46,6 @@ INFRA_SECRET_NAMES = frozenset(
         "FLOWER_BASIC_AUTH",
         "LOOMCYCLE_PG_DSN",
         "PG_DSN",
-        "ANTHROPIC_API_KEY",
-        "OPENAI_API_KEY",
-        "DEEPSEEK_API_KEY",
-        "GEMINI_API_KEY",
-        "OLLAMA_API_KEY",
-        "VOYAGE_API_KEY",
     }
 )
 

@@ -148,6 +148,7 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     except ProviderError as exc:
         write.events.append({"type": "error", "error": str(exc)})
         write.status, write.next, write.error = RunStatus.FAILED, "finish", str(exc)
+        write.stop_reason = exc.stop_reason
         return write
     _record_reply(run, write, reply_text, calls, done)
     if calls:
@@ -196,6 +197,7 @@ def _call_model(
             max_tokens=run.max_tokens,
             sampling=dict(routing.get("sampling") or {}),
             effort=str(routing.get("effort") or ""),
+            run_id=run.id,
         )
         try:
             result = _call_with_retries(cand.provider, request, cancel, write, policy.retry_attempts)

@@ -61,6 +61,9 @@ class ProviderRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     effort: str = ""
     cache_system: bool = True
+    # The run the call is for ("" outside a run, e.g. the gateway); drivers
+    # send it nowhere, the mock derives deterministic tool ids from it.
+    run_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,13 +120,17 @@ ProviderEvent = TextDelta | ThinkingDelta | ToolCall | Done
 class ProviderError(Exception):
     """`<provider> <status>: <message>` (SPEC 7.1's classifiable error text)."""
 
-    def __init__(self, provider: str, status: int, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self, provider: str, status: int, message: str, *, retry_after: float | None = None, stop_reason: str = ""
+    ) -> None:
         # status 0 = transport failure (connect, timeout, broken stream): "<provider> http: ..."
         super().__init__(f"{provider} {status}: {message}" if status else f"{provider} http: {message}")
         self.message = message
         self.provider = provider
         self.status = status
         self.retry_after = retry_after
+        # The failed run's stop_reason when the error names one (the mock's invalid script); usually "".
+        self.stop_reason = stop_reason
 
     @property
     def retryable(self) -> bool:

@@ -35,6 +35,8 @@ The model string may carry options as a query string, e.g.
     0.50 + (fnv1a32(editor_run_id + cid) % 50) / 100 (0.85 for an empty seed);
 - `mock-mem-search`: one Memory search (scope user, top_k 10, dedup drop at
   0.9), then "done";
+- `mock-script`: the answers a test wrote into its prompt (`MOCK_SCRIPT: [...]`,
+  see apps.gateway.providers.mock_script);
 - `mock-generic` and anything unknown: text "ok", end_turn;
 - `mock-crash` (only with LOOMCYCLE_MOCK_ALLOW_CRASH=1): SIGKILLs its own
   process mid-call, to test crash recovery.
@@ -58,6 +60,7 @@ from urllib.parse import parse_qs
 
 from apps.core.admission import ADMISSION
 from apps.core.ids import new_mock_tool_id
+from apps.gateway.providers import mock_script
 from apps.gateway.providers.base import (
     Capabilities,
     Done,
@@ -157,6 +160,14 @@ class MockProvider(Provider):
             raise ProviderCancelled()
         if variant == "mock-crash" and E.MOCK_ALLOW_CRASH:
             os.kill(os.getpid(), signal.SIGKILL)
+        if variant == "mock-script":
+            scripted = mock_script.answer(self.id, request, stable=self.stable)
+            if scripted.sleep_s > 0:
+                with ADMISSION.outside():
+                    if cancel.wait(scripted.sleep_s):
+                        raise ProviderCancelled()
+            yield from self._scripted(scripted, request, chars)
+            return
         yield from self._play(variant, opts, request, chars)
 
     async def astream(self, request: ProviderRequest) -> AsyncIterator[ProviderEvent]:
@@ -166,19 +177,37 @@ class MockProvider(Provider):
         seconds = self._latency(chars, opts)
         if seconds > 0:
             await asyncio.sleep(seconds)
+        if variant == "mock-script":
+            scripted = mock_script.answer(self.id, request, stable=self.stable)
+            await asyncio.sleep(scripted.sleep_s)
+            for event in self._scripted(scripted, request, chars):
+                yield event
+            return
         for event in self._play(variant, opts, request, chars):
             yield event
+
+    def _scripted(self, scripted: mock_script.Answer, request: ProviderRequest, chars: int) -> Iterator[ProviderEvent]:
+        """A `mock-script` answer, after its wait: its failure, or its events
+        (output tokens at least 1)."""
+        if scripted.error is not None:
+            raise scripted.error
+        yield from self._emit(scripted.text, scripted.calls, request, chars, min_output=1)
 
     def _play(self, variant: str, opts: MockOptions, request: ProviderRequest, chars: int) -> Iterator[ProviderEvent]:
         step = _tool_results(request)
         text, calls = self._script(variant, opts, request, step)
+        yield from self._emit(text, calls, request, chars)
+
+    def _emit(
+        self, text: str, calls: list[ToolCall], request: ProviderRequest, chars: int, *, min_output: int = 0
+    ) -> Iterator[ProviderEvent]:
         if text:
             yield TextDelta(text)
         yield from calls
         out_tokens = len(text) // 4 + sum(len(_compact_json(c.input)) // 4 for c in calls)
         usage = Usage(
             input_tokens=max(1, chars // 4),
-            output_tokens=out_tokens,
+            output_tokens=max(min_output, out_tokens),
             model=request.model,
             provider=self.id,
         )

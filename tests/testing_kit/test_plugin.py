@@ -1,0 +1,130 @@
+"""The user-facing pytest plugin (loomcycle_testing), run as a user runs it:
+a separate pytest process with `-p loomcycle_testing`, its own ini (our
+addopts do not apply), and a Django project of its own in the environment.
+The documented example runs verbatim; the runtime it starts leaves nothing
+behind, whether the session ends or its pytest is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+
+from tests.procs import ROOT
+
+EXAMPLE = ROOT / "docs" / "examples" / "test_my_agent.py"
+USER_SUITE = Path(__file__).resolve().parent / "user_suite"
+USER_YAML = """\
+agents:
+  greeter:
+    provider: mock
+    model: mock-tool-loop?tool=Context&calls=1
+    system_prompt: Say hello.
+    tools: [Context]
+"""
+THEIR_SETTINGS = 'SECRET_KEY = "the-users-own-project"\nINSTALLED_APPS = []\nDATABASES = {}\nUSE_TZ = True\n'
+
+
+def _user_project(tmp: Path) -> dict[str, str]:
+    """A user's repository in `tmp` (ini, yaml, their own Django settings) and
+    their environment: none of this project's test settings, and a
+    DATABASE_URL and DJANGO_SETTINGS_MODULE of their own that the runtime
+    must never see."""
+    (tmp / "pytest.ini").write_text("[pytest]\nloomcycle_config_files = user.yaml\n")
+    (tmp / "user.yaml").write_text(USER_YAML)
+    (tmp / "users_own_project").mkdir()
+    (tmp / "users_own_project" / "__init__.py").write_text("")
+    (tmp / "users_own_project" / "settings.py").write_text(THEIR_SETTINGS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOMCYCLE_", "PYTEST_"))}
+    env.update(
+        PYTHONPATH=f"{tmp}{os.pathsep}{ROOT}",  # the checkout, as a user's path to an uninstalled runtime
+        DJANGO_SETTINGS_MODULE="users_own_project.settings",
+        DATABASE_URL="postgresql://nobody@127.0.0.1:1/their_own_db",
+        REDIS_URL="redis://127.0.0.1:1/0",
+        KIT_RECORD=str(tmp / "record.json"),
+    )
+    return env
+
+
+def _pytest(tmp: Path, *files: Path) -> list[str]:
+    """The command line in the user's repository, with `files` copied into it
+    (byte for byte: under this checkout, pytest would load our own conftest.py)."""
+    (tmp / "kit_record.py").write_bytes((USER_SUITE / "kit_record.py").read_bytes())
+    for file in files:
+        (tmp / file.name).write_bytes(file.read_bytes())
+    ini = str(tmp / "pytest.ini")
+    return [sys.executable, "-m", "pytest", "-p", "loomcycle_testing", "-c", ini, "-v", *(f.name for f in files)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _port_open(url: str) -> bool:
+    parts = urlsplit(url)
+    with socket.socket() as sock:
+        return sock.connect_ex((parts.hostname or "", parts.port or 0)) == 0
+
+
+def test_docs_show_the_example_file_verbatim() -> None:
+    docs = (ROOT / "docs" / "testing.md").read_text()
+    assert f"```python\n{EXAMPLE.read_text()}```" in docs
+
+
+def test_the_example_and_the_plugin_checks_pass_and_leave_nothing_running(tmp_path: Path) -> None:
+    env = _user_project(tmp_path)
+    argv = _pytest(tmp_path, EXAMPLE, USER_SUITE / "plugin_checks.py")
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert re.search(r"test_my_agent\.py::test_the_agent_remembers_the_colour PASSED", out), out[-6000:]
+    assert re.search(r"^=+ 10 passed", out, re.MULTILINE), out[-3000:]
+    _assert_gone(json.loads((tmp_path / "record.json").read_text()), deadline=time.monotonic())
+
+
+def _assert_gone(record: dict[str, Any], deadline: float) -> None:
+    """Every recorded process of the runtime (up, web, worker, beat, Postgres,
+    Redis) is gone by `deadline`, and its port is closed."""
+    processes = {int(pid): cmdline for pid, cmdline in record["processes"].items()}
+    for part in ("daphne", "celery -A workers.celery:app worker", "celery -A workers.celery:app beat", "redis-server"):
+        assert any(part in cmdline for cmdline in processes.values()), (part, processes)
+    assert any(cmdline.split(" ")[0].endswith("postgres") for cmdline in processes.values()), processes
+    while [pid for pid in processes if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {pid: processes[pid] for pid in processes if _alive(pid)} == {}
+    assert not _port_open(record["url"])
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, f"no {path.name} within {timeout} s"
+        time.sleep(0.2)
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def test_a_killed_pytest_takes_the_runtime_down(tmp_path: Path) -> None:
+    env = _user_project(tmp_path)
+    argv = _pytest(tmp_path, USER_SUITE / "plugin_killed.py")
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        record = _wait_for(tmp_path / "record.json", proc, timeout=300)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no teardown, no atexit: only PR_SET_PDEATHSIG is left
+        proc.communicate()
+    _assert_gone(record, deadline=time.monotonic() + 60)  # `up` stops its children (20 s grace), then Postgres

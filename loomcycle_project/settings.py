@@ -40,6 +40,9 @@ INSTALLED_APPS = [
     "apps.memory",
     "apps.evaluations",
     "apps.channels",
+    # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
+    # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
+    "loomcycle_project",
 ]
 
 # The browser middleware serves the admin; API paths (/v1/, /healthz) skip it

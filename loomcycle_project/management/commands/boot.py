@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.core.bootstrap import boot
 from apps.core.errors import ApplicationError
+from loomcycle_project.bootstrap import boot
 
 
 class Command(BaseCommand):

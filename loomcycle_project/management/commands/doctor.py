@@ -12,10 +12,10 @@ from django.db import DatabaseError, connection
 from redis import RedisError
 
 from apps.core.errors import ApplicationError
-from apps.core.management.commands.up import port_free, split_addr
 from apps.core.redis import sync_client
 from apps.gateway.providers import provider_ids
 from loomcycle_project import env as E
+from loomcycle_project.management.commands.up import port_free, split_addr
 
 Check = tuple[str, str, str]  # (PASS|WARN|FAIL, name, detail)
 

@@ -22,10 +22,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from apps.core.bootstrap import boot
 from apps.core.errors import ApplicationError
 from apps.substrate.openmode import credential_configured
 from loomcycle_project import env as E
+from loomcycle_project.bootstrap import boot
 
 log = logging.getLogger("loomcycle.up")
 GRACE_S = 20.0

@@ -26,9 +26,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(PY) -m mypy apps workers
+	$(PY) -m mypy apps workers loomcycle_project
 
 bench: $(STAMP)
 	$(PY) bench/loop.py

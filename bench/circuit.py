@@ -69,7 +69,6 @@ from django.db import connection  # noqa: E402
 from django.db.models import Count, Max, Min  # noqa: E402
 
 from apps.channels import services as channels  # noqa: E402
-from apps.core.bootstrap import load_yaml_config  # noqa: E402
 from apps.core.redis import sync_client  # noqa: E402
 from apps.core.types import Principal  # noqa: E402
 from apps.evaluations.models import Evaluation  # noqa: E402
@@ -78,6 +77,7 @@ from apps.runs import services  # noqa: E402
 from apps.runs.models import TERMINAL, Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 from bench import stack  # noqa: E402
+from loomcycle_project.bootstrap import load_yaml_config  # noqa: E402
 from workers.celery import app  # noqa: E402
 
 PRINCIPAL = Principal(tenant_id="", subject="bench", scopes=frozenset({"substrate:admin"}))

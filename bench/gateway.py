@@ -266,7 +266,7 @@ def main() -> None:
     profile.unlink(missing_ok=True)
     upstream = spawn([sys.executable, __file__, "--upstream", str(up_port)], env, "upstream.log")
     if WEB_PROCESSES > 1:  # as `manage.py up` with LOOMCYCLE_WEB_PROCESSES: one socket, several Daphnes
-        from apps.core.management.commands.up import listen_socket
+        from loomcycle_project.management.commands.up import listen_socket
 
         sock = listen_socket("127.0.0.1", web_port)
         fd = sock.fileno()

@@ -47,11 +47,11 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from apps.core.bootstrap import load_yaml_config  # noqa: E402
 from apps.core.redis import sync_client  # noqa: E402
 from apps.runs.models import Run, RunEvent  # noqa: E402
 from bench import stack  # noqa: E402
 from bench.loop import TRUNCATE_RUNS, create_runs  # noqa: E402
+from loomcycle_project.bootstrap import load_yaml_config  # noqa: E402
 from workers import held  # noqa: E402
 from workers.celery import app  # noqa: E402
 

@@ -61,7 +61,6 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from apps.core.bootstrap import load_yaml_config  # noqa: E402
 from apps.core.redis import sync_client  # noqa: E402
 from apps.core.types import Principal  # noqa: E402
 from apps.runs import services  # noqa: E402
@@ -69,6 +68,7 @@ from apps.runs.models import Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 from bench import stack  # noqa: E402
 from bench.stack import cpu_s, host_steal_pct, pct, rss_mib, service_pids, stop_all  # noqa: E402
+from loomcycle_project.bootstrap import load_yaml_config  # noqa: E402
 from workers.celery import app  # noqa: E402
 
 TRUNCATE_RUNS = "TRUNCATE runs_run, runs_runevent, runs_transcriptentry, runs_runinput, runs_toolcallrecord CASCADE"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,7 +78,17 @@ def _list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in env.list(name, default=default) if item.strip()]
 
 
-CONFIG_FILES: list[str] = _list("LOOMCYCLE_CONFIG_FILES", [])
+def split_paths(raw: str) -> list[str]:
+    """A path list separated by `:` (loomcycle's form) or `,` (ours, kept), mixed
+    freely; items trimmed, empty items dropped. A path containing either can't be listed."""
+    return [item.strip() for item in re.split(r"[:,]", raw) if item.strip()]
+
+
+# yaml layers (apps.core.config): the directory's *.yaml/*.yml, sorted, then the files in order.
+CONFIG_FILES: list[str] = split_paths(env.str("LOOMCYCLE_CONFIG_FILES", default=""))
+CONFIG_DIR: str = env.str("LOOMCYCLE_CONFIG_DIR", default="").strip()
+# A value set by one layer and changed by a later one is an error (config_conflict), not a log line.
+CONFIG_STRICT: bool = env.bool("LOOMCYCLE_CONFIG_STRICT", default=False)
 MAX_REQUEST_BYTES: int = env.int("LOOMCYCLE_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
 SSE_KEEPALIVE_MS: int = env.int("LOOMCYCLE_SSE_KEEPALIVE_MS", default=20_000)
 TOOL_PARALLELISM: int = env.int("LOOMCYCLE_TOOL_PARALLELISM", default=8)
@@ -242,3 +253,5 @@ class RuntimeSettings:
     max_streams_per_principal: int = 64
     mock_enabled: bool = True
     max_stream_seconds: int = 3600
+    config_dir: str = ""
+    config_strict: bool = False

@@ -40,6 +40,9 @@ INSTALLED_APPS = [
     "apps.memory",
     "apps.evaluations",
     "apps.channels",
+    # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
+    # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
+    "loomcycle_project",
 ]
 
 # The browser middleware serves the admin; API paths (/v1/, /healthz) skip it
@@ -147,6 +150,8 @@ LOOMCYCLE = E.RuntimeSettings(
     listen_addr=E.LISTEN_ADDR,
     auth_token=E.AUTH_TOKEN,
     config_files=tuple(E.CONFIG_FILES),
+    config_dir=E.CONFIG_DIR,
+    config_strict=E.CONFIG_STRICT,
     max_request_bytes=E.MAX_REQUEST_BYTES,
     sse_keepalive_ms=E.SSE_KEEPALIVE_MS,
     tool_parallelism=E.TOOL_PARALLELISM,

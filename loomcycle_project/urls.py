@@ -5,9 +5,9 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.views import defaults
 
-from apps.core.health import healthz
 from apps.core.middleware import API_PREFIXES
 from loomcycle_project.api import api, error_response
+from loomcycle_project.health import healthz
 
 urlpatterns = [
     path("healthz", healthz),

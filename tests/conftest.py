@@ -16,10 +16,10 @@ import pytest
 from django.db import connection
 from django.db.models import Q
 
-from apps.core.bootstrap import load_yaml_config
 from apps.core.types import Principal
 from apps.runs.models import Run
 from apps.substrate import auth_cache, tokens
+from loomcycle_project.bootstrap import load_yaml_config
 from tests import procs
 
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))

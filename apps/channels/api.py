@@ -51,14 +51,13 @@ from apps.core.ids import is_ident
 from apps.core.pubsub import hub
 from apps.core.types import Principal
 from apps.substrate.kinds import Refused
-from apps.substrate.kinds_admin.fields import check_channel_name
+from apps.substrate.kinds_admin.fields import check_channel_name, is_system_channel
 from apps.substrate.models import ChannelDef, ChannelScope, DefSource
 from loomcycle_project import env as E
 
 router = Router(tags=["channels"])
 
 ADMIN = "_admin"  # published_by / published_by_user_id of operator publishes (SPEC 9.4)
-SYSTEM_PREFIX = "_system/"
 RESERVED_NAMES = frozenset({"_await", "_broadcast"})  # route names under /v1/_channels/
 REPOLL_S = 1.0
 MAX_SCOPE_ID = 256
@@ -253,7 +252,7 @@ def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
         name = check_channel_name(body.name, "name")
     except Refused as exc:
         raise Invalid(exc.message, code="invalid_channel_name") from exc
-    if name.startswith(SYSTEM_PREFIX) or name in RESERVED_NAMES:
+    if is_system_channel(name) or name in RESERVED_NAMES:
         raise Invalid(
             f'channel name "{name}" is reserved (`_system/` channels are declared in yaml with `publisher: system`)',
             code="channel_name_reserved",
@@ -279,7 +278,7 @@ def _update(principal: Principal, name: str, body: ChannelUpdateIn) -> dict[str,
 
 
 def _system_publish(principal: Principal, name: str, body: ChannelPublishIn) -> dict[str, Any]:
-    if not name.startswith(SYSTEM_PREFIX):
+    if not is_system_channel(name):
         raise NonSystemChannel(
             f'channel "{name}" is not a system channel: POST /v1/_channels/{{name}} publishes to `_system/` '
             "channels only (use POST /v1/_channels/{name}/publish)"

@@ -37,6 +37,7 @@ from django.utils import timezone
 from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
 from apps.core.errors import ApplicationError, Conflict, Forbidden, Invalid, NotFound, PayloadTooLarge
 from apps.core.redis import sync_client
+from apps.core.timefmt import ts
 from apps.substrate.models import ChannelDef, DefSource
 from loomcycle_project import env as E
 
@@ -143,10 +144,6 @@ def decode_cursor(raw: Any) -> Position | None:
 
 def _new_message_id(published_at: datetime) -> str:
     return f"msg_{_ns(published_at):016x}{secrets.token_hex(4)}"
-
-
-def ts(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 # --- declarations -----------------------------------------------------------------

@@ -26,6 +26,7 @@ from apps.channels.services import Read, Stream
 from apps.channels.waits import WaitRequest, park
 from apps.core.errors import ApplicationError
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
+from apps.substrate.kinds_admin.fields import is_system_channel
 from apps.substrate.models import ChannelDef
 from apps.substrate.selectors import agent_definition
 from loomcycle_project import env as E
@@ -100,7 +101,7 @@ class _Caller:
 
 
 def _check_publishable(name: str, declared: ChannelDef, prefix: str = "") -> None:
-    if name.startswith("_system/"):
+    if is_system_channel(name):
         raise Refusal(
             f'{prefix}channel "{name}" starts with `_system/` (reserved prefix) — '
             "agents may not publish to system channels"

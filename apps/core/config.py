@@ -1,5 +1,12 @@
-"""`loomcycle.yaml` loading (SPEC C.1): layered files, later files win;
+"""`loomcycle.yaml` loading (SPEC C.1): layered files, later files win
+(apps.core.config_layers: mappings merge, anything else is replaced);
 `${ENV}` / `${ENV:-fallback}` expansion for `[A-Za-z_][A-Za-z0-9_]*` names.
+
+Which files: every `*.yaml` / `*.yml` directly in LOOMCYCLE_CONFIG_DIR (sorted
+by name), then LOOMCYCLE_CONFIG_FILES in order; `<repo>/loomcycle.yaml` only
+when neither names a file. Each replaced value is logged once per load (INFO,
+logger `loomcycle.config`, key and files only: values may be secrets); with
+LOOMCYCLE_CONFIG_STRICT any replacement is a `config_conflict` error instead.
 
 Secret-bearing fields (`mcp_servers.*.headers` and `.env`) are not expanded:
 they keep the reference, resolved only where it is used (apps.core.secrets).
@@ -12,14 +19,18 @@ and the substrate loader read their blocks from it.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 from django.conf import settings
 
+from apps.core.config_layers import Layered, Replacement
 from apps.core.errors import Invalid
 from apps.core.secrets import config_secret_names, name_refusal, referenced_names, resolve_references
+
+log = logging.getLogger("loomcycle.config")
 
 # (top-level block, field of each entry) whose string values stay references.
 SECRET_FIELDS = frozenset({("mcp_servers", "headers"), ("mcp_servers", "env")})
@@ -49,49 +60,78 @@ def _check_references(text: str, denied: set[str]) -> None:
             raise ValueError(refusal)
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise Invalid(f"config file not found: {path}", code="config_not_found")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise Invalid(f"{path}: invalid yaml: {exc}", code="config_invalid") from exc
+    if not isinstance(doc, dict):
+        raise Invalid(f"{path}: top level must be a mapping", code="config_invalid")
+    return doc
 
 
-def load_config(paths: list[Path]) -> dict[str, Any]:
-    """Read and merge the files in order (later wins); missing files are an error."""
-    merged: dict[str, Any] = {}
+def _refuse_conflicts(replaced: list[Replacement]) -> None:
+    lines = "; ".join(r.describe() for r in replaced)
+    raise Invalid(
+        f"LOOMCYCLE_CONFIG_STRICT is set and a later file changes {len(replaced)} value(s): {lines}",
+        code="config_conflict",
+        details={"conflicts": [{"key": r.key, "earlier": list(r.earlier), "later": r.later} for r in replaced]},
+    )
+
+
+def load_config(paths: list[Path], *, strict: bool = False) -> dict[str, Any]:
+    """Read and merge the files in order (later wins); missing files are an error.
+    Every replaced value is logged, or with `strict` refused (`config_conflict`)."""
+    layered = Layered()
     for path in paths:
-        if not path.is_file():
-            raise Invalid(f"config file not found: {path}", code="config_not_found")
-        try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise Invalid(f"{path}: invalid yaml: {exc}", code="config_invalid") from exc
-        if not isinstance(doc, dict):
-            raise Invalid(f"{path}: top level must be a mapping", code="config_invalid")
-        merged = _merge(merged, doc)
+        layered.fold(_read(path), str(path))
+    if strict and layered.replaced:
+        _refuse_conflicts(layered.replaced)
+    for r in layered.replaced:
+        log.info("config layers: %s set in %s is replaced by %s", r.key, ", ".join(r.earlier), r.later)
     # Expanded once, after the merge: a key variable any layer names is denied in every layer.
-    expanded: dict[str, Any] = _expand(merged, (), config_secret_names(merged))
+    expanded: dict[str, Any] = _expand(layered.tree, (), config_secret_names(layered.tree))
     return expanded
 
 
-def default_config_paths(base_dir: Path, configured: list[str]) -> list[Path]:
-    if configured:
-        return [Path(p) for p in configured]
+def config_dir_files(directory: str) -> list[Path]:
+    """The `*.yaml` / `*.yml` files directly in `directory`, sorted by name
+    (subdirectories and other files are skipped); a missing directory is an error."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise Invalid(f"LOOMCYCLE_CONFIG_DIR is not a directory: {root}", code="config_not_found")
+    found = [p for p in root.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def default_config_paths(base_dir: Path, configured: list[str], config_dir: str = "") -> list[Path]:
+    """The directory's files, then the configured ones; `<base_dir>/loomcycle.yaml`
+    (when it exists) only if neither gives a file."""
+    paths = [*(config_dir_files(config_dir) if config_dir else []), *(Path(p) for p in configured)]
+    if paths:
+        return paths
     default = base_dir / "loomcycle.yaml"
     return [default] if default.is_file() else []
 
 
-_LOADED: dict[tuple[str, ...], dict[str, Any]] = {}
+_LOADED: dict[tuple[tuple[str, ...], str, bool], dict[str, Any]] = {}
+
+
+def configured_paths() -> list[Path]:
+    """The files `settings.LOOMCYCLE` names, in layer order (see `default_config_paths`)."""
+    cfg = settings.LOOMCYCLE
+    return default_config_paths(settings.BASE_DIR, list(cfg.config_files), cfg.config_dir)
 
 
 def runtime_config(*, reload: bool = False) -> dict[str, Any]:
     """The configured files merged (empty when there are none), read once per
-    process and set of files; `reload=True` (boot) reads them again."""
-    files = tuple(settings.LOOMCYCLE.config_files)
-    if reload or files not in _LOADED:
-        paths = default_config_paths(settings.BASE_DIR, list(files))
-        _LOADED[files] = load_config(paths) if paths else {}
-    return _LOADED[files]
+    process and setting (files, dir, strict); `reload=True` (boot) reads them again.
+    The directory is listed when read: a file added later needs a reload."""
+    cfg = settings.LOOMCYCLE
+    key = (tuple(cfg.config_files), cfg.config_dir, cfg.config_strict)
+    if reload or key not in _LOADED:
+        paths = configured_paths()
+        _LOADED[key] = load_config(paths, strict=cfg.config_strict) if paths else {}
+    return _LOADED[key]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from apps.core.timefmt import ts
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
 from apps.evaluations import selectors, services
 from apps.evaluations.models import EmitterRole, Evaluation
@@ -31,10 +32,6 @@ SUBMIT_SCOPES = {  # emitter role -> the scopes that allow submitting in it
 
 class Refusal(ToolRefusal):
     """A bad call: the message goes back to the model as an is_error result."""
-
-
-def _ts(value: Any) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 def _granted(ctx: ToolContext) -> list[str]:
@@ -69,7 +66,7 @@ def _out(row: Evaluation) -> dict[str, Any]:
         "rationale": row.rationale,
         "evaluator_run_id": row.evaluator_run_id,
         "evaluator_agent": row.evaluator_agent_name,
-        "created_at": _ts(row.created_at),
+        "created_at": ts(row.created_at),
     }
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from apps.core.errors import Forbidden, Invalid, NotFound
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
+from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.memory import selectors, services
 from apps.memory.models import MemoryEntry, MemoryScope
@@ -49,10 +50,6 @@ class MemorySearchIn(BaseModel):
     dedup: dict[str, Any] | None = None
 
 
-def _ts(value: Any) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
-
-
 def _slot(principal: Principal, scope: str, scope_id: str, *, write: bool) -> Slot:
     if scope not in MemoryScope.values:
         raise Invalid(f"scope must be one of {', '.join(MemoryScope.values)}", code="invalid_scope")
@@ -76,9 +73,9 @@ def _entry(row: MemoryEntry) -> dict[str, Any]:
     return {
         "key": row.key,
         "value": row.value,
-        "expires_at": _ts(row.expires_at),
-        "created_at": _ts(row.created_at),
-        "updated_at": _ts(row.updated_at),
+        "expires_at": ts(row.expires_at),
+        "created_at": ts(row.created_at),
+        "updated_at": ts(row.updated_at),
         "embedded": row.embedding is not None,
     }
 

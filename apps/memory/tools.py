@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from apps.core.timefmt import ts
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
 from apps.memory import selectors, services
 from apps.memory.models import MemoryEntry, MemoryScope
@@ -44,10 +45,6 @@ MAX_KEY_CHARS = 512
 
 class Refusal(ToolRefusal):
     """A bad call: the message goes back to the model as an is_error result."""
-
-
-def _ts(value: Any) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
 
 
 def _policy(ctx: ToolContext) -> tuple[list[str], int | None]:
@@ -93,12 +90,12 @@ def _key(data: dict[str, Any]) -> str:
 
 
 def _entry(row: MemoryEntry) -> dict[str, Any]:
-    return {"key": row.key, "value": row.value, "expires_at": _ts(row.expires_at)}
+    return {"key": row.key, "value": row.value, "expires_at": ts(row.expires_at)}
 
 
 def _get(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]:
     row = selectors.memory_get(slot=slot, key=_key(data))
-    return {"value": row.value if row else None, "expires_at": _ts(row.expires_at) if row else None}
+    return {"value": row.value if row else None, "expires_at": ts(row.expires_at) if row else None}
 
 
 def _set(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]:
@@ -116,7 +113,7 @@ def _set(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]:
         embed_text=embed_text,
         quota_bytes=quota,
     )
-    out: dict[str, Any] = {"ok": True, "embedded": result.embedded, "expires_at": _ts(result.expires_at)}
+    out: dict[str, Any] = {"ok": True, "embedded": result.embedded, "expires_at": ts(result.expires_at)}
     if result.embed_warning:
         out["embed_warning"] = result.embed_warning
     return out
@@ -141,7 +138,7 @@ def _incr(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]
     value, expires_at = services.memory_incr(
         slot=slot, key=_key(data), delta=delta if delta is not None else 1, ttl_seconds=ttl, quota_bytes=quota
     )
-    return {"value": value, "expires_at": _ts(expires_at)}
+    return {"value": value, "expires_at": ts(expires_at)}
 
 
 def search_options(data: dict[str, Any]) -> tuple[selectors.Rank, selectors.Dedup]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
 from typing import Any
 
@@ -18,6 +18,7 @@ from ninja import Router
 from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
+from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs import backpressure, selectors, services
@@ -45,10 +46,6 @@ def _check_ident(value: str, what: str) -> None:
         raise Invalid(f"invalid {what}: must match [A-Za-z0-9_-]{{1,128}}", code="invalid_request")
 
 
-def _ts(value: Any) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
-
-
 def agent_out(run: Run) -> dict[str, Any]:
     live = run.status in RUNNABLE or run.status in PARKED
     return {
@@ -61,12 +58,12 @@ def agent_out(run: Run) -> dict[str, Any]:
         "status": "running" if live else run.status,
         "state": run.status,
         "step": run.step,
-        "started_at": _ts(run.started_at or run.created_at),
-        "completed_at": _ts(run.completed_at),
+        "started_at": ts(run.started_at or run.created_at),
+        "completed_at": ts(run.completed_at),
         "stop_reason": run.stop_reason,
         "error": run.error,
         "usage": run.usage,
-        "last_heartbeat_at": _ts(run.last_heartbeat_at),
+        "last_heartbeat_at": ts(run.last_heartbeat_at),
         "live": live,
         "interactive": run.interactive,
         "awaited_state": _AWAITED.get(RunStatus(run.status), ""),
@@ -163,7 +160,24 @@ async def _post_frames(
         finished = True  # the run ended, or the stream's lifetime did: neither is a disconnect
     finally:
         if not finished and cancel_on_disconnect:
-            asyncio.get_running_loop().create_task(_cancel_async(principal, run.agent_id, "client disconnected"))
+            _in_background(_cancel_async(principal, run.agent_id, "client disconnected"))
+
+
+# Tasks started after a response ended: the event loop keeps only a weak
+# reference to a task, so this set holds each one until it is done.
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _in_background(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(work)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_background_done)
+
+
+def _background_done(task: asyncio.Task[None]) -> None:
+    _BACKGROUND.discard(task)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("background task %s failed", task.get_coro(), exc_info=exc)
 
 
 async def _cancel_async(principal: Principal, agent_id: str, reason: str) -> None:
@@ -212,7 +226,7 @@ def runs_events(request: HttpRequest, run_id: str, from_seq: int = 0, limit: int
         raise Invalid("from_seq must be >= 0 and limit between 1 and 5000", code="invalid_limit")
     run = _visible_run(request, run_id=run_id)
     rows = selectors.run_events_since(run_id=run.id, from_seq=from_seq, limit=limit)
-    events = [{**r, "created_at": _ts(r["created_at"])} for r in rows]
+    events = [{**r, "created_at": ts(r["created_at"])} for r in rows]
     status = agent_out(run)["status"]
     return {"run_id": run.id, "events": events, "last_seq": run.last_seq, "status": status, "state": run.status}
 

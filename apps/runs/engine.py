@@ -25,6 +25,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import partial
 from typing import Any
 
@@ -55,7 +56,7 @@ from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import messages_from_rows
-from apps.runs.store import ClaimedRun, StepRows
+from apps.runs.store import ClaimedRun, StepRows, Switched
 from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
 from apps.runs.toolrun import CallOutcome, run_calls
 from apps.runs.wake import run_slot_freed
@@ -66,12 +67,30 @@ log = logging.getLogger("loomcycle.engine")
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
+class Next(StrEnum):
+    """Where a committed iteration leaves the run."""
+
+    REQUEUE = "requeue"  # ring the next step's doorbell
+    PARK = "park"  # wait (input, children, a channel, a pause) without a worker
+    FINISH = "finish"  # terminal
+
+
+class Outcome(StrEnum):
+    """What one delivery of a doorbell did (`run_iterate`'s result)."""
+
+    NOOP = "noop"  # lost the claim: a stale, future or duplicate doorbell
+    FENCE_LOST = "fence_lost"  # the lease moved on during the iteration: its work was discarded
+    REQUEUE = Next.REQUEUE.value
+    PARK = Next.PARK.value
+    FINISH = Next.FINISH.value
+
+
 @dataclass
 class StepWrite:
-    """What one iteration commits. `next` is requeue | park | finish."""
+    """What one iteration commits, and where it leaves the run (`next`)."""
 
     status: str
-    next: str
+    next: Next
     events: list[dict[str, Any]] = field(default_factory=list)
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     usage: dict[str, Any] | None = None
@@ -85,22 +104,22 @@ class StepWrite:
     spawns: list[Spawn] = field(default_factory=list)  # sub-agents to start with this commit
     parks: list[tuple[str, Park]] = field(default_factory=list)  # (call_id, park): calls answered later
     child_ids: list[str] = field(default_factory=list)
-    switched: tuple[str, str, int, int] | None = None  # (provider, model, candidate_idx, fallbacks)
+    switched: Switched | None = None  # the candidate a provider fallback moved to
 
 
-def run_iterate(*, run_id: str, step: int) -> str:
+def run_iterate(*, run_id: str, step: int) -> Outcome:
     """Execute iteration `step` of `run_id` if this delivery wins the claim
     (after this process admits it: apps.core.admission)."""
     with ADMISSION.admitted() as waited:
         return _iterate(run_id, step, waited)
 
 
-def _iterate(run_id: str, step: int, waited: float) -> str:
+def _iterate(run_id: str, step: int, waited: float) -> Outcome:
     started = time.perf_counter()
     with LIVE.track(run_id) as cancel:
         run = _claim(run_id, step)
         if run is None:
-            return "noop"
+            return Outcome.NOOP
         LIVE.set_token(run_id, run.lease_token)
         if run.first_claim:
             notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
@@ -108,12 +127,12 @@ def _iterate(run_id: str, step: int, waited: float) -> str:
         committed = _commit(run, write)
     if committed is None:
         log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
-        return "fence_lost"
+        return Outcome.FENCE_LOST
     if committed != write.status:  # input or a cancel arrived during the step: it rang instead of parking
-        write.next = "requeue"
+        write.next = Next.REQUEUE
     _after_commit(run, write)
     record_timing(time.perf_counter() - started, write.provider_s, waited)
-    return write.next
+    return Outcome(write.next.value)
 
 
 def _claim(run_id: str, step: int) -> ClaimedRun | None:
@@ -129,14 +148,14 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     if run.cancel_requested or cancel.is_set():
         return cancelled_write(run.cancel_reason)
     if run.runtime_state != "running":
-        return StepWrite(status=RunStatus.PAUSED, next="park", advance=False)
+        return StepWrite(status=RunStatus.PAUSED, next=Next.PARK, advance=False)
     max_attempts = settings.LOOMCYCLE.max_attempts
     if run.attempts > max_attempts:
         return failed_write(
             f"iteration {run.step} was started {run.attempts - 1} times without committing "
             f"(its worker was lost each time); giving up after {max_attempts} attempts"
         )
-    write = StepWrite(status=RunStatus.RUNNING, next="requeue", usage=run.usage)
+    write = StepWrite(status=RunStatus.RUNNING, next=Next.REQUEUE, usage=run.usage)
     if run.step >= run.max_iterations:  # resumed after sub-agents with no iteration left
         return _finish(write, "max_iterations")
     messages = _load_messages(run, write)
@@ -147,7 +166,7 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
         return cancelled_write(_cancel_reason(run))
     except ProviderError as exc:
         write.events.append({"type": "error", "error": str(exc)})
-        write.status, write.next, write.error = RunStatus.FAILED, "finish", str(exc)
+        write.status, write.next, write.error = RunStatus.FAILED, Next.FINISH, str(exc)
         write.stop_reason = exc.stop_reason
         return write
     _record_reply(run, write, reply_text, calls, done)
@@ -207,7 +226,7 @@ def _call_model(
                 raise
             messages = _switch(run, write, candidates[idx], candidates[nxt], exc, fallbacks + 1, messages)
             idx, fallbacks = nxt, fallbacks + 1
-            write.switched = (candidates[idx].provider, candidates[idx].model, idx, fallbacks)
+            write.switched = Switched(candidates[idx].provider, candidates[idx].model, idx, fallbacks)
             continue
         return result
 
@@ -425,10 +444,10 @@ def _run_tools(
             )
         )
     if write.spawns:  # park until the last child reports back
-        write.status, write.next = RunStatus.WAITING_CHILDREN, "park"
+        write.status, write.next = RunStatus.WAITING_CHILDREN, Next.PARK
         return write
     if write.parks:  # park until every parked call is answered
-        write.status, write.next = write.parks[0][1].status, "park"
+        write.status, write.next = write.parks[0][1].status, Next.PARK
         return write
     if run.step + 1 >= run.max_iterations:
         return _finish(write, "max_iterations")
@@ -471,13 +490,13 @@ def _record_tool_starts(run: ClaimedRun, calls: list[ToolCall]) -> None:
 def _end_turn(run: ClaimedRun, write: StepWrite, stop_reason: str) -> StepWrite:
     if run.interactive:
         write.events.append({"type": "awaiting_input", "awaiting_input": {"since_turn": run.step + 1}})
-        write.status, write.next, write.stop_reason = RunStatus.AWAITING_INPUT, "park", stop_reason
+        write.status, write.next, write.stop_reason = RunStatus.AWAITING_INPUT, Next.PARK, stop_reason
         return write
     return _finish(write, stop_reason or "end_turn")
 
 
 def _finish(write: StepWrite, stop_reason: str) -> StepWrite:
-    write.status, write.next, write.stop_reason = RunStatus.COMPLETED, "finish", stop_reason
+    write.status, write.next, write.stop_reason = RunStatus.COMPLETED, Next.FINISH, stop_reason
     write.events.append({"type": "done", "stop_reason": stop_reason, "usage": write.usage or {}})
     return write
 
@@ -486,14 +505,14 @@ def cancelled_write(reason: str) -> StepWrite:
     reason = reason or "cancelled by api"
     return StepWrite(
         status=RunStatus.CANCELLED,
-        next="finish",
+        next=Next.FINISH,
         stop_reason=reason,
         events=[{"type": "done", "stop_reason": reason, "cancelled": True}],
     )
 
 
 def failed_write(error: str) -> StepWrite:
-    return StepWrite(status=RunStatus.FAILED, next="finish", error=error, events=[{"type": "error", "error": error}])
+    return StepWrite(status=RunStatus.FAILED, next=Next.FINISH, error=error, events=[{"type": "error", "error": error}])
 
 
 def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
@@ -510,7 +529,7 @@ def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
         run=run,
         status=write.status,
         advance=write.advance,
-        finish=write.next == "finish",
+        finish=write.next == Next.FINISH,
         stop_reason=write.stop_reason,
         error=write.error,
         usage=write.usage,
@@ -541,7 +560,7 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     wake_and_enqueue(
         run.id,
         run.last_seq + len(write.events) if write.events else None,
-        run.step + int(write.advance) if write.next == "requeue" else None,
+        run.step + int(write.advance) if write.next == Next.REQUEUE else None,
     )
     children_enqueue(write.child_ids)
     for call_id, park in write.parks:
@@ -551,9 +570,9 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
-    if write.next == "finish" and run.parent_id:
+    if write.next == Next.FINISH and run.parent_id:
         run_child_finished(child_id=run.id)
-    elif write.next == "finish":  # sub-agents hold no fairness slot: they share their parent's
+    elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
         fairness.run_slot_release(run.id)
         _slot_freed(run.id)
 

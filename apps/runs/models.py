@@ -130,6 +130,7 @@ class Run(models.Model):
 
 class RunEvent(models.Model):
     # No separate run_id index: the (run, seq) unique index serves every lookup.
+    # db_constraint=False: no FK trigger locking the run row per insert (module docstring).
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False)
     seq = models.PositiveIntegerField()
     step = models.PositiveIntegerField(default=0)
@@ -145,6 +146,7 @@ class RunEvent(models.Model):
 class TranscriptEntry(models.Model):
     """One message or one tool result; never rewritten."""
 
+    # db_constraint=False: no FK trigger locking the run row per insert (module docstring).
     run = models.ForeignKey(
         Run, on_delete=models.CASCADE, related_name="transcript", db_index=False, db_constraint=False
     )
@@ -162,6 +164,7 @@ class TranscriptEntry(models.Model):
 class RunInput(models.Model):
     """Steering / continuation text, drained at the top of the next iteration."""
 
+    # db_constraint=False: no FK trigger locking the run row per insert (module docstring).
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="inputs", db_constraint=False)
     text = models.TextField()
     source = models.CharField(max_length=16, default="api")
@@ -183,6 +186,7 @@ class ToolCallRecord(models.Model):
     """Recorded as started before the tool runs; (run, step, call_id) is the
     idempotency key a redelivered iteration repeats."""
 
+    # db_constraint=False: no FK trigger locking the run row per insert (module docstring).
     run = models.ForeignKey(
         Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False, db_constraint=False
     )

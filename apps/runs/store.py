@@ -208,6 +208,16 @@ class ClaimedRun:
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Switched:
+    """The candidate a provider fallback moved the run to (committed with the step)."""
+
+    provider: str
+    model: str
+    candidate_idx: int
+    fallbacks: int
+
+
 @dataclass
 class StepRows:
     """What `commit_step` writes besides the run row itself."""
@@ -336,12 +346,11 @@ def commit_step(
     usage: dict[str, Any] | None,
     rows: StepRows,
     pending_calls: int = 0,
-    switched: tuple[str, str, int, int] | None = None,
+    switched: Switched | None = None,
 ) -> str | None:
     """The fenced step commit: the status committed (`running` instead of a park
     when input or a cancel was already waiting), None when the fence was lost
-    (nothing written).
-    `switched`: (provider, model, candidate_idx, fallbacks) after a provider fallback."""
+    (nothing written). `switched`: set after a provider fallback."""
     packed = {
         "t": [{"role": role, "content": content} for role, content in rows.transcript],
         "e": rows.events,
@@ -369,10 +378,10 @@ def commit_step(
         "user_id": run.user_id,
         "pending_calls": pending_calls,
         "rows": json.dumps(packed),
-        "provider": switched[0] if switched else None,
-        "model": switched[1] if switched else None,
-        "candidate_idx": switched[2] if switched else None,
-        "fallbacks": switched[3] if switched else None,
+        "provider": switched.provider if switched else None,
+        "model": switched.model if switched else None,
+        "candidate_idx": switched.candidate_idx if switched else None,
+        "fallbacks": switched.fallbacks if switched else None,
     }
     landed = functools.partial(_step_landed, run, params["new_step"]) if advance else None
     row = _hot(_COMMIT_SQL, params, landed=landed)

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.core.pubsub import hub
+from apps.core.timefmt import iso_z
 from apps.runs.dispatch import run_channel
 from apps.runs.models import TERMINAL
 from apps.runs.selectors import run_events_since, run_status
@@ -62,7 +63,7 @@ def to_frame(row: dict[str, Any]) -> Frame | None:
             "user_input": {
                 "text": "\n\n".join(texts),
                 "source": payload.get("source", "replay"),
-                "seen_at": row["created_at"].isoformat().replace("+00:00", "Z"),
+                "seen_at": iso_z(row["created_at"]),
             },
         }
         return Frame("steer", data, row["seq"])

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
+from apps.core.timefmt import iso_z
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.runs import registry
 from apps.runs.models import TranscriptEntry
@@ -57,7 +58,7 @@ def context_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         out = {"tools": [{"name": n, "description": t.description} for n in ctx.tools if (t := registry.get(n))]}
     elif op == "time":
         now = datetime.now(UTC)
-        out = {"now": now.isoformat().replace("+00:00", "Z"), "unix": int(now.timestamp()), "timezone": "UTC"}
+        out = {"now": iso_z(now), "unix": int(now.timestamp()), "timezone": "UTC"}
     elif op == "history":
         limit = data.get("limit", 50)
         if not isinstance(limit, int) or not 1 <= limit <= 500:

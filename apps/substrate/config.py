@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from apps.core.errors import Invalid
 from apps.substrate.kinds import Refused
-from apps.substrate.kinds_admin.fields import check_channel_name
+from apps.substrate.kinds_admin.fields import check_channel_name, is_system_channel
 from apps.substrate.models import ChannelDef, DefSource
 
 log = logging.getLogger("loomcycle.substrate")
@@ -115,7 +115,7 @@ def channel_fields_from_yaml(name: Any, raw: Any) -> dict[str, Any]:
     if semantic not in CHANNEL_SEMANTICS:
         raise Invalid(f"{where}: semantic must be queue, broadcast or topic (got {semantic!r})", code="config_invalid")
     publisher = _channel_text(raw, "publisher", where)
-    if str(name).startswith("_system/") and publisher != "system":
+    if is_system_channel(str(name)) and publisher != "system":
         raise Invalid(f"{where}: names under _system/ are reserved for `publisher: system`", code="config_invalid")
     return {
         "scope": scope,

@@ -10,6 +10,7 @@ from django.db import connection
 from django.db.models import Count, Max, Q
 
 from apps.core.errors import NotFound
+from apps.core.timefmt import ts
 from apps.substrate.kinds import Kind, get_kind
 from apps.substrate.models import AgentDef, VersionedDef
 
@@ -104,10 +105,6 @@ def agent_def_resolve(*, tenant_id: str, name: str) -> AgentDef:
     return row
 
 
-def _ts(value: Any) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
-
-
 def def_names(kind: Kind, *, tenant_id: str | None) -> list[dict[str, Any]]:
     """`GET /v1/_<kind>def/names`: one summary per (tenant, name). `tenant_id`
     None lists every tenant (admins); otherwise the tenant and the shared rows."""
@@ -141,7 +138,7 @@ def def_names(kind: Kind, *, tenant_id: str | None) -> list[dict[str, Any]]:
                 "version_count": g["version_count"],
                 "active_def_id": active.id if active is not None else "",
                 "latest_version": g["latest_version"],
-                "last_updated": _ts(g["last_updated"]),
+                "last_updated": ts(g["last_updated"]),
                 "live_version_count": g["live_version_count"],
                 "active_retired": bool(active is not None and active.retired),
                 "static": bool(pointer is not None and pointer.static_def_id),

@@ -19,9 +19,9 @@ import pytest
 from django.core.management.base import CommandError
 from django.test import Client
 
-from apps.core.management.commands import up
 from loomcycle_project import env as E
 from loomcycle_project import instance_secrets
+from loomcycle_project.management.commands import up
 from tests.procs import ROOT
 
 PROBE = (

@@ -16,9 +16,9 @@ from apps.core.errors import ApplicationError
 from apps.gateway.models import UsageEntry
 from apps.gateway.providers.base import ProviderError
 from apps.gateway.resolver import Candidate, Policy, resolve, resolve_route
-from apps.runs.engine import StepWrite, _call_model, _fallback_target, strip_reasoning
+from apps.runs.engine import Next, StepWrite, _call_model, _fallback_target, strip_reasoning
 from apps.runs.models import RunEvent, RunStatus
-from apps.runs.store import ClaimedRun
+from apps.runs.store import ClaimedRun, Switched
 from loomcycle_project import env as E
 from tests.conftest import wait_status
 from tests.procs import WorkerPool
@@ -245,7 +245,7 @@ def test_fallback_decisions(
     suppressed: bool,
 ) -> None:
     monkeypatch.setattr(E, "FALLBACK_PIN_AFTER_SUCCESS", pin)
-    write = StepWrite(status="running", next="requeue")
+    write = StepWrite(status="running", next=Next.REQUEUE)
     exc = ProviderError("mock", status, "x")
     assert _fallback_target(claimed(step=step), exc, 0, 2, fallbacks, Policy(), write) == expected
     assert [e["type"] for e in write.events] == (["fallback_suppressed"] if suppressed else [])
@@ -263,10 +263,10 @@ def test_a_candidate_not_configured_on_this_worker_falls_back_at_once() -> None:
         provider="gone",
         model="m",
     )
-    write = StepWrite(status="running", next="requeue")
+    write = StepWrite(status="running", next=Next.REQUEUE)
     messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     text, calls, done = _call_model(run, messages, threading.Event(), write)
     assert (text, calls, done.usage.provider) == ("ok", [], "mock-stable")
     assert [e["type"] for e in write.events] == ["provider_fallback"]  # no same-provider retries for it
     assert "not configured on this worker" in write.events[0]["fallback"]["cause_error"]
-    assert write.switched == ("mock-stable", "mock-generic", 1, 1)
+    assert write.switched == Switched("mock-stable", "mock-generic", 1, 1)

@@ -76,9 +76,9 @@ def test_duplicate_and_stale_deliveries_are_noops(stack: WorkerPool) -> None:
         current_app.send_task("runs.iterate", args=(run.id, 0))
     done = wait_status(run.id, RunStatus.COMPLETED, timeout=30)
     time.sleep(0.5)  # let the duplicate deliveries be consumed
-    assert engine.run_iterate(run_id=run.id, step=0) == "noop"  # stale step
-    assert engine.run_iterate(run_id=run.id, step=1) == "noop"  # terminal run
-    assert engine.run_iterate(run_id=run.id, step=7) == "noop"  # future step
+    assert engine.run_iterate(run_id=run.id, step=0) == engine.Outcome.NOOP  # stale step
+    assert engine.run_iterate(run_id=run.id, step=1) == engine.Outcome.NOOP  # terminal run
+    assert engine.run_iterate(run_id=run.id, step=7) == engine.Outcome.NOOP  # future step
     assert event_types(run.id) == ["user_input", "started", "text", "usage", "done"]
     assert TranscriptEntry.objects.filter(run_id=run.id).count() == 2
     assert run_row(run.id).step == done.step == 1

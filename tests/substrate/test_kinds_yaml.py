@@ -13,7 +13,6 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from apps.core.bootstrap import load_yaml_config
 from apps.core.errors import Invalid
 from apps.memory.models import MemoryEntry
 from apps.memory.seed import memory_entries_seed
@@ -30,6 +29,7 @@ from apps.substrate.models import (
     WebhookDefActive,
 )
 from apps.substrate.services import Author, def_dispatch, defs_load_yaml
+from loomcycle_project.bootstrap import load_yaml_config
 
 OPS = Author(tenant_id="", subject="ops", is_admin=True, agent_id="a_http-admin")
 ACME = Author(tenant_id="acme", subject="alice")

@@ -17,10 +17,10 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError
 from django.test import Client, override_settings
 
-from apps.core.management.commands.up import starts_in_open_mode
 from apps.substrate import openmode as middleware
 from apps.substrate import tokens
 from apps.substrate.websocket import BrowserOriginValidator, browser_origin_validator
+from loomcycle_project.management.commands.up import starts_in_open_mode
 
 FOREIGN = "evil.example"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1:8787", "[::1]:8787", "app.localhost", "LocalHost:80")

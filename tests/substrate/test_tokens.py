@@ -23,12 +23,12 @@ from django.utils import timezone
 
 from apps.core.config import load_config
 from apps.core.errors import Unauthorized
-from apps.core.management.commands.doctor import check_auth
-from apps.core.management.commands.init import STARTER_YAML
 from apps.substrate import auth_cache, tokens
 from apps.substrate.auth import authenticate
 from apps.substrate.kinds import Refused
 from apps.substrate.models import OperatorTokenDef
+from loomcycle_project.management.commands.doctor import check_auth
+from loomcycle_project.management.commands.init import STARTER_YAML
 
 PEPPER = "test-pepper"
 

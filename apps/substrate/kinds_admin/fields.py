@@ -93,6 +93,16 @@ def get_secret_map(d: dict[str, Any], key: str, what: str, *, runtime: bool) -> 
     return value
 
 
+# Channels under this prefix are declared in yaml with `publisher: system`:
+# agents never publish to them, and the REST API neither creates them nor
+# publishes to them except through POST /v1/_channels/{name}.
+SYSTEM_CHANNEL_PREFIX = "_system/"
+
+
+def is_system_channel(name: str) -> bool:
+    return name.startswith(SYSTEM_CHANNEL_PREFIX)
+
+
 def check_channel_name(name: Any, what: str) -> str:
     """`/`-separated segments of [A-Za-z0-9_.-], no `.`/`..` segments, <= 256 chars."""
     if not isinstance(name, str) or not name:

@@ -12,26 +12,27 @@ from django.db import DatabaseError, connection
 from redis import RedisError
 
 from apps.core.errors import ApplicationError
-from apps.core.management.commands.up import port_free, split_addr
 from apps.core.redis import sync_client
 from apps.gateway.providers import provider_ids
 from loomcycle_project import env as E
+from loomcycle_project.management.commands.up import port_free, split_addr
 
 Check = tuple[str, str, str]  # (PASS|WARN|FAIL, name, detail)
 
 
 def check_config() -> list[Check]:
+    """The layered files load as boot loads them (LOOMCYCLE_CONFIG_DIR, _FILES, _STRICT);
+    a missing file or directory, bad yaml or a strict-mode conflict is a FAIL naming it."""
+    from apps.core.config import configured_paths, load_config
 
     try:
-        from apps.core.config import default_config_paths, load_config
-
-        paths = default_config_paths(settings.BASE_DIR, list(settings.LOOMCYCLE.config_files))
+        paths = configured_paths()
         if not paths:
             return [("WARN", "config", "no loomcycle.yaml found; no static agents")]
-        agents = load_config(paths).get("agents") or {}
+        agents = load_config(paths, strict=settings.LOOMCYCLE.config_strict).get("agents") or {}
         return [("PASS", "config", f"{', '.join(str(p) for p in paths)}: {len(agents)} agent(s)")]
     except ApplicationError as exc:
-        return [("FAIL", "config", exc.message)]
+        return [("FAIL", "config", f"{exc.code}: {exc.message}")]
 
 
 def check_postgres() -> list[Check]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.management import call_command
 from django.db import transaction
 
@@ -12,11 +14,12 @@ from apps.substrate.models import AgentDef
 from apps.substrate.services import defs_load_yaml
 
 
-def load_yaml_config() -> list[AgentDef]:
+def load_yaml_config(config: dict[str, Any] | None = None) -> list[AgentDef]:
     """Load every yaml block this build reads (definitions of each kind,
     `channels:`, `memory.entries:`) in one transaction: an invalid entry
-    anywhere leaves the database as it was. Returns the static agents."""
-    config = runtime_config(reload=True)
+    anywhere leaves the database as it was. Returns the static agents.
+    `config` is the merged yaml just read; None reads the files again."""
+    config = runtime_config(reload=True) if config is None else config
     with transaction.atomic():
         loaded = defs_load_yaml(config=config)
         channel_defs_sync_yaml(config=config)
@@ -25,6 +28,9 @@ def load_yaml_config() -> list[AgentDef]:
 
 
 def boot(*, migrate: bool = True, verbosity: int = 0) -> list[AgentDef]:
+    """Read the yaml, migrate, load it. Raises the config's ApplicationError
+    (the commands print it) before the database is touched."""
+    config = runtime_config(reload=True)
     if migrate:
         call_command("migrate", interactive=False, verbosity=verbosity)
-    return load_yaml_config()
+    return load_yaml_config(config)

@@ -22,9 +22,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from apps.core.bootstrap import boot
+from apps.core.errors import ApplicationError
 from apps.substrate.openmode import credential_configured
 from loomcycle_project import env as E
+from loomcycle_project.bootstrap import boot
 
 log = logging.getLogger("loomcycle.up")
 GRACE_S = 20.0
@@ -156,7 +157,10 @@ class Command(BaseCommand):
         host, port = split_addr(settings.LOOMCYCLE.listen_addr)
         if not port_free(host, port):
             raise CommandError(f"{host}:{port} is already in use (set LOOMCYCLE_LISTEN_ADDR)")
-        agents = boot(migrate=True, verbosity=1)
+        try:
+            agents = boot(migrate=True, verbosity=1)
+        except ApplicationError as exc:  # a config error: its message, not a traceback
+            raise CommandError(f"{exc.code}: {exc.message}") from exc
         try:
             if starts_in_open_mode(host):  # after migrating: operator tokens live in the database
                 self.stderr.write(self.style.WARNING(OPEN_MODE_WARNING))

@@ -9,7 +9,7 @@ anything under `loomcycle_project` runs the runtime's Celery setup, which
 sets DJANGO_SETTINGS_MODULE and rebinds kombu's `redis` transport in the
 importing process, and a user's pytest process may be a different Django
 project. This package imports only pytest, httpx and the standard library
-(psutil when a started runtime is stopped).
+(an import-linter contract in pyproject.toml keeps it so).
 """
 
 from loomcycle_testing.client import (

@@ -37,7 +37,17 @@ STOP_GRACE_S = 60.0  # `up` gives its children 20 s, then stops Postgres and Red
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls into it
 _PR_SET_PDEATHSIG = 1
 # Never passed to the runtime: they belong to the user's own process.
-_DROPPED_ENV = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "PYTHONPATH", "LOOMCYCLE_AUTH_TOKEN")
+_DROPPED_ENV = frozenset(
+    {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "DJANGO_SETTINGS_MODULE",
+        "PYTHONPATH",
+        "LOOMCYCLE_AUTH_TOKEN",
+        "LOOMCYCLE_CONFIG_DIR",  # the runtime's configuration is the session's files, nothing else
+        "LOOMCYCLE_EMBEDDED_POSTGRES",
+    }
+)
 # The plugin's defaults; the user's environment may override them (e.g. LOOMCYCLE_MOCK_LATENCY_MS).
 _DEFAULT_ENV = {
     "LOOMCYCLE_MOCK_LATENCY_MS": "0",
@@ -54,6 +64,30 @@ def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the test process dies, so
     `up` stops everything it started even if pytest is killed."""
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process now (Linux /proc, as PR_SET_PDEATHSIG is)."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # the command name may hold spaces and ")"
+        except OSError:  # the process exited while we looked: it has no descendants to find
+            continue
+        out[int(stat.parent.name)] = int(fields[1])
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` now (children, their children, ...)."""
+    parents = _parents()
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        kids = [child for child, parent in parents.items() if parent in frontier]
+        found.extend(kids)
+        frontier = kids
+    return found
 
 
 def free_port() -> int:
@@ -76,7 +110,7 @@ def project_root() -> Path:
 def runtime_env(data_dir: Path, port: int, config_files: list[Path]) -> dict[str, str]:
     """The child's environment: the user's, minus what belongs to their own
     process, plus the plugin's fixed settings (these always win)."""
-    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV and k != "LOOMCYCLE_EMBEDDED_POSTGRES"}
+    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
     for key, value in _DEFAULT_ENV.items():
         env.setdefault(key, value)
     if not config_files:  # no files: an empty config, never the bundled loomcycle.yaml
@@ -121,14 +155,9 @@ class Runtime:
 
     def processes(self) -> list[int]:
         """Pids of `up` and every process below it (web, worker, beat), now."""
-        import psutil
-
         if self.proc is None or self.proc.poll() is not None:
             return []
-        with contextlib.suppress(psutil.NoSuchProcess):  # it exited between poll() and here: nothing below it
-            kids = psutil.Process(self.proc.pid).children(recursive=True)
-            return [self.proc.pid, *(k.pid for k in kids)]
-        return []
+        return [self.proc.pid, *descendants(self.proc.pid)]
 
     def stop(self) -> None:
         """Stop `up` (SIGTERM: it stops its children, then Postgres and Redis);
@@ -154,6 +183,9 @@ def start_runtime(data_dir: Path, config_files: list[Path], timeout: float) -> R
     missing = [str(p) for p in config_files if not p.is_file()]
     if missing:
         raise RuntimeStartError(f"loomcycle config file(s) not found: {', '.join(missing)}")
+    unlisted = [str(p) for p in config_files if "," in str(p) or ":" in str(p)]
+    if unlisted:  # LOOMCYCLE_CONFIG_FILES separates its items with both
+        raise RuntimeStartError(f"a loomcycle config path cannot contain ',' or ':': {', '.join(unlisted)}")
     port = free_port()
     log_path = data_dir / "runtime.log"
     began = time.monotonic()

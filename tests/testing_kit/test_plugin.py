@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
+import pytest
 
 from tests.procs import ROOT
 
@@ -118,13 +119,31 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float) -> dict[s
     return loaded
 
 
-def test_a_killed_pytest_takes_the_runtime_down(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_an_interrupted_or_killed_pytest_takes_the_runtime_down(tmp_path: Path, signum: signal.Signals) -> None:
+    """Ctrl-C: pytest tears the session fixture down. SIGKILL: no teardown and
+    no atexit run, and only PR_SET_PDEATHSIG is left to stop `up`."""
     env = _user_project(tmp_path)
     argv = _pytest(tmp_path, USER_SUITE / "plugin_killed.py")
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         record = _wait_for(tmp_path / "record.json", proc, timeout=300)
     finally:
-        proc.send_signal(signal.SIGKILL)  # no teardown, no atexit: only PR_SET_PDEATHSIG is left
-        proc.communicate()
+        proc.send_signal(signum)
+        out = proc.communicate(timeout=120)[0]
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in out and proc.returncode == 2, out[-3000:]
     _assert_gone(record, deadline=time.monotonic() + 60)  # `up` stops its children (20 s grace), then Postgres
+
+
+def test_importing_the_plugin_touches_nothing_of_the_runtime() -> None:
+    """What a user's pytest process gets from loading the plugin: no Django
+    settings module, none of the runtime's packages, no Celery, no Django."""
+    probe = (
+        "import os, sys, loomcycle_testing; "
+        "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'apps', 'workers', 'loomcycle_project', 'django', "
+        "'celery', 'kombu'}); print(os.environ.get('DJANGO_SETTINGS_MODULE'), loaded)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"} | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "None []", done.stdout + done.stderr

@@ -142,7 +142,8 @@ def _persisted_events(client: httpx.Client, run_id: str) -> tuple[str, list[dict
     """(state, every persisted event) through GET /v1/runs/{id}/events, page by page."""
     rows: list[dict[str, Any]] = []
     while True:
-        resp = client.get(f"/v1/runs/{run_id}/events", params={"from_seq": len(rows) and rows[-1]["seq"]})
+        after = rows[-1]["seq"] if rows else 0
+        resp = client.get(f"/v1/runs/{run_id}/events", params={"from_seq": after, "limit": 5000})
         if resp.status_code != 200:
             raise _refused(resp, f"GET /v1/runs/{run_id}/events")
         page = resp.json()

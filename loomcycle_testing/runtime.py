@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -142,7 +142,6 @@ class Runtime:
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     startup_seconds: float = 0.0
-    _descendants: list[int] = field(default_factory=list)
 
     @property
     def pid(self) -> int | None:
@@ -165,12 +164,12 @@ class Runtime:
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
-        self._descendants = self.processes()[1:]
+        below = descendants(proc.pid)  # found now: once `up` is killed, its children are orphans
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(STOP_GRACE_S)
         except subprocess.TimeoutExpired:
-            for pid in [proc.pid, *self._descendants]:
+            for pid in [proc.pid, *below]:
                 with contextlib.suppress(ProcessLookupError):  # already gone
                     os.kill(pid, signal.SIGKILL)
             proc.wait(5)

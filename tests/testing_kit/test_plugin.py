@@ -92,7 +92,7 @@ def test_the_example_and_the_plugin_checks_pass_and_leave_nothing_running(tmp_pa
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert re.search(r"test_my_agent\.py::test_the_agent_remembers_the_colour PASSED", out), out[-6000:]
-    assert re.search(r"^=+ 10 passed", out, re.MULTILINE), out[-3000:]
+    assert re.search(r"^=+ 12 passed", out, re.MULTILINE), out[-3000:]
     _assert_gone(json.loads((tmp_path / "record.json").read_text()), deadline=time.monotonic())
 
 

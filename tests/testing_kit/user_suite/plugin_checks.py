@@ -4,13 +4,14 @@ with docs/examples/test_my_agent.py. Not collected by the project's suite."""
 
 import json
 import os
+import time
 from urllib.parse import quote
 
 import httpx
 import pytest
 from kit_record import record_runtime
 
-from loomcycle_testing import LoomcycleError, RuntimeStartError, assert_tool_called, define_agent, run_agent
+from loomcycle_testing import LoomcycleError, RunTimeout, RuntimeStartError, assert_tool_called, define_agent, run_agent
 from loomcycle_testing.runtime import start_runtime
 
 MEMORY_GET = {"op": "get", "scope": "user", "key": "colour"}
@@ -73,6 +74,23 @@ def test_only_the_users_config_is_loaded(loomcycle_client):
 def test_a_refused_run_is_a_clear_error(run_agent):
     with pytest.raises(LoomcycleError, match=r"HTTP 400 unknown_agent"):
         run_agent("no-such-agent", "hi")
+
+
+def test_a_failed_run_has_status_failed_and_its_error(define_agent, run_agent):
+    define_agent("scripted", provider="mock", model="mock-script")
+    result = run_agent("scripted", 'MOCK_SCRIPT: [{"tol": "Memory"}]')
+    assert (result.status, result.stop_reason, result.events[-1][0]) == ("failed", "", "error")
+    assert "unknown key 'tol'" in result.error
+
+
+def test_a_run_past_its_timeout_is_cancelled(define_agent, run_agent, loomcycle_client):
+    define_agent("scripted", provider="mock", model="mock-script")
+    with pytest.raises(RunTimeout, match=r"of 'scripted' did not end within 1 s \(events: session, agent"):
+        run_agent("scripted", 'MOCK_SCRIPT: [{"sleep_ms": 120000, "text": "late"}]', timeout=1, agent_id="sleepy")
+    deadline = time.monotonic() + 30
+    while loomcycle_client.get("/v1/agents/sleepy").json()["state"] != "cancelled":
+        assert time.monotonic() < deadline, "run_agent's cancel did not land"
+        time.sleep(0.1)
 
 
 def test_the_users_own_django_settings_are_untouched():

@@ -290,9 +290,9 @@ def runs_input(request: HttpRequest, run_id: str) -> dict[str, Any]:
 
 
 @router.post("/_pause", openapi_extra=openapi_body(PauseIn), summary="Park every run at its next boundary")
-def runtime_pause(request: HttpRequest) -> dict[str, Any]:
+async def runtime_pause(request: HttpRequest) -> dict[str, Any]:
     data = parse_body(request, PauseIn, max_bytes=1024 * 1024, required=False)
-    return services.runtime_pause(timeout_ms=data.timeout_ms)
+    return await services.runtime_pause(timeout_ms=data.timeout_ms)
 
 
 @router.post("/_resume", summary="Resume parked runs")

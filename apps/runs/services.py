@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -23,6 +24,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
+from apps.core.http import db_call
 from apps.core.identity import acting_tenant_id, acting_user_id
 from apps.core.ids import new_agent_id, new_run_id, new_session_id
 from apps.core.types import Principal
@@ -321,9 +323,36 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     return {"run_id": run.id, "delivered": True}
 
 
-def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
-    """Park every run at its next boundary; wait up to timeout for in-flight iterations."""
+PAUSE_POLL_S = 0.1
+
+
+async def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
+    """Park every run at its next boundary; wait up to `timeout_ms` for in-flight
+    iterations. The wait holds no thread: a DB check every PAUSE_POLL_S on the
+    event loop. The runtime is `paused` when this returns, even on timeout (the
+    stragglers park at their boundary) or when the caller went away."""
     started = time.monotonic()
+    await db_call(_pause_begin)()
+    left = await db_call(runtime_pause_settle)(force=False)
+    deadline = started + timeout_ms / 1000
+    try:
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(PAUSE_POLL_S)
+            left = await db_call(runtime_pause_settle)(force=False)
+    finally:
+        if left:  # timed out, or the request was cancelled: paused anyway, as the timeout says
+            left = await db_call(runtime_pause_settle)(force=True)
+    warnings = [f"{left} run(s) had not parked after {timeout_ms} ms; they park at their next boundary"] if left else []
+    return {
+        "state": "paused",
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "force_cancelled_count": 0,
+        "paused_runs_count": await db_call(Run.objects.filter(status=RunStatus.PAUSED).count)(),
+        "warnings": warnings,
+    }
+
+
+def _pause_begin() -> None:
     with transaction.atomic():
         state, _ = RuntimeState.objects.select_for_update().get_or_create(id=1)
         if state.state != RuntimeStateValue.RUNNING:
@@ -334,22 +363,20 @@ def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
     Run.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), status__in=RUNNABLE).update(
         status=RunStatus.PAUSED, updated_at=now, lease_token=F("lease_token") + 1
     )
-    warnings: list[str] = []
-    deadline = started + timeout_ms / 1000
-    while Run.objects.filter(status__in=RUNNABLE).exists():
-        if time.monotonic() > deadline:
-            left = Run.objects.filter(status__in=RUNNABLE).count()
-            warnings.append(f"{left} run(s) had not parked after {timeout_ms} ms; they park at their next boundary")
-            break
-        time.sleep(0.05)
-    RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.PAUSED, updated_at=timezone.now())
-    return {
-        "state": "paused",
-        "duration_ms": int((time.monotonic() - started) * 1000),
-        "force_cancelled_count": 0,
-        "paused_runs_count": Run.objects.filter(status=RunStatus.PAUSED).count(),
-        "warnings": warnings,
-    }
+
+
+def runtime_pause_settle(*, force: bool = False) -> int:
+    """`pausing` -> `paused` once no run is runnable (at once with `force`);
+    the number of runs still runnable. The lease sweep calls it too, so a pause
+    whose web process died still settles."""
+    if not RuntimeState.objects.filter(id=1, state=RuntimeStateValue.PAUSING).exists():
+        return 0  # not pausing (never was, already settled, or resumed meanwhile)
+    left = Run.objects.filter(status__in=RUNNABLE).count()
+    if force or not left:
+        RuntimeState.objects.filter(id=1, state=RuntimeStateValue.PAUSING).update(
+            state=RuntimeStateValue.PAUSED, updated_at=timezone.now()
+        )
+    return left
 
 
 def runtime_resume() -> dict[str, Any]:

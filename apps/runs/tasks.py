@@ -24,11 +24,12 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 @shared_task(base=AgentTask, name="maintenance.run_leases_sweep")
 def run_leases_sweep_task(**_: Any) -> int:
     """Requeue runs whose lease expired or whose doorbell was lost, and the
-    doorbells dead workers held; finish parked runs whose cancel had not landed.
+    doorbells dead workers held; finish parked runs whose cancel had not landed;
+    settle a pause once every run has parked.
     Each sweep runs even if another failed (a Redis error must not stop the
     Postgres sweeps); the first failure is raised once all have run."""
     total, failure = 0, None
-    for sweep in (held.recover, services.run_leases_sweep, services.run_parked_cancels_finish):
+    for sweep in (held.recover, services.run_leases_sweep, services.run_parked_cancels_finish, _pause_settle):
         try:
             total += sweep()
         except Exception as exc:
@@ -37,6 +38,12 @@ def run_leases_sweep_task(**_: Any) -> int:
     if failure is not None:
         raise failure
     return total
+
+
+def _pause_settle() -> int:
+    """A pause whose request went away settles here once every run has parked."""
+    services.runtime_pause_settle()
+    return 0
 
 
 @shared_task(base=AgentTask, name="maintenance.children_report_sweep")

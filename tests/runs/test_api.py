@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -14,7 +16,7 @@ from websockets.sync.client import connect
 from apps.core.errors import Forbidden, Unauthorized
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.substrate.auth import authenticate
-from tests.conftest import wait_status
+from tests.conftest import run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
@@ -143,6 +145,47 @@ def test_pause_state_resume_over_http(http: httpx.Client) -> None:
     assert resp.status_code == 503 and resp.json()["code"] == "runtime_paused"
     assert http.post("/v1/_resume").json()["state"] == "running"
     assert http.post("/v1/_resume").json()["code"] == "not_paused"
+
+
+# A 4 s first iteration, then a second one that a pause parks (tests/gateway/test_mock_script.py).
+SLOW_TWO_STEPS = {
+    "agent": "scripted",
+    "prompt": 'MOCK_SCRIPT: [{"tool": "Context", "input": {"op": "self"}, "sleep_ms": 4000}, {"text": "done"}]',
+    "background": True,
+}
+
+
+def test_other_requests_are_answered_while_a_pause_waits_for_an_iteration(web: str) -> None:
+    """The pause waits on the event loop (a DB check every 0.1 s), holding no server thread."""
+    with httpx.Client(base_url=web, timeout=30) as client, httpx.Client(base_url=web, timeout=30) as other:
+        run = client.post("/v1/runs", json=SLOW_TWO_STEPS).json()
+        wait_for(lambda: RunEvent.objects.filter(run_id=run["run_id"], type="started").exists())
+        with ThreadPoolExecutor(1) as pool:
+            pausing = pool.submit(client.post, "/v1/_pause", json={"timeout_ms": 20_000})
+            wait_for(lambda: other.get("/v1/_state").json()["state"] == "pausing")
+            asked = time.monotonic()
+            assert other.get("/v1/agents/a_0000000000000000").status_code == 404  # a sync view, answered now
+            assert time.monotonic() - asked < 1.0
+            assert not pausing.done()  # the 4 s model call is still in flight
+            out = pausing.result(timeout=30).json()
+        assert (out["state"], out["paused_runs_count"], out["warnings"]) == ("paused", 1, [])
+        assert run_row(run["run_id"]).status == RunStatus.PAUSED
+        assert other.post("/v1/_resume").json()["resumed_runs_count"] == 1
+        wait_status(run["run_id"], RunStatus.COMPLETED, timeout=30)
+
+
+def test_a_pause_whose_caller_hangs_up_still_pauses(web: str) -> None:
+    with httpx.Client(base_url=web, timeout=30) as client:
+        run = client.post("/v1/runs", json=SLOW_TWO_STEPS).json()
+        wait_for(lambda: RunEvent.objects.filter(run_id=run["run_id"], type="started").exists())
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/_pause", json={"timeout_ms": 20_000}, timeout=httpx.Timeout(30, read=0.5))
+        # The cancelled wait pauses at once, as a timeout does: the 4 s call is still in flight.
+        assert wait_for(lambda: client.get("/v1/_state").json()["state"] == "paused", timeout=2)
+        assert RunEvent.objects.filter(run_id=run["run_id"], type="tool_call").count() == 0
+        wait_for(lambda: client.get("/v1/_state").json() == {"state": "paused", "paused_runs_count": 1}, timeout=30)
+        assert client.post("/v1/_resume").json()["resumed_runs_count"] == 1
+        wait_status(run["run_id"], RunStatus.COMPLETED, timeout=30)
 
 
 def test_input_and_cancel_endpoints(http: httpx.Client) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from asgiref.sync import async_to_sync
 from celery import current_app
 
 from apps.runs import engine, services
@@ -144,7 +145,7 @@ def test_cancel_during_provider_call_lands_within_a_second_and_cascades(stack: W
 def test_pause_parks_every_run_and_resume_completes_them(stack: WorkerPool) -> None:
     runs = [start("ticker") for _ in range(6)]
     wait_for(lambda: Run.objects.filter(step__gte=1).exists())
-    out = services.runtime_pause(timeout_ms=10_000)
+    out = async_to_sync(services.runtime_pause)(timeout_ms=10_000)
     assert out["warnings"] == [] and out["paused_runs_count"] == 6
     statuses = {run_row(r.id).status for r in runs}
     assert statuses == {RunStatus.PAUSED}

@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(PY) -m mypy apps workers loomcycle_project
+	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing
 
 bench: $(STAMP)
 	$(PY) bench/loop.py

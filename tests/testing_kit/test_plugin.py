@@ -23,7 +23,7 @@ import pytest
 
 from tests.procs import ROOT
 
-EXAMPLE = ROOT / "docs" / "examples" / "test_my_agent.py"
+EXAMPLE = ROOT / "examples" / "test_my_agent.py"
 USER_SUITE = Path(__file__).resolve().parent / "user_suite"
 USER_YAML = """\
 agents:

@@ -1,6 +1,6 @@
 """Run by tests/testing_kit/test_plugin.py in a user-like pytest process
 (`-p loomcycle_testing`, its own ini, a Django project of its own), together
-with docs/examples/test_my_agent.py. Not collected by the project's suite."""
+with examples/test_my_agent.py. Not collected by the project's suite."""
 
 import json
 import os

@@ -153,6 +153,11 @@ MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
 ENGINE_ADMISSION_SLOTS: int = env.int("LOOMCYCLE_ENGINE_ADMISSION_SLOTS", default=2)
 ENGINE_ADMISSION_TOOLS_AFTER_MS: float = env.float("LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS", default=20.0)
 
+# The tuned broker transport (workers/transport.py, chosen by its dotted path) and
+# hand-built doorbells (workers/doorbell.py). Off: kombu's stock Redis transport
+# and Celery's send_task, the fallback when a kombu upgrade breaks the fast path.
+FAST_TRANSPORT: bool = env.bool("LOOMCYCLE_FAST_TRANSPORT", default=True)
+
 # Opt-in engine timing samples: each iteration's "total_ms,provider_ms" is
 # pushed to this Redis list, in batches every 100 ms (bench/loop.py reads it). Off when unset.
 ENGINE_TIMINGS_KEY: str | None = env.str("LOOMCYCLE_ENGINE_TIMINGS_KEY", default=None) or None

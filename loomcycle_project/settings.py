@@ -125,8 +125,25 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = E.MAX_REQUEST_BYTES
 
 REDIS_URL = E.redis_url() or ""
 
+
+def celery_broker(redis_url: str, fast: bool) -> tuple[str, str | None]:
+    """Celery's broker URL and transport. With LOOMCYCLE_FAST_TRANSPORT on, a
+    redis:// or redis+socket:// REDIS_URL is served by workers/transport.py,
+    named by its dotted path (kombu reads a `+` URL's prefix as the transport
+    ahead of broker_transport, so the socket form goes as `socket://` to the
+    transport that takes it unparsed). Otherwise kombu picks its own transport
+    from the URL's scheme."""
+    if not fast:
+        return redis_url, None
+    if redis_url.startswith("redis://"):
+        return redis_url, "workers.transport:Transport"
+    if redis_url.startswith("redis+socket://"):
+        return redis_url.removeprefix("redis+"), "workers.transport:SocketTransport"
+    return redis_url, None
+
+
 # Celery (DESIGN.md "Celery settings for this workload").
-CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT = celery_broker(REDIS_URL, E.FAST_TRANSPORT)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7200}
 CELERY_TASK_ACKS_LATE = True

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 from django.db.models import Q
 
@@ -23,6 +24,17 @@ from loomcycle_project.bootstrap import load_yaml_config
 from tests import procs
 
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
+
+
+def fast_transport() -> bool:
+    """The broker is served by workers/transport.py (LOOMCYCLE_FAST_TRANSPORT on,
+    settings.py); off, kombu's stock transport and send_task doorbells."""
+    return str(django_settings.CELERY_BROKER_TRANSPORT or "").startswith("workers.transport:")
+
+
+needs_fast_transport = pytest.mark.skipif(
+    not fast_transport(), reason="tests workers/transport.py or hand-built doorbells: LOOMCYCLE_FAST_TRANSPORT=0"
+)
 
 
 @pytest.fixture(autouse=True)

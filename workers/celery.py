@@ -1,17 +1,14 @@
-"""The Celery app. Configuration lives in Django settings (CELERY_ names), read via loomcycle_project.celeryconfig."""
+"""The Celery app. Configuration lives in Django settings (CELERY_ names), read via loomcycle_project.celeryconfig;
+the broker transport among them (CELERY_BROKER_TRANSPORT: workers/transport.py by its dotted path, or kombu's own
+with LOOMCYCLE_FAST_TRANSPORT=0)."""
 
 from __future__ import annotations
 
 import os
 
 from celery import Celery
-from kombu.transport import TRANSPORT_ALIASES
 
 from workers.queues import MAINTENANCE, RUNS, TASK_ROUTES
-
-# redis:// and redis+socket:// URLs name the transport by their scheme: point it
-# at ours, which reuses one Redis client per channel (workers/transport.py).
-TRANSPORT_ALIASES["redis"] = "workers.transport:Transport"
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
 

@@ -16,8 +16,11 @@ fire Celery's `before_task_publish`/`after_task_publish` signals, or go
 through kombu's publish retry (redis-py's own retry applies instead). Lost
 doorbells are recovered by the lease sweeper either way (architecture.md).
 
-Used only when the broker is the Redis that `REDIS_URL` names, without a
-key prefix; otherwise `apps.runs.dispatch` falls back to `send_task`.
+Used only when `LOOMCYCLE_FAST_TRANSPORT` is on (the default) and the broker
+is the Redis that `REDIS_URL` names, without a key prefix; otherwise
+`apps.runs.dispatch` falls back to `send_task`. Either way the worker sees the
+same message, and a duplicate or lost doorbell is handled the same way (the
+claim, the sweeper).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 
 from apps.core.redis import sync_client
+from loomcycle_project import env as E
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
@@ -42,8 +46,11 @@ def direct() -> bool:
     """True when doorbells can be LPUSHed to the broker's list directly (settings
     are read once per process)."""
     options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}
+    redis_url = str(settings.REDIS_URL)
+    # settings.py hands kombu a redis+socket:// URL in its socket:// form (workers/transport.py).
     return bool(
-        settings.CELERY_BROKER_URL == settings.REDIS_URL
+        E.FAST_TRANSPORT
+        and settings.CELERY_BROKER_URL in (redis_url, redis_url.removeprefix("redis+"))
         and str(settings.REDIS_URL).startswith(("redis://", "rediss://", "redis+socket://", "unix://"))
         and not options.get("global_keyprefix")
     )

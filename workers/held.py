@@ -20,10 +20,16 @@ What it gives up: a process killed between Redis answering BRPOP and the HSET
 (microseconds) loses that doorbell as before (kombu's own bookkeeping has the
 same window); the sweeper's grace still re-rings it.
 
+Only with the fast transport (LOOMCYCLE_FAST_TRANSPORT, the default). With
+kombu's stock transport a doorbell is in kombu's unacked hash like any task,
+`recover` finds no channel of ours and does nothing, and a killed worker's
+doorbells come back through the sweeper's grace (the run sat unleased) or,
+later, kombu's visibility timeout (a duplicate, a no-op at the claim).
+
 Private kombu API: the push-back uses the Redis channel's
 `_do_restore_message` (the same call kombu's own restore of unacked messages
-makes), so a kombu upgrade must keep it; tests/core/test_transport.py
-exercises it and fails if it changes.
+makes); workers/transport.py lists what it relies on and
+tests/core/test_kombu_seams.py pins it.
 """
 
 from __future__ import annotations

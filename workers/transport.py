@@ -1,10 +1,14 @@
 """kombu's Redis transport, tuned for many small tasks with late acks.
 
-Three changes, made by subclassing kombu's Channel, QoS and Transport. They
-are not all public API: the QoS skips the Redis QoS's own `append` (calling
-`virtual.QoS.append` directly), reads `message._raw`, and pushes doorbells back
-with the channel's private `_do_restore_message`. A kombu upgrade must be
-checked against them (tests/core/test_transport.py exercises each).
+Chosen by its dotted path, never by a process-wide alias: settings.py sets
+Celery's `broker_transport` to `workers.transport:Transport` (redis:// URLs)
+or `workers.transport:SocketTransport` (redis+socket://, see below) when
+`LOOMCYCLE_FAST_TRANSPORT` is on (the default). With it off, Celery uses
+kombu's stock Redis transport and doorbells go through `send_task`
+(docs/configuration.md): the fallback when a kombu upgrade breaks this module.
+Any other scheme (rediss://, sentinel://) keeps kombu's transport for it.
+
+Three changes, made by subclassing kombu's Channel, QoS and Transport:
 
 - One reused client per channel. kombu's Redis `Channel` builds a new
   `redis.Redis` object for every synchronous operation (each publish, ack and
@@ -37,8 +41,40 @@ checked against them (tests/core/test_transport.py exercises each).
   closes (warm or cold shutdown), or rejected with requeue, is pushed back
   onto its queue as kombu would. Every other task keeps kombu's bookkeeping.
 
-Registered as the `redis` transport in workers.celery, for every process that
-uses our Celery app.
+Private kombu API this module (and workers/held.py) relies on. These are not
+kombu's extension points; they were read in kombu 5.7.0's source
+(WRITTEN_FOR_KOMBU), and tests/core/test_kombu_seams.py pins each one and
+the kombu version, so that an upgrade that changes them fails loudly instead
+of misbehaving:
+
+- `virtual.QoS.append(self, message, delivery_tag)` and
+  `virtual.QoS.ack(self, delivery_tag)`, called directly to bypass the Redis
+  QoS's own `append`/`ack` (their MULTI/EXEC round trips) while keeping the
+  prefetch accounting (`_delivered`, `can_consume`) in kombu's hands.
+- The Redis QoS's unacked bookkeeping, rewritten here for non-doorbells as
+  kombu writes it: `unacked_key` / `unacked_index_key`, `pipe_or_acquire()`,
+  and the entry format `[message._raw, exchange, routing_key]` (JSON) that
+  its `restore_by_tag` / `restore_visible` read back.
+- `message._raw`: the virtual Message's payload as it came off the queue.
+- The Redis QoS's `reject(tag, requeue)` calling `self.restore_by_tag(tag,
+  leftmost=True)` for a requeue, and `restore_by_tag(tag, client, leftmost)`
+  / `restore_unacked_once(stderr)` as the methods kombu calls to put messages
+  back (overridden to restore doorbells from memory and to flush acks first).
+- `Channel._do_restore_message(payload, exchange, routing_key, pipe,
+  leftmost)`: pushes a message back onto its queue, as kombu's own restore
+  does (here and in workers/held.py).
+- `Channel._create_client(asynchronous)`: overridden to reuse one client.
+- `Channel._qos`: read by the ack flusher, so that it creates no QoS for a
+  channel that never consumed (`Channel.qos` would).
+- `Transport.register_with_event_loop(connection, loop)` and the hub's
+  `call_repeatedly`: where the ack flusher is scheduled.
+
+`SocketTransport` relies on kombu's documented `Transport.can_parse_url`: kombu
+reads a transport name from a `redis+socket://` URL's prefix, ahead of any
+`broker_transport`, and (since 5.7) refuses a dotted path there. So settings.py
+gives Celery the `socket://` form and this class, which takes the URL
+unparsed: kombu's Redis channel then gets the `socket:///path` host it gets
+from the `+` form and connects to the Unix socket.
 """
 
 from __future__ import annotations
@@ -59,6 +95,8 @@ from workers.queues import DOORBELL_TASKS
 log = logging.getLogger("loomcycle.transport")
 
 ACK_FLUSH_S = 0.02
+# The kombu release whose private API (above) this module was written against.
+WRITTEN_FOR_KOMBU = "5.7.0"
 
 
 class QoS(kombu_redis.QoS):
@@ -181,3 +219,11 @@ class Transport(kombu_redis.Transport):
                 qos.flush_acks()
             except (RedisError, OSError):  # retried on the next tick; kombu's reconnect handles the link
                 log.exception("could not settle %d acks; retrying", len(qos._pending_acks))
+
+
+class SocketTransport(Transport):
+    """`Transport` for a Unix socket broker URL in its `socket:///path` form
+    (settings.py turns `redis+socket://` into it): kombu passes the URL
+    through unparsed and the Redis channel connects to the path."""
+
+    can_parse_url = True

@@ -20,6 +20,20 @@ in the broker would:
   section ends, ahead of iterations not yet admitted, so at most K
   iterations per process are ever doing engine work;
 - slots = 0 turns admission off.
+
+Knobs (read once, when this module is imported; docs/configuration.md):
+`LOOMCYCLE_ENGINE_ADMISSION_SLOTS` (K, default 2; 0 = off) and
+`LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS` (`TOOLS_AFTER_S`, default 20 ms:
+how long a batch of tool calls keeps its slot).
+
+Who uses it. `ADMISSION` is the one instance per process. The run engine
+(apps.runs.engine) wraps each iteration in `admitted()` and marks its remote
+provider calls, retry waits and tool batches `outside()`. The gateway does not
+import it: its own waits (the mock provider's simulated latency, a
+provider-slot wait) go through `apps.gateway.waits.outside()`, a hook the runs
+app sets to `ADMISSION.outside` at AppConfig.ready. Both are no-ops in a
+thread that holds no slot (the web process, a test calling a provider).
+Measurements: docs/performance.md ("Engine admission").
 """
 
 from __future__ import annotations

@@ -7,9 +7,13 @@ class RunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core.admission import ADMISSION
+        from apps.gateway import waits
         from apps.runs import registry
         from apps.runs.subruns import AGENT_TOOL
         from apps.runs.tools import CONTEXT_TOOL
 
         registry.register(CONTEXT_TOOL)
         registry.register(AGENT_TOOL)
+        # The gateway's waits (mock latency, provider-slot waits) give up the engine's admission slot.
+        waits.install(ADMISSION.outside)

@@ -22,20 +22,58 @@ from apps.core.redis import sync_client
 from apps.runs import store
 from apps.runs.dispatch import run_channel, wake_and_enqueue
 from apps.substrate.selectors import agent_def_resolve, agent_definition
+from tests.conftest import fast_transport, needs_fast_transport
 from workers import doorbell
 from workers.celery import app
 from workers.queues import ITERATE_TASK
 from workers.transport import Transport
 
 
+@needs_fast_transport
 def test_the_redis_transport_reuses_one_sync_client_per_channel() -> None:
-    with Connection(settings.CELERY_BROKER_URL) as conn:
+    with app.connection_for_write() as conn:
         assert isinstance(conn.transport, Transport)
         channel: Any = conn.default_channel
         first = channel._create_client()
         assert channel._create_client() is first
         assert channel.client is not first  # the asynchronous client is kombu's own
     assert app.conf.broker_url == settings.CELERY_BROKER_URL
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_broker_transport_is_named_by_its_dotted_path(fast: bool) -> None:
+    """settings.py picks the transport per LOOMCYCLE_FAST_TRANSPORT without
+    touching kombu's aliases; both reach the test Redis (a Unix socket URL)."""
+    from kombu.transport import TRANSPORT_ALIASES
+    from kombu.transport import redis as kombu_redis
+
+    from loomcycle_project.settings import celery_broker
+    from workers.transport import SocketTransport
+
+    assert celery_broker("redis://h:1/2", True) == ("redis://h:1/2", "workers.transport:Transport")
+    assert celery_broker("rediss://h:1/2", True) == ("rediss://h:1/2", None)  # TLS keeps kombu's transport
+    assert celery_broker("redis://h:1/2", False) == ("redis://h:1/2", None)
+    url, transport = celery_broker(settings.REDIS_URL, fast)
+    with Connection(url, transport=transport) as conn:
+        assert conn.default_channel.client.ping()
+        assert isinstance(conn.transport, Transport) == fast
+        assert isinstance(conn.transport, kombu_redis.Transport)
+        if fast and settings.REDIS_URL.startswith("redis+socket://"):
+            assert isinstance(conn.transport, SocketTransport)
+    assert TRANSPORT_ALIASES["redis"] == "kombu.transport.redis:Transport"
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.transport, Transport) == fast_transport()
+
+
+def test_with_the_fast_transport_off_doorbells_go_through_send_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loomcycle_project import env as E
+
+    monkeypatch.setattr(E, "FAST_TRANSPORT", False)
+    doorbell.direct.cache_clear()
+    try:
+        assert not doorbell.direct()
+    finally:
+        doorbell.direct.cache_clear()
 
 
 def test_redis_replies_are_parsed_by_hiredis() -> None:
@@ -48,7 +86,7 @@ def test_redis_replies_are_parsed_by_hiredis() -> None:
         finally:
             pool.release(conn)
 
-    with Connection(settings.CELERY_BROKER_URL) as conn:
+    with app.connection_for_write() as conn:
         assert isinstance(parser_of(conn.default_channel._create_client().connection_pool), _HiredisParser)
     assert isinstance(parser_of(sync_client().connection_pool), _HiredisParser)
 
@@ -64,6 +102,7 @@ def _wire(raw: bytes) -> dict[str, Any]:
     return msg
 
 
+@needs_fast_transport
 def test_a_doorbell_is_the_message_send_task_writes() -> None:
     """workers/doorbell.py writes Celery's protocol-v2 message in kombu's Redis
     envelope itself; this pins it to what the pinned Celery and kombu write."""
@@ -88,6 +127,7 @@ def test_a_doorbell_is_the_message_send_task_writes() -> None:
     assert body[:2] == [["r_0123456789abcdef", 7], {}]
 
 
+@needs_fast_transport
 def test_run_doorbells_go_to_the_runs_list_in_one_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     from apps.runs import dispatch
 

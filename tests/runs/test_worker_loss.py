@@ -1,6 +1,8 @@
 """A worker killed with doorbells it had taken but not started (queued in
 admission before their claim, so no lease covers them): their runs resume
-within lease + sweep (workers/held.py), not after the sweeper's grace.
+within lease + sweep (workers/held.py), not after the sweeper's grace. With
+LOOMCYCLE_FAST_TRANSPORT=0 (kombu's stock transport, no held hash) they
+resume through the sweeper's grace instead: later, but every run completes.
 
 The doorbells are held in admission deterministically: the test holds every
 run's row lock, so each worker's two admission slots (LOOMCYCLE_ENGINE_
@@ -19,7 +21,7 @@ from django.db.models.functions import Now
 
 from apps.core.redis import sync_client
 from apps.runs.models import Run, RunStatus
-from tests.conftest import wait_for
+from tests.conftest import fast_transport, wait_for
 from tests.procs import WorkerPool
 from tests.runs.locks import run_updates_waiting
 from tests.runs.test_engine import start
@@ -57,9 +59,12 @@ def test_doorbells_a_killed_worker_held_in_admission_are_rung_again_within_lease
     finally:
         _consumers("add_consumer", stack)  # a no-op where it is consuming already
     # Inside lease + sweep (+ one presence refresh and the iteration itself); the grace is longer.
+    # Kombu's stock transport keeps its copies until the visibility timeout: the grace re-rings them.
+    fast = fast_transport()
     wait_for(
         lambda: Run.objects.filter(id__in=ids, status=RunStatus.COMPLETED).count() == RUNS_COUNT,
-        timeout=lease + 2 * sweep + 3,
+        timeout=(lease if fast else grace) + 2 * sweep + 3,
         interval=0.1,
     )
-    assert time.monotonic() - killed_at < grace
+    if fast:
+        assert time.monotonic() - killed_at < grace

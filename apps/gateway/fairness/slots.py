@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from apps.core.admission import ADMISSION
 from apps.core.redis import sync_client
+from apps.gateway import waits
 from apps.gateway.fairness import store
 from apps.gateway.fairness.config import (
     INDEX_KEY,
@@ -169,7 +169,7 @@ def provider_slot(provider_id: str, cap: int | None = None, *, cancel: threading
                 raise full.refused()
             waited = True
             store.mark_waiting(gate, waiter)  # counted as `queued` in the stats while it waits
-            with ADMISSION.outside():  # an engine iteration queued here gives its admission slot up
+            with waits.outside():  # an engine iteration queued here gives its admission slot up
                 if cancel.wait(min(delay * random.uniform(0.8, 1.2), left)):
                     raise ProviderCancelled()
             delay = _next_delay(delay)

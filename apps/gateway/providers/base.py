@@ -29,7 +29,7 @@ class Capabilities:
     effort: bool = False
     # The call waits on the network. The engine then gives its admission slot
     # (apps.core.admission) to the next iteration for the call's duration; an
-    # in-process provider (the mock) marks its own waits instead.
+    # in-process provider (the mock) marks its own waits instead (apps.gateway.waits).
     remote: bool = True
 
 

@@ -58,8 +58,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from apps.core.admission import ADMISSION
 from apps.core.ids import new_mock_tool_id
+from apps.gateway import waits
 from apps.gateway.providers import mock_script
 from apps.gateway.providers.base import (
     Capabilities,
@@ -153,7 +153,7 @@ class MockProvider(Provider):
         self._roll_failures(opts)
         seconds = self._latency(chars, opts)
         if seconds > 0:
-            with ADMISSION.outside():  # simulated network time: the engine may run another iteration
+            with waits.outside():  # simulated network time: the caller (the engine) may run another iteration
                 if cancel.wait(seconds):
                     raise ProviderCancelled()
         if cancel.is_set():
@@ -163,7 +163,7 @@ class MockProvider(Provider):
         if variant == "mock-script":
             scripted = mock_script.answer(self.id, request, stable=self.stable)
             if scripted.sleep_s > 0:
-                with ADMISSION.outside():
+                with waits.outside():
                     if cancel.wait(scripted.sleep_s):
                         raise ProviderCancelled()
             yield from self._scripted(scripted, request, chars)

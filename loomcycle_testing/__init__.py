@@ -6,7 +6,7 @@ point never load it twice). See docs/testing.md.
 
 It is a package of its own, not `loomcycle_project.testing`: importing
 anything under `loomcycle_project` runs the runtime's Celery setup, which
-sets DJANGO_SETTINGS_MODULE and rebinds kombu's `redis` transport in the
+sets DJANGO_SETTINGS_MODULE and connects Celery signal handlers in the
 importing process, and a user's pytest process may be a different Django
 project. This package imports only pytest, httpx and the standard library
 (an import-linter contract in pyproject.toml keeps it so).

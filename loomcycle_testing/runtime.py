@@ -3,8 +3,8 @@ one child process, or an already-running runtime named by its URL.
 
 Invariants:
 - Nothing of the runtime is imported here: importing `loomcycle_project`
-  runs its Celery setup (it sets DJANGO_SETTINGS_MODULE and rebinds kombu's
-  `redis` transport process-wide), which must never happen in a user's
+  runs its Celery setup (it sets DJANGO_SETTINGS_MODULE and connects Celery
+  signal handlers), which must never happen in a user's
   pytest process. The package is only located (`importlib.util.find_spec`).
 - The child gets an environment of its own: the user's DATABASE_URL,
   REDIS_URL, DJANGO_SETTINGS_MODULE, PYTHONPATH and LOOMCYCLE_AUTH_TOKEN never

@@ -66,10 +66,20 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise Invalid(f"{path}: invalid yaml: {exc}", code="config_invalid") from exc
+        raise Invalid(f"{path}: invalid yaml: {yaml_problem(exc)}", code="config_invalid") from exc
     if not isinstance(doc, dict):
         raise Invalid(f"{path}: top level must be a mapping", code="config_invalid")
     return doc
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, without the offending line: PyYAML quotes it,
+    and a config line may hold a secret."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{exc.problem or exc.context or 'syntax error'}{where}"
+    return type(exc).__name__
 
 
 def _refuse_conflicts(replaced: list[Replacement]) -> None:

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.core.config import yaml_problem
 from apps.core.errors import Invalid
 from apps.substrate.kinds import Refused
 from apps.substrate.kinds_admin.fields import check_channel_name, is_system_channel
@@ -40,7 +41,7 @@ def split_frontmatter(text: str, where: str) -> tuple[dict[str, Any], str]:
     try:
         meta = yaml.safe_load(head) or {}
     except yaml.YAMLError as exc:
-        raise Invalid(f"{where}: invalid frontmatter: {exc}", code="config_invalid") from exc
+        raise Invalid(f"{where}: invalid frontmatter: {yaml_problem(exc)}", code="config_invalid") from exc
     if not isinstance(meta, dict):
         raise Invalid(f"{where}: frontmatter must be a mapping", code="config_invalid")
     return meta, body

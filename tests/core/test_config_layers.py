@@ -203,3 +203,13 @@ def test_manage_py_boot_under_strict_prints_the_conflict_without_a_traceback(
     assert "CommandError: config_conflict: LOOMCYCLE_CONFIG_STRICT is set" in done.stderr
     assert f"defaults.model: set in {f1}, replaced by {f2}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_yaml_error_names_the_problem_and_place_but_never_quotes_the_line(tmp_path: Path) -> None:
+    broken = tmp_path / "secrets.yaml"
+    broken.write_text('providers:\n  vllm:\n    api_key: "sk-live-do-not-print\n  other: [\n')
+    with pytest.raises(Invalid) as exc:
+        load_config([broken])
+    assert exc.value.code == "config_invalid"
+    assert "sk-live-do-not-print" not in exc.value.message
+    assert "line" in exc.value.message and str(broken) in exc.value.message

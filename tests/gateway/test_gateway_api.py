@@ -202,6 +202,27 @@ def test_a_provider_failure_before_the_first_byte_is_a_502_even_when_streaming(h
     assert not UsageEntry.objects.filter(model__startswith="mock-generic?rate_500").exists()
 
 
+def test_mock_script_over_chat_completions_plays_the_script_and_refuses_a_bad_one(http: httpx.Client) -> None:
+    script = [{"tool": "Lookup", "input": {"q": "x"}}, {"text": "found it"}]
+    ask = [{"role": "user", "content": "go MOCK_SCRIPT: " + json.dumps(script)}]
+    tool = {"type": "function", "function": {"name": "Lookup", "parameters": {"type": "object"}}}
+    scripted = {"loomcycle_provider": "mock", "model": "mock-script"}
+    first = http.post("/v1/chat/completions", json={**scripted, "messages": ask, "tools": [tool]}).json()
+    (call,) = first["choices"][0]["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("Lookup", {"q": "x"})
+    assert first["choices"][0]["finish_reason"] == "tool_calls"
+    history = [*ask, first["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "42"}]
+    second = http.post("/v1/chat/completions", json={**scripted, "messages": history}).json()
+    assert second["choices"][0]["message"]["content"] == "found it"
+    bad = [{"role": "user", "content": 'MOCK_SCRIPT: [{"text": "a", "error": []}]'}]
+    refused = http.post(
+        "/v1/chat/completions", json={"loomcycle_provider": "mock", "model": "mock-script", "messages": bad}
+    )
+    assert refused.status_code == 502 and refused.json()["code"] == "provider_call_failed"
+    assert "mock 400: mock-script: step 0: error must be 429, 500" in refused.json()["error"]
+    assert refused.headers["x-should-retry"] == "false"
+
+
 def test_a_token_principal_is_recorded_with_its_tenant_and_a_bad_token_is_a_401(http: httpx.Client) -> None:
     token = tokens.token_create(name="reader", tenant_id="acme", subject="alice", scopes=["runs:read"])["token"]
     ok = http.post("/v1/chat/completions", json={**MOCK, "messages": HI}, headers={"authorization": f"Bearer {token}"})

@@ -124,8 +124,18 @@ def test_tool_ids_are_deterministic_per_run_turn_and_index() -> None:
     assert all(i.startswith("mock_tu_") and len(i) == len("mock_tu_") + 16 for i in ids("r_1"))
 
 
+def test_a_step_that_would_answer_nothing_answers_ok_so_the_next_turn_moves_on() -> None:
+    steps = [{"text": ""}, {"error": 429}, {"text": "third"}]
+    first = [script(steps)]
+    assert parts(play(first)) == ("ok", [], "end_turn")
+    second = [*first, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}, user("next")]
+    assert parts(play(second, stable=True))[0] == "ok"  # mock-stable ignores the error: nothing else to say
+    third = [*second, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}, user("next")]
+    assert parts(play(third))[0] == "third"
+
+
 def test_usage_is_the_mocks_with_at_least_one_output_token() -> None:
-    done = play([script([{"text": ""}])])[-1]
+    done = play([script([{"text": "hi"}])])[-1]
     assert isinstance(done, Done)
     assert done.usage.output_tokens == 1
     assert done.usage.input_tokens >= 1
@@ -176,6 +186,15 @@ def test_the_gateway_path_plays_the_same_script() -> None:
         ('[{"text": "a", "repeat": true}, {"text": "b"}]', "last step only"),
         ('[{"text": "a", "sleep_ms": -1}]', "sleep_ms must be"),
         ('[{"text": "a", "error": 404}]', "error must be 429, 500"),
+        ('[{"text": "a", "error": []}]', "error must be 429, 500"),
+        ('[{"text": "a", "error": {}}]', "error must be 429, 500"),
+        ("[" * 100_000, "nested too deeply"),
+        ('[{"text": "a\\u0000b"}]', "cannot be stored: NUL"),
+        ('[{"tool": "Memory", "input": {"key": "\\ud800"}}]', "cannot be stored"),
+        (
+            "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+            "cannot be stored",
+        ),
     ],
 )
 def test_a_malformed_script_is_a_clear_non_retryable_error(body: str, needle: str) -> None:

@@ -6,7 +6,8 @@ The step played is the number of model turns (assistant messages) after that
 text, so a new user turn with a new script starts at step 0, a step with
 parallel tool calls is one step, and an interactive run's next turn plays the
 next step. Past the end: text "ok", end_turn; a last step with `"repeat":
-true` is played for every later index.
+true` is played for every later index. A step that would answer nothing (no
+text and no tool call) answers "ok": every call leaves a model turn.
 
 A step: `tool` + `input` (one tool_use), `tools` (a list of those: parallel
 calls), `text` (alone: end_turn; with `tool`/`tools`: said first), `echo`
@@ -26,6 +27,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from apps.core.errors import Invalid
+from apps.core.http import check_storable
 from apps.gateway.providers.base import ProviderError, ProviderRequest, ToolCall
 
 MARKER = "MOCK_SCRIPT:"
@@ -81,7 +84,8 @@ def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answe
         error = ProviderError(provider_id, status, message, retry_after=0.1 if status == 429 else None)
     text = echo_text(request) if step.echo else step.text
     calls = [ToolCall(tool_id(request, i), name, dict(args)) for i, (name, args) in enumerate(step.calls)]
-    return Answer(text, calls, step.sleep_ms / 1000.0, error)
+    # An empty answer would leave no model turn in the transcript, so the next call would play this step again.
+    return Answer(text or ("" if calls else "ok"), calls, step.sleep_ms / 1000.0, error)
 
 
 # --- finding and parsing the script -------------------------------------------------------
@@ -111,10 +115,15 @@ def parse(text: str) -> list[Step]:
         value, _ = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as exc:
         raise ScriptError(f"the script after {MARKER} is not JSON: {exc.msg} at character {exc.pos}") from exc
+    except RecursionError as exc:
+        raise ScriptError(f"the script after {MARKER} is nested too deeply") from exc
     if not isinstance(value, list):
         raise ScriptError(f"the script must be a JSON array of steps, got {type(value).__name__}")
-    steps = [_step(raw, n, last=n == len(value) - 1) for n, raw in enumerate(value)]
-    return steps
+    try:
+        check_storable(value)  # what the transcript could not keep (NUL, lone surrogates, depth > 64)
+    except Invalid as exc:
+        raise ScriptError(f"the script cannot be stored: {exc.message}") from exc
+    return [_step(raw, n, last=n == len(value) - 1) for n, raw in enumerate(value)]
 
 
 def _step(raw: Any, n: int, *, last: bool) -> Step:
@@ -183,7 +192,7 @@ def _sleep_ms(value: Any, where: str) -> int:
 def _error(value: Any, where: str) -> Any:
     if value is None:
         return None
-    if isinstance(value, bool) or value not in ERRORS:
+    if not isinstance(value, int | str) or isinstance(value, bool) or value not in ERRORS:
         raise ScriptError(f'{where}: error must be 429, 500 or "overloaded", got {json.dumps(value)[:40]}')
     return value
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from apps.core.config import yaml_problem
 from apps.core.errors import Invalid
 from apps.substrate.config import definition_from_markdown
 from apps.substrate.kinds import Kind, Refused, get_kind
@@ -41,7 +42,7 @@ def _from_yaml(kind: Kind, path: Path) -> list[tuple[str, Any]]:
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise CommandError(f"{path}: invalid yaml: {exc}") from exc
+        raise CommandError(f"{path}: invalid yaml: {yaml_problem(exc)}") from exc
     if not isinstance(doc, dict):
         raise CommandError(f"{path}: top level must be a mapping")
     block = doc.get(kind.yaml_key)

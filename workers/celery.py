@@ -13,6 +13,8 @@ from workers.queues import MAINTENANCE, RUNS, TASK_ROUTES
 # at ours, which reuses one Redis client per channel (workers/transport.py).
 TRANSPORT_ALIASES["redis"] = "workers.transport:Transport"
 
+# Process bootstrap, the one environment access here: which settings module a bare
+# `celery -A workers.celery` process loads. Every knob after that comes from Django settings.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
 
 app = Celery("loomcycle")

@@ -7,6 +7,7 @@ other queries are not."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import time
 import uuid
@@ -201,14 +202,13 @@ def test_outside_a_transaction_the_engine_borrows_from_the_pool_first_use_includ
     assert borrowed > 0
 
 
-def test_engine_timing_samples_are_buffered_then_pushed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_timing_samples_are_buffered_then_pushed(settings: Any) -> None:
     from apps.runs import dispatch
-    from loomcycle_project import env as E
 
     key = "lc:test:timings"
     client = sync_client()
     client.delete(key)
-    monkeypatch.setattr(E, "ENGINE_TIMINGS_KEY", key)
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, engine_timings_key=key)
     for i in range(5):
         dispatch.record_timing(0.010 + i / 1000, 0.002, 0.0005)
     deadline = time.monotonic() + 5

@@ -1,8 +1,14 @@
 """The one place that reads the process environment.
 
 Everything configurable comes from here (django-environ). No secret has a
-default; absent optional secrets are None. `settings.py` and the embedded
-bootstrap import this module, nothing else reads `os.environ` for config.
+default; absent optional secrets are None. `settings.py` turns what is read
+here into Django settings, the runtime's own knobs into one typed object,
+`settings.LOOMCYCLE` (`RuntimeSettings` below), which is how apps and workers
+see configuration: they never import this module (an import-linter contract
+in pyproject.toml). Only loomcycle_project (settings, the embedded bootstrap,
+the management commands) does. The one other environment read is a key
+variable a configuration names (`api_key_env`, `${NAME}` references), which
+apps.core.secrets reads where it is used.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,9 +238,16 @@ EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMEN
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeSettings:
-    """`settings.LOOMCYCLE`: the runtime's own knobs, typed."""
+    """`settings.LOOMCYCLE`: every knob the apps and workers read at runtime, typed.
+
+    Built once in settings.py from this module's reading; apps and workers read
+    `settings.LOOMCYCLE.<field>` where they use it (never this module), so
+    `override_settings` and pytest-django's `settings` fixture reach them.
+    A field is its environment variable's name, lowercased, without `LOOMCYCLE_`
+    (`LOOMCYCLE_MOCK_LATENCY_MS` -> `mock_latency_ms`, `OPENAI_BASE_URL` ->
+    `openai_base_url`); docs/configuration.md gives the defaults."""
 
     listen_addr: str
     auth_token: str | None
@@ -260,3 +274,55 @@ class RuntimeSettings:
     max_stream_seconds: int = 3600
     config_dir: str = ""
     config_strict: bool = False
+
+    # Below: no defaults, so settings.py must set each from this module (one place for a default).
+    # Engine admission and timing samples (apps.core.admission, apps.runs.dispatch).
+    engine_admission_slots: int
+    engine_admission_tools_after_ms: float
+    engine_timings_key: str | None
+    # Token lookups (apps.substrate.auth_cache).
+    auth_cache_ttl_seconds: float
+    auth_epoch_check_ms: int
+    # Mock provider (SPEC 7.5).
+    mock_latency_ms: float
+    mock_latency_jitter_ms: float
+    mock_429_rate: float
+    mock_500_rate: float
+    mock_allow_crash: bool
+    fast_transport: bool  # workers/transport.py and hand-built doorbells (LOOMCYCLE_FAST_TRANSPORT)
+    # Providers (SPEC C.2): keys by variable name (PROVIDER_KEY_NAMES), endpoints, timeouts, fallback.
+    provider_keys: Mapping[str, str | None]
+    anthropic_base_url: str
+    openai_base_url: str
+    deepseek_base_url: str
+    gemini_base_url: str
+    ollama_base_url: str
+    ollama_cloud_base_url: str
+    voyage_base_url: str
+    provider_connect_timeout_ms: int
+    provider_read_timeout_ms: int
+    local_provider_read_timeout_ms: int
+    fallback_pin_after_success: bool
+    # Fairness and admission backpressure (yaml `concurrency:` may override each).
+    max_concurrent_runs_per_user: int
+    max_concurrent_runs_per_tenant: int
+    provider_queue_timeout_ms: int
+    max_concurrent_runs: int
+    max_queue_depth: int
+    queue_timeout_ms: int
+    # Gateway audit, memory and embedder.
+    gateway_audit_retention_days: int
+    embedder: str
+    memory_embed_timeout_ms: int
+    memory_embed_batch_size: int
+    memory_max_value_bytes: int
+    memory_max_scope_bytes: int
+    memory_sweep_ms: int
+    # Channels.
+    channels_max_value_bytes: int
+    channels_longpoll_cap_ms: int
+    channels_sweep_ms: int
+    channels_wake_tick_ms: int
+    # Evaluations.
+    evaluation_max_judgement_bytes: int
+    evaluation_max_rationale_bytes: int

@@ -1,4 +1,5 @@
-"""Django settings. Every value comes from `loomcycle_project.env`."""
+"""Django settings. Every value comes from `loomcycle_project.env`; the runtime's
+own knobs are `LOOMCYCLE`, which apps and workers read (never the env module)."""
 
 from __future__ import annotations
 
@@ -161,7 +162,6 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
 CELERY_BEAT_SCHEDULE_FILENAME = str(E.DATA_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE = beat_schedule()
 
 LOOMCYCLE = E.RuntimeSettings(
     listen_addr=E.LISTEN_ADDR,
@@ -189,6 +189,56 @@ LOOMCYCLE = E.RuntimeSettings(
     max_streams_per_principal=E.MAX_STREAMS_PER_PRINCIPAL,
     mock_enabled=_MOCK_ENABLED,
     max_stream_seconds=E.MAX_STREAM_SECONDS,
+    engine_admission_slots=E.ENGINE_ADMISSION_SLOTS,
+    engine_admission_tools_after_ms=E.ENGINE_ADMISSION_TOOLS_AFTER_MS,
+    engine_timings_key=E.ENGINE_TIMINGS_KEY,
+    auth_cache_ttl_seconds=E.AUTH_CACHE_TTL_SECONDS,
+    auth_epoch_check_ms=E.AUTH_EPOCH_CHECK_MS,
+    mock_latency_ms=E.MOCK_LATENCY_MS,
+    mock_latency_jitter_ms=E.MOCK_LATENCY_JITTER_MS,
+    mock_429_rate=E.MOCK_429_RATE,
+    mock_500_rate=E.MOCK_500_RATE,
+    mock_allow_crash=E.MOCK_ALLOW_CRASH,
+    fast_transport=E.FAST_TRANSPORT,
+    provider_keys=dict(E.PROVIDER_KEYS),  # a copy; typed read-only (Mapping) on the object
+    anthropic_base_url=E.ANTHROPIC_BASE_URL,
+    openai_base_url=E.OPENAI_BASE_URL,
+    deepseek_base_url=E.DEEPSEEK_BASE_URL,
+    gemini_base_url=E.GEMINI_BASE_URL,
+    ollama_base_url=E.OLLAMA_BASE_URL,
+    ollama_cloud_base_url=E.OLLAMA_CLOUD_BASE_URL,
+    voyage_base_url=E.VOYAGE_BASE_URL,
+    provider_connect_timeout_ms=E.PROVIDER_CONNECT_TIMEOUT_MS,
+    provider_read_timeout_ms=E.PROVIDER_READ_TIMEOUT_MS,
+    local_provider_read_timeout_ms=E.LOCAL_PROVIDER_READ_TIMEOUT_MS,
+    fallback_pin_after_success=E.FALLBACK_PIN_AFTER_SUCCESS,
+    max_concurrent_runs_per_user=E.MAX_CONCURRENT_RUNS_PER_USER,
+    max_concurrent_runs_per_tenant=E.MAX_CONCURRENT_RUNS_PER_TENANT,
+    provider_queue_timeout_ms=E.PROVIDER_QUEUE_TIMEOUT_MS,
+    max_concurrent_runs=E.MAX_CONCURRENT_RUNS,
+    max_queue_depth=E.MAX_QUEUE_DEPTH,
+    queue_timeout_ms=E.QUEUE_TIMEOUT_MS,
+    gateway_audit_retention_days=E.GATEWAY_AUDIT_RETENTION_DAYS,
+    embedder=E.EMBEDDER,
+    memory_embed_timeout_ms=E.MEMORY_EMBED_TIMEOUT_MS,
+    memory_embed_batch_size=E.MEMORY_EMBED_BATCH_SIZE,
+    memory_max_value_bytes=E.MEMORY_MAX_VALUE_BYTES,
+    memory_max_scope_bytes=E.MEMORY_MAX_SCOPE_BYTES,
+    memory_sweep_ms=E.MEMORY_SWEEP_MS,
+    channels_max_value_bytes=E.CHANNELS_MAX_VALUE_BYTES,
+    channels_longpoll_cap_ms=E.CHANNELS_LONGPOLL_CAP_MS,
+    channels_sweep_ms=E.CHANNELS_SWEEP_MS,
+    channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
+    evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
+    evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
+)
+
+# Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).
+CELERY_BEAT_SCHEDULE = beat_schedule(
+    sweep_s=LOOMCYCLE.sweep_seconds,
+    memory_sweep_s=LOOMCYCLE.memory_sweep_ms / 1000.0,
+    channels_wake_tick_s=LOOMCYCLE.channels_wake_tick_ms / 1000.0,
+    channels_sweep_s=LOOMCYCLE.channels_sweep_ms / 1000.0,
 )
 
 LOGGING = {

@@ -1,52 +1,29 @@
-"""The beat schedule: the lease sweeper (ScheduleDef fires arrive with the substrate issue)."""
+"""The beat schedule: the lease sweeper (ScheduleDef fires arrive with the substrate issue).
+
+settings.py builds it while Django settings load, so the periods come in as
+arguments (from `settings.LOOMCYCLE`) rather than being read here."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from loomcycle_project import env as E
+
+def _every(task: str, seconds: float) -> dict[str, Any]:
+    """A periodic task whose message expires after one period (at least 1 s), so
+    ticks no worker took in time do not pile up."""
+    return {"task": task, "schedule": seconds, "options": {"expires": max(seconds, 1.0)}}
 
 
-def beat_schedule() -> dict[str, dict[str, Any]]:
+def beat_schedule(
+    *, sweep_s: float, memory_sweep_s: float, channels_wake_tick_s: float, channels_sweep_s: float
+) -> dict[str, dict[str, Any]]:
     return {
-        "run-leases-sweep": {
-            "task": "maintenance.run_leases_sweep",
-            "schedule": E.SWEEP_SECONDS,
-            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
-        },
-        "children-report-sweep": {
-            "task": "maintenance.children_report_sweep",
-            "schedule": E.SWEEP_SECONDS,
-            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
-        },
-        "run-slots-reconcile": {
-            "task": "maintenance.run_slots_reconcile",
-            "schedule": E.SWEEP_SECONDS,
-            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
-        },
-        "runs-admission-sweep": {
-            "task": "maintenance.runs_admission_sweep",
-            "schedule": E.SWEEP_SECONDS,
-            "options": {"expires": max(E.SWEEP_SECONDS, 1.0)},
-        },
-        "memory-expired-sweep": {
-            "task": "maintenance.memory_expired_sweep",
-            "schedule": E.MEMORY_SWEEP_MS / 1000.0,
-            "options": {"expires": max(E.MEMORY_SWEEP_MS / 1000.0, 1.0)},
-        },
-        "channels-wake-due": {
-            "task": "channels.wake_due",
-            "schedule": E.CHANNELS_WAKE_TICK_MS / 1000.0,
-            "options": {"expires": max(E.CHANNELS_WAKE_TICK_MS / 1000.0, 1.0)},
-        },
-        "channels-expired-sweep": {
-            "task": "maintenance.channels_expired_sweep",
-            "schedule": E.CHANNELS_SWEEP_MS / 1000.0,
-            "options": {"expires": max(E.CHANNELS_SWEEP_MS / 1000.0, 1.0)},
-        },
-        "gateway-audit-prune": {
-            "task": "maintenance.gateway_audit_prune",
-            "schedule": 3600.0,
-            "options": {"expires": 3600.0},
-        },
+        "run-leases-sweep": _every("maintenance.run_leases_sweep", sweep_s),
+        "children-report-sweep": _every("maintenance.children_report_sweep", sweep_s),
+        "run-slots-reconcile": _every("maintenance.run_slots_reconcile", sweep_s),
+        "runs-admission-sweep": _every("maintenance.runs_admission_sweep", sweep_s),
+        "memory-expired-sweep": _every("maintenance.memory_expired_sweep", memory_sweep_s),
+        "channels-wake-due": _every("channels.wake_due", channels_wake_tick_s),
+        "channels-expired-sweep": _every("maintenance.channels_expired_sweep", channels_sweep_s),
+        "gateway-audit-prune": _every("maintenance.gateway_audit_prune", 3600.0),
     }

@@ -10,6 +10,8 @@ from celery import Celery
 
 from workers.queues import MAINTENANCE, RUNS, TASK_ROUTES
 
+# Process bootstrap, the one environment access here: which settings module a bare
+# `celery -A workers.celery` process loads. Every knob after that comes from Django settings.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
 
 app = Celery("loomcycle")

@@ -36,7 +36,6 @@ from celery.utils.nodenames import anon_nodename
 from django.conf import settings
 
 from apps.core.redis import sync_client
-from loomcycle_project import env as E
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
@@ -49,7 +48,7 @@ def direct() -> bool:
     redis_url = str(settings.REDIS_URL)
     # settings.py hands kombu a redis+socket:// URL in its socket:// form (workers/transport.py).
     return bool(
-        E.FAST_TRANSPORT
+        settings.LOOMCYCLE.fast_transport
         and settings.CELERY_BROKER_URL in (redis_url, redis_url.removeprefix("redis+"))
         and str(settings.REDIS_URL).startswith(("redis://", "rediss://", "redis+socket://", "unix://"))
         and not options.get("global_keyprefix")

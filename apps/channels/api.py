@@ -30,6 +30,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel
@@ -53,7 +54,6 @@ from apps.core.types import Principal
 from apps.substrate.kinds import Refused
 from apps.substrate.kinds_admin.fields import check_channel_name, is_system_channel
 from apps.substrate.models import ChannelDef, ChannelScope, DefSource
-from loomcycle_project import env as E
 
 router = Router(tags=["channels"])
 
@@ -61,9 +61,6 @@ ADMIN = "_admin"  # published_by / published_by_user_id of operator publishes (S
 RESERVED_NAMES = frozenset({"_await", "_broadcast"})  # route names under /v1/_channels/
 REPOLL_S = 1.0
 MAX_SCOPE_ID = 256
-# A body holds one payload plus a few fields: room for the payload cap, so an
-# oversized payload is the specific 413 channel_value_too_large.
-BODY_BYTES = max(1 << 20, E.CHANNELS_MAX_VALUE_BYTES + 65_536)
 _PREFIX = "/_channels/{path:name}"
 _USER_PREFIX = "/users/{user_id}/channels/{path:name}"
 
@@ -83,8 +80,14 @@ def _json(data: dict[str, Any], status: int = 200) -> JsonResponse:
     return JsonResponse(data, status=status)
 
 
+def body_bytes() -> int:
+    """A body holds one payload plus a few fields: room for the payload cap, so an
+    oversized payload is the specific 413 channel_value_too_large."""
+    return max(1 << 20, settings.LOOMCYCLE.channels_max_value_bytes + 65_536)
+
+
 def _body(request: HttpRequest, schema: type[BaseModel], *, required: bool = True) -> Any:
-    return parse_body(request, schema, max_bytes=BODY_BYTES, required=required)
+    return parse_body(request, schema, max_bytes=body_bytes(), required=required)
 
 
 def check_cursor(raw: Any) -> str | None:
@@ -95,7 +98,7 @@ def check_cursor(raw: Any) -> str | None:
 
 def _wait_ms(raw: int | None) -> int:
     """The requested wait, cut to the operator's cap (0: do not wait)."""
-    return min(raw or 0, max(E.CHANNELS_LONGPOLL_CAP_MS, 0))
+    return min(raw or 0, max(settings.LOOMCYCLE.channels_longpoll_cap_ms, 0))
 
 
 def _scope_id_for(name: str, declared: ChannelDef, scope_id: str) -> str:

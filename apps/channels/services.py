@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max
 from django.utils import timezone
@@ -39,7 +40,6 @@ from apps.core.errors import ApplicationError, Conflict, Forbidden, Invalid, Not
 from apps.core.redis import sync_client
 from apps.core.timefmt import ts
 from apps.substrate.models import ChannelDef, DefSource
-from loomcycle_project import env as E
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_MESSAGES_DEFAULT, MAX_MESSAGES_CAP = 10, 100
@@ -305,7 +305,7 @@ def payload_size(value: Any) -> int:
 
 def check_payload(value: Any) -> int:
     size = payload_size(value)
-    cap = E.CHANNELS_MAX_VALUE_BYTES
+    cap = settings.LOOMCYCLE.channels_max_value_bytes
     if cap and size > cap:
         raise ChannelValueTooLarge(f"payload ({size} bytes) exceeds max {cap} bytes")
     return size

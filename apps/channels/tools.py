@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 
 from apps.channels import services
@@ -29,7 +30,6 @@ from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, input_re
 from apps.substrate.kinds_admin.fields import is_system_channel
 from apps.substrate.models import ChannelDef
 from apps.substrate.selectors import agent_definition
-from loomcycle_project import env as E
 
 OPS = ("publish", "subscribe", "ack", "peek", "list_channels", "await", "broadcast")
 FIELDS = frozenset(
@@ -121,7 +121,7 @@ def _int(data: dict[str, Any], name: str, low: int = 0) -> int | None:
 
 def _wait_ms(data: dict[str, Any]) -> int:
     """The requested wait, cut to the operator's cap (0: do not wait)."""
-    return min(_int(data, "wait_ms") or 0, max(E.CHANNELS_LONGPOLL_CAP_MS, 0))
+    return min(_int(data, "wait_ms") or 0, max(settings.LOOMCYCLE.channels_longpoll_cap_ms, 0))
 
 
 def _from_cursor(data: dict[str, Any]) -> str | None:

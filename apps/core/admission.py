@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from loomcycle_project import env as E
+from django.conf import settings
 
 
 class _Ticket:
@@ -177,6 +177,12 @@ class Admission:
                 head.wake()
 
 
-ADMISSION = Admission(E.ENGINE_ADMISSION_SLOTS)
-# How long a tool batch keeps its slot before a queued iteration may take it.
-TOOLS_AFTER_S = E.ENGINE_ADMISSION_TOOLS_AFTER_MS / 1000
+# Sized once, when the module is imported (settings read then, not per use): the
+# slot count is the worker process's, and a semaphore cannot be resized under
+# its waiters. Tests that need other sizes build their own Admission.
+ADMISSION = Admission(settings.LOOMCYCLE.engine_admission_slots)
+
+
+def tools_after_s() -> float:
+    """How long a tool batch keeps its slot before a queued iteration may take it."""
+    return settings.LOOMCYCLE.engine_admission_tools_after_ms / 1000

@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import environ
+
 # The same name shape loomcycle.yaml expansion uses (SPEC C.1). `${run.user_bearer}`
 # and `${run.credentials.x}` have a dot, so they never match: they are request-time
 # placeholders of the MCP client, not environment references.
@@ -67,6 +69,18 @@ def config_secret_names(config: dict[str, Any]) -> set[str]:
     if isinstance(embedder, dict) and isinstance(embedder.get("api_key_env"), str):
         names.add(embedder["api_key_env"])
     return names
+
+
+_ENV = environ.Env()
+
+
+def key_from_env(name: str) -> str | None:
+    """The value of the variable a configuration names as a key source
+    (`api_key_env`), read where it is used; None when unset or empty. The name
+    comes from yaml, so it cannot be read ahead into Django settings; django-environ
+    reads it as loomcycle_project.env reads the fixed keys (`$OTHER` proxies OTHER)."""
+    value: str | None = _ENV.str(name, default=None)
+    return value or None
 
 
 def referenced_names(text: str) -> list[str]:

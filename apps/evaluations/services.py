@@ -16,11 +16,12 @@ import math
 import secrets
 from dataclasses import dataclass
 
+from django.conf import settings
+
 from apps.core.errors import Invalid, NotFound, PayloadTooLarge
 from apps.evaluations.models import EmitterRole, Evaluation
 from apps.runs import selectors as run_selectors
 from apps.runs.models import Run
-from loomcycle_project import env as E
 
 MAX_LINEAGE_HOPS = 100  # a parent chain longer than this is not walked further
 
@@ -104,8 +105,8 @@ def evaluation_submit(
     if target.tenant_id != tenant_id:
         raise EvaluatedRunNotFound(f"run {target.id!r} not found")
     value = _check_score(score)
-    _check_size("judgement", judgement, E.EVALUATION_MAX_JUDGEMENT_BYTES)
-    _check_size("rationale", rationale, E.EVALUATION_MAX_RATIONALE_BYTES)
+    _check_size("judgement", judgement, settings.LOOMCYCLE.evaluation_max_judgement_bytes)
+    _check_size("rationale", rationale, settings.LOOMCYCLE.evaluation_max_rationale_bytes)
     return Evaluation.objects.create(
         eval_id=new_eval_id(),
         tenant_id=tenant_id,

@@ -9,10 +9,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from django.conf import settings
+
 from apps.core.errors import ApplicationError
 from apps.gateway.calls import CLIENT_CLOSED, Call, outcome_of
 from apps.gateway.providers import ProviderEvent
-from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.gateway")
 
@@ -67,7 +68,7 @@ class StreamBody:
 
 
 def sse_keepalive_s() -> float:
-    return max(1.0, E.SSE_KEEPALIVE_MS / 1000)
+    return max(1.0, settings.LOOMCYCLE.sse_keepalive_ms / 1000)
 
 
 class Frames(Protocol):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -27,7 +28,6 @@ from django.utils import timezone
 from apps.core.errors import ApplicationError, Invalid, PayloadTooLarge
 from apps.gateway.embedders import Embedder, EmbedError, get_embedder
 from apps.memory.models import EMBEDDING_DIMENSIONS, MemoryEntry
-from loomcycle_project import env as E
 
 MAX_KEYS_PER_SCOPE = 1000  # SPEC 6.2: beyond this many keys the quota check refuses
 SWEEP_BATCH = 1000
@@ -148,11 +148,10 @@ def _expiry(ttl_seconds: int | None) -> datetime | None:
 
 
 def _check_value(value: Any) -> int:
-    size = value_bytes(value)
-    if size > E.MEMORY_MAX_VALUE_BYTES:
+    size, limit = value_bytes(value), settings.LOOMCYCLE.memory_max_value_bytes
+    if size > limit:
         raise MemoryValueTooLarge(
-            f"value is {size} bytes, over the {E.MEMORY_MAX_VALUE_BYTES}-byte limit",
-            details={"size": size, "limit": E.MEMORY_MAX_VALUE_BYTES},
+            f"value is {size} bytes, over the {limit}-byte limit", details={"size": size, "limit": limit}
         )
     return size
 
@@ -182,7 +181,7 @@ def memory_set(
     expires_at = _expiry(ttl_seconds)
     with transaction.atomic():
         _lock_slot(slot)
-        _check_quota(slot, key, size, E.MEMORY_MAX_SCOPE_BYTES if quota_bytes is None else quota_bytes)
+        _check_quota(slot, key, size, settings.LOOMCYCLE.memory_max_scope_bytes if quota_bytes is None else quota_bytes)
         with connection.cursor() as cursor:
             cursor.execute(
                 _SET_SQL,
@@ -255,7 +254,7 @@ def memory_incr(
 ) -> tuple[int | float, datetime | None]:
     """Add `delta` atomically; returns (new value, expires_at). NotANumber when the
     live value is not a JSON number (it is left untouched)."""
-    quota = E.MEMORY_MAX_SCOPE_BYTES if quota_bytes is None else quota_bytes
+    quota = settings.LOOMCYCLE.memory_max_scope_bytes if quota_bytes is None else quota_bytes
     params: dict[str, Any] = {
         "tenant": slot.tenant_id,
         "scope": slot.scope,

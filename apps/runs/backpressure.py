@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connection, transaction
 
 from apps.core.errors import QuotaExhausted
@@ -38,7 +39,6 @@ from apps.gateway.fairness.config import concurrency_knob
 from apps.runs.dispatch import run_channel
 from apps.runs.models import Run, RunStatus
 from apps.runs.selectors import run_status
-from loomcycle_project import env as E
 
 RETRY_AFTER = {"Retry-After": "5"}
 REPOLL_S = 1.0  # a waiting request re-reads its run at least this often (a lost ring costs latency only)
@@ -75,9 +75,9 @@ def limits() -> Limits:
     """yaml `concurrency:` when it sets a knob, else LOOMCYCLE_MAX_CONCURRENT_RUNS,
     LOOMCYCLE_MAX_QUEUE_DEPTH, LOOMCYCLE_QUEUE_TIMEOUT_MS."""
     return Limits(
-        max_concurrent_runs=concurrency_knob("max_concurrent_runs", E.MAX_CONCURRENT_RUNS),
-        max_queue_depth=concurrency_knob("max_queue_depth", E.MAX_QUEUE_DEPTH),
-        queue_timeout_ms=concurrency_knob("queue_timeout_ms", E.QUEUE_TIMEOUT_MS),
+        max_concurrent_runs=concurrency_knob("max_concurrent_runs", settings.LOOMCYCLE.max_concurrent_runs),
+        max_queue_depth=concurrency_knob("max_queue_depth", settings.LOOMCYCLE.max_queue_depth),
+        queue_timeout_ms=concurrency_knob("queue_timeout_ms", settings.LOOMCYCLE.queue_timeout_ms),
     )
 
 

@@ -8,9 +8,9 @@ import threading
 import time
 
 from celery import current_app
+from django.conf import settings
 
 from apps.core.redis import sync_client
-from loomcycle_project import env as E
 from workers import doorbell
 from workers.queues import ITERATE_TASK, RUNS
 
@@ -67,7 +67,7 @@ def record_timing(total_s: float, provider_s: float, admission_s: float) -> None
     Samples are buffered and pushed by one thread every TIMINGS_FLUSH_S, so
     that measuring costs the measured iteration no Redis round trip."""
     global _flusher
-    if not E.ENGINE_TIMINGS_KEY:
+    if not settings.LOOMCYCLE.engine_timings_key:
         return
     with _timings_lock:
         _timings.append(f"{total_s * 1000:.3f},{provider_s * 1000:.3f},{admission_s * 1000:.3f}")
@@ -82,7 +82,7 @@ def _flush_timings() -> None:
         with _timings_lock:
             batch = _timings[:]
             _timings.clear()
-        key = E.ENGINE_TIMINGS_KEY
+        key = settings.LOOMCYCLE.engine_timings_key
         if batch and key:
             try:
                 sync_client().rpush(key, *batch)

@@ -33,7 +33,7 @@ import psycopg
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 
-from apps.core.admission import ADMISSION, TOOLS_AFTER_S
+from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.errors import ApplicationError
 from apps.core.tools import Park, ToolContext, ToolResult
 from apps.gateway import fairness
@@ -60,7 +60,6 @@ from apps.runs.store import ClaimedRun, StepRows, Switched
 from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
 from apps.runs.toolrun import CallOutcome, run_calls
 from apps.runs.wake import run_slot_freed
-from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.engine")
 
@@ -242,7 +241,7 @@ def _fallback_target(
             {"type": "fallback_suppressed", "text": f"max_fallback_attempts ({policy.max_fallback_attempts}) reached"}
         )
         return None
-    if E.FALLBACK_PIN_AFTER_SUCCESS and run.step > 0:
+    if settings.LOOMCYCLE.fallback_pin_after_success and run.step > 0:
         write.events.append(
             {
                 "type": "fallback_suppressed",
@@ -420,7 +419,7 @@ def _run_tools(
         tools=tuple(run.tools),
         cancelled=cancel,
     )
-    with ADMISSION.outside(TOOLS_AFTER_S):
+    with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)
     outcomes = _prepare_spawns(run, ran, write)
     if cancel.is_set():

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from redis import RedisError
 
 from apps.core.redis import sync_client
 from apps.core.types import Principal
-from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.auth")
 
@@ -47,7 +47,7 @@ def _current_epoch() -> int | None:
     global _epoch
     now = time.monotonic()
     checked, value = _epoch
-    if now - checked < E.AUTH_EPOCH_CHECK_MS / 1000.0:
+    if now - checked < settings.LOOMCYCLE.auth_epoch_check_ms / 1000.0:
         return value
     try:
         raw = sync_client().get(EPOCH_KEY)
@@ -61,7 +61,7 @@ def _current_epoch() -> int | None:
 
 def lookup(digest: str) -> Principal | None:
     """The cached principal of a token digest, or None (look it up)."""
-    if E.AUTH_CACHE_TTL_SECONDS <= 0:
+    if settings.LOOMCYCLE.auth_cache_ttl_seconds <= 0:
         return None
     entry = _entries.get(digest)
     if entry is None or entry.expires <= time.monotonic():
@@ -75,15 +75,15 @@ def lookup(digest: str) -> Principal | None:
 def snapshot() -> int | None:
     """The counter as of now, taken BEFORE the database lookup whose result is
     remembered: a write that commits in between then makes the entry stale."""
-    if E.AUTH_CACHE_TTL_SECONDS <= 0:
+    if settings.LOOMCYCLE.auth_cache_ttl_seconds <= 0:
         return None
     return _current_epoch()
 
 
 def remember(digest: str, principal: Principal, retired_at: datetime | None, epoch: int | None) -> None:
-    if E.AUTH_CACHE_TTL_SECONDS <= 0 or epoch is None:
+    if settings.LOOMCYCLE.auth_cache_ttl_seconds <= 0 or epoch is None:
         return
-    ttl = float(E.AUTH_CACHE_TTL_SECONDS)
+    ttl = float(settings.LOOMCYCLE.auth_cache_ttl_seconds)
     if retired_at is not None:  # inside a rotation grace: never past the end of it
         ttl = min(ttl, retired_at.timestamp() - time.time())
     if ttl <= 0:

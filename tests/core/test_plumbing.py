@@ -7,6 +7,7 @@ other queries are not."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import time
 import uuid
@@ -65,10 +66,8 @@ def test_the_broker_transport_is_named_by_its_dotted_path(fast: bool) -> None:
         assert isinstance(conn.transport, Transport) == fast_transport()
 
 
-def test_with_the_fast_transport_off_doorbells_go_through_send_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    from loomcycle_project import env as E
-
-    monkeypatch.setattr(E, "FAST_TRANSPORT", False)
+def test_with_the_fast_transport_off_doorbells_go_through_send_task(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, fast_transport=False)
     doorbell.direct.cache_clear()
     try:
         assert not doorbell.direct()
@@ -241,14 +240,13 @@ def test_outside_a_transaction_the_engine_borrows_from_the_pool_first_use_includ
     assert borrowed > 0
 
 
-def test_engine_timing_samples_are_buffered_then_pushed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_timing_samples_are_buffered_then_pushed(settings: Any) -> None:
     from apps.runs import dispatch
-    from loomcycle_project import env as E
 
     key = "lc:test:timings"
     client = sync_client()
     client.delete(key)
-    monkeypatch.setattr(E, "ENGINE_TIMINGS_KEY", key)
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, engine_timings_key=key)
     for i in range(5):
         dispatch.record_timing(0.010 + i / 1000, 0.002, 0.0005)
     deadline = time.monotonic() + 5

@@ -32,7 +32,6 @@ from apps.gateway.embedders.http import (
     OpenAIEmbedder,
     VoyageEmbedder,
 )
-from loomcycle_project import env as E
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -403,16 +402,22 @@ def use_yaml(settings: Any, tmp_path: Path) -> Callable[[str], None]:
     return configure
 
 
+def provider_keys(settings: Any, **keys: str | None) -> None:
+    """Provider keys as if these variables were set (None: unset) for this test."""
+    merged = {**settings.LOOMCYCLE.provider_keys, **keys}
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, provider_keys=merged)
+
+
 def test_env_default_is_the_hashing_embedder_and_none_turns_it_off(
-    use_yaml: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+    use_yaml: Callable[[str], None], settings: Any
 ) -> None:
     use_yaml("memory: {entries: []}\n")
     embedder = get_embedder()
     assert isinstance(embedder, HashingEmbedder) and embedder.dimensions == 384
     assert get_embedder() is embedder  # cached
-    monkeypatch.setattr(E, "EMBEDDER", "none")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, embedder="none")
     assert get_embedder() is None
-    monkeypatch.setattr(E, "EMBEDDER", "word2vec")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, embedder="word2vec")
     with pytest.raises(Invalid, match='unknown provider "word2vec"') as info:
         get_embedder()
     assert info.value.code == "config_invalid"
@@ -473,10 +478,9 @@ def test_yaml_embedder_may_name_a_configured_provider(use_yaml: Callable[[str], 
     ],
 )
 def test_bad_embedder_blocks_are_config_errors(
-    use_yaml: Callable[[str], None], monkeypatch: pytest.MonkeyPatch, block: str, message: str
+    use_yaml: Callable[[str], None], settings: Any, block: str, message: str
 ) -> None:
-    monkeypatch.setitem(E.PROVIDER_KEYS, "ANTHROPIC_API_KEY", "a-key")
-    monkeypatch.setitem(E.PROVIDER_KEYS, "VOYAGE_API_KEY", None)
+    provider_keys(settings, ANTHROPIC_API_KEY="a-key", VOYAGE_API_KEY=None)
     use_yaml(f"memory:\n  embedder: {block}\n")
     with pytest.raises(Invalid, match=message) as info:
         get_embedder()
@@ -502,23 +506,20 @@ def test_ollama_embedder_follows_the_ollama_local_provider(use_yaml: Callable[[s
     assert fake.requests[0]["body"] == {"model": "all-minilm", "input": ["moved with chat"]}
 
 
-def test_anthropic_embedder_is_voyage_with_voyages_key(
-    use_yaml: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(E.PROVIDER_KEYS, "ANTHROPIC_API_KEY", "anthropic-key")
-    monkeypatch.setitem(E.PROVIDER_KEYS, "VOYAGE_API_KEY", "voyage-key")
+def test_anthropic_embedder_is_voyage_with_voyages_key(use_yaml: Callable[[str], None], settings: Any) -> None:
+    provider_keys(settings, ANTHROPIC_API_KEY="anthropic-key", VOYAGE_API_KEY="voyage-key")
     use_yaml("memory: {embedder: {provider: anthropic}}\n")
     embedder = get_embedder()
     assert isinstance(embedder, VoyageEmbedder)
     assert embedder.config == HttpEmbedderConfig(
         id="anthropic",
         model="voyage-3.5-lite",
-        base_url=E.VOYAGE_BASE_URL,
+        base_url=settings.LOOMCYCLE.voyage_base_url,
         dimensions=1024,
         api_key="voyage-key",
         send_dimensions=False,
-        timeout_s=E.MEMORY_EMBED_TIMEOUT_MS / 1000.0,
-        batch_size=E.MEMORY_EMBED_BATCH_SIZE,
+        timeout_s=settings.LOOMCYCLE.memory_embed_timeout_ms / 1000.0,
+        batch_size=settings.LOOMCYCLE.memory_embed_batch_size,
     )
 
 

@@ -32,7 +32,6 @@ from apps.runs import engine, services
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
-from loomcycle_project import env as E
 from tests import procs
 from tests.conftest import ALICE, wait_for, wait_status
 
@@ -63,13 +62,16 @@ def clean_slots() -> Iterator[None]:
 
 
 @pytest.fixture
-def cap(monkeypatch: pytest.MonkeyPatch) -> Any:
+def cap(settings: Any) -> Any:
     """Set this process's caps as the environment would (yaml sets none in tests)."""
 
     def set_caps(per_user: int = 0, per_tenant: int = 0, queue_timeout_ms: int = 30_000) -> None:
-        monkeypatch.setattr(E, "MAX_CONCURRENT_RUNS_PER_USER", per_user)
-        monkeypatch.setattr(E, "MAX_CONCURRENT_RUNS_PER_TENANT", per_tenant)
-        monkeypatch.setattr(E, "PROVIDER_QUEUE_TIMEOUT_MS", queue_timeout_ms)
+        settings.LOOMCYCLE = dataclasses.replace(
+            settings.LOOMCYCLE,
+            max_concurrent_runs_per_user=per_user,
+            max_concurrent_runs_per_tenant=per_tenant,
+            provider_queue_timeout_ms=queue_timeout_ms,
+        )
 
     return set_caps
 
@@ -90,19 +92,21 @@ def child_env(stack_env: dict[str, str], **extra: str) -> dict[str, str]:
 # --- configuration -----------------------------------------------------------------------
 
 _CAPS_PROBE = """
-import json, django
+import dataclasses, json, django
 django.setup()
+from django.conf import settings
 from apps.gateway import fairness
-from loomcycle_project import env as E
 caps = fairness.caps()
 out = {"caps": [caps.per_user, caps.per_tenant, caps.provider_queue_timeout_ms]}
 # Redis here is a closed port: with every cap 0, nothing below may touch it.
-E.MAX_CONCURRENT_RUNS_PER_USER = E.MAX_CONCURRENT_RUNS_PER_TENANT = 0
+settings.LOOMCYCLE = dataclasses.replace(
+    settings.LOOMCYCLE, max_concurrent_runs_per_user=0, max_concurrent_runs_per_tenant=0
+)
 fairness.run_slot_take(run_id="r_probe", tenant_id="t", user_id="u")
 fairness.run_slot_release("r_probe")
 with fairness.call_slot("t", "u"), fairness.provider_slot("mock"):
     out["off_ok"] = True
-E.MAX_CONCURRENT_RUNS_PER_USER = 1
+settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, max_concurrent_runs_per_user=1)
 try:
     fairness.run_slot_take(run_id="r_probe", tenant_id="t", user_id="u")
 except fairness.FairnessUnavailable as exc:

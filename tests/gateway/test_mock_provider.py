@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -20,7 +21,6 @@ from apps.gateway.providers.base import (
     ToolSpec,
 )
 from apps.gateway.providers.mock import MockProvider
-from loomcycle_project import env as E
 
 FAST = "latency_ms=0&jitter_ms=0"
 
@@ -28,6 +28,11 @@ FAST = "latency_ms=0&jitter_ms=0"
 def request(model: str, messages: list[dict[str, Any]] | None = None, **kw: Any) -> ProviderRequest:
     msgs = messages if messages is not None else [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     return ProviderRequest(model=model, system=["be terse"], messages=msgs, **kw)
+
+
+def rates(settings: Any, rate_429: float, rate_500: float) -> None:
+    """The mock's injected failure rates (LOOMCYCLE_MOCK_429_RATE / _500_RATE) for this test."""
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, mock_429_rate=rate_429, mock_500_rate=rate_500)
 
 
 def play(provider: MockProvider, req: ProviderRequest, cancel: threading.Event | None = None) -> list[ProviderEvent]:
@@ -161,9 +166,8 @@ def test_latency_option_delays_the_answer() -> None:
 # --- failure injection -------------------------------------------------------------
 
 
-def test_429_injection_raises_retryable_rate_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(E, "MOCK_429_RATE", 1.0)
-    monkeypatch.setattr(E, "MOCK_500_RATE", 0.0)
+def test_429_injection_raises_retryable_rate_limit(settings: Any) -> None:
+    rates(settings, 1.0, 0.0)
     with pytest.raises(ProviderError) as exc:
         play(MockProvider("mock"), request(f"mock-generic?{FAST}"))
     err = exc.value
@@ -172,37 +176,33 @@ def test_429_injection_raises_retryable_rate_limit(monkeypatch: pytest.MonkeyPat
     assert err.retry_after is not None and err.retry_after > 0
 
 
-def test_500_injection_raises_retryable_server_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(E, "MOCK_429_RATE", 0.0)
-    monkeypatch.setattr(E, "MOCK_500_RATE", 1.0)
+def test_500_injection_raises_retryable_server_error(settings: Any) -> None:
+    rates(settings, 0.0, 1.0)
     with pytest.raises(ProviderError) as exc:
         play(MockProvider("mock"), request(f"mock-generic?{FAST}"))
     assert (exc.value.status, exc.value.retryable) == (500, True)
     assert str(exc.value).startswith("mock 500: server_error")
 
 
-def test_injected_failure_happens_before_any_event() -> None:
+def test_injected_failure_happens_before_any_event(settings: Any) -> None:
     provider = MockProvider("mock")
     stream = provider.stream(request(f"mock-generic?{FAST}"), threading.Event())
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(E, "MOCK_429_RATE", 1.0)
-        with pytest.raises(ProviderError):
-            next(stream)
+    rates(settings, 1.0, 0.0)  # set after the call: nothing has run until the first event is asked for
+    with pytest.raises(ProviderError):
+        next(stream)
 
 
 @pytest.mark.parametrize(("r429", "r500"), [(1.0, 0.0), (0.0, 1.0), (0.5, 0.5)])
-def test_stable_provider_never_fails(monkeypatch: pytest.MonkeyPatch, r429: float, r500: float) -> None:
-    monkeypatch.setattr(E, "MOCK_429_RATE", r429)
-    monkeypatch.setattr(E, "MOCK_500_RATE", r500)
+def test_stable_provider_never_fails(settings: Any, r429: float, r500: float) -> None:
+    rates(settings, r429, r500)
     provider = MockProvider("mock-stable", stable=True)
     for _ in range(20):
         events = play(provider, request(f"mock-generic?{FAST}"))
         assert isinstance(events[-1], Done) and events[-1].usage.provider == "mock-stable"
 
 
-def test_zero_rates_never_fail(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(E, "MOCK_429_RATE", 0.0)
-    monkeypatch.setattr(E, "MOCK_500_RATE", 0.0)
+def test_zero_rates_never_fail(settings: Any) -> None:
+    rates(settings, 0.0, 0.0)
     provider = MockProvider("mock")
     assert all(isinstance(play(provider, request(f"mock-generic?{FAST}"))[-1], Done) for _ in range(50))
 

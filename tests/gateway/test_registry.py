@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from apps.core.errors import Invalid
 from apps.gateway.providers.registry import provider_configs
-from loomcycle_project import env as E
 
 
-def test_a_yaml_entry_adds_an_openai_compatible_endpoint_with_its_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_yaml_entry_adds_an_openai_compatible_endpoint_with_its_knobs(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
     monkeypatch.setenv("VLLM_KEY", "sk-vllm")
     raw = {
         "driver": "openai",
@@ -30,16 +32,17 @@ def test_a_yaml_entry_adds_an_openai_compatible_endpoint_with_its_knobs(monkeypa
     )
     assert (cfg.local, cfg.read_timeout_s, cfg.max_concurrent, cfg.capabilities) == (True, 5.0, 4, {"thinking": True})
     remote = provider_configs({"providers": {"far": {"base_url": "https://llm.example/v1"}}})["far"]
-    assert not remote.local and remote.read_timeout_s == E.PROVIDER_READ_TIMEOUT_MS / 1000
+    assert not remote.local and remote.read_timeout_s == settings.LOOMCYCLE.provider_read_timeout_ms / 1000
 
 
-def test_a_yaml_entry_tunes_a_built_in_of_the_same_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(E.PROVIDER_KEYS, "ANTHROPIC_API_KEY", "sk-ant")
+def test_a_yaml_entry_tunes_a_built_in_of_the_same_id(settings: Any) -> None:
+    keys = {**settings.LOOMCYCLE.provider_keys, "ANTHROPIC_API_KEY": "sk-ant"}
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, provider_keys=keys)
     cfg = provider_configs({"providers": {"anthropic": {"max_concurrent": 2}}})["anthropic"]
     assert (cfg.driver, cfg.api_key, cfg.base_url, cfg.max_concurrent) == (
         "anthropic",
         "sk-ant",
-        E.ANTHROPIC_BASE_URL,
+        settings.LOOMCYCLE.anthropic_base_url,
         2,
     )
 

@@ -19,7 +19,6 @@ from apps.gateway.resolver import Candidate, Policy, resolve, resolve_route
 from apps.runs.engine import Next, StepWrite, _call_model, _fallback_target, strip_reasoning
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.store import ClaimedRun, Switched
-from loomcycle_project import env as E
 from tests.conftest import wait_status
 from tests.procs import WorkerPool
 from tests.runs.test_engine import event_types, start
@@ -236,7 +235,7 @@ def claimed(**over: Any) -> ClaimedRun:
     ],
 )
 def test_fallback_decisions(
-    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
     step: int,
     pin: bool,
     fallbacks: int,
@@ -244,7 +243,7 @@ def test_fallback_decisions(
     expected: int | None,
     suppressed: bool,
 ) -> None:
-    monkeypatch.setattr(E, "FALLBACK_PIN_AFTER_SUCCESS", pin)
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, fallback_pin_after_success=pin)
     write = StepWrite(status="running", next=Next.REQUEUE)
     exc = ProviderError("mock", status, "x")
     assert _fallback_target(claimed(step=step), exc, 0, 2, fallbacks, Policy(), write) == expected

@@ -3,6 +3,7 @@ values, TTL, the sweeper, quotas, atomic incr and vector search."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -18,7 +19,6 @@ from apps.memory.models import MemoryEntry
 from apps.memory.selectors import Dedup, Rank
 from apps.memory.services import Slot
 from apps.memory.tasks import memory_expired_sweep_task
-from loomcycle_project import env as E
 
 pytestmark = pytest.mark.django_db
 
@@ -95,8 +95,8 @@ def test_incr_on_an_expired_key_restarts_and_ttl_resets_expiry() -> None:
     assert timedelta(seconds=90) < expires_at - timezone.now() <= timedelta(seconds=100)
 
 
-def test_value_cap_and_scope_quota(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(E, "MEMORY_MAX_VALUE_BYTES", 100)
+def test_value_cap_and_scope_quota(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, memory_max_value_bytes=100)
     with pytest.raises(services.MemoryValueTooLarge):
         services.memory_set(slot=ACME, key="big", value="x" * 200)
     services.memory_set(slot=ACME, key="a", value="x" * 50, quota_bytes=120)
@@ -182,8 +182,8 @@ def test_search_dedup_drops_or_merges_near_duplicates() -> None:
     assert merged.hits[0].entry.key == "cat" and merged.hits[0].merged_keys == ["cat-again"]
 
 
-def test_without_an_embedder_set_still_writes_and_search_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(E, "EMBEDDER", "none")
+def test_without_an_embedder_set_still_writes_and_search_refuses(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, embedder="none")
     result = services.memory_set(slot=ACME, key="k", value="text", embed=True)
     assert not result.embedded and "embedder_not_configured" in (result.embed_warning or "")
     assert selectors.memory_get(slot=ACME, key="k") is not None

@@ -25,7 +25,6 @@ from celery import current_app
 from apps.core.errors import Invalid
 from apps.runs import backpressure
 from apps.runs.models import TERMINAL, Run, RunStatus
-from loomcycle_project import env as E
 from tests import procs
 from tests.conftest import wait_for, wait_status
 
@@ -235,9 +234,8 @@ def test_beat_starts_a_waiting_run_whose_promotion_was_lost(api: httpx.Client) -
     wait_status(waiting, RunStatus.COMPLETED, timeout=15)  # beat's admission sweep, every second in tests
 
 
-def test_concurrency_yaml_wins_over_the_environment(settings: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(E, "MAX_CONCURRENT_RUNS", 9)
-    monkeypatch.setattr(E, "QUEUE_TIMEOUT_MS", 9)
+def test_concurrency_yaml_wins_over_the_environment(settings: Any, tmp_path: Path) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, max_concurrent_runs=9, queue_timeout_ms=9)
     cfg = tmp_path / "bp.yaml"
     cfg.write_text("concurrency:\n  max_concurrent_runs: 3\n  max_queue_depth: ${BP_TEST_DEPTH:-0}\n")
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, config_files=(str(cfg),))

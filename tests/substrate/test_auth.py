@@ -27,7 +27,6 @@ from apps.substrate.auth import (
     has_scope,
     required_scope,
 )
-from loomcycle_project import env as E
 from tests.conftest import wait_status
 
 LEGACY = "legacy-env-token"
@@ -301,10 +300,9 @@ def test_runs_and_the_websocket_honour_token_scopes_and_tenants(lc: Any, http: h
 
 
 @pytest.mark.django_db
-def test_a_token_lookup_is_cached_and_a_token_write_voids_it(
-    lc: Any, django_assert_num_queries: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(E, "AUTH_EPOCH_CHECK_MS", 60_000)  # the epoch read once, as in production
+def test_a_token_lookup_is_cached_and_a_token_write_voids_it(lc: Any, django_assert_num_queries: Any) -> None:
+    # The epoch read once, as in production.
+    lc.LOOMCYCLE = dataclasses.replace(lc.LOOMCYCLE, auth_epoch_check_ms=60_000)
     token = mint("reader", ["runs:read"])
     assert authenticate(token, "10.0.0.9").subject == "tok-reader"
     with django_assert_num_queries(0):
@@ -315,15 +313,15 @@ def test_a_token_lookup_is_cached_and_a_token_write_voids_it(
 
 
 @pytest.mark.django_db
-def test_another_process_bumping_the_epoch_voids_cached_lookups(lc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(E, "AUTH_EPOCH_CHECK_MS", 0)
+def test_another_process_bumping_the_epoch_voids_cached_lookups(lc: Any) -> None:
+    lc.LOOMCYCLE = dataclasses.replace(lc.LOOMCYCLE, auth_epoch_check_ms=0)
     token = mint("reader", ["runs:read"])
     digest = tokens.token_hash(token)
     authenticate(token, "10.0.0.9")
     assert auth_cache.lookup(digest) is not None
     sync_client().incr(auth_cache.EPOCH_KEY)  # what a token write elsewhere does after its commit
     assert auth_cache.lookup(digest) is None
-    monkeypatch.setattr(E, "AUTH_CACHE_TTL_SECONDS", 0)  # 0 turns the cache off
+    lc.LOOMCYCLE = dataclasses.replace(lc.LOOMCYCLE, auth_cache_ttl_seconds=0)  # 0 turns the cache off
     authenticate(token, "10.0.0.9")
     assert auth_cache.lookup(digest) is None
 

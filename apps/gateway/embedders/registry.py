@@ -27,8 +27,11 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.conf import settings
+
 from apps.core.config import runtime_config
 from apps.core.errors import Invalid
+from apps.core.secrets import key_from_env
 from apps.gateway.embedders.base import Embedder
 from apps.gateway.embedders.hashing import MODEL as HASHING_MODEL
 from apps.gateway.embedders.hashing import HashingEmbedder
@@ -43,7 +46,6 @@ from apps.gateway.embedders.http import (
 from apps.gateway.embedders.minilm import MODEL as MINILM_MODEL
 from apps.gateway.embedders.minilm import MiniLMEmbedder
 from apps.gateway.providers.registry import provider_configs
-from loomcycle_project import env as E
 
 FIELDS = frozenset({"provider", "model", "base_url", "api_key_env", "dimensions", "timeout_ms", "batch_size"})
 OPENAI_OFFICIAL = "https://api.openai.com/v1"
@@ -56,21 +58,21 @@ class HttpKind:
     dimensions: int
     key_required: bool
     chat_id: str  # the chat provider whose endpoint and key it shares ("" = none)
-    base_env: str  # loomcycle_project.env attribute with the default base URL
-    key_env: str  # E.PROVIDER_KEYS name of the default key ("" = none)
+    base_field: str  # the settings.LOOMCYCLE field with the default base URL
+    key_env: str  # settings.LOOMCYCLE.provider_keys name of the default key ("" = none)
 
 
-VOYAGE = HttpKind(VoyageEmbedder, "voyage-3.5-lite", 1024, True, "", "VOYAGE_BASE_URL", "VOYAGE_API_KEY")
+VOYAGE = HttpKind(VoyageEmbedder, "voyage-3.5-lite", 1024, True, "", "voyage_base_url", "VOYAGE_API_KEY")
 KINDS = {
     "openai": HttpKind(
-        OpenAIEmbedder, "text-embedding-3-small", 384, True, "openai", "OPENAI_BASE_URL", "OPENAI_API_KEY"
+        OpenAIEmbedder, "text-embedding-3-small", 384, True, "openai", "openai_base_url", "OPENAI_API_KEY"
     ),
     "gemini": HttpKind(
-        GeminiEmbedder, "gemini-embedding-001", 384, True, "gemini", "GEMINI_BASE_URL", "GEMINI_API_KEY"
+        GeminiEmbedder, "gemini-embedding-001", 384, True, "gemini", "gemini_base_url", "GEMINI_API_KEY"
     ),
     "voyage": VOYAGE,
     "anthropic": VOYAGE,  # Anthropic has no embeddings API and sends users to Voyage (as loomcycle does)
-    "ollama": HttpKind(OllamaEmbedder, "all-minilm", 384, False, "ollama-local", "OLLAMA_BASE_URL", ""),
+    "ollama": HttpKind(OllamaEmbedder, "all-minilm", 384, False, "ollama-local", "ollama_base_url", ""),
 }
 DRIVER_KINDS = {"openai": "openai", "gemini": "gemini", "ollama": "ollama"}  # providers: driver -> kind
 
@@ -86,7 +88,7 @@ def embedder_spec(config: dict[str, Any]) -> dict[str, Any] | None:
         raise Invalid("memory: must be a mapping", code="config_invalid")
     raw = memory.get("embedder")
     if raw is None:
-        name = E.EMBEDDER.strip()
+        name = settings.LOOMCYCLE.embedder.strip()
         return None if name.lower() in ("", "none") else {"provider": name}
     if isinstance(raw, str):
         raw = {"provider": raw}  # `embedder: hashing` shorthand
@@ -122,7 +124,7 @@ def build_embedder(spec: dict[str, Any], config: dict[str, Any]) -> Embedder:
         _fixed_model(spec, MINILM_MODEL)
         if _positive(spec, "dimensions", 384) != 384:
             raise _bad("minilm vectors have 384 dimensions")
-        return MiniLMEmbedder(batch_size=_positive(spec, "batch_size", E.MEMORY_EMBED_BATCH_SIZE))
+        return MiniLMEmbedder(batch_size=_positive(spec, "batch_size", settings.LOOMCYCLE.memory_embed_batch_size))
     chat = provider_configs(config)
     if provider in KINDS:
         kind = KINDS[provider]
@@ -130,8 +132,8 @@ def build_embedder(spec: dict[str, Any], config: dict[str, Any]) -> Embedder:
         if shared is not None:
             base_url, key = shared.base_url, shared.api_key
         else:
-            base_url = str(getattr(E, kind.base_env))
-            key = E.PROVIDER_KEYS[kind.key_env] if kind.key_env else None
+            base_url = str(getattr(settings.LOOMCYCLE, kind.base_field))
+            key = settings.LOOMCYCLE.provider_keys[kind.key_env] if kind.key_env else None
     elif provider in chat and chat[provider].driver in DRIVER_KINDS:
         kind = replace(KINDS[DRIVER_KINDS[chat[provider].driver]], key_required=False)
         base_url, key = chat[provider].base_url, chat[provider].api_key
@@ -150,7 +152,7 @@ def _http_config(
     if base_url.lower() in ("", "disabled"):
         raise _bad(f"{provider} has no endpoint (set base_url)")
     if spec.get("api_key_env"):
-        key = E.env.str(str(spec["api_key_env"]), default=None) or None
+        key = key_from_env(str(spec["api_key_env"]))
     if key is None and kind.key_required and (kind.cls is not OpenAIEmbedder or base_url == OPENAI_OFFICIAL):
         raise _bad(f"{provider} needs an API key (its usual environment variable, or api_key_env)")
     return HttpEmbedderConfig(
@@ -160,8 +162,8 @@ def _http_config(
         dimensions=_positive(spec, "dimensions", kind.dimensions),
         api_key=key,
         send_dimensions="dimensions" in spec or kind.cls is GeminiEmbedder or base_url == OPENAI_OFFICIAL,
-        timeout_s=_positive(spec, "timeout_ms", E.MEMORY_EMBED_TIMEOUT_MS) / 1000.0,
-        batch_size=_positive(spec, "batch_size", E.MEMORY_EMBED_BATCH_SIZE),
+        timeout_s=_positive(spec, "timeout_ms", settings.LOOMCYCLE.memory_embed_timeout_ms) / 1000.0,
+        batch_size=_positive(spec, "batch_size", settings.LOOMCYCLE.memory_embed_batch_size),
     )
 
 
@@ -185,9 +187,10 @@ def get_embedder() -> Embedder | None:
 
 def _env_inputs(spec: dict[str, Any]) -> tuple[Any, ...]:
     key_env = str(spec.get("api_key_env") or "")
+    conf = settings.LOOMCYCLE
     return (
-        sorted((name, value) for name, value in E.PROVIDER_KEYS.items() if value),
-        E.env.str(key_env, default=None) if key_env else None,
-        (E.OPENAI_BASE_URL, E.GEMINI_BASE_URL, E.VOYAGE_BASE_URL, E.OLLAMA_BASE_URL),
-        (E.MEMORY_EMBED_BATCH_SIZE, E.MEMORY_EMBED_TIMEOUT_MS),
+        sorted((name, value) for name, value in conf.provider_keys.items() if value),
+        key_from_env(key_env) if key_env else None,
+        (conf.openai_base_url, conf.gemini_base_url, conf.voyage_base_url, conf.ollama_base_url),
+        (conf.memory_embed_batch_size, conf.memory_embed_timeout_ms),
     )

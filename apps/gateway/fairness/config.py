@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from apps.core.config import runtime_config
 from apps.core.errors import ApplicationError, Invalid, QuotaExhausted
 from apps.gateway.providers import get_provider
 from apps.gateway.providers.http import HttpProvider
-from loomcycle_project import env as E
 
 PREFIX = "lc:fair:"
 USER_KEY, TENANT_KEY, PROVIDER_KEY, WAITING_KEY, STREAM_KEY = (PREFIX + s for s in ("u:", "t:", "p:", "pw:", "s:"))
@@ -56,18 +57,18 @@ def _block() -> dict[str, Any]:
 
 
 def concurrency_knob(name: str, default: int) -> int:
-    """One knob of yaml `concurrency:` when it is set, else `default` (its environment variable)."""
+    """One knob of yaml `concurrency:` when it is set, else `default` (its settings.LOOMCYCLE field)."""
     return _knob(_block(), name, default)
 
 
 def caps() -> Caps:
-    """yaml `concurrency:` when it sets a knob, else the environment (LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER,
+    """yaml `concurrency:` when it sets a knob, else settings.LOOMCYCLE (from LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER,
     LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT, LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS)."""
-    block = _block()
+    block, conf = _block(), settings.LOOMCYCLE
     return Caps(
-        per_user=_knob(block, "max_concurrent_runs_per_user", E.MAX_CONCURRENT_RUNS_PER_USER),
-        per_tenant=_knob(block, "max_concurrent_runs_per_tenant", E.MAX_CONCURRENT_RUNS_PER_TENANT),
-        provider_queue_timeout_ms=_knob(block, "provider_queue_timeout_ms", E.PROVIDER_QUEUE_TIMEOUT_MS),
+        per_user=_knob(block, "max_concurrent_runs_per_user", conf.max_concurrent_runs_per_user),
+        per_tenant=_knob(block, "max_concurrent_runs_per_tenant", conf.max_concurrent_runs_per_tenant),
+        provider_queue_timeout_ms=_knob(block, "provider_queue_timeout_ms", conf.provider_queue_timeout_ms),
     )
 
 

@@ -58,6 +58,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from django.conf import settings
+
 from apps.core.ids import new_mock_tool_id
 from apps.gateway import waits
 from apps.gateway.providers import mock_script
@@ -73,7 +75,6 @@ from apps.gateway.providers.base import (
     ToolCall,
     Usage,
 )
-from loomcycle_project import env as E
 
 MAX_LATENCY_MS = 300_000.0
 MAX_CALLS = 1_000
@@ -158,7 +159,7 @@ class MockProvider(Provider):
                     raise ProviderCancelled()
         if cancel.is_set():
             raise ProviderCancelled()
-        if variant == "mock-crash" and E.MOCK_ALLOW_CRASH:
+        if variant == "mock-crash" and settings.LOOMCYCLE.mock_allow_crash:
             os.kill(os.getpid(), signal.SIGKILL)
         if variant == "mock-script":
             scripted = mock_script.answer(self.id, request, stable=self.stable)
@@ -216,8 +217,8 @@ class MockProvider(Provider):
     def _roll_failures(self, opts: MockOptions) -> None:
         if self.stable:
             return
-        rate_429 = opts.number("rate_429", E.MOCK_429_RATE)
-        rate_500 = opts.number("rate_500", E.MOCK_500_RATE)
+        rate_429 = opts.number("rate_429", settings.LOOMCYCLE.mock_429_rate)
+        rate_500 = opts.number("rate_500", settings.LOOMCYCLE.mock_500_rate)
         roll = self._rng.random()
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if roll < rate_429:
@@ -226,8 +227,8 @@ class MockProvider(Provider):
             raise ProviderError(self.id, 500, f"server_error (injected at {now})")
 
     def _latency(self, chars: int, opts: MockOptions) -> float:
-        base = opts.number("latency_ms", E.MOCK_LATENCY_MS)
-        jitter = opts.number("jitter_ms", E.MOCK_LATENCY_JITTER_MS)
+        base = opts.number("latency_ms", settings.LOOMCYCLE.mock_latency_ms)
+        jitter = opts.number("jitter_ms", settings.LOOMCYCLE.mock_latency_jitter_ms)
         seconds = (base + (self._rng.uniform(0, jitter) if jitter > 0 else 0.0)) / 1000.0
         return seconds + chars / 100 / 1_000_000
 

@@ -23,10 +23,10 @@ from django.conf import settings
 
 from apps.core.config import runtime_config
 from apps.core.errors import Invalid
+from apps.core.secrets import key_from_env
 from apps.gateway.providers.base import Provider
 from apps.gateway.providers.http import HttpProvider, ProviderConfig, WireProtocol
 from apps.gateway.providers.mock import MockProvider
-from loomcycle_project import env as E
 
 log = logging.getLogger("loomcycle.gateway")
 
@@ -61,27 +61,29 @@ def _is_loopback(url: str) -> bool:
 
 
 def _timeouts(local: bool, options: dict[str, Any]) -> tuple[float, float]:
-    read_ms = E.LOCAL_PROVIDER_READ_TIMEOUT_MS if local else E.PROVIDER_READ_TIMEOUT_MS
+    conf = settings.LOOMCYCLE
+    read_ms = conf.local_provider_read_timeout_ms if local else conf.provider_read_timeout_ms
     read_ms = int(options.get("timeout_ms", read_ms))
-    connect_ms = int(options.get("connect_timeout_ms", E.PROVIDER_CONNECT_TIMEOUT_MS))
+    connect_ms = int(options.get("connect_timeout_ms", conf.provider_connect_timeout_ms))
     return connect_ms / 1000.0, read_ms / 1000.0
 
 
 def builtin_configs() -> dict[str, ProviderConfig]:
-    keys = E.PROVIDER_KEYS
+    conf = settings.LOOMCYCLE
+    keys = conf.provider_keys
     wanted: list[tuple[str, str, str, str | None, str, bool]] = []  # id, driver, base, key, dialect, local
     if keys["ANTHROPIC_API_KEY"]:
-        wanted.append(("anthropic", "anthropic", E.ANTHROPIC_BASE_URL, keys["ANTHROPIC_API_KEY"], "", False))
+        wanted.append(("anthropic", "anthropic", conf.anthropic_base_url, keys["ANTHROPIC_API_KEY"], "", False))
     if keys["OPENAI_API_KEY"]:
-        wanted.append(("openai", "openai", E.OPENAI_BASE_URL, keys["OPENAI_API_KEY"], "openai", False))
+        wanted.append(("openai", "openai", conf.openai_base_url, keys["OPENAI_API_KEY"], "openai", False))
     if keys["DEEPSEEK_API_KEY"]:
-        wanted.append(("deepseek", "openai", E.DEEPSEEK_BASE_URL, keys["DEEPSEEK_API_KEY"], "deepseek", False))
+        wanted.append(("deepseek", "openai", conf.deepseek_base_url, keys["DEEPSEEK_API_KEY"], "deepseek", False))
     if keys["GEMINI_API_KEY"]:
-        wanted.append(("gemini", "gemini", E.GEMINI_BASE_URL, keys["GEMINI_API_KEY"], "", False))
+        wanted.append(("gemini", "gemini", conf.gemini_base_url, keys["GEMINI_API_KEY"], "", False))
     if keys["OLLAMA_API_KEY"]:
-        wanted.append(("ollama", "ollama", E.OLLAMA_CLOUD_BASE_URL, keys["OLLAMA_API_KEY"], "", False))
-    if E.OLLAMA_BASE_URL.strip().lower() != "disabled":
-        wanted.append(("ollama-local", "ollama", E.OLLAMA_BASE_URL, None, "", True))
+        wanted.append(("ollama", "ollama", conf.ollama_cloud_base_url, keys["OLLAMA_API_KEY"], "", False))
+    if conf.ollama_base_url.strip().lower() != "disabled":
+        wanted.append(("ollama-local", "ollama", conf.ollama_base_url, None, "", True))
     out: dict[str, ProviderConfig] = {}
     for pid, driver, base, key, dialect, local in wanted:
         connect_s, read_s = _timeouts(local, {})
@@ -112,7 +114,7 @@ def yaml_config(pid: str, raw: Any, base: ProviderConfig | None) -> ProviderConf
         raise Invalid(f"providers.{pid}: base_url is required", code="config_invalid")
     api_key = base.api_key if base else None
     if raw.get("api_key_env"):
-        api_key = E.env.str(str(raw["api_key_env"]), default=None) or None
+        api_key = key_from_env(str(raw["api_key_env"]))
         if api_key is None:
             log.warning("providers.%s: %s is not set; calls will go without a key", pid, raw["api_key_env"])
     options = dict(raw.get("options") or {})

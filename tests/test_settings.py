@@ -1,0 +1,75 @@
+"""settings.LOOMCYCLE is the one channel from the environment to the apps
+(loomcycle_project/settings.py, built from loomcycle_project/env.py): each
+field is set by the variable its name says, and beat's periods come from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from django.conf import settings
+
+from loomcycle_project.env import RuntimeSettings
+from tests import procs
+
+# Fields not read straight from one variable: computed (mock_enabled, from the
+# database setting too; operator_token_pepper, from the secrets file too), or lists.
+_NOT_ONE_VARIABLE = {"mock_enabled", "operator_token_pepper", "config_files", "tools_enabled", "http_host_allowlist"}
+
+_PROBE = """
+import dataclasses, json
+from django.conf import settings
+print(json.dumps(dataclasses.asdict(settings.LOOMCYCLE)))
+"""
+
+
+def variable(field: str) -> str:
+    """The environment variable of a field: its name upper-cased, with LOOMCYCLE_
+    in front except for the provider endpoints (ANTHROPIC_BASE_URL, ...)."""
+    return field.upper() if field.endswith("_base_url") else f"LOOMCYCLE_{field.upper()}"
+
+
+def sample(field: dataclasses.Field[Any], n: int) -> tuple[str, Any]:
+    """A value to set the field's variable to, and what the field then holds
+    (numbers differ per field, so two fields read from swapped variables fail)."""
+    kind = str(field.type)
+    if kind == "bool":
+        return "1", True
+    if kind in ("int", "float"):
+        return str(100 + n), 100 + n
+    return f"x-{field.name}", f"x-{field.name}"
+
+
+def test_each_field_is_set_by_the_variable_its_name_says() -> None:
+    fields = [f for f in dataclasses.fields(RuntimeSettings) if f.name not in _NOT_ONE_VARIABLE | {"provider_keys"}]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "loomcycle_project.settings", "OPENAI_API_KEY": "sk-probe"}
+    expected: dict[str, Any] = {}
+    for n, field in enumerate(fields):
+        env[variable(field.name)], expected[field.name] = sample(field, n)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, cwd=procs.ROOT, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    got = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert {name: got[name] for name in expected} == expected
+    assert got["provider_keys"]["OPENAI_API_KEY"] == "sk-probe"
+
+
+def test_beat_periods_come_from_the_runtime_settings() -> None:
+    conf, schedule = settings.LOOMCYCLE, settings.CELERY_BEAT_SCHEDULE
+    periods = {name: entry["schedule"] for name, entry in schedule.items()}
+    assert periods == {
+        "run-leases-sweep": conf.sweep_seconds,
+        "children-report-sweep": conf.sweep_seconds,
+        "run-slots-reconcile": conf.sweep_seconds,
+        "runs-admission-sweep": conf.sweep_seconds,
+        "memory-expired-sweep": conf.memory_sweep_ms / 1000.0,
+        "channels-wake-due": conf.channels_wake_tick_ms / 1000.0,
+        "channels-expired-sweep": conf.channels_sweep_ms / 1000.0,
+        "gateway-audit-prune": 3600.0,
+    }
+    assert all(entry["options"]["expires"] == max(entry["schedule"], 1.0) for entry in schedule.values())

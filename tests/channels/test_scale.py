@@ -96,7 +96,10 @@ def test_a_thousand_parked_subscribers(http: httpx.Client, stack: Any) -> None:
     _publish(published)
     for user in published:
         wait_status(runs[user], RunStatus.COMPLETED, timeout=60)
-    assert _parked() == RUNS // 2  # the publishes woke only their own subscribers
+    # The publishes woke only their own subscribers: the deadline group's answers are
+    # empty (checked below). On a slow host the first of them may already have timed
+    # out by now, so only an upper bound holds for the count still parked.
+    assert _parked() <= RUNS // 2
     for user in deadline_group:
         wait_status(runs[user], RunStatus.COMPLETED, timeout=WAIT_MS / 1000 + 60)
 

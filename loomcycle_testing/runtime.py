@@ -267,9 +267,12 @@ def _interpreter(python: str | None) -> tuple[str, str | None]:
 
 
 def _check_importable(python: str, env: dict[str, str], data_dir: Path) -> None:
-    probe = subprocess.run(  # the runtime's own environment and working directory, as `up` gets them
-        [python, "-c", _IMPORT_PROBE], env=env, cwd=data_dir, capture_output=True, text=True, timeout=120
-    )
+    try:
+        probe = subprocess.run(  # the runtime's own environment and working directory, as `up` gets them
+            [python, "-c", _IMPORT_PROBE], env=env, cwd=data_dir, capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeStartError(f"loomcycle_python {python} did not answer within 120 s") from None
     if probe.returncode != 0:
         raise RuntimeStartError(
             f"loomcycle_python {python} cannot import loomcycle_project: install loomcycle in that environment "

@@ -80,13 +80,22 @@ def _signal_all(pids: list[int], signum: signal.Signals) -> None:
             os.kill(pid, signum)
 
 
-def end_processes(pids: list[int], grace: float) -> None:
-    """SIGTERM `pids`, then SIGKILL whichever still runs after `grace` seconds."""
-    _signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
+KILL_WAIT_S = 5.0  # for SIGKILLed processes to be gone
+
+
+def _wait_gone(pids: list[int], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
     while _alive(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def end_processes(pids: list[int], grace: float) -> None:
+    """SIGTERM `pids`, then SIGKILL whichever still runs after `grace` seconds,
+    and wait (bounded) until they are gone."""
+    _signal_all(pids, signal.SIGTERM)
+    _wait_gone(pids, grace)
     _signal_all(_alive(pids), signal.SIGKILL)
+    _wait_gone(pids, KILL_WAIT_S)
 
 
 def command_line(pid: int) -> str:

@@ -54,6 +54,7 @@ from loomcycle_testing.processes import (
 
 STOP_GRACE_S = 60.0  # `up` gives its children 20 s, then stops Postgres and Redis
 LEFTOVER_GRACE_S = 10.0  # SIGTERM to SIGKILL, for processes a dead `up` left running
+LEFTOVER_ROUNDS = 3
 _PR_SET_PDEATHSIG = 1
 # As loomcycle_project.env reads them (apps.core.secrets.PROVIDER_KEY_NAMES and the
 # *_BASE_URL settings; tests/testing_kit/test_runtime.py keeps the lists in step).
@@ -207,18 +208,24 @@ class Runtime:
     def stop(self) -> None:
         """Stop `up` (SIGTERM: it stops its children, then Postgres and Redis);
         past STOP_GRACE_S, SIGKILL it and every process found below it. Then end
-        whatever still carries the session's marker (what an `up` that died
-        left orphaned) and, if anything did, raise saying so. Idempotent."""
+        whatever is left of the runtime (`processes.family`: what an `up` that
+        died left orphaned), in up to LEFTOVER_ROUNDS rounds, and if anything
+        was, raise saying so. Idempotent."""
         proc = self.proc
         if proc is None:
             return
         if proc.poll() is None:
             self.known.update(remember(self.processes()))
             self._stop_up(proc)
-        left = [pid for pid in family(self.marker, self.known) if pid != proc.pid] if self.marker else []
-        if left:
-            names = ", ".join(f"{pid} {command_line(pid)}" for pid in left)
+        ended: dict[int, str] = {}
+        for _ in range(LEFTOVER_ROUNDS):  # a dying Postgres may start a process while it is being ended
+            left = [pid for pid in family(self.marker, self.known) if pid != proc.pid] if self.marker else []
+            if not left:
+                break
+            ended.update({pid: command_line(pid) for pid in left})
             end_processes(left, LEFTOVER_GRACE_S)
+        if ended:
+            names = ", ".join(f"{pid} {line}" for pid, line in ended.items())
             raise RuntimeError(
                 f"loomcycle `up` (exit status {proc.returncode}) left processes running; ended them: {names}\n"
                 f"{self.log_tail()}"

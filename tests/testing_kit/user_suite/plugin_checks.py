@@ -179,9 +179,9 @@ def test_stop_ends_what_an_up_that_died_left_running(tmp_path):
     orphans = {pid: " ".join(psutil.Process(pid).cmdline()) for pid in ours if _alive(pid)}
     assert any("redis-server" in c for c in orphans.values()), orphans
     assert any(c.split(" ")[0].endswith("postgres") for c in orphans.values()), orphans
-    with pytest.raises(RuntimeError, match=r"exit status -9\) left processes running; ended them"):
+    with pytest.raises(RuntimeError, match=r"exit status -9\) left processes running; ended them") as ended:
         runtime.stop()
-    assert [pid for pid in orphans if _alive(pid)] == []
+    assert {pid: line for pid, line in orphans.items() if _alive(pid)} == {}, str(ended.value)
     runtime.stop()  # nothing left: nothing to do, nothing raised
 
 

@@ -20,6 +20,7 @@ from loomcycle_testing.client import (
     assert_tool_called,
     define_agent,
     run_agent,
+    send_input,
 )
 from loomcycle_testing.plugin import (
     assert_tool_called_fixture,
@@ -28,6 +29,7 @@ from loomcycle_testing.plugin import (
     loomcycle_runtime,
     pytest_addoption,
     run_agent_fixture,
+    send_input_fixture,
 )
 from loomcycle_testing.runtime import Runtime, RuntimeStartError
 
@@ -47,4 +49,6 @@ __all__ = [
     "pytest_addoption",
     "run_agent",
     "run_agent_fixture",
+    "send_input",
+    "send_input_fixture",
 ]

@@ -1,20 +1,27 @@
 """Helpers over the runtime's HTTP API: run an agent and collect its events,
-define an agent through the substrate API, assert on tool calls.
+answer an interactive run, define an agent through the substrate API, assert
+on tool calls.
 
 Invariants:
 - Only HTTP (httpx): nothing here imports the runtime.
-- `run_agent` returns only once the run is terminal (a `done` or `error`
-  frame) or raises RunTimeout after cancelling it; a dropped stream is
-  re-attached with `Last-Event-ID`, so no event is lost or repeated.
+- `run_agent` names its run (a client-made `agent_id` when the caller gave
+  none), so the run can always be found and cancelled, whatever the
+  transport did. It returns once the run is terminal (a `done` or `error`
+  frame) or parked (an `awaiting_input` frame), or raises RunTimeout after
+  cancelling it; a dropped or silent stream is re-attached with
+  `Last-Event-ID`, so no event is lost or repeated. `send_input` does the
+  same from the last event a turn saw.
 - `Result` is frozen, and built from what the server sent: `events` and
-  `tool_calls` from the stream, `status` and `transcript` from
-  `GET /v1/runs/{id}/events` (there is no transcript endpoint: the
-  conversation is rebuilt from the persisted events, as the engine built it).
+  `tool_calls` from the stream, `status`, `stop_reason` and `error` from
+  `GET /v1/runs/{id}`, `transcript` from `GET /v1/runs/{id}/events` (there
+  is no transcript endpoint: the conversation is rebuilt from the persisted
+  events, as the engine built it).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +32,13 @@ import httpx
 from loomcycle_testing.transcript import transcript_from_events
 
 TERMINAL = frozenset({"done", "error"})
+PARKED = "awaiting_input"
+MIN_READ_TIMEOUT_S = 2.0  # never wait less for headers or a frame, however near the deadline
+CANCEL_TIMEOUT_S = 10.0
+LOOKUP_INTERVAL_S = 0.2  # between looks for a run whose POST answer never came
+# The connection broke or went silent after the request may have reached the server:
+# the run, if it was made, is found again by its agent_id.
+_DROPPED = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 Event = tuple[str, dict[str, Any]]
 
 
@@ -33,7 +47,7 @@ class LoomcycleError(AssertionError):
 
 
 class RunTimeout(AssertionError):
-    """A run did not end within the timeout (it was cancelled)."""
+    """A run did not end (or park) within the timeout; it was cancelled."""
 
 
 @dataclass(frozen=True)
@@ -49,17 +63,18 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Result:
-    """A finished run, as the helpers saw it."""
+    """A finished run, or an interactive run's turn, as the helpers saw it."""
 
     run_id: str
     agent_id: str
-    status: str  # the run's state: completed, failed or cancelled
-    events: tuple[Event, ...]  # every SSE frame, in order: (event, data)
+    status: str  # completed, failed, cancelled, or awaiting_input (the stream stopped at a turn's end)
+    events: tuple[Event, ...]  # every SSE frame of this call, in order: (event, data)
     text: str  # the last `text` event's text ("" if the model wrote none)
     tool_calls: tuple[ToolCall, ...]  # in the order the model made them
     transcript: tuple[dict[str, Any], ...]  # {"role", "content": [blocks]}, see transcript.py
-    stop_reason: str  # the `done` frame's stop_reason, or "" after an `error`
-    error: str  # the `error` frame's text, or ""
+    stop_reason: str  # the run's stop_reason (GET /v1/runs/{id}), e.g. end_turn or invalid_mock_script
+    error: str  # the run's error, or ""
+    last_seq: int  # the seq of the last persisted event seen: send_input follows on from it
 
 
 def _refused(resp: httpx.Response, what: str) -> LoomcycleError:
@@ -86,60 +101,117 @@ def sse_frames(resp: httpx.Response) -> Iterator[tuple[str | None, str, dict[str
 
 
 class _Collector:
-    """Frames of one run, across re-attaches, until a terminal frame or the deadline."""
+    """Frames of one run, across re-attaches, until a terminal or `awaiting_input`
+    frame or the deadline. `run_id` is known once an `agent` frame (or the
+    caller) named it; every later `agent` frame opens a re-attached stream and
+    is skipped."""
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, deadline: float, *, agent_id: str, run_id: str = "", last_seq: int = 0) -> None:
         self.deadline = deadline
         self.events: list[Event] = []
-        self.run_id = ""
-        self.agent_id = ""
-        self.last_id = "0"
+        self.agent_id = agent_id
+        self.run_id = run_id
+        self.last_id = str(last_seq)
 
     @property
-    def finished(self) -> bool:
-        return bool(self.events) and self.events[-1][0] in TERMINAL
+    def stopped(self) -> bool:
+        return bool(self.events) and (self.events[-1][0] in TERMINAL or self.events[-1][0] == PARKED)
+
+    @property
+    def late(self) -> bool:
+        return time.monotonic() >= self.deadline
 
     def read(self, resp: httpx.Response) -> None:
         for seq, event, data in sse_frames(resp):
             if event == "agent":
-                self.run_id = self.run_id or str(data.get("run_id", ""))
-                self.agent_id = self.agent_id or str(data.get("agent_id", ""))
-                if self.events and self.events[-1][0] == "agent":
-                    continue  # a re-attached stream opens with `agent` again: keep the first
+                if self.run_id:
+                    continue  # a re-attached stream opens with `agent` again
+                self.run_id = str(data.get("run_id", ""))
             self.last_id = seq or self.last_id
             self.events.append((event, data))
-            if event in TERMINAL or time.monotonic() > self.deadline:
+            if self.stopped or self.late:
                 return
 
 
 def _stream_timeout(deadline: float) -> httpx.Timeout:
-    return httpx.Timeout(10.0, read=max(0.1, deadline - time.monotonic()))
+    return httpx.Timeout(10.0, read=max(MIN_READ_TIMEOUT_S, deadline - time.monotonic()))
 
 
-def _follow(client: httpx.Client, body: dict[str, Any], collector: _Collector) -> None:
-    """POST the run, then re-attach after a dropped stream, until terminal or the deadline."""
+def _post(client: httpx.Client, body: dict[str, Any], collector: _Collector) -> None:
+    """POST the run and read its stream. A connection that breaks or goes silent
+    is left to `_reattach`; a refusal is a LoomcycleError; a connection that
+    never opened (nothing was sent) is raised as httpx raised it."""
     try:
         with client.stream("POST", "/v1/runs", json=body, timeout=_stream_timeout(collector.deadline)) as resp:
             if resp.status_code != 200:
                 raise _refused(resp, f"POST /v1/runs {body.get('agent')!r}")
             collector.read(resp)
-    except httpx.TransportError:
-        if not collector.run_id:
-            raise  # the run may not exist: nothing to re-attach to
-    while not collector.finished and time.monotonic() < collector.deadline:
-        path = f"/v1/runs/{collector.run_id}/stream"
-        headers = {"Last-Event-ID": collector.last_id}
-        try:
-            with client.stream("GET", path, headers=headers, timeout=_stream_timeout(collector.deadline)) as resp:
-                if resp.status_code != 200:
-                    raise _refused(resp, f"GET {path}")
-                collector.read(resp)
-        except (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError):
-            continue  # dropped or silent until the deadline: the loop condition decides
+    except _DROPPED:
+        return  # the run, if the server made it, is found by its agent_id
 
 
-def _persisted_events(client: httpx.Client, run_id: str) -> tuple[str, list[dict[str, Any]]]:
-    """(state, every persisted event) through GET /v1/runs/{id}/events, page by page."""
+def _find_run(client: httpx.Client, collector: _Collector) -> None:
+    """Learn the run_id of `collector.agent_id` when no stream has named it (the
+    POST's answer never came); a run not there yet is looked for again."""
+    try:
+        resp = client.get(f"/v1/agents/{collector.agent_id}", timeout=_stream_timeout(collector.deadline))
+    except _DROPPED:
+        return  # the loop looks again until the deadline
+    if resp.status_code == 404:  # not made (yet): the POST may still be on its way
+        time.sleep(max(0.0, min(LOOKUP_INTERVAL_S, collector.deadline - time.monotonic())))
+        return
+    if resp.status_code != 200:
+        raise _refused(resp, f"GET /v1/agents/{collector.agent_id}")
+    collector.run_id = str(resp.json()["run_id"])
+
+
+def _reattach(client: httpx.Client, collector: _Collector) -> None:
+    """One GET /v1/runs/{id}/stream from the last seq seen (finding the run first if need be)."""
+    if not collector.run_id:
+        _find_run(client, collector)
+        return
+    path = f"/v1/runs/{collector.run_id}/stream"
+    headers = {"Last-Event-ID": collector.last_id}
+    try:
+        with client.stream("GET", path, headers=headers, timeout=_stream_timeout(collector.deadline)) as resp:
+            if resp.status_code != 200:
+                raise _refused(resp, f"GET {path}")
+            collector.read(resp)
+    except _DROPPED:
+        return  # dropped or silent: the caller's loop decides by the deadline
+
+
+def _follow(client: httpx.Client, collector: _Collector) -> None:
+    while not collector.stopped and not collector.late:
+        _reattach(client, collector)
+
+
+def _cancel(client: httpx.Client, agent_id: str, reason: str) -> str:
+    """Cancel the run; what came of it, for the RunTimeout's message."""
+    try:
+        resp = client.post(f"/v1/agents/{agent_id}/cancel", json={"reason": reason}, timeout=CANCEL_TIMEOUT_S)
+    except httpx.TransportError as exc:
+        return f"cancelling it failed: {exc!r}"
+    if resp.status_code == 404:
+        return "the runtime has no such run (the POST never reached it, or was refused unseen)"
+    if resp.status_code != 200:
+        return f"cancelling it answered HTTP {resp.status_code} {resp.text[:300]}"
+    answer = resp.json()
+    return "cancelled" if answer.get("cancelled") else f"it had just ended ({answer.get('status')})"
+
+
+def _timed_out(client: httpx.Client, collector: _Collector, what: str, timeout: float, helper: str) -> RunTimeout:
+    """Cancel the run and say so; `what` names the run ("of 'agent'", "after the input")."""
+    outcome = _cancel(client, collector.agent_id, f"{helper} timeout")
+    seen = ", ".join(event for event, _ in collector.events) or "none"
+    return RunTimeout(
+        f"run {collector.run_id or '?'} {what} did not end or reach awaiting_input within {timeout:g} s "
+        f"(events: {seen}); agent_id {collector.agent_id}: {outcome}"
+    )
+
+
+def _persisted_events(client: httpx.Client, run_id: str) -> list[dict[str, Any]]:
+    """Every persisted event of the run, through GET /v1/runs/{id}/events, page by page."""
     rows: list[dict[str, Any]] = []
     while True:
         after = rows[-1]["seq"] if rows else 0
@@ -149,7 +221,7 @@ def _persisted_events(client: httpx.Client, run_id: str) -> tuple[str, list[dict
         page = resp.json()
         rows.extend(page["events"])
         if not page["events"] or rows[-1]["seq"] >= page["last_seq"]:
-            return str(page["state"]), rows
+            return rows
 
 
 def tool_calls_from(events: list[Event]) -> tuple[ToolCall, ...]:
@@ -178,35 +250,65 @@ def _last_text(events: list[Event]) -> str:
     return texts[-1] if texts else ""
 
 
-def run_agent(client: httpx.Client, agent: str, prompt: str, *, timeout: float = 60.0, **fields: Any) -> Result:
-    """Start a run of `agent` (POST /v1/runs, SSE) with `prompt` and any other
-    body `fields` (user_id, segments, metadata, max_iterations, ...), follow it
-    to its end and return its Result. Past `timeout` seconds the run is
-    cancelled and RunTimeout raised; a refused request is a LoomcycleError."""
-    if "background" in fields:
-        raise ValueError("run_agent streams the run: `background` is not a field it can send")
-    collector = _Collector(time.monotonic() + timeout)
-    _follow(client, {"agent": agent, "prompt": prompt, **fields}, collector)
-    if not collector.finished:
-        if collector.agent_id:
-            client.post(f"/v1/agents/{collector.agent_id}/cancel", json={"reason": "run_agent timeout"})
-        seen = ", ".join(event for event, _ in collector.events) or "none"
-        raise RunTimeout(
-            f"run {collector.run_id or '?'} of {agent!r} did not end within {timeout:g} s (events: {seen})"
-        )
-    state, rows = _persisted_events(client, collector.run_id)
-    last_event, last_data = collector.events[-1]
+def _result(client: httpx.Client, collector: _Collector) -> Result:
+    run = _get(client, f"/v1/runs/{collector.run_id}")
+    parked = collector.events[-1][0] == PARKED
     return Result(
         run_id=collector.run_id,
-        agent_id=collector.agent_id,
-        status=state,
+        agent_id=str(run["agent_id"]),
+        status=PARKED if parked else str(run["state"]),
         events=tuple(collector.events),
         text=_last_text(collector.events),
         tool_calls=tool_calls_from(collector.events),
-        transcript=transcript_from_events(rows),
-        stop_reason=str(last_data.get("stop_reason", "")) if last_event == "done" else "",
-        error=str(last_data.get("error", "")) if last_event == "error" else "",
+        transcript=transcript_from_events(_persisted_events(client, collector.run_id)),
+        stop_reason=str(run.get("stop_reason") or ""),
+        error=str(run.get("error") or ""),
+        last_seq=int(collector.last_id),
     )
+
+
+def run_agent(client: httpx.Client, agent: str, prompt: str, *, timeout: float = 60.0, **fields: Any) -> Result:
+    """Start a run of `agent` (POST /v1/runs, SSE) with `prompt` and any other
+    body `fields` (user_id, segments, metadata, max_iterations, interactive,
+    agent_id, ...), follow it to its end, or to its first `awaiting_input`
+    (an interactive run's turn), and return its Result. Without an `agent_id`
+    one is made here (`a_<16 hex>`, the server's format). Past `timeout`
+    seconds the run is cancelled and RunTimeout raised; a refused request is
+    a LoomcycleError."""
+    if "background" in fields:
+        raise ValueError("run_agent streams the run: `background` is not a field it can send")
+    body = {"agent": agent, "prompt": prompt, **fields}
+    if not body.get("agent_id"):
+        body["agent_id"] = f"a_{secrets.token_hex(8)}"
+    collector = _Collector(time.monotonic() + timeout, agent_id=str(body["agent_id"]))
+    _post(client, body, collector)
+    _follow(client, collector)
+    if not collector.stopped:
+        raise _timed_out(client, collector, f"of {agent!r}", timeout, "run_agent")
+    return _result(client, collector)
+
+
+def send_input(client: httpx.Client, run: Result | str, text: str, *, timeout: float = 60.0) -> Result:
+    """Answer a run parked at `awaiting_input` (POST /v1/runs/{id}/input), then
+    follow its stream from the last event `run` saw (a Result), or from the
+    run's last event now (a run id), to the next `awaiting_input` or the end.
+    The Result's events are this turn's; its transcript is the whole
+    conversation. Past `timeout` seconds the run is cancelled and RunTimeout
+    raised; a refused input (a run that is not in flight: 404) is a LoomcycleError."""
+    deadline = time.monotonic() + timeout
+    if isinstance(run, Result):
+        run_id, agent_id, last_seq = run.run_id, run.agent_id, run.last_seq
+    else:
+        row = _get(client, f"/v1/runs/{run}")
+        run_id, agent_id, last_seq = run, str(row["agent_id"]), int(row["last_seq"])
+    resp = client.post(f"/v1/runs/{run_id}/input", json={"text": text})
+    if resp.status_code != 200:
+        raise _refused(resp, f"POST /v1/runs/{run_id}/input")
+    collector = _Collector(deadline, agent_id=agent_id, run_id=run_id, last_seq=last_seq)
+    _follow(client, collector)
+    if not collector.stopped:
+        raise _timed_out(client, collector, "after the input", timeout, "send_input")
+    return _result(client, collector)
 
 
 def _get(client: httpx.Client, path: str) -> Any:

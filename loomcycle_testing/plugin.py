@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from loomcycle_testing.runtime import Runtime, start_runtime
 
 DEFAULT_START_TIMEOUT_S = 180.0
 DEFAULT_BEARER_ENV = "LOOMCYCLE_AUTH_TOKEN"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,6 +45,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "loomcycle_token_env", "env var holding the bearer for --loomcycle-url runtimes", default=DEFAULT_BEARER_ENV
     )
     parser.addini("loomcycle_start_timeout", "seconds to wait for the runtime to be ready", default="")
+    parser.addini(
+        "loomcycle_pass_env",
+        "environment variables passed to the started runtime although the plugin drops them (provider keys, ...)",
+        type="args",
+        default=[],
+    )
+    parser.addini(
+        "loomcycle_python",
+        "the interpreter of an environment where loomcycle is installed, to run the runtime (default: this one)",
+        default="",
+    )
 
 
 def _config_files(config: pytest.Config) -> list[Path]:
@@ -78,6 +91,22 @@ def _start_timeout(config: pytest.Config) -> float:
         raise pytest.UsageError(f"loomcycle_start_timeout must be a number of seconds, got {raw!r}") from None
 
 
+def _pass_env(config: pytest.Config) -> list[str]:
+    names = [str(n) for n in config.getini("loomcycle_pass_env")]
+    bad = [n for n in names if not _ENV_NAME.fullmatch(n)]
+    if bad:
+        raise pytest.UsageError(f"loomcycle_pass_env takes environment variable names, got {bad}")
+    return names
+
+
+def _python(config: pytest.Config) -> str | None:
+    """loomcycle_python as an absolute path, relative to the rootdir. Its
+    symlinks are kept: a venv's interpreter finds its environment by the path
+    it was started as."""
+    raw = str(config.getini("loomcycle_python")).strip()
+    return os.path.abspath(config.rootpath / os.path.expanduser(raw)) if raw else None
+
+
 @pytest.fixture(scope="session")
 def loomcycle_runtime(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
     """The session's runtime: started on first use (or `--loomcycle-url`), stopped at session end."""
@@ -86,7 +115,11 @@ def loomcycle_runtime(pytestconfig: pytest.Config, tmp_path_factory: pytest.Temp
         yield external
         return
     runtime = start_runtime(
-        _data_dir(pytestconfig, tmp_path_factory), _config_files(pytestconfig), _start_timeout(pytestconfig)
+        _data_dir(pytestconfig, tmp_path_factory),
+        _config_files(pytestconfig),
+        _start_timeout(pytestconfig),
+        python=_python(pytestconfig),
+        pass_env=_pass_env(pytestconfig),
     )
     atexit.register(runtime.stop)
     try:
@@ -112,6 +145,16 @@ def run_agent_fixture(loomcycle_client: httpx.Client) -> Callable[..., C.Result]
         return C.run_agent(loomcycle_client, agent, prompt, **fields)
 
     return run
+
+
+@pytest.fixture(name="send_input")
+def send_input_fixture(loomcycle_client: httpx.Client) -> Callable[..., C.Result]:
+    """`send_input(run, text, *, timeout=60) -> Result` on the session's runtime (run: a Result or a run id)."""
+
+    def send(run: C.Result | str, text: str, **options: Any) -> C.Result:
+        return C.send_input(loomcycle_client, run, text, **options)
+
+    return send
 
 
 @pytest.fixture(name="define_agent")

@@ -2,7 +2,9 @@
 a separate pytest process with `-p loomcycle_testing`, its own ini (our
 addopts do not apply), and a Django project of its own in the environment.
 The documented example runs verbatim; the runtime it starts leaves nothing
-behind, whether the session ends or its pytest is killed."""
+behind, whether the session ends or its pytest is killed; the user's Celery,
+Django and provider settings never reach it; and `loomcycle_python` runs it
+from another environment."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -36,12 +39,31 @@ agents:
 THEIR_SETTINGS = 'SECRET_KEY = "the-users-own-project"\nINSTALLED_APPS = []\nDATABASES = {}\nUSE_TZ = True\n'
 
 
-def _user_project(tmp: Path) -> dict[str, str]:
+GRACE_S = 30.0  # for processes a stopped runtime is still ending
+
+
+def _runtime_venv(tmp: Path) -> Path:
+    """A separate environment for the runtime, as `loomcycle_python` is meant
+    for: a venv of its own (no pip) whose .pth puts this checkout and the
+    dependencies of the project's .venv on its path. Returns its interpreter."""
+    venv = tmp / "runtime-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    deps = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], str(ROOT)])
+    (site / "loomcycle.pth").write_text("\n".join(deps) + "\n")
+    return venv / "bin" / "python"
+
+
+def _user_project(tmp: Path, runtime_python: Path | None = None) -> dict[str, str]:
     """A user's repository in `tmp` (ini, yaml, their own Django settings) and
     their environment: none of this project's test settings, and a
-    DATABASE_URL and DJANGO_SETTINGS_MODULE of their own that the runtime
-    must never see."""
-    (tmp / "pytest.ini").write_text("[pytest]\nloomcycle_config_files = user.yaml\n")
+    DATABASE_URL, DJANGO_SETTINGS_MODULE, DJANGO_SECRET_KEY, Celery broker and
+    provider key and URL of their own that the runtime must never see (and a
+    VOYAGE_BASE_URL their ini passes on)."""
+    ini = "[pytest]\nloomcycle_config_files = user.yaml\nloomcycle_pass_env = VOYAGE_BASE_URL\n"
+    if runtime_python is not None:
+        ini += f"loomcycle_python = {runtime_python}\n"
+    (tmp / "pytest.ini").write_text(ini)
     (tmp / "user.yaml").write_text(USER_YAML)
     (tmp / "users_own_project").mkdir()
     (tmp / "users_own_project" / "__init__.py").write_text("")
@@ -52,7 +74,13 @@ def _user_project(tmp: Path) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="users_own_project.settings",
         DATABASE_URL="postgresql://nobody@127.0.0.1:1/their_own_db",
         REDIS_URL="redis://127.0.0.1:1/0",
+        CELERY_BROKER_URL="redis://127.0.0.1:1/must-not-leak",
+        DJANGO_SECRET_KEY="must-not-leak-secret",
+        ANTHROPIC_API_KEY="sk-test-must-not-leak",
+        OPENAI_BASE_URL="http://127.0.0.1:1/must-not-leak",
+        VOYAGE_BASE_URL="http://127.0.0.1:1/passed-on",
         KIT_RECORD=str(tmp / "record.json"),
+        KIT_RUNTIME_PYTHON=str(runtime_python or ""),
     )
     return env
 
@@ -85,15 +113,17 @@ def test_docs_show_the_example_file_verbatim() -> None:
     assert f"```python\n{EXAMPLE.read_text()}```" in docs
 
 
+@pytest.mark.timeout(780)  # the session starts three runtimes (one fails at once) on a possibly loaded host
 def test_the_example_and_the_plugin_checks_pass_and_leave_nothing_running(tmp_path: Path) -> None:
-    env = _user_project(tmp_path)
+    """The session's runtime runs under `loomcycle_python` (a venv of its own)."""
+    env = _user_project(tmp_path, runtime_python=_runtime_venv(tmp_path))
     argv = _pytest(tmp_path, EXAMPLE, USER_SUITE / "plugin_checks.py")
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=720)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert re.search(r"test_my_agent\.py::test_the_agent_remembers_the_colour PASSED", out), out[-6000:]
-    assert re.search(r"^=+ 12 passed", out, re.MULTILINE), out[-3000:]
-    _assert_gone(json.loads((tmp_path / "record.json").read_text()), deadline=time.monotonic())
+    assert re.search(r"^=+ 17 passed", out, re.MULTILINE), out[-3000:]
+    _assert_gone(json.loads((tmp_path / "record.json").read_text()), deadline=time.monotonic() + GRACE_S)
 
 
 def _assert_gone(record: dict[str, Any], deadline: float) -> None:
@@ -119,6 +149,7 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float) -> dict[s
     return loaded
 
 
+@pytest.mark.timeout(540)  # start (300) + the killed pytest's exit (120) + what `up` then stops (60)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
 def test_an_interrupted_or_killed_pytest_takes_the_runtime_down(tmp_path: Path, signum: signal.Signals) -> None:
     """Ctrl-C: pytest tears the session fixture down. SIGKILL: no teardown and

@@ -18,7 +18,7 @@ from django.db import connection
 from django.db.models import Q
 
 from apps.core.types import Principal
-from apps.runs.models import Run
+from apps.runs.models import TERMINAL, Run
 from apps.substrate import auth_cache, tokens
 from loomcycle_project.bootstrap import load_yaml_config
 from tests import procs
@@ -139,10 +139,16 @@ def agents(transactional_db: None) -> Iterator[None]:
 
 def _quiesce(timeout: float = 10.0) -> None:
     """Before the flush that ends a transactional test: wait (bounded) until no
-    run is queued or inside an iteration, so no worker's step commit races the
-    flush's TRUNCATE into a deadlock. Parked and finished runs hold no lock."""
+    run is queued or inside an iteration, and no finished child is still being
+    reported to its parent (a worker's report, after the child's commit, locks
+    the parent), so no worker's transaction races the flush's TRUNCATE into a
+    deadlock. Parked and finished runs hold no lock."""
     deadline = time.monotonic() + timeout
-    busy = Run.objects.filter(Q(status="queued") | Q(status="running", lease_until__isnull=False))
+    busy = Run.objects.filter(
+        Q(status="queued")
+        | Q(status="running", lease_until__isnull=False)
+        | Q(parent__isnull=False, status__in=TERMINAL, reported_to_parent=False)
+    )
     while busy.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
 

@@ -1,11 +1,15 @@
 """The dependency rules of docs/architecture.md hold (pyproject's
 [tool.importlinter] contracts, also run by `make lint`), so CI fails the
-commit that makes apps/core import another app or the engine import a tool's app."""
+commit that makes apps/core import another app or the engine import a tool's app;
+and apps/runs/store.py stays the one module that writes run state."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,3 +20,94 @@ def test_the_import_contracts_are_kept() -> None:
     done = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+# --- One owner of run state (issue 18): apps/runs/store.py is the only module that writes `runs_*` tables.
+
+RUN_MODELS = frozenset({"Run", "RunEvent", "TranscriptEntry", "RunInput", "ToolCallRecord", "RuntimeState"})
+WRITE_METHODS = frozenset(
+    {"create", "bulk_create", "get_or_create", "update_or_create", "update", "bulk_update", "delete"}
+)
+RUN_TABLE = r"runs_(?:run|runevent|transcriptentry|runinput|toolcallrecord|runtimestate)\b"
+SQL_WRITE = re.compile(rf"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+{RUN_TABLE}", re.I)
+SQL_ANY = re.compile(rf"\b{RUN_TABLE}")
+OWNER = "apps/runs/store.py"
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Every string literal, f-strings' literal parts included."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+
+
+def _run_manager(node: ast.expr) -> str | None:
+    """The run model whose `.objects` a chained call starts from (`Run.objects.filter(...)...`), if any."""
+    while True:
+        if isinstance(node, ast.Attribute):
+            if node.attr == "objects" and isinstance(node.value, ast.Name) and node.value.id in RUN_MODELS:
+                return node.value.id
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            return None
+
+
+def run_state_violations(source: str, *, inside_runs: bool) -> list[str]:
+    """What in `source` writes run state (or, outside apps/runs, touches run tables at all)."""
+    tree = ast.parse(source)
+    found = [f"{n}: SQL writes a runs_ table" for n, s in _strings(tree) if SQL_WRITE.search(s)]
+    if not inside_runs:
+        found += [
+            f"{n}: SQL names a runs_ table (ask apps.runs.selectors)" for n, s in _strings(tree) if SQL_ANY.search(s)
+        ]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or (model := _run_manager(node.value)) is None:
+            continue
+        if node.attr in WRITE_METHODS:
+            found.append(f"{node.lineno}: {model}.objects ... .{node.attr}(")
+        elif not inside_runs and isinstance(node.value, ast.Attribute) and node.value.attr == "objects":
+            found.append(f"{node.lineno}: {model}.objects queried outside apps.runs (use apps.runs.selectors)")
+    return found
+
+
+def _modules() -> Iterator[Path]:
+    for top in ("apps", "workers", "loomcycle_project"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if "migrations" not in path.relative_to(ROOT).parts:
+                yield path
+
+
+def test_only_the_store_writes_run_state() -> None:
+    offences = []
+    for path in _modules():
+        name = path.relative_to(ROOT).as_posix()
+        if name == OWNER:
+            continue
+        found = run_state_violations(path.read_text(), inside_runs=name.startswith("apps/runs/"))
+        offences += [f"{name}:{line}" for line in found]
+    assert offences == []
+
+
+def test_the_run_state_check_sees_each_kind_of_write() -> None:
+    source = """
+RunEvent.objects.create(run_id=r, seq=1)
+Run.objects.filter(id=r).exclude(status="x").update(step=F("step") + 1)
+RuntimeState.objects.select_for_update().get_or_create(id=1)
+RunInput.objects.filter(run_id=r)[:5].delete()
+cur.execute(f"UPDATE runs_run SET status = {s} WHERE id = %s", [r])
+cur.execute("insert into runs_runevent (run_id) values (%s)", [r])
+"""
+    lines = [v.split(":")[0] for v in run_state_violations(source, inside_runs=True)]
+    assert sorted(lines, key=int) == ["2", "3", "4", "5", "6", "7"]
+    outside = run_state_violations(
+        'Run.objects.filter(id=r).first()\ncur.execute("SELECT 1 FROM w JOIN runs_run r ON true")', inside_runs=False
+    )
+    assert sorted(v.split(":")[0] for v in outside) == ["1", "2"]
+    assert (
+        run_state_violations('Run.objects.filter(id=r).first()\n"maintenance.runs_admission_sweep"', inside_runs=True)
+        == []
+    )

@@ -36,7 +36,8 @@ from apps.channels.selectors import AwaitSpec
 from apps.channels.streams import Stream
 from apps.core.tools import Park
 from apps.runs.models import RunStatus
-from apps.runs.wake import ANSWERABLE, run_answer
+from apps.runs.selectors import run_is_answerable
+from apps.runs.wake import run_answer
 
 log = logging.getLogger("loomcycle.channels")
 
@@ -148,8 +149,8 @@ def wait_try_answer(wait_id: int, *, skip_locked: bool = False) -> str:
             row = cur.fetchone()
         if row is None:
             return "busy"
-        run_id, call_id, raw_request, deadline, status = row
-        if status not in ANSWERABLE:
+        run_id, call_id, raw_request, deadline = row
+        if not run_is_answerable(run_id=run_id):
             _delete(wait_id)
             return "gone"
         request = WaitRequest.from_json(raw_request if isinstance(raw_request, dict) else json.loads(raw_request))
@@ -164,8 +165,8 @@ def wait_try_answer(wait_id: int, *, skip_locked: bool = False) -> str:
 
 
 _LOCK_WAIT_SQL = """
-SELECT w.run_id, w.call_id, w.request, w.deadline, r.status
-FROM agent_channels_channelwait w JOIN runs_run r ON r.id = w.run_id
+SELECT w.run_id, w.call_id, w.request, w.deadline
+FROM agent_channels_channelwait w
 WHERE w.id = %s
 FOR UPDATE OF w{skip}
 """

@@ -70,7 +70,7 @@ def emitter_role(*, target: Run, evaluator_run_id: str) -> str:
             break
         if parent_id == evaluator_run_id:
             return EmitterRole.PARENT.value
-        parent_id = Run.objects.filter(id=parent_id).values_list("parent_id", flat=True).first()
+        parent_id = run_selectors.run_parent_id(run_id=parent_id)
     return EmitterRole.UNRELATED.value
 
 

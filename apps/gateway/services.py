@@ -3,9 +3,10 @@
 Invariants:
 - one `GatewayCall` row per gateway call, whatever its outcome (a refusal,
   a provider failure and a client that went away included);
-- one `UsageEntry` per provider call that reported usage: the engine builds
-  its own (`usage_entry_build`, unsaved) and bulk-creates them in its step
-  transaction; a gateway chat call's entry is written with its audit row, in
+- one `UsageEntry` per provider call that reported usage: a run step's
+  entries are inserted by the engine's step-commit statement, through the
+  SQL this app supplies (`usage_run_entries_insert_sql`), so they land iff
+  the step does; a gateway chat call's entry is written with its audit row, in
   the same transaction, so the two never disagree;
 - `cost_usd` is the list price from `pricing.cost_usd`, NULL when unknown.
 """
@@ -70,6 +71,25 @@ def usage_entry_build(
         cache_read_input_tokens=usage.cache_read_input_tokens,
         cost_usd=cost_usd(usage.provider, usage.model, usage),
     )
+
+
+def usage_run_entries_insert_sql(
+    *, entries: str, sources: str, run_id: str, step: str, tenant_id: str, user_id: str
+) -> str:
+    """The ledger's INSERT of a run step's entries, for the engine to embed as a
+    writable CTE in its step commit (one statement: the entries land iff the
+    step does, with no round trip of their own). Every argument is SQL the
+    caller's statement defines: `entries` a jsonb array of {provider, model,
+    input_tokens, output_tokens, cache_creation_input_tokens,
+    cache_read_input_tokens, cost_usd (text or null)}, `sources` the FROM items
+    it and the other expressions read. This app owns the table and its columns;
+    the run id is a plain string here (the gateway knows nothing of runs)."""
+    return f"""INSERT INTO {UsageEntry._meta.db_table} (created_at, tenant_id, user_id, run_id, step, source, provider,
+    model, input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd)
+  SELECT now(), {tenant_id}, {user_id}, {run_id}, {step}, '{UsageSource.RUN.value}', x.v->>'provider', x.v->>'model',
+    (x.v->>'input_tokens')::int, (x.v->>'output_tokens')::int, (x.v->>'cache_creation_input_tokens')::int,
+    (x.v->>'cache_read_input_tokens')::int, (x.v->>'cost_usd')::numeric
+  FROM {sources}, jsonb_array_elements({entries}) AS x(v)"""
 
 
 def _call_row(record: CallRecord) -> GatewayCall:

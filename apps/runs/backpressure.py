@@ -36,32 +36,13 @@ from apps.core.errors import QuotaExhausted
 from apps.core.pubsub import hub
 from apps.gateway import fairness
 from apps.gateway.fairness.config import concurrency_knob
+from apps.runs import store
 from apps.runs.dispatch import run_channel
-from apps.runs.models import Run, RunStatus
 from apps.runs.selectors import run_status
+from apps.runs.statuses import RunStatus
 
 RETRY_AFTER = {"Retry-After": "5"}
 REPOLL_S = 1.0  # a waiting request re-reads its run at least this often (a lost ring costs latency only)
-# One lock for every admission decision of the cluster (pg_advisory_xact_lock key).
-_LOCK_KEY = 0x6C635F61646D6974  # "lc_admit"
-
-_COUNT_SQL = """
-SELECT count(*) FILTER (WHERE status <> 'waiting_slot'), count(*) FILTER (WHERE status = 'waiting_slot')
-FROM runs_run WHERE parent_id IS NULL AND NOT (status IN ('completed', 'failed', 'cancelled'))
-"""
-
-# SKIP LOCKED: a waiting row locked by its withdrawal (or a cancel) is not promoted.
-# MATERIALIZED: the LIMIT picks its rows once; as an `IN (subquery)` Postgres
-# may evaluate it more than once and promote more rows than the limit.
-_PROMOTE_SQL = """
-WITH picked AS MATERIALIZED (
-  SELECT id FROM runs_run
-  WHERE parent_id IS NULL AND NOT (status IN ('completed', 'failed', 'cancelled')) AND status = 'waiting_slot'
-  ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED
-)
-UPDATE runs_run r SET status = 'queued', updated_at = now() FROM picked WHERE r.id = picked.id
-RETURNING r.id, r.step, r.last_seq
-"""
 
 
 @dataclass(frozen=True)
@@ -98,16 +79,9 @@ class Promoted:
 def _lock_and_promote(cap: int) -> tuple[int, int, list[Promoted]]:
     """Inside a transaction: take the admission lock, move waiting runs into
     free slots (all of them when `cap` is 0). Returns (admitted, waiting, promoted)."""
-    with connection.cursor() as cur:
-        # Held to commit: the count below and the caller's insert or promotion are one decision cluster-wide.
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
-        cur.execute(_COUNT_SQL)
-        admitted, waiting = cur.fetchone() or (0, 0)
-        free = waiting if cap <= 0 else min(max(cap - admitted, 0), waiting)
-        promoted: list[Promoted] = []
-        if free:
-            cur.execute(_PROMOTE_SQL, [free])
-            promoted = [Promoted(r, int(s), int(q)) for r, s, q in cur.fetchall()]
+    admitted, waiting = store.admission_lock_and_count()  # the lock is held to commit
+    free = waiting if cap <= 0 else min(max(cap - admitted, 0), waiting)
+    promoted = [Promoted(r, s, q) for r, s, q in store.waiting_promote(free)] if free else []
     return admitted + len(promoted), waiting - len(promoted), promoted
 
 
@@ -136,11 +110,8 @@ def withdraw_waiting(run_id: str) -> bool:
     that waited past `queue_timeout_ms`, or whose client left): True when it
     was removed, False when it was admitted meanwhile (and must run)."""
     with transaction.atomic():
-        # Row lock: a concurrent promotion skips this row, or already flipped it.
-        waiting = Run.objects.select_for_update().filter(id=run_id, status=RunStatus.WAITING_SLOT).first()
-        if waiting is None:
+        if not store.waiting_withdraw(run_id):
             return False
-        waiting.delete()
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
     return True
 

@@ -4,7 +4,8 @@ Two daemon threads per worker process, started on first use:
 - a Redis subscriber on `lc:cancel` that sets the cancel event of a run that
   is in flight here, so cancel lands within a second on any worker;
 - a heartbeat that extends the leases of every in-flight run with ONE
-  fenced UPDATE every LEASE heartbeat period (not one query per run).
+  fenced UPDATE every LEASE heartbeat period (not one query per run);
+  the UPDATE is apps.runs.store's (`leases_extend`), the timing is here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from redis import RedisError
 
 from apps.core.redis import sync_client
-from apps.runs.store import pool_purge
+from apps.runs.store import leases_extend, pool_purge
 from workers.held import WORKER_ID as WORKER_ID  # the process's lease owner id
 
 log = logging.getLogger("loomcycle.live")
@@ -93,15 +94,8 @@ class _Live:
                 continue
             try:
                 close_old_connections()
-                with connection.cursor() as cur:
-                    # Fenced: only leases this process still holds are extended.
-                    cur.execute(
-                        "UPDATE runs_run r SET lease_until = now() + make_interval(secs => %s),"
-                        " last_heartbeat_at = now()"
-                        " FROM unnest(%s::text[], %s::bigint[]) AS l(id, tok)"
-                        " WHERE r.id = l.id AND r.lease_token = l.tok AND r.lease_owner = %s",
-                        [lease, [r for r, _ in leased], [t for _, t in leased], WORKER_ID],
-                    )
+                # Fenced: only leases this process still holds are extended.
+                leases_extend(owner=WORKER_ID, lease_seconds=lease, leased=leased)
             except DatabaseError:  # a failed beat is retried next period; the lease is long enough for one miss
                 log.exception("lease heartbeat failed")
                 pool_purge()  # after a Postgres restart the next beat must not take another dead connection

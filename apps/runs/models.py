@@ -15,33 +15,13 @@ from __future__ import annotations
 
 from django.db import models
 
+from apps.runs.statuses import PARKED as PARKED
+from apps.runs.statuses import RUNNABLE as RUNNABLE
+from apps.runs.statuses import TERMINAL as TERMINAL
+from apps.runs.statuses import RunStatus as RunStatus
+from apps.runs.statuses import RuntimeStateValue as RuntimeStateValue
+from apps.runs.statuses import ToolCallStatus as ToolCallStatus
 from apps.substrate.models import AgentDef
-
-
-class RunStatus(models.TextChoices):
-    QUEUED = "queued"
-    WAITING_SLOT = "waiting_slot"  # over `max_concurrent_runs`: not admitted yet (apps.runs.backpressure)
-    RUNNING = "running"
-    AWAITING_INPUT = "awaiting_input"
-    WAITING_CHILDREN = "waiting_children"
-    AWAITING_INTERRUPT = "awaiting_interrupt"
-    WAITING_CHANNEL = "waiting_channel"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-RUNNABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
-PARKED = (
-    RunStatus.WAITING_SLOT,
-    RunStatus.AWAITING_INPUT,
-    RunStatus.WAITING_CHILDREN,
-    RunStatus.AWAITING_INTERRUPT,
-    RunStatus.WAITING_CHANNEL,
-    RunStatus.PAUSED,
-)
-TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class Run(models.Model):
@@ -177,11 +157,6 @@ class RunInput(models.Model):
         ]
 
 
-class ToolCallStatus(models.TextChoices):
-    STARTED = "started"
-    FINISHED = "finished"
-
-
 class ToolCallRecord(models.Model):
     """Recorded as started before the tool runs; (run, step, call_id) is the
     idempotency key a redelivered iteration repeats."""
@@ -203,12 +178,6 @@ class ToolCallRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "step", "call_id"], name="toolcall_idempotency_key"),
         ]
-
-
-class RuntimeStateValue(models.TextChoices):
-    RUNNING = "running"
-    PAUSING = "pausing"
-    PAUSED = "paused"
 
 
 class RuntimeState(models.Model):

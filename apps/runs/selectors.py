@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count
 
 from apps.core.errors import Conflict, NotFound
-from apps.runs.models import PARKED, RUNNABLE, TERMINAL, Run, RunEvent, RunStatus
+from apps.runs.models import PARKED, RUNNABLE, TERMINAL, Run, RunEvent, RunStatus, RuntimeStateValue
+from apps.runs.statuses import ANSWERABLE
 
 
 def run_get(
@@ -77,3 +79,23 @@ def run_caller_tools(run_id: str) -> list[str] | None:
     """The tool narrowing the run's creator asked for (None: none), which its sub-agents inherit."""
     found: list[str] | None = Run.objects.filter(id=run_id).values_list("caller_tools", flat=True).first()
     return found
+
+
+def runtime_state() -> str:
+    """The runtime-wide pause switch (`running` when its row does not exist yet)."""
+    with connection.cursor() as cur:  # on every run creation: plain SQL, no ORM compile
+        cur.execute("SELECT state FROM runs_runtimestate WHERE id = 1")
+        row = cur.fetchone()
+    return str(row[0]) if row else RuntimeStateValue.RUNNING
+
+
+def run_parent_id(*, run_id: str) -> str | None:
+    """The run's parent (None: a top-level run, or no such run)."""
+    found: str | None = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
+    return found
+
+
+def run_is_answerable(*, run_id: str) -> bool:
+    """Whether the run is parked where an answer to a parked call can wake it
+    (apps.runs.wake.run_answer re-checks under the run's row lock)."""
+    return run_status(run_id=run_id) in ANSWERABLE

@@ -14,14 +14,10 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q
-from django.db.models.functions import Now
-from django.utils import timezone
 
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
 from apps.core.http import db_call
@@ -38,14 +34,12 @@ from apps.runs.models import (
     RUNNABLE,
     TERMINAL,
     Run,
-    RunEvent,
-    RunInput,
     RunStatus,
     RuntimeState,
     RuntimeStateValue,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
-from apps.runs.selectors import run_get, runs_liveness
+from apps.runs.selectors import run_get, runs_liveness, runtime_state
 from apps.runs.subruns import run_child_finished
 from apps.runs.wake import ring_promoted, run_slot_freed
 from apps.substrate.models import AgentDef
@@ -72,10 +66,7 @@ class RunCreate:
 
 
 def runtime_state_get() -> str:
-    with connection.cursor() as cur:  # on every run creation: plain SQL, no ORM compile
-        cur.execute("SELECT state FROM runs_runtimestate WHERE id = 1")
-        row = cur.fetchone()
-    return row[0] if row else RuntimeStateValue.RUNNING
+    return runtime_state()
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -209,8 +200,6 @@ def run_insert(
         parent_call_id=parent_call_id,
         depth=depth,
         status=status,
-        last_seq=len(events),
-        transcript_len=1,
     )
     store.insert_run(run, first_message=[{"type": "text", "text": r.user_text}], events=events)
     return run
@@ -265,31 +254,10 @@ def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict
 
 def _finish_unleased(run_id: str, reason: str) -> bool:
     """Set the cancel flag; finish the run here if no worker holds a lease."""
-    now = Now()  # Postgres's clock, as the claim's: never this host's (it may be skewed)
     with transaction.atomic():
-        Run.objects.filter(id=run_id).exclude(status__in=TERMINAL).update(cancel_requested=True, cancel_reason=reason)
-        # Conditional: only a run no live worker holds is finished here; bumping
-        # lease_token voids any fence a slow, lease-expired worker still has.
-        updated = Run.objects.filter(
-            Q(lease_until__isnull=True) | Q(lease_until__lt=now),
-            id=run_id,
-            status__in=[*RUNNABLE, *PARKED],
-        ).update(
-            status=RunStatus.CANCELLED,
-            stop_reason=reason,
-            completed_at=now,
-            updated_at=now,
-            lease_owner="",
-            lease_until=None,
-            lease_token=F("lease_token") + 1,
-            last_seq=F("last_seq") + 1,
-            step=F("step") + 1,
-        )
-        if not updated:
+        seq = store.cancel(run_id=run_id, reason=reason)
+        if seq is None:
             return False
-        seq = Run.objects.filter(id=run_id).values_list("last_seq", flat=True).get()
-        payload = {"type": "done", "stop_reason": reason, "cancelled": True}
-        RunEvent.objects.create(run_id=run_id, seq=seq, type="done", payload=payload)
         transaction.on_commit(lambda: notify_events(run_id, seq))
         transaction.on_commit(lambda: run_child_finished(child_id=run_id))  # a no-op for top-level runs
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
@@ -305,21 +273,11 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     if run.status in TERMINAL:
         raise NotFound(f"run {run_id} is not in flight", code="not_in_flight")
     cap = settings.LOOMCYCLE.steer_queue_cap
-    with transaction.atomic():
-        # Row lock: the cap check and the counter move together.
-        locked = Run.objects.select_for_update().get(id=run.id)
-        if locked.pending_inputs >= cap:
-            raise QuotaExhausted(
-                f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"}
-            )
-        RunInput.objects.create(run_id=run.id, text=text)
-        Run.objects.filter(id=run.id).update(pending_inputs=F("pending_inputs") + 1)
-        # Conditional wake: exactly one caller flips awaiting_input -> running.
-        woke = Run.objects.filter(id=run.id, status=RunStatus.AWAITING_INPUT).update(
-            status=RunStatus.RUNNING, updated_at=timezone.now()
-        )
-        if woke:
-            transaction.on_commit(lambda: enqueue_iteration(run.id, locked.step))
+    queued = store.input_queue(run_id=run.id, text=text, cap=cap)
+    if not queued.accepted:
+        raise QuotaExhausted(f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"})
+    if queued.woke:
+        transaction.on_commit(lambda: enqueue_iteration(run.id, queued.step))
     return {"run_id": run.id, "delivered": True}
 
 
@@ -354,15 +312,11 @@ async def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
 
 def _pause_begin() -> None:
     with transaction.atomic():
-        state, _ = RuntimeState.objects.select_for_update().get_or_create(id=1)
-        if state.state != RuntimeStateValue.RUNNING:
+        if store.runtime_state_lock() != RuntimeStateValue.RUNNING:
             raise Conflict("runtime is already paused or pausing", code="already_pausing")
-        RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.PAUSING, updated_at=timezone.now())
-    now = Now()  # leases are compared with Postgres's clock, as the claim does
+        store.runtime_state_set(RuntimeStateValue.PAUSING)
     # Unleased runnable runs park right away; their queued doorbells become no-ops.
-    Run.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), status__in=RUNNABLE).update(
-        status=RunStatus.PAUSED, updated_at=now, lease_token=F("lease_token") + 1
-    )
+    store.runs_pause_unleased()
 
 
 def runtime_pause_settle(*, force: bool = False) -> int:
@@ -373,23 +327,16 @@ def runtime_pause_settle(*, force: bool = False) -> int:
         return 0  # not pausing (never was, already settled, or resumed meanwhile)
     left = Run.objects.filter(status__in=RUNNABLE).count()
     if force or not left:
-        RuntimeState.objects.filter(id=1, state=RuntimeStateValue.PAUSING).update(
-            state=RuntimeStateValue.PAUSED, updated_at=timezone.now()
-        )
+        store.runtime_state_set(RuntimeStateValue.PAUSED, only_from=RuntimeStateValue.PAUSING)
     return left
 
 
 def runtime_resume() -> dict[str, Any]:
     with transaction.atomic():
-        state, _ = RuntimeState.objects.select_for_update().get_or_create(id=1)
-        if state.state == RuntimeStateValue.RUNNING:
+        if store.runtime_state_lock() == RuntimeStateValue.RUNNING:
             raise Conflict("runtime is not paused", code="not_paused")
-        RuntimeState.objects.filter(id=1).update(state=RuntimeStateValue.RUNNING, updated_at=timezone.now())
-        resumed = list(
-            # No SKIP LOCKED: a paused run that is locked right now must still be resumed.
-            Run.objects.select_for_update().filter(status=RunStatus.PAUSED).values_list("id", "step")
-        )
-        Run.objects.filter(id__in=[r for r, _ in resumed]).update(status=RunStatus.RUNNING, updated_at=timezone.now())
+        store.runtime_state_set(RuntimeStateValue.RUNNING)
+        resumed = store.runs_resume_paused()
         transaction.on_commit(lambda: _enqueue_all(resumed))
     return {"state": "running", "resumed_runs_count": len(resumed), "warnings": []}
 
@@ -400,22 +347,10 @@ def run_leases_sweep() -> int:
     Each run gets at most one doorbell per grace period. Leases are compared
     with Postgres's clock, as the claim and the heartbeat set them: a sweeper
     host whose clock runs ahead must not take live leases."""
-    now = Now()
-    grace = timedelta(seconds=settings.LOOMCYCLE.requeue_grace_seconds)
     with transaction.atomic():
-        # SKIP LOCKED: several beat/sweeper instances never requeue the same run twice.
-        stale = list(
-            Run.objects.select_for_update(skip_locked=True)
-            .filter(
-                Q(lease_until__lt=now)
-                | Q(lease_until__isnull=True, updated_at__lt=ExpressionWrapper(now - grace, DateTimeField())),
-                status__in=RUNNABLE,
-            )
-            .values_list("id", "step")[:1000]
-        )
+        stale = store.runs_stale_release(grace_seconds=settings.LOOMCYCLE.requeue_grace_seconds)
         if not stale:
             return 0
-        Run.objects.filter(id__in=[r for r, _ in stale]).update(updated_at=now, lease_until=None, lease_owner="")
         transaction.on_commit(lambda: _enqueue_all(stale))
     log.info("sweeper requeued %d run(s)", len(stale))
     return len(stale)

@@ -1,4 +1,16 @@
-"""The engine's persistence, in plain SQL on the hot path.
+"""The one module that writes the runs app's tables (`runs_*`): run rows,
+their events, transcript, inputs, tool-call records and the runtime state.
+Other modules, and other apps, call the functions here (writes) or
+apps.runs.selectors (reads); tests/test_architecture.py checks it.
+
+Every event or transcript row is appended by ONE primitive (`_advance`,
+`_bases`, `_append`): the statement that updates (or inserts) the run row
+moves its `last_seq`/`transcript_len` past the new rows, and the rows take
+their seq/idx from the counters that very row returns. The claim, the step
+commit, an answer to a parked call, a cancel and run creation all use it, so
+seqs stay consecutive, without duplicates, whichever of them races: each
+writes under the run row's lock, taken by its own UPDATE. Statuses in the SQL
+are built once from apps.runs.statuses.
 
 Three writes per tool-calling iteration, each one statement in autocommit:
 - `claim`: compare-and-set of the lease (UPDATE ... RETURNING the run, with
@@ -20,12 +32,26 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
+
+from apps.gateway.services import usage_run_entries_insert_sql
+from apps.runs.statuses import (
+    ANSWERABLE,
+    PARKED,
+    RUNNABLE,
+    TERMINAL,
+    RunStatus,
+    RuntimeStateValue,
+    ToolCallStatus,
+)
 
 if TYPE_CHECKING:
     from apps.runs.models import Run
@@ -65,35 +91,77 @@ _CLAIM_COLUMNS = (
     "fallbacks",
 )
 
+
+def _in(statuses: tuple[str, ...]) -> str:
+    """A SQL list of status literals, built once from the enum (never typed in SQL)."""
+    return ", ".join(f"'{RunStatus(s).value}'" for s in statuses)
+
+
+def _advance(n_events: str, n_transcript: str = "0") -> str:
+    """The append primitive, 1/3: SET items of the run row's UPDATE that move its
+    counters past the rows appended (SQL counts, evaluated on the old row)."""
+    return f"last_seq = last_seq + {n_events}, transcript_len = transcript_len + {n_transcript}"
+
+
+def _bases(n_events: str, n_transcript: str = "0") -> str:
+    """2/3: RETURNING items, the counters before this append (RETURNING sees the
+    updated row, so the counts are subtracted again)."""
+    return f"last_seq - {n_events} AS seq_base, transcript_len - {n_transcript} AS idx_base"
+
+
+def _append(*, run: str, sources: str, rows: str, step: str, at: str = "now()", transcript: bool = True) -> str:
+    """3/3: writable CTEs `ev` (and `tx`) inserting the events `{rows}->'e'` at
+    seq seq_base+1.. and the transcript rows `{rows}->'t'` ({role, content}) at
+    idx idx_base+0.., where `run` is the CTE of the run row this statement
+    updated or inserted (it returns id, seq_base, idx_base: `_bases`). No run
+    row (a lost fence or compare-and-set) appends nothing."""
+    ctes = f"""ev AS (
+  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
+  SELECT {run}.id, {run}.seq_base + x.n, {step}, x.v->>'type', x.v, {at}
+  FROM {sources}, jsonb_array_elements({rows}->'e') WITH ORDINALITY AS x(v, n)
+)"""
+    if transcript:
+        ctes += f""", tx AS (
+  INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
+  SELECT {run}.id, {run}.idx_base + x.n - 1, {step}, x.v->>'role', x.v->'content', {at}
+  FROM {sources}, jsonb_array_elements({rows}->'t') WITH ORDINALITY AS x(v, n)
+)"""
+    return ctes
+
+
+def _rows(events: list[dict[str, Any]], transcript: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """The parameters of an append: its rows (one JSONB) and their counts."""
+    packed = {"e": events, "t": [{"role": role, "content": content} for role, content in transcript]}
+    return {"rows": json.dumps(packed), "n_e": len(events), "n_t": len(transcript)}
+
+
 # The claim and the tool-start records commit asynchronously (no WAL flush of
 # their own): the step commit is synchronous and WAL is sequential, so flushing
 # it flushes them too. After a Postgres crash either all three survive, or the
 # step is lost with them and the iteration repeats, as after any crash.
 _ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true) AS a"
 
+# The run's first claim (started_at set in this very transaction) appends `started`
+# before the provider call, as loomcycle does; a redelivered claim does not.
 _CLAIM_SQL = f"""
 WITH s AS ({_ASYNC_COMMIT}), c AS (
   UPDATE runs_run SET
-    status = CASE WHEN status = 'queued' THEN 'running' ELSE status END,
-    last_seq = last_seq + CASE WHEN started_at IS NULL THEN 1 ELSE 0 END,
+    status = CASE WHEN status = '{RunStatus.QUEUED.value}' THEN '{RunStatus.RUNNING.value}' ELSE status END,
+    {_advance("(started_at IS NULL)::int")},
     started_at = COALESCE(started_at, now()),
     attempts = attempts + 1,
-    lease_owner = %s,
-    lease_until = now() + make_interval(secs => %s),
+    lease_owner = %(owner)s,
+    lease_until = now() + make_interval(secs => %(lease)s),
     lease_token = lease_token + 1,
     last_heartbeat_at = now(),
     updated_at = now()
-  WHERE id = %s AND step = %s AND status IN ('queued', 'running')
+  WHERE id = %(id)s AND step = %(step)s AND status IN ({_in(RUNNABLE)})
     AND (lease_until IS NULL OR lease_until < now())
-  RETURNING {", ".join(_CLAIM_COLUMNS)}, started_at = now() AS first_claim
-), st AS (
-  -- The run's first claim (started_at set in this very transaction) emits `started`
-  -- before the provider call, as loomcycle does; a redelivered claim does not.
-  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
-  SELECT c.id, c.last_seq, 0, 'started', '{{"type": "started"}}'::jsonb, now() FROM c WHERE c.first_claim
-)
-SELECT c.*,
-  COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), 'running'),
+  RETURNING {", ".join(_CLAIM_COLUMNS)}, started_at = now() AS first_claim, {_bases("(started_at = now())::int")}
+), st AS (SELECT c.*, CASE WHEN c.first_claim THEN '{{"e": [{{"type": "started"}}]}}'::jsonb END AS j FROM c),
+{_append(run="st", sources="st", rows="st.j", step="0", transcript=False)}
+SELECT {", ".join(f"c.{col}" for col in _CLAIM_COLUMNS)}, c.first_claim,
+  COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), '{RuntimeStateValue.RUNNING.value}'),
   (SELECT COALESCE(json_agg(json_build_array(t.role, t.content) ORDER BY t.idx), '[]')
    FROM runs_transcriptentry t WHERE t.run_id = c.id)
 FROM c, s
@@ -102,17 +170,16 @@ FROM c, s
 _TOOL_STARTS_SQL = f"""
 WITH s AS ({_ASYNC_COMMIT})
 INSERT INTO runs_toolcallrecord (run_id, step, call_id, name, input, status, is_error, started_at)
-SELECT %s, %s, x.v->>0, x.v->>1, x.v->2, 'started', false, now()
+SELECT %s, %s, x.v->>0, x.v->>1, x.v->2, '{ToolCallStatus.STARTED.value}', false, now()
 FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
 ON CONFLICT (run_id, step, call_id) DO NOTHING
 """
 
-# The statuses a step commit can park a run in: apps.runs.models.PARKED less
-# `waiting_slot`, which only run creation sets (this module does not import the
-# models at runtime; tests/runs/test_store.py checks the two agree).
-PARKED_STATUSES = ("awaiting_input", "waiting_children", "awaiting_interrupt", "waiting_channel", "paused")
+# The statuses a step commit can park a run in: the parks less `waiting_slot`,
+# which only run creation sets.
+PARKED_STATUSES = tuple(s.value for s in PARKED if s != RunStatus.WAITING_SLOT)
 
-_COMMIT_SQL = """
+_COMMIT_SQL = f"""
 WITH d AS (SELECT %(rows)s::jsonb AS j),
 r AS (
   UPDATE runs_run SET
@@ -120,11 +187,12 @@ r AS (
     -- commits `running` and the engine rings its doorbell (no wake-up is lost; the
     -- values are those of the row as this UPDATE sees it, after any writer it waited for).
     status = CASE
-      WHEN %(status)s = 'awaiting_input' AND pending_inputs > %(consumed)s THEN 'running'
-      WHEN %(status)s IN ({parked}) AND cancel_requested THEN 'running'
+      WHEN %(status)s = '{RunStatus.AWAITING_INPUT.value}' AND pending_inputs > %(consumed)s
+        THEN '{RunStatus.RUNNING.value}'
+      WHEN %(status)s IN ({_in(PARKED_STATUSES)}) AND cancel_requested THEN '{RunStatus.RUNNING.value}'
       ELSE %(status)s END,
     attempts = 0, lease_owner = '', lease_until = NULL,
-    step = %(new_step)s, last_seq = %(last_seq)s, transcript_len = %(transcript_len)s,
+    step = %(new_step)s, {_advance("%(n_e)s", "%(n_t)s")},
     pending_inputs = pending_inputs - %(consumed)s, pending_calls = %(pending_calls)s,
     usage = COALESCE(%(usage)s::jsonb, usage),
     provider = COALESCE(%(provider)s, provider), model = COALESCE(%(model)s, model),
@@ -134,35 +202,32 @@ r AS (
     completed_at = CASE WHEN %(finish)s THEN now() ELSE completed_at END,
     updated_at = now(), last_heartbeat_at = now()
   WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
-  RETURNING id, status
-), t AS (
-  INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
-  SELECT r.id, %(transcript_base)s + x.n - 1, %(step)s, x.v->>'role', x.v->'content', now()
-  FROM r, d, jsonb_array_elements(d.j->'t') WITH ORDINALITY AS x(v, n)
-), e AS (
-  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
-  SELECT r.id, %(seq_base)s + x.n, %(step)s, x.v->>'type', x.v, now()
-  FROM r, d, jsonb_array_elements(d.j->'e') WITH ORDINALITY AS x(v, n)
-), i AS (
+  RETURNING id, status, {_bases("%(n_e)s", "%(n_t)s")}
+), {_append(run="r", sources="r, d", rows="d.j", step="%(step)s")}, i AS (
   UPDATE runs_runinput SET consumed_step = %(step)s
   FROM r, d WHERE runs_runinput.run_id = r.id
     AND runs_runinput.id IN (SELECT (jsonb_array_elements_text(d.j->'i'))::bigint)
 ), u AS (
-  -- the usage/cost ledger (apps.gateway UsageEntry): one row per provider call of this step
-  INSERT INTO gateway_usageentry (created_at, tenant_id, user_id, run_id, step, source, provider, model,
-    input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd)
-  SELECT now(), %(tenant_id)s, %(user_id)s, r.id, %(step)s, 'run', x.v->>'provider', x.v->>'model',
-    (x.v->>'input_tokens')::int, (x.v->>'output_tokens')::int, (x.v->>'cache_creation_input_tokens')::int,
-    (x.v->>'cache_read_input_tokens')::int, (x.v->>'cost_usd')::numeric
-  FROM r, d, jsonb_array_elements(d.j->'u') AS x(v)
+  -- the usage/cost ledger: one row per provider call of this step (apps.gateway owns the table)
+  {
+    usage_run_entries_insert_sql(
+        entries="d.j->'u'",
+        sources="r, d",
+        run_id="r.id",
+        step="%(step)s",
+        tenant_id="%(tenant_id)s",
+        user_id="%(user_id)s",
+    )
+}
 ), c AS (
-  UPDATE runs_toolcallrecord SET status = 'finished', is_error = (x.v->>1)::boolean, finished_at = now()
+  UPDATE runs_toolcallrecord SET status = '{ToolCallStatus.FINISHED.value}', is_error = (x.v->>1)::boolean,
+    finished_at = now()
   FROM r, d, jsonb_array_elements(d.j->'c') AS x(v)
   WHERE runs_toolcallrecord.run_id = r.id AND runs_toolcallrecord.step = %(step)s
     AND runs_toolcallrecord.call_id = x.v->>0
 )
 SELECT status FROM r
-""".replace("{parked}", ", ".join(f"'{s}'" for s in PARKED_STATUSES))
+"""
 
 
 def _json(value: Any) -> Any:
@@ -311,7 +376,7 @@ def pool_purge() -> None:
 
 def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
     """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere."""
-    row = _hot(_CLAIM_SQL, [owner, lease_seconds, run_id, step])
+    row = _hot(_CLAIM_SQL, {"owner": owner, "lease": lease_seconds, "id": run_id, "step": step})
     if row is None:
         return None
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
@@ -364,16 +429,14 @@ def commit_step(
         "token": run.lease_token,
         "status": status,
         "new_step": run.step + 1 if advance else run.step,
-        "last_seq": run.last_seq + len(rows.events),
-        "transcript_len": run.transcript_len + len(rows.transcript),
+        "n_e": len(rows.events),
+        "n_t": len(rows.transcript),
         "consumed": len(rows.consumed_inputs),
         "usage": json.dumps(usage) if usage is not None else None,
         "set_stop": bool(stop_reason) or finish,
         "stop_reason": stop_reason,
         "finish": finish,
         "error": error,
-        "transcript_base": run.transcript_len,
-        "seq_base": run.last_seq,
         "tenant_id": run.tenant_id,
         "user_id": run.user_id,
         "pending_calls": pending_calls,
@@ -403,23 +466,18 @@ def _step_landed(run: ClaimedRun, new_step: int) -> Any:
 @functools.cache
 def _insert_run_sql() -> tuple[str, list[Any]]:
     """One statement: the run row (every column of the model, in its order),
-    its first transcript row and its first events. Built once per process."""
+    its first transcript row and its first events (the append primitive, on
+    the inserted row). Built once per process."""
     from apps.runs.models import Run
 
     fields = list(Run._meta.concrete_fields)
     columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
-    values = ", ".join(["%s"] * len(fields))
+    values = ", ".join(f"%(f{i})s" for i in range(len(fields)))
     sql = f"""
-WITH r AS (
-  INSERT INTO runs_run ({columns}) VALUES ({values}) RETURNING id
-), t AS (
-  INSERT INTO runs_transcriptentry (run_id, idx, step, role, content, created_at)
-  SELECT r.id, 0, 0, 'user', %s::jsonb, %s FROM r
-), e AS (
-  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
-  SELECT r.id, x.n, 0, x.v->>'type', x.v, %s FROM r, jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(v, n)
-)
-SELECT count(*) FROM r
+WITH d AS (SELECT %(rows)s::jsonb AS j), ins AS (
+  INSERT INTO runs_run ({columns}) VALUES ({values}) RETURNING id, {_bases("%(n_e)s", "%(n_t)s")}
+), {_append(run="ins", sources="ins, d", rows="d.j", step="0", at="%(at)s")}
+SELECT count(*) FROM ins
 """
     return sql, fields
 
@@ -427,15 +485,290 @@ SELECT count(*) FROM r
 def insert_run(run: Run, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
     """Insert an unsaved `Run` with its first user message (transcript idx 0)
     and its first events (seq 1..n), in one statement; `run` becomes a saved
-    instance. The ORM's three INSERTs cost ~1.7 ms of CPU, mostly compiling
-    them. Through Django's cursor, so a duplicate `agent_id` raises Django's
-    IntegrityError."""
+    instance with its counters set. The ORM's three INSERTs cost ~1.7 ms of
+    CPU, mostly compiling them. Through Django's cursor, so a duplicate
+    `agent_id` raises Django's IntegrityError."""
     sql, fields = _insert_run_sql()
     now = timezone.now()
     run.created_at = run.updated_at = now
-    params = [f.get_db_prep_save(getattr(run, f.attname), connection) for f in fields]
-    params += [json.dumps(first_message), now, now, json.dumps(events)]
+    run.last_seq, run.transcript_len = len(events), 1  # the row's counters start past its first rows
+    params = {f"f{i}": f.get_db_prep_save(getattr(run, f.attname), connection) for i, f in enumerate(fields)}
+    params.update(_rows(events, [("user", first_message)]), at=now)
     with connection.cursor() as cur:
         cur.execute(sql, params)
     run._state.adding = False
     run._state.db = connection.alias
+
+
+# --- Writes outside the iteration: heartbeat, answers, cancel, input, pause, sweeps, admission.
+
+_HEARTBEAT_SQL = """
+UPDATE runs_run r SET lease_until = now() + make_interval(secs => %s), last_heartbeat_at = now()
+FROM unnest(%s::text[], %s::bigint[]) AS l(id, tok)
+WHERE r.id = l.id AND r.lease_token = l.tok AND r.lease_owner = %s
+"""
+
+
+def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, int]]) -> None:
+    """One UPDATE for every run in flight in this process. Fenced: only leases
+    `owner` still holds with these tokens are extended."""
+    with connection.cursor() as cur:
+        cur.execute(_HEARTBEAT_SQL, [lease_seconds, [r for r, _ in leased], [t for _, t in leased], owner])
+
+
+# The run row locked first (answers to one run are serialised), with the call's
+# started record in the same round trip.
+_ANSWER_LOCK_SQL = """
+SELECT r.status, r.step, rec.id, rec.step, rec.input
+FROM runs_run r
+LEFT JOIN LATERAL (
+  SELECT id, step, input FROM runs_toolcallrecord WHERE run_id = r.id AND call_id = %s ORDER BY step DESC LIMIT 1
+) rec ON true
+WHERE r.id = %s
+FOR UPDATE OF r
+"""
+
+# Everything the answer writes, in one statement; returns whether this answer
+# woke the run (exactly the answer that brings pending_calls to 0) and last_seq.
+_ANSWER_SQL = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j), ans AS (
+  UPDATE runs_run SET
+    {_advance("%(n_e)s", "%(n_t)s")}, pending_calls = pending_calls - 1,
+    status = CASE WHEN status IN ({_in(ANSWERABLE)}) AND pending_calls = 1
+      THEN '{RunStatus.RUNNING.value}' ELSE status END,
+    updated_at = now()
+  WHERE id = %(run_id)s
+  RETURNING id, last_seq, status = '{RunStatus.RUNNING.value}' AND pending_calls = 0 AS woke,
+    {_bases("%(n_e)s", "%(n_t)s")}
+), {_append(run="ans", sources="ans, d", rows="d.j", step="%(step)s")}, c AS (
+  UPDATE runs_toolcallrecord SET status = '{ToolCallStatus.FINISHED.value}', is_error = %(is_error)s,
+    finished_at = now()
+  WHERE id = %(record_id)s
+)
+SELECT woke, last_seq FROM ans
+"""
+
+
+@dataclass(frozen=True)
+class AnswerTarget:
+    """A live run, locked, and the started record of the call being answered."""
+
+    run_step: int
+    step: int  # the step the answer's rows belong to: the call's, else the last committed one
+    call_input: dict[str, Any]
+    record_id: int | None
+
+
+def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
+    """Inside the answerer's transaction: lock the run row (answers to one run
+    are serialised); None when the run is gone or terminal."""
+    with connection.cursor() as cur:
+        cur.execute(_ANSWER_LOCK_SQL, [call_id, run_id])
+        row = cur.fetchone()
+    if row is None or row[0] in TERMINAL:
+        return None
+    _, run_step, record_id, record_step, record_input = row
+    if record_id is None:
+        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None)
+    return AnswerTarget(run_step, record_step, _json(record_input), record_id)
+
+
+def answer_append(
+    *, run_id: str, target: AnswerTarget, events: list[dict[str, Any]], block: dict[str, Any], is_error: bool
+) -> tuple[bool, int]:
+    """Append an answer under `answer_lock`'s lock: its events, its transcript
+    row (`block`, a user turn), the finished record, one pending call fewer.
+    Returns (woke: this answer flipped the run back to running, last_seq)."""
+    params = _rows(events, [("user", [block])])
+    params.update(run_id=run_id, step=target.step, is_error=is_error, record_id=target.record_id)
+    with connection.cursor() as cur:
+        cur.execute(_ANSWER_SQL, params)
+        woke, last_seq = cur.fetchone()
+    return bool(woke), int(last_seq)
+
+
+_CANCEL_FLAG_SQL = f"""
+UPDATE runs_run SET cancel_requested = true, cancel_reason = %s WHERE id = %s AND status NOT IN ({_in(TERMINAL)})
+"""
+
+# Conditional: only a run no live worker holds is finished here; bumping
+# lease_token voids any fence a slow, lease-expired worker still has.
+_CANCEL_FINISH_SQL = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j), cnl AS (
+  UPDATE runs_run SET status = '{RunStatus.CANCELLED.value}', stop_reason = %(reason)s,
+    completed_at = now(), updated_at = now(), lease_owner = '', lease_until = NULL,
+    lease_token = lease_token + 1, step = step + 1, {_advance("%(n_e)s")}
+  WHERE id = %(run_id)s AND status IN ({_in((*RUNNABLE, *PARKED))})
+    AND (lease_until IS NULL OR lease_until < now())
+  RETURNING id, last_seq, step - 1 AS cancelled_step, {_bases("%(n_e)s")}
+), {_append(run="cnl", sources="cnl, d", rows="d.j", step="cnl.cancelled_step", transcript=False)}
+SELECT last_seq FROM cnl
+"""
+
+
+def cancel(*, run_id: str, reason: str) -> int | None:
+    """Inside a transaction: set the cancel flag of a live run, and finish it
+    (`cancelled`, its `done` event appended) if no worker holds a lease.
+    The run's last_seq when it was finished here, None when a worker must."""
+    done = {"type": "done", "stop_reason": reason, "cancelled": True}
+    params = _rows([done], [])
+    params.update(run_id=run_id, reason=reason)
+    with connection.cursor() as cur:
+        cur.execute(_CANCEL_FLAG_SQL, [reason, run_id])
+        cur.execute(_CANCEL_FINISH_SQL, params)
+        row = cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+@dataclass(frozen=True)
+class InputQueued:
+    accepted: bool  # False: the steering queue was full (nothing written)
+    woke: bool  # this input flipped an `awaiting_input` run back to running
+    step: int
+
+
+def input_queue(*, run_id: str, text: str, cap: int) -> InputQueued:
+    """Queue steering text unless `cap` inputs are pending; exactly one caller
+    wakes a run parked at `awaiting_input`. One transaction."""
+    from apps.runs.models import Run, RunInput
+
+    with transaction.atomic():
+        # Row lock: the cap check and the counter move together.
+        locked = Run.objects.select_for_update().get(id=run_id)
+        if locked.pending_inputs >= cap:
+            return InputQueued(False, False, locked.step)
+        RunInput.objects.create(run_id=run_id, text=text)
+        Run.objects.filter(id=run_id).update(pending_inputs=F("pending_inputs") + 1)
+        # Conditional wake: exactly one caller flips awaiting_input -> running.
+        woke = Run.objects.filter(id=run_id, status=RunStatus.AWAITING_INPUT).update(
+            status=RunStatus.RUNNING, updated_at=timezone.now()
+        )
+    return InputQueued(True, bool(woke), locked.step)
+
+
+def runtime_state_lock() -> str:
+    """Inside a transaction: the runtime state, its row locked (created if missing)."""
+    from apps.runs.models import RuntimeState
+
+    state, _ = RuntimeState.objects.select_for_update().get_or_create(id=1)
+    return state.state
+
+
+def runtime_state_set(state: str, *, only_from: str | None = None) -> bool:
+    """Set the runtime state (only if it is `only_from`, when given); whether it was set."""
+    from apps.runs.models import RuntimeState
+
+    rows = RuntimeState.objects.filter(id=1)
+    if only_from is not None:
+        rows = rows.filter(state=only_from)
+    return bool(rows.update(state=state, updated_at=timezone.now()))
+
+
+def runs_pause_unleased() -> int:
+    """Park every runnable run no worker holds at `paused`; bumping lease_token
+    turns their queued doorbells into no-ops. Leases are compared with
+    Postgres's clock, as the claim sets them."""
+    from apps.runs.models import Run
+
+    now = Now()
+    return Run.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), status__in=RUNNABLE).update(
+        status=RunStatus.PAUSED, updated_at=now, lease_token=F("lease_token") + 1
+    )
+
+
+def runs_resume_paused() -> list[tuple[str, int]]:
+    """Inside a transaction: every paused run back to running; their (id, step) doorbells."""
+    from apps.runs.models import Run
+
+    # No SKIP LOCKED: a paused run that is locked right now must still be resumed.
+    resumed = list(Run.objects.select_for_update().filter(status=RunStatus.PAUSED).values_list("id", "step"))
+    Run.objects.filter(id__in=[r for r, _ in resumed]).update(status=RunStatus.RUNNING, updated_at=timezone.now())
+    return resumed
+
+
+def runs_stale_release(*, grace_seconds: float, limit: int = 1000) -> list[tuple[str, int]]:
+    """Inside a transaction: runnable runs whose lease expired, or that sat
+    unleased past the grace, lose their lease and get `updated_at` now (one
+    doorbell per grace period); their (id, step). Postgres's clock throughout."""
+    from apps.runs.models import Run
+
+    now = Now()
+    grace = timedelta(seconds=grace_seconds)
+    # SKIP LOCKED: several beat/sweeper instances never requeue the same run twice.
+    stale = list(
+        Run.objects.select_for_update(skip_locked=True)
+        .filter(
+            Q(lease_until__lt=now)
+            | Q(lease_until__isnull=True, updated_at__lt=ExpressionWrapper(now - grace, DateTimeField())),
+            status__in=RUNNABLE,
+        )
+        .values_list("id", "step")[:limit]
+    )
+    if stale:
+        Run.objects.filter(id__in=[r for r, _ in stale]).update(updated_at=now, lease_until=None, lease_owner="")
+    return stale
+
+
+def child_report_claim(*, child_id: str) -> bool:
+    """Compare-and-set: True for the first report of a terminal child only."""
+    from apps.runs.models import Run
+
+    claimed = Run.objects.filter(
+        id=child_id, reported_to_parent=False, status__in=TERMINAL, parent__isnull=False
+    ).update(reported_to_parent=True)
+    return bool(claimed)
+
+
+# One lock for every admission decision of the cluster (pg_advisory_xact_lock key).
+_ADMISSION_LOCK_KEY = 0x6C635F61646D6974  # "lc_admit"
+
+_TOP_LIVE = f"parent_id IS NULL AND NOT (status IN ({_in(TERMINAL)}))"  # the partial index run_top_live
+
+_ADMISSION_COUNT_SQL = f"""
+SELECT count(*) FILTER (WHERE status <> '{RunStatus.WAITING_SLOT.value}'),
+  count(*) FILTER (WHERE status = '{RunStatus.WAITING_SLOT.value}')
+FROM runs_run WHERE {_TOP_LIVE}
+"""
+
+# SKIP LOCKED: a waiting row locked by its withdrawal (or a cancel) is not promoted.
+# MATERIALIZED: the LIMIT picks its rows once; as an `IN (subquery)` Postgres
+# may evaluate it more than once and promote more rows than the limit.
+_PROMOTE_SQL = f"""
+WITH picked AS MATERIALIZED (
+  SELECT id FROM runs_run
+  WHERE {_TOP_LIVE} AND status = '{RunStatus.WAITING_SLOT.value}'
+  ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED
+)
+UPDATE runs_run r SET status = '{RunStatus.QUEUED.value}', updated_at = now() FROM picked WHERE r.id = picked.id
+RETURNING r.id, r.step, r.last_seq
+"""
+
+
+def admission_lock_and_count() -> tuple[int, int]:
+    """Inside a transaction: take the cluster's admission lock (held to commit,
+    so this count and the caller's insert or promotion are one decision) and
+    count the admitted and the waiting top-level runs."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_ADMISSION_LOCK_KEY])
+        cur.execute(_ADMISSION_COUNT_SQL)
+        admitted, waiting = cur.fetchone() or (0, 0)
+    return int(admitted), int(waiting)
+
+
+def waiting_promote(count: int) -> list[tuple[str, int, int]]:
+    """Under the admission lock: the `count` oldest waiting runs become `queued`; their (id, step, last_seq)."""
+    with connection.cursor() as cur:
+        cur.execute(_PROMOTE_SQL, [count])
+        return [(str(r), int(s), int(q)) for r, s, q in cur.fetchall()]
+
+
+def waiting_withdraw(run_id: str) -> bool:
+    """Inside a transaction: delete the run if it still waits for its slot
+    (under its row lock: a concurrent promotion skips it, or already flipped it)."""
+    from apps.runs.models import Run
+
+    waiting = Run.objects.select_for_update().filter(id=run_id, status=RunStatus.WAITING_SLOT).first()
+    if waiting is None:
+        return False
+    waiting.delete()
+    return True

@@ -27,6 +27,7 @@ from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
 from apps.core.tools import SpawnRequest, Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
+from apps.runs import store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
@@ -144,10 +145,7 @@ def run_child_finished(*, child_id: str) -> bool:
     """Report a terminal child to its parent, exactly once. False if nothing to do."""
     with transaction.atomic():
         # Compare-and-set: only the first report of this child proceeds.
-        claimed = Run.objects.filter(
-            id=child_id, reported_to_parent=False, status__in=TERMINAL, parent__isnull=False
-        ).update(reported_to_parent=True)
-        if not claimed:
+        if not store.child_report_claim(child_id=child_id):
             return False
         child = Run.objects.get(id=child_id)
         text, is_error = _child_result(child)

@@ -1,0 +1,46 @@
+"""The run statuses and the groups the engine reasons about, importable without
+the app registry (apps.runs.store builds its SQL from them at import time;
+apps.runs.models re-exports them)."""
+
+from __future__ import annotations
+
+from django.db.models import TextChoices
+
+
+class RunStatus(TextChoices):
+    QUEUED = "queued"
+    WAITING_SLOT = "waiting_slot"  # over `max_concurrent_runs`: not admitted yet (apps.runs.backpressure)
+    RUNNING = "running"
+    AWAITING_INPUT = "awaiting_input"
+    WAITING_CHILDREN = "waiting_children"
+    AWAITING_INTERRUPT = "awaiting_interrupt"
+    WAITING_CHANNEL = "waiting_channel"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+RUNNABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
+PARKED = (
+    RunStatus.WAITING_SLOT,
+    RunStatus.AWAITING_INPUT,
+    RunStatus.WAITING_CHILDREN,
+    RunStatus.AWAITING_INTERRUPT,
+    RunStatus.WAITING_CHANNEL,
+    RunStatus.PAUSED,
+)
+TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+# The parks a tool call's answer (apps.runs.wake.run_answer) can end.
+ANSWERABLE = (RunStatus.WAITING_CHILDREN, RunStatus.WAITING_CHANNEL)
+
+
+class ToolCallStatus(TextChoices):
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+class RuntimeStateValue(TextChoices):
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"

@@ -26,18 +26,14 @@ view of one channel stream.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
-from django.db.models.functions import Now
 
-from apps.channels import services
-from apps.channels.api import admin_stream, check_cursor, user_stream
-from apps.channels.models import ChannelMessage
-from apps.channels.services import Stream
+from apps.channels import access, presenters, selectors, streams
+from apps.channels.streams import Read, Stream, check_cursor
 from apps.core.errors import ApplicationError
 from apps.core.http import db_call
 from apps.core.pubsub import hub
@@ -47,29 +43,21 @@ from apps.substrate.auth import aauthenticate_for, bearer_from_headers
 
 log = logging.getLogger("loomcycle.channels.ws")
 
-PAGE = services.MAX_MESSAGES_CAP
+PAGE = selectors.MAX_MESSAGES_CAP
 REPOLL_S = 1.0
-
-
-def newest_cursor(stream: Stream) -> str:
-    """The cursor of the stream's newest visible message ("" when it has none)."""
-    row = (
-        ChannelMessage.objects.filter(visible_at__lte=Now(), **stream.filter())
-        .order_by("-visible_at", "-id")
-        .values_list("visible_at", "id")
-        .first()
-    )
-    return services.encode_cursor(row[0], row[1]) if row else ""
 
 
 def _resolve(principal: Principal, name: str, user_id: str | None, from_cursor: str | None) -> tuple[Stream, str]:
     """The stream and the cursor to read after."""
-    stream = user_stream(principal, user_id, name)[0] if user_id is not None else admin_stream(principal, name)[0]
-    return stream, from_cursor if from_cursor is not None else newest_cursor(stream)
+    if user_id is not None:
+        stream = access.user_stream(principal, user_id, name)[0]
+    else:
+        stream = access.admin_stream(principal, name)[0]
+    return stream, from_cursor if from_cursor is not None else selectors.newest_cursor(stream)
 
 
-def _peek(stream: Stream, after: str) -> services.Read:
-    return services.peek(stream=stream, from_cursor=after, max_messages=PAGE)
+def _peek(stream: Stream, after: str) -> Read:
+    return selectors.peek(stream=stream, from_cursor=after, max_messages=PAGE)
 
 
 class ChannelStreamConsumer(AsyncWebsocketConsumer):
@@ -109,7 +97,8 @@ class ChannelStreamConsumer(AsyncWebsocketConsumer):
         self, principal: Principal, name: str, user_id: str | None, from_cursor: str | None
     ) -> tuple[Stream, str]:
         tenant = principal.tenant_id
-        self.bell, self.wake = services.bell(tenant, name), await hub().subscribe(services.bell(tenant, name))
+        self.bell = streams.bell(tenant, name)
+        self.wake = await hub().subscribe(self.bell)
         try:
             return await db_call(_resolve)(principal, name, user_id, from_cursor)
         except BaseException:
@@ -127,8 +116,7 @@ class ChannelStreamConsumer(AsyncWebsocketConsumer):
             while not self.slot.expired():
                 page = await read(stream, after)
                 for message, cursor in zip(page.messages, page.cursors, strict=True):
-                    frame = {"channel": stream.channel, **message, "cursor": cursor}
-                    await self.send(text_data=json.dumps(frame, separators=(",", ":"), ensure_ascii=False))
+                    await self.send(text_data=presenters.stream_frame(stream, message, cursor))
                     after = cursor
                 if len(page.messages) == PAGE:
                     continue

@@ -1,7 +1,7 @@
 """Request bodies of the channels REST plane (SPEC 2.7). Unknown fields are a
 400 (`invalid_body`); numbers are strict (no "5", no true). Fields whose
 errors carry their own code (payload, deliver_at, from_cursor, mode, n) stay
-`Any` here and are checked by apps.channels.services."""
+`Any` here and are checked by the channel services, selectors and access rules."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class ChannelAckIn(_In):
 
 
 class _Fanout(_In):
-    channels: Any = None  # 1..32 names, checked by services.dedupe
+    channels: Any = None  # 1..32 names, checked by access.fanout_names
     scope: Literal["", "global", "tenant", "user", "agent"] = ""  # "": each channel's declared scope
     scope_id: StrictStr = ""  # the user id (user) or agent name (agent)
 

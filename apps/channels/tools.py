@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
 from django.db import close_old_connections, connection
 
-from apps.channels import services
-from apps.channels.services import Read, Stream
+from apps.channels import access, presenters, selectors, services
+from apps.channels.errors import ChannelCursorRegression, ChannelNotDeclared
+from apps.channels.streams import Read, Stream, check_cursor
 from apps.channels.waits import WaitRequest, park
 from apps.core.errors import ApplicationError
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
@@ -73,8 +73,8 @@ class _Caller:
         if not isinstance(name, str) or not name:
             raise Refusal("missing required field: channel")
         try:
-            declared = services.channel_get(tenant_id=self.ctx.tenant_id, name=name)
-        except services.ChannelNotDeclared as exc:
+            declared = selectors.channel_get(tenant_id=self.ctx.tenant_id, name=name)
+        except ChannelNotDeclared as exc:
             raise Refusal(
                 f'Channel tool: channel "{name}" is not declared (yaml `channels:` block or POST /v1/_channels)'
             ) from exc
@@ -121,14 +121,11 @@ def _int(data: dict[str, Any], name: str, low: int = 0) -> int | None:
 
 def _wait_ms(data: dict[str, Any]) -> int:
     """The requested wait, cut to the operator's cap (0: do not wait)."""
-    return min(_int(data, "wait_ms") or 0, max(settings.LOOMCYCLE.channels_longpoll_cap_ms, 0))
+    return access.capped_wait_ms(_int(data, "wait_ms"))
 
 
 def _from_cursor(data: dict[str, Any]) -> str | None:
-    raw = data.get("from_cursor")
-    if raw is not None:
-        services.decode_cursor(raw)
-    return raw if isinstance(raw, str) else None
+    return check_cursor(data.get("from_cursor"))
 
 
 def _publish(caller: _Caller, data: dict[str, Any]) -> ToolResult:
@@ -146,13 +143,13 @@ def _publish(caller: _Caller, data: dict[str, Any]) -> ToolResult:
         published_by_user_id=caller.ctx.user_id,
         idempotency_key=caller.ctx.idempotency_key,
     )
-    return _ok(done.as_tool(), events=(services.publish_event(done, data["value"]),))
+    return _ok(presenters.published_tool(done), events=(presenters.publish_event(done, data["value"]),))
 
 
 def _subscribe(caller: _Caller, data: dict[str, Any]) -> ToolResult:
     stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
     from_cursor = _from_cursor(data)
-    limit = services.clamp_max(data.get("max_messages"))
+    limit = selectors.clamp_max(data.get("max_messages"))
     read = services.subscribe(stream=stream, from_cursor=from_cursor, max_messages=limit)
     wait_ms = _wait_ms(data)
     if not read.messages and wait_ms > 0:
@@ -161,15 +158,15 @@ def _subscribe(caller: _Caller, data: dict[str, Any]) -> ToolResult:
 
 
 def _delivered(read: Read) -> ToolResult:
-    return _ok(read.as_result(), events=tuple(services.delivery_events(read)))
+    return _ok(presenters.read_result(read), events=tuple(presenters.delivery_events(read)))
 
 
 def _peek(caller: _Caller, data: dict[str, Any]) -> ToolResult:
     stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
-    read = services.peek(
-        stream=stream, from_cursor=_from_cursor(data), max_messages=services.clamp_max(data.get("max_messages"))
+    read = selectors.peek(
+        stream=stream, from_cursor=_from_cursor(data), max_messages=selectors.clamp_max(data.get("max_messages"))
     )
-    return _ok({"channel": stream.channel, "messages": read.messages})
+    return _ok(presenters.peek_result(read))
 
 
 def _ack(caller: _Caller, data: dict[str, Any]) -> ToolResult:
@@ -182,21 +179,21 @@ def _list_channels(caller: _Caller, data: dict[str, Any]) -> ToolResult:
 
 
 def _await(caller: _Caller, data: dict[str, Any]) -> ToolResult:
-    names = services.dedupe(data.get("channels"), "await: ")
-    spec = services.check_await(data.get("mode"), data.get("n"))
-    spec = services.AwaitSpec(spec.mode, spec.n, services.clamp_max(data.get("max_messages")))
+    names = access.fanout_names(data.get("channels"), "await: ")
+    spec = selectors.check_await(data.get("mode"), data.get("n"))
+    spec = selectors.AwaitSpec(spec.mode, spec.n, selectors.clamp_max(data.get("max_messages")))
     from_cursor = _from_cursor(data)
     streams = [(caller.resolve(name, SUBSCRIBE)[0], from_cursor) for name in names]
     wait_ms = _wait_ms(data)
-    satisfied, result = services.await_read(streams=streams, spec=spec, timed_out=wait_ms == 0)
-    if not satisfied and wait_ms > 0:
+    awaited = selectors.await_read(streams=streams, spec=spec, timed_out=wait_ms == 0)
+    if not awaited.satisfied and wait_ms > 0:
         request = WaitRequest("await", streams, spec.max_messages, spec.mode, spec.n)
         return ToolResult("", park=park(request, wait_ms))
-    return _ok(result)
+    return _ok(presenters.await_result(awaited))
 
 
 def _broadcast(caller: _Caller, data: dict[str, Any]) -> ToolResult:
-    names = services.dedupe(data.get("channels"), "broadcast: ")
+    names = access.fanout_names(data.get("channels"), "broadcast: ")
     if "value" not in data:
         raise Refusal("broadcast: missing required field: value")
     targets = []
@@ -204,7 +201,6 @@ def _broadcast(caller: _Caller, data: dict[str, Any]) -> ToolResult:
         stream, declared = caller.resolve(name, PUBLISH)
         _check_publishable(name, declared, "broadcast: ")
         targets.append((stream, declared))
-    services.check_payload(data["value"])
     outcomes = services.broadcast(
         targets=targets,
         value=data["value"],
@@ -214,20 +210,14 @@ def _broadcast(caller: _Caller, data: dict[str, Any]) -> ToolResult:
         published_by_user_id=caller.ctx.user_id,
         idempotency_key=caller.ctx.idempotency_key,
     )
-    results: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
-    for stream, outcome in outcomes:
-        if isinstance(outcome, ApplicationError):
-            results.append({"channel": stream.channel, "error": outcome.message})
-        else:
-            results.append(outcome.as_tool())
-            events.append(services.publish_event(outcome, data["value"]))
-    failed = sum(1 for r in results if "error" in r)
-    return _ok({"published": len(results) - failed, "failed": failed, "results": results}, events=tuple(events))
+    events = tuple(
+        presenters.publish_event(o, data["value"]) for _, o in outcomes if not isinstance(o, ApplicationError)
+    )
+    return _ok(presenters.broadcast_tool(outcomes), events=events)
 
 
 def _ok(out: dict[str, Any], events: tuple[dict[str, Any], ...] = ()) -> ToolResult:
-    return ToolResult(services.result_text(out), events=events)
+    return ToolResult(presenters.result_text(out), events=events)
 
 
 _HANDLERS: dict[str, Callable[[_Caller, dict[str, Any]], ToolResult]] = {
@@ -251,7 +241,7 @@ def channel_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         return _HANDLERS[op](_Caller(ctx), data)
     except ToolRefusal as exc:
         return ToolResult(str(exc), is_error=True)
-    except services.ChannelCursorRegression as exc:
+    except ChannelCursorRegression as exc:
         return ToolResult(f"{op}: channel: {exc.message}", is_error=True)
     except ApplicationError as exc:
         message = exc.message
@@ -272,8 +262,8 @@ CHANNEL_TOOL = Tool(
         "properties": {
             "op": {"type": "string", "enum": list(OPS)},
             "channel": {"type": "string"},
-            "channels": {"type": "array", "items": {"type": "string"}, "maxItems": services.MAX_FANOUT},
-            "mode": {"type": "string", "enum": list(services.MODES), "description": "await: default any."},
+            "channels": {"type": "array", "items": {"type": "string"}, "maxItems": access.MAX_FANOUT},
+            "mode": {"type": "string", "enum": list(selectors.MODES), "description": "await: default any."},
             "n": {"type": "integer", "description": "await with mode=at_least: messages needed in total."},
             "value": {"description": "publish/broadcast: any JSON value."},
             "ttl": {"type": "integer", "description": "Seconds the message lives (default: the channel's)."},

@@ -30,9 +30,10 @@ from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 
-from apps.channels import services
+from apps.channels import presenters, selectors, services
 from apps.channels.models import ChannelMessage, ChannelWait
-from apps.channels.services import AwaitSpec, Stream
+from apps.channels.selectors import AwaitSpec
+from apps.channels.streams import Stream
 from apps.core.tools import Park
 from apps.runs.models import RunStatus
 from apps.runs.selectors import run_is_answerable
@@ -124,12 +125,12 @@ def _answer(request: WaitRequest, timed_out: bool) -> tuple[str, tuple[dict[str,
         read = services.subscribe(stream=stream, from_cursor=from_cursor, max_messages=request.max_messages)
         if not read.messages and not timed_out:
             return None
-        return services.result_text(read.as_result()), tuple(services.delivery_events(read))
+        return presenters.result_text(presenters.read_result(read)), tuple(presenters.delivery_events(read))
     spec = AwaitSpec(request.mode, request.n, request.max_messages)
-    satisfied, result = services.await_read(streams=request.streams, spec=spec, timed_out=timed_out)
-    if not satisfied and not timed_out:
+    awaited = selectors.await_read(streams=request.streams, spec=spec, timed_out=timed_out)
+    if not awaited.satisfied and not timed_out:
         return None
-    return services.result_text(result), ()
+    return presenters.result_text(presenters.await_result(awaited)), ()
 
 
 def wait_try_answer(wait_id: int, *, skip_locked: bool = False) -> str:

@@ -3,7 +3,7 @@
 
 Every view is async: a call waits on its provider on the event loop, holding
 no thread. Each one is auth -> body -> `calls` (routing, fairness, provider,
-audit) -> wire shape. The call is audited from the moment it is
+audit) or `embeddings` (the embedder) -> wire shape (`compat`, `native`). The call is audited from the moment it is
 authenticated, so a refused body is a row too.
 """
 
@@ -13,11 +13,10 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from ninja import Router
 
-from apps.core.errors import ApplicationError
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.gateway import compat, native
 from apps.gateway.calls import Call, ChatSpec, caller_user_id, chat_open, chat_reply
-from apps.gateway.embedders import EmbedError, get_embedder
+from apps.gateway.embeddings import embeddings_create
 from apps.gateway.models import Endpoint
 from apps.gateway.schemas import ChatCompletionIn, EmbeddingsIn, LlmChatIn
 from apps.gateway.streams import StreamBody, stream_chunks
@@ -27,14 +26,6 @@ router = Router(tags=["gateway"])
 CHAT_MAX_BYTES = 1024 * 1024  # SPEC 2.0: OpenAI-compat and gateway bodies
 EMBEDDINGS_MAX_BYTES = 8 * 1024 * 1024  # batches of texts are large
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-class EmbedderNotConfigured(ApplicationError):
-    status, code = 503, "embedder_not_configured"
-
-
-class EmbedFailed(ApplicationError):
-    status, code = 502, "embed_failed"
 
 
 def _json(call: Call, body: object) -> HttpResponse:
@@ -105,27 +96,10 @@ async def embeddings(request: HttpRequest) -> HttpResponseBase:
     try:
         data = parse_body(request, EmbeddingsIn, max_bytes=EMBEDDINGS_MAX_BYTES)
         call.describe(user_id=caller_user_id(call.principal, data.user), stream=False, model=data.model)
-        embedder = get_embedder()
-        if embedder is None:
-            raise EmbedderNotConfigured(
-                "no embedder configured: set memory.embedder in loomcycle.yaml or LOOMCYCLE_EMBEDDER",
-                headers={"x-should-retry": "false"},
-            )
-        call.routed(embedder.id, embedder.model)
-        await call.admit(provider_gate=False)  # the embedder is not a chat provider: no provider gate
-        texts = data.texts()
-        try:
-            vectors = await embedder.aembed(texts)
-        except EmbedError as exc:
-            retry = {"x-should-retry": "true" if exc.retryable else "false"}
-            raise EmbedFailed(str(exc), details={"provider_status": exc.status}, headers=retry) from exc
-        if len(vectors) != len(texts):
-            raise EmbedFailed(f"{embedder.id}: {len(vectors)} vectors for {len(texts)} inputs")
+        done = await embeddings_create(call=call, texts=data.texts(), model=data.model)
     except BaseException as exc:
         await call.fail(exc)
         raise
     await call.finish(200)
-    body = compat.embeddings_body(
-        vectors=vectors, model=data.model or embedder.model, encoding_format=data.encoding_format
-    )
+    body = compat.embeddings_body(vectors=done.vectors, model=done.model, encoding_format=data.encoding_format)
     return _json(call, body)

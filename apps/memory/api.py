@@ -14,18 +14,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel, ConfigDict
 
-from apps.core.errors import Forbidden, Invalid, NotFound
+from apps.core.errors import Invalid, NotFound
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
-from apps.core.timefmt import ts
 from apps.core.types import Principal
-from apps.memory import selectors, services
-from apps.memory.models import MemoryEntry, MemoryScope
-from apps.memory.services import Slot
-from apps.memory.tools import MAX_KEY_CHARS, Refusal, search_options, search_out
+from apps.memory import presenters, selectors, services
+from apps.memory.models import MemoryScope
+from apps.memory.tools import MAX_KEY_CHARS, Refusal, search_options
 
 router = Router(tags=["memory"])
 ADMIN_BODY_BYTES = 1024 * 1024
-MAX_SCOPE_ID_CHARS = 256  # the column width (MemoryEntry.scope_id)
 MAX_TTL_SECONDS = 10 * 365 * 86400
 _PREFIX = "/_memory/scopes/{scope}/{scope_id}/keys"
 
@@ -50,38 +47,13 @@ class MemorySearchIn(BaseModel):
     dedup: dict[str, Any] | None = None
 
 
-def _slot(principal: Principal, scope: str, scope_id: str, *, write: bool) -> Slot:
-    if scope not in MemoryScope.values:
-        raise Invalid(f"scope must be one of {', '.join(MemoryScope.values)}", code="invalid_scope")
-    if scope in (MemoryScope.TENANT, MemoryScope.GLOBAL):
-        if scope == MemoryScope.GLOBAL and write and principal.tenant_id:
-            raise Forbidden("global memory is written only by the deployment's own tenant", code="forbidden")
-        return Slot("" if scope == MemoryScope.GLOBAL else principal.tenant_id, scope, "")
-    if not scope_id or scope_id == "-":
-        raise Invalid(f"scope {scope} needs a scope_id", code="missing_scope_id")
-    if len(scope_id) > MAX_SCOPE_ID_CHARS:
-        raise Invalid(f"scope_id must be at most {MAX_SCOPE_ID_CHARS} characters", code="invalid_scope_id")
-    return Slot(principal.tenant_id, scope, scope_id)
-
-
 def _check_key(key: str) -> None:
     if not key or len(key) > MAX_KEY_CHARS:
         raise Invalid(f"key must be 1..{MAX_KEY_CHARS} characters", code="invalid_request")
 
 
-def _entry(row: MemoryEntry) -> dict[str, Any]:
-    return {
-        "key": row.key,
-        "value": row.value,
-        "expires_at": ts(row.expires_at),
-        "created_at": ts(row.created_at),
-        "updated_at": ts(row.updated_at),
-        "embedded": row.embedding is not None,
-    }
-
-
 def _put(principal: Principal, scope: str, scope_id: str, key: str, body: MemoryPutIn, embed_q: bool) -> dict[str, Any]:
-    slot = _slot(principal, scope, scope_id, write=True)
+    slot = selectors.slot_for(principal, scope, scope_id, write=True)
     _check_key(key)
     if "value" not in body.model_fields_set or body.value is None:
         raise Invalid("value is required (any JSON value but null)", code="missing_value")
@@ -107,27 +79,28 @@ def _put(principal: Principal, scope: str, scope_id: str, key: str, body: Memory
 
 
 def _get(principal: Principal, scope: str, scope_id: str, key: str) -> dict[str, Any]:
-    slot = _slot(principal, scope, scope_id, write=False)
+    slot = selectors.slot_for(principal, scope, scope_id, write=False)
     row = selectors.memory_get(slot=slot, key=key)
     if row is None:
         raise NotFound(f"no key {key!r} in {scope} memory", code="not_found")
-    return {"scope": scope, "scope_id": slot.scope_id, "entry": _entry(row)}
+    return {"scope": scope, "scope_id": slot.scope_id, "entry": presenters.entry_rest(row)}
 
 
 def _delete(principal: Principal, scope: str, scope_id: str, key: str) -> None:
-    services.memory_delete(slot=_slot(principal, scope, scope_id, write=True), key=key)
+    services.memory_delete(slot=selectors.slot_for(principal, scope, scope_id, write=True), key=key)
 
 
 def _list(principal: Principal, scope: str, scope_id: str, prefix: str, limit_raw: str) -> dict[str, Any]:
-    slot = _slot(principal, scope, scope_id, write=False)
+    slot = selectors.slot_for(principal, scope, scope_id, write=False)
     if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= 1000:
         raise Invalid("limit must be an integer between 1 and 1000", code="invalid_limit")
     rows, truncated = selectors.memory_list(slot=slot, prefix=prefix, limit=int(limit_raw))
-    return {"scope": scope, "scope_id": slot.scope_id, "entries": [_entry(r) for r in rows], "truncated": truncated}
+    entries = [presenters.entry_rest(r) for r in rows]
+    return {"scope": scope, "scope_id": slot.scope_id, "entries": entries, "truncated": truncated}
 
 
 def _search(principal: Principal, body: MemorySearchIn) -> dict[str, Any]:
-    slot = _slot(principal, body.scope, body.scope_id, write=False)
+    slot = selectors.slot_for(principal, body.scope, body.scope_id, write=False)
     if not body.query.strip() or not 1 <= body.top_k <= 50:
         raise Invalid("query must be non-empty and top_k between 1 and 50", code="invalid_body")
     try:
@@ -135,7 +108,7 @@ def _search(principal: Principal, body: MemorySearchIn) -> dict[str, Any]:
     except Refusal as exc:
         raise Invalid(str(exc), code="invalid_body") from exc
     found = selectors.memory_search(slot=slot, query=body.query, top_k=body.top_k, rank=rank, dedup=dedup)
-    return {"scope": body.scope, "scope_id": slot.scope_id, **search_out(found)}
+    return {"scope": body.scope, "scope_id": slot.scope_id, **presenters.search_out(found)}
 
 
 @router.get("/_memory/scopes", operation_id="memory_scopes", summary="Memory scopes")

@@ -15,11 +15,32 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from apps.memory.models import MemoryEntry
+from apps.core.errors import Forbidden, Invalid
+from apps.core.types import Principal
+from apps.memory.models import MemoryEntry, MemoryScope
 from apps.memory.services import Slot, embed_one
 
 SEARCH_POOL_FACTOR = 4  # cosine candidates fetched per requested result, before re-ranking and dedup
 SEARCH_POOL_MIN = 50
+
+
+MAX_SCOPE_ID_CHARS = 256  # the column width (MemoryEntry.scope_id)
+
+
+def slot_for(principal: Principal, scope: str, scope_id: str, *, write: bool) -> Slot:
+    """The slot a REST caller reaches: its own tenant's (global: the deployment's,
+    written only by the deployment's own tenant); user/agent scopes need a scope_id."""
+    if scope not in MemoryScope.values:
+        raise Invalid(f"scope must be one of {', '.join(MemoryScope.values)}", code="invalid_scope")
+    if scope in (MemoryScope.TENANT, MemoryScope.GLOBAL):
+        if scope == MemoryScope.GLOBAL and write and principal.tenant_id:
+            raise Forbidden("global memory is written only by the deployment's own tenant", code="forbidden")
+        return Slot("" if scope == MemoryScope.GLOBAL else principal.tenant_id, scope, "")
+    if not scope_id or scope_id == "-":
+        raise Invalid(f"scope {scope} needs a scope_id", code="missing_scope_id")
+    if len(scope_id) > MAX_SCOPE_ID_CHARS:
+        raise Invalid(f"scope_id must be at most {MAX_SCOPE_ID_CHARS} characters", code="invalid_scope_id")
+    return Slot(principal.tenant_id, scope, scope_id)
 
 
 def _live(slot: Slot) -> QuerySet[MemoryEntry]:

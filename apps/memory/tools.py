@@ -15,8 +15,8 @@ from typing import Any
 
 from apps.core.timefmt import ts
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
-from apps.memory import selectors, services
-from apps.memory.models import MemoryEntry, MemoryScope
+from apps.memory import presenters, selectors, services
+from apps.memory.models import MemoryScope
 from apps.memory.services import Slot
 from apps.substrate.selectors import agent_definition
 
@@ -89,10 +89,6 @@ def _key(data: dict[str, Any]) -> str:
     return key
 
 
-def _entry(row: MemoryEntry) -> dict[str, Any]:
-    return {"key": row.key, "value": row.value, "expires_at": ts(row.expires_at)}
-
-
 def _get(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]:
     row = selectors.memory_get(slot=slot, key=_key(data))
     return {"value": row.value if row else None, "expires_at": ts(row.expires_at) if row else None}
@@ -129,7 +125,7 @@ def _list(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]
         raise Refusal("prefix must be a string")
     limit = _int(data, "limit", 100, 1, 1000) or 100
     rows, truncated = selectors.memory_list(slot=slot, prefix=prefix, limit=limit)
-    return {"entries": [_entry(r) for r in rows], "truncated": truncated}
+    return {"entries": [presenters.entry_tool(r) for r in rows], "truncated": truncated}
 
 
 def _incr(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]:
@@ -168,29 +164,13 @@ def search_options(data: dict[str, Any]) -> tuple[selectors.Rank, selectors.Dedu
     return rank, dedup
 
 
-def search_out(result: selectors.SearchResult) -> dict[str, Any]:
-    entries = []
-    for hit in result.hits:
-        item = {
-            **_entry(hit.entry),
-            "score": round(hit.score, 6),
-            "similarity": round(hit.similarity, 6),
-            "embedded_with": {"provider": hit.entry.embedding_provider, "model": hit.entry.embedding_model},
-            "kind": "fact",
-        }
-        if hit.merged_keys:
-            item["merged_keys"] = hit.merged_keys
-        entries.append(item)
-    return {"entries": entries, "query_embedding_dim": result.dimensions, "truncated": result.truncated}
-
-
 def _search(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]:
     query = data.get("query")
     if not isinstance(query, str) or not query.strip():
         raise Refusal("search needs a non-empty query string")
     top_k = _int(data, "top_k", 10, 1, 50) or 10
     rank, dedup = search_options(data)
-    return search_out(selectors.memory_search(slot=slot, query=query, top_k=top_k, rank=rank, dedup=dedup))
+    return presenters.search_out(selectors.memory_search(slot=slot, query=query, top_k=top_k, rank=rank, dedup=dedup))
 
 
 _HANDLERS: dict[str, Callable[[Slot, dict[str, Any], int | None], dict[str, Any]]] = {

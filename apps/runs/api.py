@@ -22,20 +22,14 @@ from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs import backpressure, selectors, services
-from apps.runs.models import PARKED, RUNNABLE, Run, RunStatus
+from apps.runs.models import Run, RunStatus
+from apps.runs.presenters import agent_out
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
 from apps.runs.streams import Frame, keepalive_seconds, run_frames, sse_encode
 
 log = logging.getLogger("loomcycle.api.runs")
 router = Router(tags=["runs"])
 
-_AWAITED = {
-    RunStatus.WAITING_CHANNEL: "channel",
-    RunStatus.AWAITING_INTERRUPT: "interrupted",
-    RunStatus.AWAITING_INPUT: "input",
-    RunStatus.WAITING_CHILDREN: "children",
-    RunStatus.PAUSED: "paused",
-}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # The last bytes of a stream that reached LOOMCYCLE_MAX_STREAM_SECONDS (an SSE comment).
 LIFETIME_COMMENT = b": stream lifetime reached; re-attach with Last-Event-ID\n\n"
@@ -44,34 +38,6 @@ LIFETIME_COMMENT = b": stream lifetime reached; re-attach with Last-Event-ID\n\n
 def _check_ident(value: str, what: str) -> None:
     if not is_ident(value):
         raise Invalid(f"invalid {what}: must match [A-Za-z0-9_-]{{1,128}}", code="invalid_request")
-
-
-def agent_out(run: Run) -> dict[str, Any]:
-    live = run.status in RUNNABLE or run.status in PARKED
-    return {
-        "agent_id": run.agent_id,
-        "run_id": run.id,
-        "session_id": run.session_id,
-        "agent": run.agent_name,
-        "user_id": run.user_id,
-        "parent_agent_id": run.parent.agent_id if run.parent else None,
-        "status": "running" if live else run.status,
-        "state": run.status,
-        "step": run.step,
-        "started_at": ts(run.started_at or run.created_at),
-        "completed_at": ts(run.completed_at),
-        "stop_reason": run.stop_reason,
-        "error": run.error,
-        "usage": run.usage,
-        "last_heartbeat_at": ts(run.last_heartbeat_at),
-        "live": live,
-        "interactive": run.interactive,
-        "awaited_state": _AWAITED.get(RunStatus(run.status), ""),
-        "awaited_on": "",
-        "agent_def_id": run.agent_def_id,
-        "content_sha256": run.agent_def_sha256,
-        "last_seq": run.last_seq,
-    }
 
 
 def _create(principal: Principal, data: RunCreateIn) -> Run:

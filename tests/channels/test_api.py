@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from apps.channels.models import ChannelMessage
-from apps.channels.services import bell
+from apps.channels.streams import bell
 from apps.core.redis import sync_client
 from apps.substrate import tokens
 from apps.substrate.models import ChannelDef, DefSource

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from django.db import connection, transaction
 
-from apps.channels import services, waits
+from apps.channels import selectors, services, waits
 from apps.channels.models import ChannelMessage, ChannelWait
-from apps.channels.services import Stream
+from apps.channels.streams import Published, Stream
 from apps.runs.models import RunEvent, RunStatus, TranscriptEntry
 from apps.substrate.models import ChannelDef
 from tests.conftest import run_row, wait_status
@@ -50,7 +50,7 @@ def _parked(http: httpx.Client, agent: str, tool_input: dict[str, Any]) -> str:
     return run_id
 
 
-def _publish(stream: Stream, value: Any, **extra: Any) -> services.Published:
+def _publish(stream: Stream, value: Any, **extra: Any) -> Published:
     declared = ChannelDef.objects.get(name=stream.channel, tenant_id="")
     return services.publish(stream=stream, declared=declared, value=value, published_by="_test", **extra)
 
@@ -149,7 +149,7 @@ def test_a_cancelled_waiter_is_never_answered(http: httpx.Client, stack: Any) ->
     assert _results(run_id) == []
     assert not ChannelWait.objects.exists()  # dropped by the publish's wake-up
     # The message is still there for the next reader: the dropped wait consumed nothing.
-    assert [m["value"] for m in services.peek(stream=HANDOFF, from_cursor=None, max_messages=5).messages] == [
+    assert [m["value"] for m in selectors.peek(stream=HANDOFF, from_cursor=None, max_messages=5).messages] == [
         "too late"
     ]
     assert services.subscribe(stream=HANDOFF, from_cursor=None, max_messages=5).messages[0]["value"] == "too late"

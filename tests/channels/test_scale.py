@@ -17,7 +17,7 @@ from django.db.models import Count
 
 from apps.channels import services
 from apps.channels.models import ChannelWait
-from apps.channels.services import Stream
+from apps.channels.streams import Stream
 from apps.core.types import Principal
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment

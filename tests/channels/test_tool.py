@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from apps.channels import services
+from apps.channels import selectors, services
 from apps.channels.models import ChannelCursor, ChannelMessage
-from apps.channels.services import Stream
+from apps.channels.streams import Stream
 from apps.channels.tools import channel_allowed, channel_execute
 from apps.core.tools import ToolContext, ToolResult
 from apps.substrate.models import AgentDef
@@ -120,7 +120,7 @@ def test_peek_does_not_commit_and_from_cursor_replays() -> None:
 def test_ack_moves_forward_and_refuses_a_regression() -> None:
     for n in range(3):
         ok({"op": "publish", "channel": "handoff", "value": n})
-    peeked = services.peek(stream=Stream("", "handoff", "global", ""), from_cursor=None, max_messages=10)
+    peeked = selectors.peek(stream=Stream("", "handoff", "global", ""), from_cursor=None, max_messages=10)
     assert ok({"op": "ack", "channel": "handoff", "cursor": peeked.cursors[1]}) == {"ok": True}
     assert values(ok({"op": "subscribe", "channel": "handoff"})) == [2]
     refused({"op": "ack", "channel": "handoff", "cursor": peeked.cursors[0]}, "ack: channel: ack cursor older than")

@@ -305,7 +305,7 @@ def test_concurrent_creates_with_one_agent_id_give_one_run_and_409s(http: httpx.
 
 def test_listing_runs_reads_parents_without_a_query_per_run(django_assert_num_queries: Any) -> None:
     from apps.runs import selectors, services
-    from apps.runs.api import agent_out
+    from apps.runs.presenters import agent_out
     from apps.runs.prompt import Segment
     from tests.conftest import ALICE
 

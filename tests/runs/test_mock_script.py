@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from apps.channels import services as channels
-from apps.channels.services import Stream
+from apps.channels.streams import Stream
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment, messages_from_rows

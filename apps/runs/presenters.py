@@ -1,0 +1,45 @@
+"""Run wire shapes: the agent/run status object of SPEC 2.3 (`GET /v1/agents/{id}`,
+`GET /v1/runs/{id}`, a user's agent list). Pure functions of a `Run` row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.core.timefmt import ts
+from apps.runs.models import PARKED, RUNNABLE, Run, RunStatus
+
+_AWAITED = {
+    RunStatus.WAITING_CHANNEL: "channel",
+    RunStatus.AWAITING_INTERRUPT: "interrupted",
+    RunStatus.AWAITING_INPUT: "input",
+    RunStatus.WAITING_CHILDREN: "children",
+    RunStatus.PAUSED: "paused",
+}
+
+
+def agent_out(run: Run) -> dict[str, Any]:
+    live = run.status in RUNNABLE or run.status in PARKED
+    return {
+        "agent_id": run.agent_id,
+        "run_id": run.id,
+        "session_id": run.session_id,
+        "agent": run.agent_name,
+        "user_id": run.user_id,
+        "parent_agent_id": run.parent.agent_id if run.parent else None,
+        "status": "running" if live else run.status,
+        "state": run.status,
+        "step": run.step,
+        "started_at": ts(run.started_at or run.created_at),
+        "completed_at": ts(run.completed_at),
+        "stop_reason": run.stop_reason,
+        "error": run.error,
+        "usage": run.usage,
+        "last_heartbeat_at": ts(run.last_heartbeat_at),
+        "live": live,
+        "interactive": run.interactive,
+        "awaited_state": _AWAITED.get(RunStatus(run.status), ""),
+        "awaited_on": "",
+        "agent_def_id": run.agent_def_id,
+        "content_sha256": run.agent_def_sha256,
+        "last_seq": run.last_seq,
+    }

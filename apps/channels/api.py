@@ -200,8 +200,12 @@ async def channels_await(request: HttpRequest) -> JsonResponse:
 def _broadcast(principal: Principal, body: ChannelBroadcastIn) -> dict[str, Any]:
     names = access.fanout_names(body.channels, "broadcast: ")
     value = _payload(body, "broadcast")
+    # Every target is resolved first (one undeclared channel and nothing is published),
+    # then the size (413), then ttl and deliver_at.
+    targets = access.fanout_streams(principal, names, body.scope, body.scope_id)
+    services.check_payload(value)
     outcomes = services.broadcast(
-        targets=access.fanout_streams(principal, names, body.scope, body.scope_id),
+        targets=targets,
         value=value,
         ttl=body.ttl,
         deliver_at=services.parse_deliver_at(body.deliver_at),

@@ -201,6 +201,7 @@ def _broadcast(caller: _Caller, data: dict[str, Any]) -> ToolResult:
         stream, declared = caller.resolve(name, PUBLISH)
         _check_publishable(name, declared, "broadcast: ")
         targets.append((stream, declared))
+    services.check_payload(data["value"])  # an oversized value is refused before ttl and deliver_at
     outcomes = services.broadcast(
         targets=targets,
         value=data["value"],

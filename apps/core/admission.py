@@ -21,10 +21,11 @@ in the broker would:
   iterations per process are ever doing engine work;
 - slots = 0 turns admission off.
 
-Knobs (read once, when this module is imported; docs/configuration.md):
-`LOOMCYCLE_ENGINE_ADMISSION_SLOTS` (K, default 2; 0 = off) and
-`LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS` (`TOOLS_AFTER_S`, default 20 ms:
-how long a batch of tool calls keeps its slot).
+Knobs (docs/configuration.md): `LOOMCYCLE_ENGINE_ADMISSION_SLOTS` (K, default
+2; 0 = off), read once when this module is imported (the semaphore cannot be
+resized while threads wait on it), and
+`LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS` (`tools_after_s()`, default 20 ms:
+how long a batch of tool calls keeps its slot), read for each batch.
 
 Who uses it. `ADMISSION` is the one instance per process. The run engine
 (apps.runs.engine) wraps each iteration in `admitted()` and marks its remote

@@ -1,14 +1,16 @@
 """Runs, their events, their append-only transcript, steering inputs and tool calls.
 
 The child tables reference runs without a database FK constraint: their rows
-are inserted only by the fenced step commit, in the statement that updates
-that very run, and an FK trigger per inserted row would lock the hottest row
-(`FOR KEY SHARE`) six times per iteration. Django still cascades deletes.
+are inserted by apps.runs.store, almost always in the statement that updates
+that very run (the step commit, the claim, an answer, a cancel, run creation),
+and an FK trigger per inserted row would lock the hottest row (`FOR KEY
+SHARE`) six times per iteration. Django still cascades deletes.
 
 A run is a row; a worker holds it only for one iteration (lease + fencing
 token). `step` counts committed iterations; `last_seq` and `transcript_len`
-are the counters the step commit advances under the fence, so event seqs and
-transcript indexes are consecutive without a separate lock.
+are the counters every append advances in the UPDATE of the run row
+(apps.runs.store's append primitive), so event seqs and transcript indexes
+are consecutive without a separate lock.
 """
 
 from __future__ import annotations

@@ -96,6 +96,8 @@ def run_parent_id(*, run_id: str) -> str | None:
 
 
 def run_is_answerable(*, run_id: str) -> bool:
-    """Whether the run is parked where an answer to a parked call can wake it
-    (apps.runs.wake.run_answer re-checks under the run's row lock)."""
+    """Whether the run is parked where an answer to a parked call can wake it.
+    A check before the answer is computed (a channel wait's answer moves a
+    cursor); apps.runs.wake.run_answer re-checks only that the run is not
+    terminal, under the run's row lock."""
     return run_status(run_id=run_id) in ANSWERABLE

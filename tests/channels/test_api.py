@@ -290,6 +290,8 @@ def test_broadcast_is_all_or_nothing(alice: httpx.Client) -> None:
     )
     assert _peek(alice, BOARD) == []  # nothing was published
     _error(alice.post("/v1/_channels/_broadcast", json={"channels": [BOARD]}), 400, "missing_payload")
+    big = {"channels": [BOARD], "payload": {"blob": "x" * 70_000}, "deliver_at": "not a time"}
+    _error(alice.post("/v1/_channels/_broadcast", json=big), 413, "channel_value_too_large")  # size first
     resp = alice.post("/v1/_channels/_broadcast", json={"channels": [BOARD, "chanapi-c", BOARD], "payload": {"k": 1}})
     assert resp.status_code == 200, resp.text
     out = resp.json()

@@ -107,11 +107,12 @@ def test_up_refuses_flower_beyond_loopback_without_basic_auth(monkeypatch: pytes
         up.flower_child(["celery"])
     monkeypatch.setattr(E, "FLOWER_BASIC_AUTH", "ops:s3cret")
     child = up.flower_child(["celery"])
-    assert "--address=0.0.0.0" in child.argv and child.extra_env == {"FLOWER_BASIC_AUTH": "ops:s3cret"}
+    assert "--address=0.0.0.0" in child.argv
+    assert child.extra_env == {"FLOWER_BASIC_AUTH": "ops:s3cret", "LOOMCYCLE_FAST_TRANSPORT": "0"}
     assert not any("s3cret" in arg for arg in child.argv)  # never on a command line `ps` shows
     monkeypatch.setattr(E, "FLOWER_ADDRESS", "127.0.0.1")
     monkeypatch.setattr(E, "FLOWER_BASIC_AUTH", "")
-    assert up.flower_child(["celery"]).extra_env == {}
+    assert up.flower_child(["celery"]).extra_env == {"LOOMCYCLE_FAST_TRANSPORT": "0"}  # its broker view
 
 
 def test_the_admin_is_never_framed(http: httpx.Client) -> None:

@@ -147,6 +147,10 @@ def flower_child(celery: list[str]) -> Child:
             "(or LOOMCYCLE_FLOWER_ADDRESS=127.0.0.1, or LOOMCYCLE_FLOWER_ENABLED=0)"
         )
     env = {"FLOWER_BASIC_AUTH": E.FLOWER_BASIC_AUTH} if E.FLOWER_BASIC_AUTH else {}
+    # Flower's broker view parses the URL itself and knows `redis+socket://`, not the
+    # `socket://` form the fast transport is given (settings.celery_broker): it gets
+    # the Redis URL and kombu's stock transport, which is all it needs to read queues.
+    env["LOOMCYCLE_FAST_TRANSPORT"] = "0"
     return Child("flower", [*celery, "flower", f"--port={E.FLOWER_PORT}", f"--address={address}"], extra_env=env)
 
 

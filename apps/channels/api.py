@@ -126,8 +126,6 @@ def _list(principal: Principal) -> dict[str, Any]:
 
 def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
     name = access.runtime_channel_name(body.name)
-    if len(body.publisher) > 32 or len(body.period) > 64:
-        raise Invalid("publisher is at most 32 characters, period at most 64", code="invalid_body")
     spec = services.ChannelSpec(
         description=body.description,
         scope=body.scope,

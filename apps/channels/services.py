@@ -62,6 +62,8 @@ class ChannelSpec:
 
 
 def channel_create(*, tenant_id: str, name: str, spec: ChannelSpec) -> ChannelDef:
+    if len(spec.publisher) > 32 or len(spec.period) > 64:
+        raise Invalid("publisher is at most 32 characters, period at most 64", code="invalid_body")
     with transaction.atomic():
         existing = ChannelDef.objects.select_for_update().filter(name=name, tenant_id__in={tenant_id, ""})
         for row in existing:

@@ -19,7 +19,6 @@ from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.memory import presenters, selectors, services
 from apps.memory.models import MemoryScope
-from apps.memory.tools import MAX_KEY_CHARS, Refusal, search_options
 
 router = Router(tags=["memory"])
 ADMIN_BODY_BYTES = 1024 * 1024
@@ -48,8 +47,8 @@ class MemorySearchIn(BaseModel):
 
 
 def _check_key(key: str) -> None:
-    if not key or len(key) > MAX_KEY_CHARS:
-        raise Invalid(f"key must be 1..{MAX_KEY_CHARS} characters", code="invalid_request")
+    if not key or len(key) > selectors.MAX_KEY_CHARS:
+        raise Invalid(f"key must be 1..{selectors.MAX_KEY_CHARS} characters", code="invalid_request")
 
 
 def _put(principal: Principal, scope: str, scope_id: str, key: str, body: MemoryPutIn, embed_q: bool) -> dict[str, Any]:
@@ -104,8 +103,8 @@ def _search(principal: Principal, body: MemorySearchIn) -> dict[str, Any]:
     if not body.query.strip() or not 1 <= body.top_k <= 50:
         raise Invalid("query must be non-empty and top_k between 1 and 50", code="invalid_body")
     try:
-        rank, dedup = search_options({"rank": body.rank, "dedup": body.dedup})
-    except Refusal as exc:
+        rank, dedup = selectors.search_options({"rank": body.rank, "dedup": body.dedup})
+    except selectors.BadSearchOptions as exc:
         raise Invalid(str(exc), code="invalid_body") from exc
     found = selectors.memory_search(slot=slot, query=body.query, top_k=body.top_k, rank=rank, dedup=dedup)
     return {"scope": body.scope, "scope_id": slot.scope_id, **presenters.search_out(found)}

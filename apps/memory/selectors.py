@@ -166,3 +166,37 @@ def memory_search(
     hits.sort(key=lambda h: (-h.score, h.entry.key))
     kept = _dedup(hits, dedup)
     return SearchResult(kept[:top_k], len(kept) > top_k, len(vector), embedder.id, embedder.model)
+
+
+MAX_KEY_CHARS = 512
+
+
+class BadSearchOptions(ValueError):
+    """`rank` / `dedup` are not what a search takes; the message says what to fix."""
+
+
+def search_options(data: dict[str, Any]) -> tuple[Rank, Dedup]:
+    """`rank` and `dedup` objects (tool input and the REST body share them)."""
+    rank_in, dedup_in = data.get("rank") or {}, data.get("dedup")
+    if not isinstance(rank_in, dict) or not (dedup_in is None or isinstance(dedup_in, dict)):
+        raise BadSearchOptions("rank and dedup must be objects")
+    try:
+        rank = Rank(
+            semantic_weight=float(rank_in.get("semantic_weight", 1.0)),
+            recency_weight=float(rank_in.get("recency_weight", 0.0)),
+            recency_half_life_hours=float(rank_in.get("recency_half_life_hours", 168.0)),
+        )
+        dedup = Dedup()
+        if dedup_in is not None:
+            dedup = Dedup(
+                enabled=dedup_in.get("enabled", True) is not False,
+                threshold=float(dedup_in.get("threshold", 0.92)),
+                mode=str(dedup_in.get("mode", "drop")),
+            )
+    except (TypeError, ValueError) as exc:
+        raise BadSearchOptions(f"rank/dedup fields must be numbers: {exc}") from exc
+    if rank.semantic_weight < 0 or rank.recency_weight < 0:
+        raise BadSearchOptions("rank weights must not be negative")
+    if dedup.mode not in ("drop", "merge", "keep"):
+        raise BadSearchOptions(f"dedup.mode must be drop, merge or keep (got {dedup.mode!r})")
+    return rank, dedup

@@ -17,6 +17,7 @@ from apps.core.timefmt import ts
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
 from apps.memory import presenters, selectors, services
 from apps.memory.models import MemoryScope
+from apps.memory.selectors import MAX_KEY_CHARS
 from apps.memory.services import Slot
 from apps.substrate.selectors import agent_definition
 
@@ -40,7 +41,6 @@ FIELDS = frozenset(
         "dedup",
     }
 )
-MAX_KEY_CHARS = 512
 
 
 class Refusal(ToolRefusal):
@@ -137,39 +137,15 @@ def _incr(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]
     return {"value": value, "expires_at": ts(expires_at)}
 
 
-def search_options(data: dict[str, Any]) -> tuple[selectors.Rank, selectors.Dedup]:
-    """`rank` and `dedup` objects (tool input and the REST body share them)."""
-    rank_in, dedup_in = data.get("rank") or {}, data.get("dedup")
-    if not isinstance(rank_in, dict) or not (dedup_in is None or isinstance(dedup_in, dict)):
-        raise Refusal("rank and dedup must be objects")
-    try:
-        rank = selectors.Rank(
-            semantic_weight=float(rank_in.get("semantic_weight", 1.0)),
-            recency_weight=float(rank_in.get("recency_weight", 0.0)),
-            recency_half_life_hours=float(rank_in.get("recency_half_life_hours", 168.0)),
-        )
-        dedup = selectors.Dedup()
-        if dedup_in is not None:
-            dedup = selectors.Dedup(
-                enabled=dedup_in.get("enabled", True) is not False,
-                threshold=float(dedup_in.get("threshold", 0.92)),
-                mode=str(dedup_in.get("mode", "drop")),
-            )
-    except (TypeError, ValueError) as exc:
-        raise Refusal(f"rank/dedup fields must be numbers: {exc}") from exc
-    if rank.semantic_weight < 0 or rank.recency_weight < 0:
-        raise Refusal("rank weights must not be negative")
-    if dedup.mode not in ("drop", "merge", "keep"):
-        raise Refusal(f"dedup.mode must be drop, merge or keep (got {dedup.mode!r})")
-    return rank, dedup
-
-
 def _search(slot: Slot, data: dict[str, Any], quota: int | None) -> dict[str, Any]:
     query = data.get("query")
     if not isinstance(query, str) or not query.strip():
         raise Refusal("search needs a non-empty query string")
     top_k = _int(data, "top_k", 10, 1, 50) or 10
-    rank, dedup = search_options(data)
+    try:
+        rank, dedup = selectors.search_options(data)
+    except selectors.BadSearchOptions as exc:
+        raise Refusal(str(exc)) from exc
     return presenters.search_out(selectors.memory_search(slot=slot, query=query, top_k=top_k, rank=rank, dedup=dedup))
 
 

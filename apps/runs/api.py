@@ -179,9 +179,7 @@ def runs_get(request: HttpRequest, run_id: str) -> dict[str, Any]:
 def users_agents(request: HttpRequest, user_id: str, status: str = "running") -> dict[str, Any]:
     _check_ident(user_id, "user_id")
     who = request_principal(request)
-    if who.read_user is not None and who.read_user != user_id:
-        return {"agents": []}  # an isolated member sees only its own user (SPEC 8)
-    runs = selectors.runs_for_user(tenant_id=who.read_tenant, user_id=user_id, status=status)
+    runs = selectors.runs_for_user(tenant_id=who.read_tenant, user_id=user_id, status=status, reader=who.read_user)
     return {"agents": [agent_out(r) for r in runs]}
 
 

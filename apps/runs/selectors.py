@@ -33,7 +33,13 @@ def run_get(
     return found[0]
 
 
-def runs_for_user(*, tenant_id: str | None, user_id: str, status: str = "running") -> list[Run]:
+def runs_for_user(
+    *, tenant_id: str | None, user_id: str, status: str = "running", reader: str | None = None
+) -> list[Run]:
+    """A user's runs. `reader` is an isolated member's own user (SPEC 8): it
+    sees no other user's runs."""
+    if reader is not None and reader != user_id:
+        return []
     qs = Run.objects.select_related("parent").filter(user_id=user_id).order_by("-created_at")
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)

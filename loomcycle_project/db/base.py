@@ -12,7 +12,7 @@ is suspect: only then is the empty-query check run (it reads the message and
 raises if the session is gone; anything benign, such as a parameter-status
 message, passes). A connection cut without a word from the server (a network
 partition) still fails on first use; the engine retries its statements
-(apps.runs.store._hot).
+(apps.runs.store.hot._hot).
 
 The pool is built as Django 5.2 builds it (`DatabaseWrapper.pool`); only the
 `check` callback differs. That copy uses two private members of Django's

@@ -1,0 +1,81 @@
+"""The one package that writes the runs app's tables (`runs_*`): run rows,
+their events, transcript, inputs, tool-call records and the runtime state.
+Other modules, and other apps, call the functions here (writes) or
+apps.runs.selectors (reads); tests/test_architecture.py checks it.
+
+- `append`: the append primitive. Every event or transcript row is appended
+  in the statement that updates (or inserts) the run row, numbered from the
+  counters that very row returns; the claim, the step commit, an answer to a
+  parked call, a cancel and run creation all use it, so seqs stay
+  consecutive, without duplicates, whichever of them races.
+- `hot`: the engine's three writes per iteration (claim, tool starts, step
+  commit), prepared statements on pooled connections.
+- `control`: run creation, heartbeat, answers, cancel, input, pause/resume,
+  sweeps, the child report.
+- `admission`: the backpressure lock, count, promotion and withdrawal.
+
+Every public name is re-exported here: `store.X` and
+`from apps.runs.store import X` are the interface.
+"""
+
+from apps.runs.store.admission import admission_lock_and_count, waiting_promote, waiting_withdraw
+from apps.runs.store.control import (
+    AnswerTarget,
+    InputQueued,
+    answer_append,
+    answer_lock,
+    cancel,
+    child_report_claim,
+    input_queue,
+    insert_run,
+    leases_extend,
+    runs_pause_unleased,
+    runs_resume_paused,
+    runs_stale_release,
+    runtime_state_lock,
+    runtime_state_set,
+)
+from apps.runs.store.hot import (
+    PARKED_STATUSES,
+    ClaimedRun,
+    StepRows,
+    Switched,
+    _hot,
+    _prepared,
+    claim,
+    commit_step,
+    pending_inputs,
+    pool_purge,
+    record_tool_starts,
+)
+
+__all__ = [
+    "PARKED_STATUSES",
+    "AnswerTarget",
+    "ClaimedRun",
+    "InputQueued",
+    "StepRows",
+    "Switched",
+    "_hot",
+    "_prepared",
+    "admission_lock_and_count",
+    "answer_append",
+    "answer_lock",
+    "cancel",
+    "child_report_claim",
+    "claim",
+    "commit_step",
+    "input_queue",
+    "insert_run",
+    "leases_extend",
+    "pending_inputs",
+    "pool_purge",
+    "record_tool_starts",
+    "runs_pause_unleased",
+    "runs_resume_paused",
+    "runs_stale_release",
+    "runtime_state_lock",
+    "runtime_state_set",
+    "waiting_promote",
+    "waiting_withdraw",
+]

@@ -1,0 +1,270 @@
+"""Writes outside the engine's iteration (part of apps/runs/store/, the one
+package that writes the runs app's tables): run creation, the lease
+heartbeat, answers to parked calls, cancel, steering input, pause/resume,
+the stale-lease sweep and the child report. Events and transcript rows are
+appended by the append primitive (store.append), in the statement that
+updates or inserts the run row.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from apps.runs.models import Run, RunInput, RuntimeState
+from apps.runs.statuses import ANSWERABLE, PARKED, RUNNABLE, TERMINAL, RunStatus, ToolCallStatus
+from apps.runs.store.append import _advance, _append, _bases, _in, _json, _rows
+
+
+@functools.cache
+def _insert_run_sql() -> tuple[str, list[Any]]:
+    """One statement: the run row (every column of the model, in its order),
+    its first transcript row and its first events (the append primitive, on
+    the inserted row). Built once per process."""
+    fields = list(Run._meta.concrete_fields)
+    columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
+    values = ", ".join(f"%(f{i})s" for i in range(len(fields)))
+    sql = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j), ins AS (
+  INSERT INTO runs_run ({columns}) VALUES ({values}) RETURNING id, {_bases("%(n_e)s", "%(n_t)s")}
+), {_append(run="ins", sources="ins, d", rows="d.j", step="0", at="%(at)s")}
+SELECT count(*) FROM ins
+"""
+    return sql, fields
+
+
+def insert_run(run: Run, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    """Insert an unsaved `Run` with its first user message (transcript idx 0)
+    and its first events (seq 1..n), in one statement; `run` becomes a saved
+    instance with its counters set. The ORM's three INSERTs cost ~1.7 ms of
+    CPU, mostly compiling them. Through Django's cursor, so a duplicate
+    `agent_id` raises Django's IntegrityError."""
+    sql, fields = _insert_run_sql()
+    now = timezone.now()
+    run.created_at = run.updated_at = now
+    run.last_seq, run.transcript_len = len(events), 1  # the row's counters start past its first rows
+    params = {f"f{i}": f.get_db_prep_save(getattr(run, f.attname), connection) for i, f in enumerate(fields)}
+    params.update(_rows(events, [("user", first_message)]), at=now)
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+    run._state.adding = False
+    run._state.db = connection.alias
+
+
+# --- Writes outside the iteration: heartbeat, answers, cancel, input, pause, sweeps.
+
+_HEARTBEAT_SQL = """
+UPDATE runs_run r SET lease_until = now() + make_interval(secs => %s), last_heartbeat_at = now()
+FROM unnest(%s::text[], %s::bigint[]) AS l(id, tok)
+WHERE r.id = l.id AND r.lease_token = l.tok AND r.lease_owner = %s
+"""
+
+
+def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, int]]) -> None:
+    """One UPDATE for every run in flight in this process. Fenced: only leases
+    `owner` still holds with these tokens are extended."""
+    with connection.cursor() as cur:
+        cur.execute(_HEARTBEAT_SQL, [lease_seconds, [r for r, _ in leased], [t for _, t in leased], owner])
+
+
+# The run row locked first (answers to one run are serialised), with the call's
+# started record in the same round trip.
+_ANSWER_LOCK_SQL = """
+SELECT r.status, r.step, rec.id, rec.step, rec.input
+FROM runs_run r
+LEFT JOIN LATERAL (
+  SELECT id, step, input FROM runs_toolcallrecord WHERE run_id = r.id AND call_id = %s ORDER BY step DESC LIMIT 1
+) rec ON true
+WHERE r.id = %s
+FOR UPDATE OF r
+"""
+
+# Everything the answer writes, in one statement; returns whether this answer
+# woke the run (exactly the answer that brings pending_calls to 0) and last_seq.
+_ANSWER_SQL = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j), ans AS (
+  UPDATE runs_run SET
+    {_advance("%(n_e)s", "%(n_t)s")}, pending_calls = pending_calls - 1,
+    status = CASE WHEN status IN ({_in(ANSWERABLE)}) AND pending_calls = 1
+      THEN '{RunStatus.RUNNING.value}' ELSE status END,
+    updated_at = now()
+  WHERE id = %(run_id)s
+  RETURNING id, last_seq, status = '{RunStatus.RUNNING.value}' AND pending_calls = 0 AS woke,
+    {_bases("%(n_e)s", "%(n_t)s")}
+), {_append(run="ans", sources="ans, d", rows="d.j", step="%(step)s")}, c AS (
+  UPDATE runs_toolcallrecord SET status = '{ToolCallStatus.FINISHED.value}', is_error = %(is_error)s,
+    finished_at = now()
+  WHERE id = %(record_id)s
+)
+SELECT woke, last_seq FROM ans
+"""
+
+
+@dataclass(frozen=True)
+class AnswerTarget:
+    """A live run, locked, and the started record of the call being answered."""
+
+    run_step: int
+    step: int  # the step the answer's rows belong to: the call's, else the last committed one
+    call_input: dict[str, Any]
+    record_id: int | None
+
+
+def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
+    """Inside the answerer's transaction: lock the run row (answers to one run
+    are serialised); None when the run is gone or terminal."""
+    with connection.cursor() as cur:
+        cur.execute(_ANSWER_LOCK_SQL, [call_id, run_id])
+        row = cur.fetchone()
+    if row is None or row[0] in TERMINAL:
+        return None
+    _, run_step, record_id, record_step, record_input = row
+    if record_id is None:
+        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None)
+    return AnswerTarget(run_step, record_step, _json(record_input), record_id)
+
+
+def answer_append(
+    *, run_id: str, target: AnswerTarget, events: list[dict[str, Any]], block: dict[str, Any], is_error: bool
+) -> tuple[bool, int]:
+    """Append an answer under `answer_lock`'s lock: its events, its transcript
+    row (`block`, a user turn), the finished record, one pending call fewer.
+    Returns (woke: this answer flipped the run back to running, last_seq)."""
+    params = _rows(events, [("user", [block])])
+    params.update(run_id=run_id, step=target.step, is_error=is_error, record_id=target.record_id)
+    with connection.cursor() as cur:
+        cur.execute(_ANSWER_SQL, params)
+        woke, last_seq = cur.fetchone()
+    return bool(woke), int(last_seq)
+
+
+_CANCEL_FLAG_SQL = f"""
+UPDATE runs_run SET cancel_requested = true, cancel_reason = %s WHERE id = %s AND status NOT IN ({_in(TERMINAL)})
+"""
+
+# Conditional: only a run no live worker holds is finished here; bumping
+# lease_token voids any fence a slow, lease-expired worker still has.
+_CANCEL_FINISH_SQL = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j), cnl AS (
+  UPDATE runs_run SET status = '{RunStatus.CANCELLED.value}', stop_reason = %(reason)s,
+    completed_at = now(), updated_at = now(), lease_owner = '', lease_until = NULL,
+    lease_token = lease_token + 1, step = step + 1, {_advance("%(n_e)s")}
+  WHERE id = %(run_id)s AND status IN ({_in((*RUNNABLE, *PARKED))})
+    AND (lease_until IS NULL OR lease_until < now())
+  RETURNING id, last_seq, step - 1 AS cancelled_step, {_bases("%(n_e)s")}
+), {_append(run="cnl", sources="cnl, d", rows="d.j", step="cnl.cancelled_step", transcript=False)}
+SELECT last_seq FROM cnl
+"""
+
+
+def cancel(*, run_id: str, reason: str) -> int | None:
+    """Inside a transaction: set the cancel flag of a live run, and finish it
+    (`cancelled`, its `done` event appended) if no worker holds a lease.
+    The run's last_seq when it was finished here, None when a worker must."""
+    done = {"type": "done", "stop_reason": reason, "cancelled": True}
+    params = _rows([done], [])
+    params.update(run_id=run_id, reason=reason)
+    with connection.cursor() as cur:
+        cur.execute(_CANCEL_FLAG_SQL, [reason, run_id])
+        cur.execute(_CANCEL_FINISH_SQL, params)
+        row = cur.fetchone()
+    return None if row is None else int(row[0])
+
+
+@dataclass(frozen=True)
+class InputQueued:
+    accepted: bool  # False: the steering queue was full (nothing written)
+    woke: bool  # this input flipped an `awaiting_input` run back to running
+    step: int
+
+
+def input_queue(*, run_id: str, text: str, cap: int) -> InputQueued:
+    """Queue steering text unless `cap` inputs are pending; exactly one caller
+    wakes a run parked at `awaiting_input`. One transaction."""
+
+    with transaction.atomic():
+        # Row lock: the cap check and the counter move together.
+        locked = Run.objects.select_for_update().get(id=run_id)
+        if locked.pending_inputs >= cap:
+            return InputQueued(False, False, locked.step)
+        RunInput.objects.create(run_id=run_id, text=text)
+        Run.objects.filter(id=run_id).update(pending_inputs=F("pending_inputs") + 1)
+        # Conditional wake: exactly one caller flips awaiting_input -> running.
+        woke = Run.objects.filter(id=run_id, status=RunStatus.AWAITING_INPUT).update(
+            status=RunStatus.RUNNING, updated_at=timezone.now()
+        )
+    return InputQueued(True, bool(woke), locked.step)
+
+
+def runtime_state_lock() -> str:
+    """Inside a transaction: the runtime state, its row locked (created if missing)."""
+
+    state, _ = RuntimeState.objects.select_for_update().get_or_create(id=1)
+    return state.state
+
+
+def runtime_state_set(state: str, *, only_from: str | None = None) -> bool:
+    """Set the runtime state (only if it is `only_from`, when given); whether it was set."""
+
+    rows = RuntimeState.objects.filter(id=1)
+    if only_from is not None:
+        rows = rows.filter(state=only_from)
+    return bool(rows.update(state=state, updated_at=timezone.now()))
+
+
+def runs_pause_unleased() -> int:
+    """Park every runnable run no worker holds at `paused`; bumping lease_token
+    turns their queued doorbells into no-ops. Leases are compared with
+    Postgres's clock, as the claim sets them."""
+
+    now = Now()
+    return Run.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), status__in=RUNNABLE).update(
+        status=RunStatus.PAUSED, updated_at=now, lease_token=F("lease_token") + 1
+    )
+
+
+def runs_resume_paused() -> list[tuple[str, int]]:
+    """Inside a transaction: every paused run back to running; their (id, step) doorbells."""
+
+    # No SKIP LOCKED: a paused run that is locked right now must still be resumed.
+    resumed = list(Run.objects.select_for_update().filter(status=RunStatus.PAUSED).values_list("id", "step"))
+    Run.objects.filter(id__in=[r for r, _ in resumed]).update(status=RunStatus.RUNNING, updated_at=timezone.now())
+    return resumed
+
+
+def runs_stale_release(*, grace_seconds: float, limit: int = 1000) -> list[tuple[str, int]]:
+    """Inside a transaction: runnable runs whose lease expired, or that sat
+    unleased past the grace, lose their lease and get `updated_at` now (one
+    doorbell per grace period); their (id, step). Postgres's clock throughout."""
+
+    now = Now()
+    grace = timedelta(seconds=grace_seconds)
+    # SKIP LOCKED: several beat/sweeper instances never requeue the same run twice.
+    stale = list(
+        Run.objects.select_for_update(skip_locked=True)
+        .filter(
+            Q(lease_until__lt=now)
+            | Q(lease_until__isnull=True, updated_at__lt=ExpressionWrapper(now - grace, DateTimeField())),
+            status__in=RUNNABLE,
+        )
+        .values_list("id", "step")[:limit]
+    )
+    if stale:
+        Run.objects.filter(id__in=[r for r, _ in stale]).update(updated_at=now, lease_until=None, lease_owner="")
+    return stale
+
+
+def child_report_claim(*, child_id: str) -> bool:
+    """Compare-and-set: True for the first report of a terminal child only."""
+
+    claimed = Run.objects.filter(
+        id=child_id, reported_to_parent=False, status__in=TERMINAL, parent__isnull=False
+    ).update(reported_to_parent=True)
+    return bool(claimed)

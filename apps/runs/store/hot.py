@@ -1,0 +1,391 @@
+"""The engine's hot writes (part of apps/runs/store/, the one package that
+writes the runs app's tables): three writes per tool-calling iteration, each
+one statement in autocommit, prepared by their text:
+- `claim`: compare-and-set of the lease (UPDATE ... RETURNING the run, with
+  its transcript aggregated in the same round trip);
+- `record_tool_starts`: the started records (INSERT ... ON CONFLICT DO NOTHING);
+- `commit_step`: ONE statement whose fenced UPDATE of the run feeds writable
+  CTEs that append transcript rows and events and close inputs and tool
+  calls; the rows travel as one JSONB parameter unpacked in SQL. A lost
+  fence returns no run row, so the CTEs insert nothing: the whole step
+  lands or none of it does.
+Events and transcript rows are appended by the append primitive (store.append).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import OperationalError, connection
+
+from apps.gateway.services import usage_run_entries_insert_sql
+from apps.runs.statuses import PARKED, RUNNABLE, RunStatus, RuntimeStateValue, ToolCallStatus
+from apps.runs.store.append import _advance, _append, _bases, _in, _json
+
+log = logging.getLogger("loomcycle.engine")
+
+_CLAIM_COLUMNS = (
+    "id",
+    "agent_id",
+    "session_id",
+    "tenant_id",
+    "user_id",
+    "agent_name",
+    "agent_def_id",
+    "agent_def_sha256",
+    "parent_id",
+    "status",
+    "step",
+    "attempts",
+    "lease_token",
+    "cancel_requested",
+    "cancel_reason",
+    "provider",
+    "model",
+    "system",
+    "max_tokens",
+    "interactive",
+    "max_iterations",
+    "tools",
+    "usage",
+    "last_seq",
+    "transcript_len",
+    "pending_inputs",
+    "depth",
+    "routing",
+    "candidate_idx",
+    "fallbacks",
+)
+
+
+# The claim and the tool-start records commit asynchronously (no WAL flush of
+# their own): the step commit is synchronous and WAL is sequential, so flushing
+# it flushes them too. After a Postgres crash either all three survive, or the
+# step is lost with them and the iteration repeats, as after any crash.
+_ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true) AS a"
+
+# The run's first claim (started_at set in this very transaction) appends `started`
+# before the provider call, as loomcycle does; a redelivered claim does not.
+_CLAIM_SQL = f"""
+WITH s AS ({_ASYNC_COMMIT}), c AS (
+  UPDATE runs_run SET
+    status = CASE WHEN status = '{RunStatus.QUEUED.value}' THEN '{RunStatus.RUNNING.value}' ELSE status END,
+    {_advance("(started_at IS NULL)::int")},
+    started_at = COALESCE(started_at, now()),
+    attempts = attempts + 1,
+    lease_owner = %(owner)s,
+    lease_until = now() + make_interval(secs => %(lease)s),
+    lease_token = lease_token + 1,
+    last_heartbeat_at = now(),
+    updated_at = now()
+  WHERE id = %(id)s AND step = %(step)s AND status IN ({_in(RUNNABLE)})
+    AND (lease_until IS NULL OR lease_until < now())
+  RETURNING {", ".join(_CLAIM_COLUMNS)}, started_at = now() AS first_claim, {_bases("(started_at = now())::int")}
+), st AS (SELECT c.*, CASE WHEN c.first_claim THEN '{{"e": [{{"type": "started"}}]}}'::jsonb END AS j FROM c),
+{_append(run="st", sources="st", rows="st.j", step="0", transcript=False)}
+SELECT {", ".join(f"c.{col}" for col in _CLAIM_COLUMNS)}, c.first_claim,
+  COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), '{RuntimeStateValue.RUNNING.value}'),
+  (SELECT COALESCE(json_agg(json_build_array(t.role, t.content) ORDER BY t.idx), '[]')
+   FROM runs_transcriptentry t WHERE t.run_id = c.id)
+FROM c, s
+"""
+
+_TOOL_STARTS_SQL = f"""
+WITH s AS ({_ASYNC_COMMIT})
+INSERT INTO runs_toolcallrecord (run_id, step, call_id, name, input, status, is_error, started_at)
+SELECT %s, %s, x.v->>0, x.v->>1, x.v->2, '{ToolCallStatus.STARTED.value}', false, now()
+FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
+ON CONFLICT (run_id, step, call_id) DO NOTHING
+"""
+
+# The statuses a step commit can park a run in: the parks less `waiting_slot`,
+# which only run creation sets.
+PARKED_STATUSES = tuple(s.value for s in PARKED if s != RunStatus.WAITING_SLOT)
+
+_COMMIT_SQL = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j),
+r AS (
+  UPDATE runs_run SET
+    -- A park is not committed while input or a cancel is already waiting: such a run
+    -- commits `running` and the engine rings its doorbell (no wake-up is lost; the
+    -- values are those of the row as this UPDATE sees it, after any writer it waited for).
+    status = CASE
+      WHEN %(status)s = '{RunStatus.AWAITING_INPUT.value}' AND pending_inputs > %(consumed)s
+        THEN '{RunStatus.RUNNING.value}'
+      WHEN %(status)s IN ({_in(PARKED_STATUSES)}) AND cancel_requested THEN '{RunStatus.RUNNING.value}'
+      ELSE %(status)s END,
+    attempts = 0, lease_owner = '', lease_until = NULL,
+    step = %(new_step)s, {_advance("%(n_e)s", "%(n_t)s")},
+    pending_inputs = pending_inputs - %(consumed)s, pending_calls = %(pending_calls)s,
+    usage = COALESCE(%(usage)s::jsonb, usage),
+    provider = COALESCE(%(provider)s, provider), model = COALESCE(%(model)s, model),
+    candidate_idx = COALESCE(%(candidate_idx)s, candidate_idx), fallbacks = COALESCE(%(fallbacks)s, fallbacks),
+    stop_reason = CASE WHEN %(set_stop)s THEN %(stop_reason)s ELSE stop_reason END,
+    error = CASE WHEN %(finish)s THEN %(error)s ELSE error END,
+    completed_at = CASE WHEN %(finish)s THEN now() ELSE completed_at END,
+    updated_at = now(), last_heartbeat_at = now()
+  WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
+  RETURNING id, status, {_bases("%(n_e)s", "%(n_t)s")}
+), {_append(run="r", sources="r, d", rows="d.j", step="%(step)s")}, i AS (
+  UPDATE runs_runinput SET consumed_step = %(step)s
+  FROM r, d WHERE runs_runinput.run_id = r.id
+    AND runs_runinput.id IN (SELECT (jsonb_array_elements_text(d.j->'i'))::bigint)
+), u AS (
+  -- the usage/cost ledger: one row per provider call of this step (apps.gateway owns the table)
+  {
+    usage_run_entries_insert_sql(
+        entries="d.j->'u'",
+        sources="r, d",
+        run_id="r.id",
+        step="%(step)s",
+        tenant_id="%(tenant_id)s",
+        user_id="%(user_id)s",
+    )
+}
+), c AS (
+  UPDATE runs_toolcallrecord SET status = '{ToolCallStatus.FINISHED.value}', is_error = (x.v->>1)::boolean,
+    finished_at = now()
+  FROM r, d, jsonb_array_elements(d.j->'c') AS x(v)
+  WHERE runs_toolcallrecord.run_id = r.id AND runs_toolcallrecord.step = %(step)s
+    AND runs_toolcallrecord.call_id = x.v->>0
+)
+SELECT status FROM r
+"""
+
+
+@dataclass
+class ClaimedRun:
+    """The run row as the claim returned it (the iteration's view of the run)."""
+
+    id: str
+    agent_id: str
+    session_id: str
+    tenant_id: str
+    user_id: str
+    agent_name: str
+    agent_def_id: str
+    agent_def_sha256: str
+    parent_id: str | None
+    status: str
+    step: int
+    attempts: int
+    lease_token: int
+    cancel_requested: bool
+    cancel_reason: str
+    provider: str
+    model: str
+    system: list[str]
+    max_tokens: int
+    interactive: bool
+    max_iterations: int
+    tools: list[str]
+    usage: dict[str, Any]
+    last_seq: int
+    transcript_len: int
+    pending_inputs: int
+    depth: int
+    routing: dict[str, Any]
+    candidate_idx: int
+    fallbacks: int
+    first_claim: bool = False
+    runtime_state: str = "running"
+    transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Switched:
+    """The candidate a provider fallback moved the run to (committed with the step)."""
+
+    provider: str
+    model: str
+    candidate_idx: int
+    fallbacks: int
+
+
+@dataclass
+class StepRows:
+    """What `commit_step` writes besides the run row itself."""
+
+    transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    consumed_inputs: list[int] = field(default_factory=list)
+    finished_calls: list[tuple[str, bool]] = field(default_factory=list)
+    # usage ledger rows: {provider, model, input_tokens, output_tokens,
+    # cache_creation_input_tokens, cache_read_input_tokens, cost_usd (str | None)}
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+
+
+_NEVER_AUTOMATICALLY = 2**31 - 1
+
+
+@contextmanager
+def _prepared() -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor for the engine's three hot statements, executed with
+    `prepare=True`: each becomes a prepared statement of the pooled connection,
+    and the session's `plan_cache_mode=force_generic_plan` (settings: nothing
+    else on it is prepared; Django runs with prepare_threshold=None) plans it
+    once per connection. Unprepared, Postgres planned the step commit on every
+    call, ~3 ms of CPU, more than it took to execute.
+
+    Outside a transaction, with Django's connection closed (the engine hands it
+    back before every provider call), the cursor is on a connection borrowed
+    from Django's psycopg pool for just this statement: Django's connect/close
+    cycle around a pooled connection costs ~80 us of CPU, the pool's ~25.
+    Inside `transaction.atomic()`, or with Django's connection open, it is
+    Django's connection (same session, same transaction)."""
+    pool: Any = None
+    if not connection.in_atomic_block and connection.connection is None:
+        pool = getattr(connection, "pool", None)  # Django's psycopg pool (settings: always configured)
+    if pool is None:
+        connection.ensure_connection()
+        raw = connection.connection
+        _allow_explicit_prepare(raw)
+        with psycopg.Cursor(raw) as cur:
+            yield cur
+        return
+    if pool.closed:  # as Django's get_new_connection: the first use opens it
+        pool.open()
+    with pool.connection() as raw:
+        _allow_explicit_prepare(raw)
+        with psycopg.Cursor(raw) as cur:
+            yield cur
+
+
+def _allow_explicit_prepare(raw: Any) -> None:
+    if raw.prepare_threshold is None:  # Django's default: never prepare. Only explicit prepare=True calls do now.
+        raw.prepare_threshold = _NEVER_AUTOMATICALLY
+
+
+def _hot(sql: str, params: Any, *, landed: Callable[[], Any] | None = None) -> Any:
+    """Execute one of the three hot statements and return its first row.
+
+    A lost connection (a Postgres restart, a terminated backend) is not the
+    run's fault: the statement is tried again on a fresh connection, for up to
+    a lease, after dropping the pool's dead idle connections (psycopg's
+    `pool.check`, only after such an error: checking at every checkout costs a
+    round trip, ~70 us of CPU). `landed`, if given, tells after an error
+    whether the statement had committed anyway (its reply was lost). Inside a
+    transaction nothing is retried: the transaction is gone."""
+    delay, deadline, failed = 0.05, time.monotonic() + settings.LOOMCYCLE.lease_seconds, False
+    while True:
+        try:
+            if failed and landed is not None and (row := landed()) is not None:
+                return row
+            with _prepared() as cur:
+                cur.execute(sql, params, prepare=True)
+                return cur.fetchone() if cur.description else None
+        except (psycopg.OperationalError, OperationalError) as exc:  # raw (pool) or Django-wrapped
+            if connection.in_atomic_block or time.monotonic() + delay > deadline:
+                raise
+            log.warning("engine statement lost its connection (%s); retrying on a fresh one", exc)
+            failed = True
+            pool_purge()
+            time.sleep(delay)  # back-off while the server comes back
+            delay = min(delay * 2, 1.0)
+
+
+def pool_purge() -> None:
+    """Drop this thread's Django connection and the pool's dead idle ones (after a connection error)."""
+    if connection.connection is not None:
+        connection.close()  # a broken connection goes back to the pool, which discards it
+    pool = getattr(connection, "pool", None)
+    if pool is not None and not pool.closed:
+        pool.check()
+
+
+def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
+    """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere."""
+    row = _hot(_CLAIM_SQL, {"owner": owner, "lease": lease_seconds, "id": run_id, "step": step})
+    if row is None:
+        return None
+    values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
+    for key in ("system", "tools", "usage", "routing"):
+        values[key] = _json(values[key])
+    transcript = [(role, content) for role, content in _json(row[-1])]
+    return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)
+
+
+def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, text, source FROM runs_runinput WHERE run_id = %s AND consumed_step IS NULL ORDER BY id",
+            [run_id],
+        )
+        return [(int(i), str(t), str(s)) for i, t, s in cur.fetchall()]
+
+
+def record_tool_starts(*, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Recorded before the tools run; a redelivery repeats the same (run, step, call_id) keys."""
+    _hot(_TOOL_STARTS_SQL, [run_id, step, json.dumps([list(c) for c in calls])])
+
+
+def commit_step(
+    *,
+    run: ClaimedRun,
+    status: str,
+    advance: bool,
+    finish: bool,
+    stop_reason: str,
+    error: str,
+    usage: dict[str, Any] | None,
+    rows: StepRows,
+    pending_calls: int = 0,
+    switched: Switched | None = None,
+) -> str | None:
+    """The fenced step commit: the status committed (`running` instead of a park
+    when input or a cancel was already waiting), None when the fence was lost
+    (nothing written). `switched`: set after a provider fallback."""
+    packed = {
+        "t": [{"role": role, "content": content} for role, content in rows.transcript],
+        "e": rows.events,
+        "i": rows.consumed_inputs,
+        "c": rows.finished_calls,
+        "u": rows.ledger,
+    }
+    params: dict[str, Any] = {
+        "id": run.id,
+        "step": run.step,
+        "token": run.lease_token,
+        "status": status,
+        "new_step": run.step + 1 if advance else run.step,
+        "n_e": len(rows.events),
+        "n_t": len(rows.transcript),
+        "consumed": len(rows.consumed_inputs),
+        "usage": json.dumps(usage) if usage is not None else None,
+        "set_stop": bool(stop_reason) or finish,
+        "stop_reason": stop_reason,
+        "finish": finish,
+        "error": error,
+        "tenant_id": run.tenant_id,
+        "user_id": run.user_id,
+        "pending_calls": pending_calls,
+        "rows": json.dumps(packed),
+        "provider": switched.provider if switched else None,
+        "model": switched.model if switched else None,
+        "candidate_idx": switched.candidate_idx if switched else None,
+        "fallbacks": switched.fallbacks if switched else None,
+    }
+    landed = functools.partial(_step_landed, run, params["new_step"]) if advance else None
+    row = _hot(_COMMIT_SQL, params, landed=landed)
+    return str(row[0]) if row else None
+
+
+def _step_landed(run: ClaimedRun, new_step: int) -> Any:
+    """After a lost connection: the run as our step commit leaves it (step
+    advanced, our token, no lease), or None. Only a commit with this token
+    advances the step: a sweeper or a later claim changes one or the other."""
+    with _prepared() as cur:
+        cur.execute(
+            "SELECT status FROM runs_run WHERE id = %s AND step = %s AND lease_token = %s AND lease_owner = ''",
+            [run.id, new_step, run.lease_token],
+        )
+        return cur.fetchone()

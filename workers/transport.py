@@ -68,6 +68,11 @@ of misbehaving:
   channel that never consumed (`Channel.qos` would).
 - `Transport.register_with_event_loop(connection, loop)` and the hub's
   `call_repeatedly`: where the ack flusher is scheduled.
+- `Channel.conn_or_acquire(client)`: the connection a restore writes through;
+  `Channel.client` (the channel's client, also in workers/held.py) and
+  `Channel.pool` (its connection pool, which the reused client is built on);
+  `Transport.channels` (the open channels the ack flusher walks) and
+  `QoS.channel` (the channel a QoS belongs to).
 
 `SocketTransport` relies on kombu's documented `Transport.can_parse_url`: kombu
 reads a transport name from a `redis+socket://` URL's prefix, ahead of any

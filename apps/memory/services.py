@@ -25,8 +25,9 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.core.errors import ApplicationError, Invalid, PayloadTooLarge
+from apps.core.errors import Invalid, PayloadTooLarge
 from apps.gateway.embedders import Embedder, EmbedError, get_embedder
+from apps.gateway.embeddings import EmbedderNotConfigured, EmbedFailed  # one definition of each code
 from apps.memory.models import EMBEDDING_DIMENSIONS, MemoryEntry
 
 MAX_KEYS_PER_SCOPE = 1000  # SPEC 6.2: beyond this many keys the quota check refuses
@@ -43,14 +44,6 @@ class MemoryQuotaExceeded(PayloadTooLarge):
 
 class NotANumber(Invalid):
     code = "not_a_number"
-
-
-class EmbedderNotConfigured(ApplicationError):
-    status, code = 503, "embedder_not_configured"
-
-
-class EmbedFailed(ApplicationError):
-    status, code = 502, "embed_failed"
 
 
 @dataclass(frozen=True)

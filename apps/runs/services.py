@@ -39,7 +39,7 @@ from apps.runs.models import (
     RuntimeStateValue,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
-from apps.runs.selectors import run_get, runs_liveness, runtime_state
+from apps.runs.selectors import paused_runs_count, run_get, runs_liveness, runtime_state
 from apps.runs.subruns import run_child_finished
 from apps.runs.wake import ring_promoted, run_slot_freed
 from apps.substrate.models import AgentDef
@@ -288,7 +288,8 @@ async def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
     """Park every run at its next boundary; wait up to `timeout_ms` for in-flight
     iterations. The wait holds no thread: a DB check every PAUSE_POLL_S on the
     event loop. The runtime is `paused` when this returns, even on timeout (the
-    stragglers park at their boundary) or when the caller went away."""
+    stragglers park at their boundary) or when the caller went away, unless a
+    resume came first: `state` says which."""
     started = time.monotonic()
     await db_call(_pause_begin)()
     left = await db_call(runtime_pause_settle)(force=False)
@@ -302,10 +303,10 @@ async def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
             left = await db_call(runtime_pause_settle)(force=True)
     warnings = [f"{left} run(s) had not parked after {timeout_ms} ms; they park at their next boundary"] if left else []
     return {
-        "state": "paused",
+        "state": await db_call(runtime_state)(),
         "duration_ms": int((time.monotonic() - started) * 1000),
         "force_cancelled_count": 0,
-        "paused_runs_count": await db_call(Run.objects.filter(status=RunStatus.PAUSED).count)(),
+        "paused_runs_count": await db_call(paused_runs_count)(),
         "warnings": warnings,
     }
 

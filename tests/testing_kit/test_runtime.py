@@ -92,3 +92,19 @@ def test_loomcycle_python_that_cannot_import_the_runtime_is_refused(tmp_path: Pa
     not installed in .venv), which the runtime under loomcycle_python does not get."""
     with pytest.raises(R.RuntimeStartError, match=r"cannot import loomcycle_project: install loomcycle in that"):
         R.start_runtime(tmp_path / "data", [], timeout=5, python=sys.executable)
+
+
+def test_the_plugins_transcript_renders_segments_as_the_runtime_does() -> None:
+    """The plugin cannot import apps.runs.prompt, so it keeps its own renderer: this keeps it in step."""
+    from apps.runs.prompt import UNTRUSTED_KINDS, Segment, split_segments
+    from loomcycle_testing import transcript
+
+    segments = [
+        {"role": "user", "type": "trusted-text", "text": "plain <b>"},
+        *({"role": "user", "type": "untrusted-block", "kind": k, "text": "x < y"} for k in sorted(UNTRUSTED_KINDS)),
+        {"role": "user", "type": "untrusted-block", "kind": "made-up", "text": "<script>"},
+        {"role": "system", "type": "trusted-text", "text": "not user text"},
+    ]
+    _, user = split_segments([Segment(**s) for s in segments])
+    assert transcript._user_text({"segments": segments}) == user
+    assert transcript._UNTRUSTED_KINDS == UNTRUSTED_KINDS

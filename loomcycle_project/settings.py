@@ -41,6 +41,8 @@ INSTALLED_APPS = [
     "apps.memory",
     "apps.evaluations",
     "apps.channels",
+    "apps.triggers",
+    "apps.tools",
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",

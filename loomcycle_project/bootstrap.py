@@ -12,14 +12,16 @@ from apps.memory.seed import memory_entries_seed
 from apps.substrate.config import channel_defs_sync_yaml
 from apps.substrate.models import AgentDef
 from apps.substrate.services import defs_load_yaml
+from apps.tools.volumes import static_volumes
 
 
 def load_yaml_config(config: dict[str, Any] | None = None) -> list[AgentDef]:
     """Load every yaml block this build reads (definitions of each kind,
-    `channels:`, `memory.entries:`) in one transaction: an invalid entry
+    `channels:`, `memory.entries:`; `volumes:` is checked) in one transaction: an invalid entry
     anywhere leaves the database as it was. Returns the static agents.
     `config` is the merged yaml just read; None reads the files again."""
     config = runtime_config(reload=True) if config is None else config
+    static_volumes(config)  # `volumes:` is read where it is used; a bad entry still stops the boot
     with transaction.atomic():
         loaded = defs_load_yaml(config=config)
         channel_defs_sync_yaml(config=config)

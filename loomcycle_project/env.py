@@ -237,6 +237,13 @@ CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
 
+# Volumes and the shell (docs/tools.md). Dynamic (per-tenant) and per-run ephemeral
+# volumes live under VOLUMES_ROOT; Bash is off unless BASH_ENABLED, and its child sees
+# PATH plus the variables named in BASH_ALLOWED_CREDS (comma-separated), nothing else.
+VOLUMES_ROOT: str = env.str("LOOMCYCLE_VOLUMES_ROOT", default="") or str(DATA_DIR / "volumes")
+BASH_ENABLED: bool = env.bool("LOOMCYCLE_BASH_ENABLED", default=False)
+BASH_ALLOWED_CREDS: str = env.str("LOOMCYCLE_BASH_ALLOWED_CREDS", default="")
+
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeSettings:
@@ -326,3 +333,7 @@ class RuntimeSettings:
     # Evaluations.
     evaluation_max_judgement_bytes: int
     evaluation_max_rationale_bytes: int
+    # Volumes and the shell (apps.tools).
+    volumes_root: str
+    bash_enabled: bool
+    bash_allowed_creds: str

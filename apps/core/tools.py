@@ -56,6 +56,41 @@ class ToolResult:
 
 
 @dataclass(frozen=True)
+class VolumeBinding:
+    """One volume a run may use (resolved when the run is created, persisted on
+    the run row as `as_dict()`). `path` is the host directory; for an ephemeral
+    volume it is derived from `root_run_id` (the top-level run) when used."""
+
+    name: str
+    path: str
+    mode: str  # "ro" | "rw"
+    default: bool = False
+    ephemeral: bool = False
+    root_run_id: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "mode": self.mode,
+            "default": self.default,
+            "ephemeral": self.ephemeral,
+            "root_run_id": self.root_run_id,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> VolumeBinding:
+        return cls(
+            name=str(raw["name"]),
+            path=str(raw.get("path") or ""),
+            mode=str(raw.get("mode") or "ro"),
+            default=bool(raw.get("default")),
+            ephemeral=bool(raw.get("ephemeral")),
+            root_run_id=str(raw.get("root_run_id") or ""),
+        )
+
+
+@dataclass(frozen=True)
 class ToolContext:
     """What a tool may know about the call. `idempotency_key` is
     `(run_id, step, call_id)`: a redelivered iteration repeats the same key."""
@@ -73,6 +108,7 @@ class ToolContext:
     step: int
     call_id: str
     tools: tuple[str, ...]
+    volumes: tuple[VolumeBinding, ...] = ()  # the run's resolved volume bindings (none: no filesystem)
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
 
     @property

@@ -35,7 +35,7 @@ from django.db import OperationalError, connection, transaction
 
 from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.errors import ApplicationError
-from apps.core.tools import Park, ToolContext, ToolResult
+from apps.core.tools import Park, ToolContext, ToolResult, VolumeBinding
 from apps.gateway import fairness
 from apps.gateway.pricing import cost_usd
 from apps.gateway.providers import (
@@ -417,6 +417,7 @@ def _run_tools(
         step=run.step,
         call_id="",
         tools=tuple(run.tools),
+        volumes=tuple(VolumeBinding.from_dict(v) for v in run.volumes or []),
         cancelled=cancel,
     )
     with ADMISSION.outside(tools_after_s()):
@@ -569,11 +570,20 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
+    if write.next == Next.FINISH and not run.parent_id:  # registry.on_run_finished listeners
+        _announce_finished(run.id, write.status)
     if write.next == Next.FINISH and run.parent_id:
         run_child_finished(child_id=run.id)
     elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
         fairness.run_slot_release(run.id)
         _slot_freed(run.id)
+
+
+def _announce_finished(run_id: str, status: str) -> None:
+    try:
+        registry.run_finished(run_id, status)
+    finally:
+        connection.close()
 
 
 def _slot_freed(run_id: str) -> None:

@@ -65,6 +65,8 @@ class Run(models.Model):
     tools = models.JSONField(default=list)  # effective tool names (operator ∩ agent ∩ caller)
     # The creating request's `tools` narrowing (None: none); sub-agents inherit it as their caller layer.
     caller_tools = models.JSONField(null=True, blank=True)
+    # Resolved volume bindings (apps.core.tools.VolumeBinding.as_dict()); sub-agents get a subset.
+    volumes = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict)
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")

@@ -8,7 +8,13 @@ list unless it sets `disable_context`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 from apps.core.tools import Tool
+
+log = logging.getLogger("loomcycle.runs")
 
 _REGISTRY: dict[str, Tool] = {}
 
@@ -55,3 +61,51 @@ def effective_tools(
             continue
         out.append(name)
     return out
+
+
+# --- "run finished" listeners ------------------------------------------------------------
+# Apps that want to hear when a run ends (apps.tools purges a run's ephemeral volumes;
+# apps.triggers' on_complete hooks) register here from AppConfig.ready(), as tools do:
+# the engine never imports them.
+
+RunFinished = Callable[[str, str], None]  # (run_id, terminal status)
+_FINISHED: list[RunFinished] = []
+
+
+def on_run_finished(listener: RunFinished) -> None:
+    """Call `listener(run_id, status)` after a top-level run's terminal step commits
+    (at most once per run from the engine; a listener must itself tolerate a second call)."""
+    if listener not in _FINISHED:
+        _FINISHED.append(listener)
+
+
+def run_finished(run_id: str, status: str) -> None:
+    """Tell every listener; one listener's failure is logged and does not stop the others."""
+    for listener in list(_FINISHED):
+        try:
+            listener(run_id, status)
+        except Exception:  # a listener's bug must not fail the run's (committed) iteration
+            log.exception(
+                "run %s: a run-finished listener (%s) failed", run_id, getattr(listener, "__name__", listener)
+            )
+
+
+# --- volume bindings ---------------------------------------------------------------------
+# apps.tools owns volumes; it registers the function that turns an agent definition's
+# `volumes:` into the run's bindings (a sub-agent's within its parent's). Without it a
+# run has no filesystem.
+
+VolumeResolver = Callable[..., list[dict[str, Any]]]  # (*, tenant_id, definition, parent_id) -> bindings
+_VOLUME_RESOLVER: list[VolumeResolver] = []
+
+
+def set_volume_resolver(resolver: VolumeResolver) -> None:
+    _VOLUME_RESOLVER[:] = [resolver]
+
+
+def resolve_volumes(*, tenant_id: str, definition: dict[str, Any], parent_id: str | None) -> list[dict[str, Any]]:
+    """The run's volume bindings as stored on the run row; raises ApplicationError
+    (the run is refused) when the definition binds what the tenant cannot have."""
+    if not _VOLUME_RESOLVER:
+        return []
+    return _VOLUME_RESOLVER[0](tenant_id=tenant_id, definition=definition, parent_id=parent_id)

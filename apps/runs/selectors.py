@@ -107,3 +107,9 @@ def run_is_answerable(*, run_id: str) -> bool:
     cursor); apps.runs.wake.run_answer re-checks only that the run is not
     terminal, under the run's row lock."""
     return run_status(run_id=run_id) in ANSWERABLE
+
+
+def run_volumes(*, run_id: str) -> list[dict[str, Any]]:
+    """The run's resolved volume bindings (empty: none, or no such run)."""
+    found: list[dict[str, Any]] | None = Run.objects.filter(id=run_id).values_list("volumes", flat=True).first()
+    return list(found or [])

@@ -39,7 +39,7 @@ from apps.runs.models import (
     RuntimeStateValue,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
-from apps.runs.selectors import paused_runs_count, run_get, runs_liveness, runtime_state
+from apps.runs.selectors import paused_runs_count, run_get, run_parent_id, runs_liveness, runtime_state
 from apps.runs.subruns import run_child_finished
 from apps.runs.wake import ring_promoted, run_slot_freed
 from apps.substrate.models import AgentDef
@@ -123,9 +123,11 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         caller=data.tools,
         disable_context=bool(d.get("disable_context", False)),
     )
+    volumes = registry.resolve_volumes(tenant_id=tenant_id, definition=d, parent_id=data.parent_id)
     return Resolved(
         agent_def=agent_def,
         agent_id=data.agent_id or new_agent_id(),
+        volumes=volumes,
         interactive=interactive,
         max_iterations=max_it,
         tools=tools,
@@ -161,6 +163,7 @@ class Resolved:
     user_text: str
     system: list[str]
     routing: dict[str, Any]
+    volumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # registry.resolve_volumes
 
 
 def run_insert(
@@ -195,6 +198,7 @@ def run_insert(
         max_iterations=r.max_iterations,
         tools=r.tools,
         caller_tools=data.tools,
+        volumes=r.volumes,
         metadata=data.metadata or {},
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
@@ -262,7 +266,14 @@ def _finish_unleased(run_id: str, reason: str) -> bool:
         transaction.on_commit(lambda: run_child_finished(child_id=run_id))  # a no-op for top-level runs
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
         transaction.on_commit(lambda: run_slot_freed(run_id))  # its admission slot (or queue place) is free
+        transaction.on_commit(lambda: _announce_if_top_level(run_id, RunStatus.CANCELLED))
     return True
+
+
+def _announce_if_top_level(run_id: str, status: str) -> None:
+    """registry.on_run_finished listeners hear of a top-level run cancelled without a worker."""
+    if run_parent_id(run_id=run_id) is None:
+        registry.run_finished(run_id, status)
 
 
 def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]:

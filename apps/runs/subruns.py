@@ -89,14 +89,20 @@ def spawn_prepare(
     """Resolve the child before any write; refusals become the call's is_error result.
     The child inherits its parent's caller narrowing: a caller who narrowed a
     run's tools narrowed every sub-agent it spawns (the child's own agent
-    definition still decides what it may have inside that)."""
+    definition still decides what it may have inside that). Its volumes are
+    its own bindings within its parent's, never wider."""
     from apps.runs.services import RunCreate, run_resolve
 
     if depth + 1 > MAX_DEPTH:
         raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
     caller = run_caller_tools(parent_id) if parent_id else None
     data = RunCreate(
-        agent=request.agent, segments=[Segment(text=request.prompt)], user_id=user_id, user_tier=user_tier, tools=caller
+        agent=request.agent,
+        segments=[Segment(text=request.prompt)],
+        user_id=user_id,
+        user_tier=user_tier,
+        tools=caller,
+        parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
     return Spawn(call=call, request=request, resolved=resolved, caller_tools=caller)

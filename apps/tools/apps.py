@@ -1,3 +1,9 @@
+"""Built-in world tools (network, files, shell) and the trust model around them.
+
+They register with the runs tool registry at `AppConfig.ready()`, like every
+other app's tools, so the engine never imports them.
+"""
+
 from django.apps import AppConfig
 
 
@@ -5,3 +11,15 @@ class ToolsConfig(AppConfig):
     name = "apps.tools"
     label = "tools"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.runs import registry
+        from apps.tools.bash import BASH_TOOL
+        from apps.tools.files import EDIT_TOOL, GLOB_TOOL, READ_TOOL, WRITE_TOOL
+        from apps.tools.grep import GREP_TOOL
+        from apps.tools.volumes import bindings_resolve, ephemeral_volumes_finished
+
+        for tool in (READ_TOOL, WRITE_TOOL, EDIT_TOOL, GLOB_TOOL, GREP_TOOL, BASH_TOOL):
+            registry.register(tool)
+        registry.set_volume_resolver(bindings_resolve)
+        registry.on_run_finished(ephemeral_volumes_finished)

@@ -1,0 +1,181 @@
+"""The `Bash` tool (SPEC 6.9, 8). NOT a sandbox: the command runs as the
+worker's own user with the worker's filesystem and network; only its working
+directory, environment, duration and output are limited.
+
+- Off unless LOOMCYCLE_BASH_ENABLED=1; needs an rw volume (cwd = its root).
+- `/bin/sh -c <command>` in a new session (its own process group); the
+  environment is PATH plus the variables LOOMCYCLE_BASH_ALLOWED_CREDS names.
+- Timeout 30 s by default, 300 s at most; the run's cancel kills it too. Both
+  kill the whole process group (SIGKILL); so does the end of the command,
+  so a background child does not outlive the call.
+  Killed means SIGKILL: no grace period for cleanup.
+- stdout and stderr combined, kept up to 1 MiB (the rest is read and dropped).
+- It holds no DB connection; the engine's tool batch gives its admission slot
+  away after LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS.
+- The watchdog thread waits on the run's cancel event (no polling); after a
+  command ends early it stays parked on that event until the timeout passes,
+  then exits without touching anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from apps.core.tools import Tool, ToolContext, ToolResult
+from apps.tools.volumes import VolumeUnavailable, pick, root_of
+
+DEFAULT_TIMEOUT_S = 30
+MAX_TIMEOUT_S = 300
+OUTPUT_CAP = 1024 * 1024
+FIELDS = frozenset({"command", "timeout_seconds", "volume", "description"})
+
+
+@dataclass
+class _Watch:
+    """Shared by the reading thread and the watchdog; `lock` orders the kill against reaping."""
+
+    proc: subprocess.Popen[bytes]
+    lock: threading.Lock
+    finished: bool = False
+    killed_for: str = ""
+
+
+def scrubbed_env() -> dict[str, str]:
+    allowed = [n.strip() for n in settings.LOOMCYCLE.bash_allowed_creds.split(",") if n.strip()]
+    env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"}
+    env.update({name: os.environ[name] for name in allowed if name in os.environ})
+    return env
+
+
+def _kill_group(watch: _Watch, why: str) -> None:
+    with watch.lock:
+        if watch.finished:  # reaped (or about to be): its group id may belong to someone else now
+            return
+        watch.killed_for = watch.killed_for or why
+        try:
+            os.killpg(watch.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the group is gone already
+            return
+
+
+def _watchdog(watch: _Watch, cancelled: threading.Event, timeout_s: int) -> None:
+    if cancelled.wait(timeout_s):
+        _kill_group(watch, "run cancelled")
+    else:
+        _kill_group(watch, f"timed out after {timeout_s} s")
+
+
+def _read_capped(watch: _Watch) -> tuple[bytes, int]:
+    """All of the combined output up to OUTPUT_CAP, and how many bytes there were."""
+    assert watch.proc.stdout is not None
+    fd = watch.proc.stdout.fileno()
+    kept, total = bytearray(), 0
+    while chunk := os.read(fd, 65536):
+        total += len(chunk)
+        if len(kept) < OUTPUT_CAP:
+            kept += chunk[: OUTPUT_CAP - len(kept)]
+    return bytes(kept), total
+
+
+def _finish(watch: _Watch) -> int:
+    """After the output ended: wait for the shell to exit WITHOUT reaping it (so its
+    process group id stays ours), kill what is left of the group, then reap."""
+    os.waitid(os.P_PID, watch.proc.pid, os.WEXITED | os.WNOWAIT)
+    try:
+        os.killpg(watch.proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still ours
+    except ProcessLookupError:
+        pass  # every member already exited
+    with watch.lock:
+        watch.finished = True
+    return watch.proc.wait()
+
+
+def _result(out: bytes, total: int, code: int, watch: _Watch) -> ToolResult:
+    text = out.decode("utf-8", errors="replace")
+    if total > OUTPUT_CAP:
+        text += f"\n[output truncated at {OUTPUT_CAP} bytes]"
+    if watch.killed_for:
+        return ToolResult(f"{text}\n[killed: {watch.killed_for}]".lstrip("\n"), is_error=True)
+    if code != 0:
+        status = f"exit: {code}" if code > 0 else f"killed: signal {-code}"
+        return ToolResult(f"{text}\n[{status}]".lstrip("\n"), is_error=True)
+    return ToolResult(text)
+
+
+def _timeout(data: dict[str, Any]) -> int:
+    value = data.get("timeout_seconds", DEFAULT_TIMEOUT_S)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_seconds must be an integer from 1 to {MAX_TIMEOUT_S}")
+    return value
+
+
+def run_command(command: str, cwd: str, timeout_s: int, cancelled: threading.Event) -> ToolResult:
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        cwd=cwd,
+        env=scrubbed_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: killed as a whole
+        close_fds=True,
+    )
+    watch = _Watch(proc=proc, lock=threading.Lock())
+    threading.Thread(target=_watchdog, args=(watch, cancelled, timeout_s), name="lc-bash-watch", daemon=True).start()
+    out, total = _read_capped(watch)
+    code = _finish(watch)
+    return _result(out, total, code, watch)
+
+
+def _refusal(ctx: ToolContext, data: dict[str, Any]) -> str | None:
+    if not settings.LOOMCYCLE.bash_enabled:
+        return "Bash is not configured on this runtime (LOOMCYCLE_BASH_ENABLED is off)"
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        return f"unknown fields {unknown}"
+    if not isinstance(data.get("command"), str) or not data["command"].strip():
+        return "command must be a non-empty string"
+    return None
+
+
+def bash_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    refused = _refusal(ctx, data)
+    if refused:
+        return ToolResult(refused, is_error=True)
+    try:
+        timeout_s = _timeout(data)
+        binding = pick(ctx, data.get("volume"))
+        if binding.mode != "rw":
+            return ToolResult(f"Bash needs an rw volume; {binding.name!r} is read-only for this run", is_error=True)
+        cwd = str(root_of(ctx, binding))
+    except (ValueError, VolumeUnavailable) as exc:
+        return ToolResult(str(exc), is_error=True)
+    connection.close()  # no DB connection is held while the command runs
+    return run_command(data["command"], cwd, timeout_s, ctx.cancelled)
+
+
+BASH_TOOL = Tool(
+    name="Bash",
+    description="Run a shell command (/bin/sh -c) with the volume root as working directory. Combined "
+    f"stdout+stderr up to {OUTPUT_CAP} bytes; timeout_seconds default {DEFAULT_TIMEOUT_S}, max {MAX_TIMEOUT_S}. "
+    "Not a sandbox.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "command": {"type": "string"},
+            "timeout_seconds": {"type": "integer", "default": DEFAULT_TIMEOUT_S, "maximum": MAX_TIMEOUT_S},
+            "volume": {"type": "string"},
+            "description": {"type": "string"},
+        },
+        "required": ["command"],
+    },
+    execute=bash_execute,
+)

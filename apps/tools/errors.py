@@ -1,0 +1,8 @@
+"""Error codes of the tools app (volumes admin)."""
+
+VOLUME_NAME_INVALID = "volume_name_invalid"
+VOLUME_MODE_INVALID = "volume_mode_invalid"
+VOLUME_NOT_FOUND = "volume_not_found"
+VOLUME_STATIC = "volume_static"
+VOLUME_BINDING_INVALID = "volume_binding_invalid"
+VOLUME_OP_INVALID = "volume_op_invalid"

@@ -1,0 +1,252 @@
+"""The file tools `Read`, `Write`, `Edit`, `Glob` (SPEC 6.9; Claude Code's input
+shapes). Each works inside one bound volume (`volume`, else the run's default
+binding, else its sole one) through apps.tools.fs, which keeps every path
+inside the volume. Refusals and failures are is_error results."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from apps.core.tools import Tool, ToolContext, ToolResult, VolumeBinding
+from apps.tools import fs
+from apps.tools.volumes import VolumeUnavailable, pick, root_of
+
+READ_CAP = 256 * 1024
+WRITE_CAP = 1024 * 1024
+GLOB_LIMIT = 100
+
+
+class Refusal(Exception):
+    """An input a file tool refuses; its text is the is_error result."""
+
+
+def _text(data: dict[str, Any], key: str, *, required: bool = True) -> str:
+    value = data.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and key != "content" and not value):
+        raise Refusal(f"{key} must be a non-empty string" if key != "content" else "content must be a string")
+    return value
+
+
+def _fields(data: dict[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise Refusal(f"unknown fields {unknown}")
+
+
+def run_file_tool(
+    ctx: ToolContext, data: dict[str, Any], fields: frozenset[str], body: Callable[[Path, VolumeBinding], str]
+) -> ToolResult:
+    """Pick the volume, run `body(root, binding)`; every expected failure becomes is_error."""
+    try:
+        _fields(data, fields)
+        binding = pick(ctx, data.get("volume"))
+        return ToolResult(body(root_of(ctx, binding), binding))
+    except (Refusal, VolumeUnavailable, fs.PathRefused) as exc:
+        return ToolResult(str(exc), is_error=True)
+    except FileNotFoundError:
+        return ToolResult(f"no such file: {data.get('path')}", is_error=True)
+    except IsADirectoryError:
+        return ToolResult(f"{data.get('path')} is a directory", is_error=True)
+    except PermissionError as exc:
+        return ToolResult(f"permission denied: {exc.filename or data.get('path')}", is_error=True)
+
+
+def _writable(binding: VolumeBinding) -> None:
+    if binding.mode != "rw":
+        raise Refusal(f"volume {binding.name!r} is read-only for this run")
+
+
+# --- Read --------------------------------------------------------------------------
+
+READ_FIELDS = frozenset({"path", "volume", "file_path"})
+
+
+def _path_arg(data: dict[str, Any]) -> str:
+    """`path` (SPEC), or Claude Code's `file_path`."""
+    return _text(data, "path") if "path" in data or "file_path" not in data else _text(data, "file_path")
+
+
+def read_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    def body(root: Path, binding: VolumeBinding) -> str:
+        raw, size = fs.read_bytes(fs.locate(root, _path_arg(data)), READ_CAP)
+        text = raw.decode("utf-8", errors="replace")
+        return text + f"\n[truncated at {READ_CAP} bytes]" if size > READ_CAP else text
+
+    return run_file_tool(ctx, data, READ_FIELDS, body)
+
+
+# --- Write -------------------------------------------------------------------------
+
+WRITE_FIELDS = frozenset({"path", "content", "volume", "file_path"})
+
+
+def write_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    def body(root: Path, binding: VolumeBinding) -> str:
+        _writable(binding)
+        payload = _text(data, "content").encode()
+        if len(payload) > WRITE_CAP:
+            raise Refusal(f"content is {len(payload)} bytes; the cap is {WRITE_CAP}")
+        loc = fs.locate(root, _path_arg(data))
+        fs.write_atomic(loc, payload)
+        return f"wrote {len(payload)} bytes to {fs.display(loc)}"
+
+    return run_file_tool(ctx, data, WRITE_FIELDS, body)
+
+
+# --- Edit --------------------------------------------------------------------------
+
+EDIT_FIELDS = frozenset({"path", "old_string", "new_string", "replace_all", "volume", "file_path"})
+
+
+def _edited(text: str, old: str, new: str, replace_all: bool, shown: str) -> tuple[str, int]:
+    count = text.count(old)
+    if count == 0:
+        raise Refusal(f"old_string not found in {shown}")
+    if count > 1 and not replace_all:
+        raise Refusal(
+            f"old_string occurs {count} times in {shown}; add surrounding context to make it unique or set replace_all"
+        )
+    return text.replace(old, new) if replace_all else text.replace(old, new, 1), count if replace_all else 1
+
+
+def edit_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    def body(root: Path, binding: VolumeBinding) -> str:
+        _writable(binding)
+        old, new = _text(data, "old_string"), _text(data, "new_string", required=False)
+        if old == new:
+            raise Refusal("old_string and new_string are the same")
+        loc = fs.locate(root, _path_arg(data))
+        raw, size = fs.read_bytes(loc, WRITE_CAP + 1)
+        if size > WRITE_CAP:
+            raise Refusal(f"{fs.display(loc)} is {size} bytes; Edit works on files up to {WRITE_CAP}")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Refusal(f"{fs.display(loc)} is not UTF-8 text") from exc
+        edited, n = _edited(text, old, new, bool(data.get("replace_all")), fs.display(loc))
+        payload = edited.encode()
+        if len(payload) > WRITE_CAP:
+            raise Refusal(f"the edited file would be {len(payload)} bytes; the cap is {WRITE_CAP}")
+        fs.write_atomic(loc, payload)
+        return f"edited {fs.display(loc)} ({n} replacement{'s' if n != 1 else ''})"
+
+    return run_file_tool(ctx, data, EDIT_FIELDS, body)
+
+
+# --- Glob --------------------------------------------------------------------------
+
+GLOB_FIELDS = frozenset({"pattern", "path", "volume"})
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """`*` and `?` within one path segment, `[..]` classes, `**` any number of segments."""
+    out = []
+    segments = pattern.strip("/").split("/")
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if seg == "**":
+            out.append(".*" if last else "(?:[^/]+/)*")
+        else:
+            out.append(segment_regex(seg) + ("" if last else "/"))
+    return re.compile("".join(out) + r"\Z", re.S)
+
+
+def segment_regex(seg: str) -> str:
+    """One path segment's glob as a regex that never crosses `/`."""
+    out, i = [], 0
+    while i < len(seg):
+        c = seg[i]
+        close = seg.find("]", i + 2) if c == "[" else -1
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif close > 0:
+            inner = seg[i + 1 : close]
+            inner = "^" + inner[1:] if inner.startswith("!") else inner
+            out.append("[" + inner.replace("\\", "\\\\") + "]")
+            i = close
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def walk_files(base: Path) -> list[tuple[str, float]]:
+    """(path relative to `base`, mtime) of every regular file below it; no symlink followed."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        dirnames.sort()
+        for name in filenames:
+            full = Path(dirpath) / name
+            info = full.lstat()
+            if full.is_symlink() or not full.is_file():
+                continue
+            found.append((str(full.relative_to(base)), info.st_mtime))
+    return found
+
+
+def glob_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    def body(root: Path, binding: VolumeBinding) -> str:
+        rx = glob_regex(_text(data, "pattern"))
+        base = fs.locate(root, _text(data, "path", required=False) or ".")
+        if not base.path.is_dir():
+            raise Refusal(f"{base.rel} is not a directory")
+        hits = [(rel, mtime) for rel, mtime in walk_files(base.path) if rx.match(rel)]
+        hits.sort(key=lambda h: (-h[1], h[0]))  # newest first; equal times by path
+        prefix = "" if not base.parts else base.rel + "/"
+        lines = [prefix + rel for rel, _ in hits[:GLOB_LIMIT]]
+        if not lines:
+            return "No files found"
+        more = len(hits) - GLOB_LIMIT
+        return "\n".join(lines) + (f"\n[{more} more files not shown; narrow the pattern]" if more > 0 else "")
+
+    return run_file_tool(ctx, data, GLOB_FIELDS, body)
+
+
+def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    volume = {"type": "string", "description": "bound volume name (default: the run's default or sole volume)"}
+    return {"type": "object", "properties": {**props, "volume": volume}, "required": required}
+
+
+_PATH = {"type": "string", "description": "path relative to the volume root"}
+
+READ_TOOL = Tool(
+    name="Read",
+    description=f"Read a text file from a bound volume (truncated at {READ_CAP} bytes).",
+    input_schema=_schema({"path": _PATH}, ["path"]),
+    execute=read_execute,
+)
+WRITE_TOOL = Tool(
+    name="Write",
+    description=f"Write a file in a rw volume, atomically (creates directories; up to {WRITE_CAP} bytes).",
+    input_schema=_schema({"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
+    execute=write_execute,
+)
+EDIT_TOOL = Tool(
+    name="Edit",
+    description="Replace old_string with new_string in a file of a rw volume; old_string must be unique "
+    "unless replace_all.",
+    input_schema=_schema(
+        {
+            "path": _PATH,
+            "old_string": {"type": "string"},
+            "new_string": {"type": "string"},
+            "replace_all": {"type": "boolean", "default": False},
+        },
+        ["path", "old_string", "new_string"],
+    ),
+    execute=edit_execute,
+)
+GLOB_TOOL = Tool(
+    name="Glob",
+    description=f"Files matching a glob (*, ?, [..], **) in a bound volume, newest first, at most {GLOB_LIMIT}.",
+    input_schema=_schema({"pattern": {"type": "string"}, "path": _PATH}, ["pattern"]),
+    execute=glob_execute,
+)

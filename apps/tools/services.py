@@ -1,0 +1,79 @@
+"""Dynamic volumes (VolumeDef rows): create, delete, purge. Invariants:
+- a row is one (tenant, name); its directory is `<volumes root>/tenants/<tenant>/<name>`
+  (`shared/<name>` for the shared tenant), made when the row is created;
+- a static (yaml) name cannot be taken by a dynamic volume: the static one would
+  shadow it for every run;
+- create is idempotent (same name and mode: the existing row, `deduplicated`);
+- delete unmaps and keeps the files; purge unmaps and removes the directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from apps.core.errors import Conflict, NotFound
+from apps.tools import errors
+from apps.tools.models import VolumeDef
+from apps.tools.selectors import volume_def_find
+from apps.tools.volumes import check_mode, check_name, dynamic_path, static_volumes
+
+
+def volume_def_out(row: VolumeDef, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "mode": row.mode,
+        "path": row.path,
+        "tenant_id": row.tenant_id,
+        "created_at": row.created_at.isoformat(),
+        **extra,
+    }
+
+
+def volume_def_create(*, tenant_id: str, name: Any, mode: Any = "rw") -> dict[str, Any]:
+    name, mode = check_name(name), check_mode(mode or "rw")
+    if name in static_volumes():
+        raise Conflict(f"volume {name!r} is a static (yaml) volume", code=errors.VOLUME_STATIC)
+    existing = volume_def_find(tenant_id=tenant_id, name=name)
+    if existing is not None:
+        if existing.mode != mode:
+            raise Conflict(f"volume {name!r} exists with mode {existing.mode}", code="volume_exists")
+        return volume_def_out(existing, deduplicated=True)
+    path = dynamic_path(tenant_id, name)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        with transaction.atomic():
+            row = VolumeDef.objects.create(tenant_id=tenant_id, name=name, mode=mode, path=str(path))
+    except IntegrityError:  # a concurrent create of the same name won: answer as the second call would
+        return volume_def_create(tenant_id=tenant_id, name=name, mode=mode)
+    return volume_def_out(row, deduplicated=False)
+
+
+def _found(tenant_id: str, name: Any) -> VolumeDef:
+    row = volume_def_find(tenant_id=tenant_id, name=check_name(name))
+    if row is None:
+        raise NotFound(f"volume {name!r} not found", code=errors.VOLUME_NOT_FOUND)
+    return row
+
+
+def volume_def_get(*, tenant_id: str, name: Any) -> dict[str, Any]:
+    return volume_def_out(_found(tenant_id, name))
+
+
+def volume_def_delete(*, tenant_id: str, name: Any) -> dict[str, Any]:
+    """Unmap the volume; its files stay on disk."""
+    row = _found(tenant_id, name)
+    VolumeDef.objects.filter(pk=row.pk).delete()
+    return {"name": row.name, "deleted": True, "purged": False}
+
+
+def volume_def_purge(*, tenant_id: str, name: Any) -> dict[str, Any]:
+    """Unmap the volume and remove its directory."""
+    row = _found(tenant_id, name)
+    VolumeDef.objects.filter(pk=row.pk).delete()
+    if Path(row.path).is_dir():
+        shutil.rmtree(row.path)
+    return {"name": row.name, "deleted": True, "purged": True}

@@ -1,0 +1,235 @@
+"""Volumes: where a run may touch the filesystem (SPEC 6.9, 5.2 VolumeDef).
+
+Three sources, one shape (`apps.core.tools.VolumeBinding` on the run row):
+- static: yaml `volumes: {name: {path, mode, default, dynamic_root}}`, shared by every tenant;
+- dynamic: a tenant's `VolumeDef` row, a directory under the volumes root;
+- ephemeral: an agent binding `{name, ephemeral: true}`, a directory per top-level
+  run under `<root>/ephemeral/<root_run_id>/`, made on first use and purged when
+  that run ends (apps.tools.apps hooks `registry.on_run_finished`).
+
+Invariants:
+- An agent that binds nothing has no filesystem; an unknown volume name refuses the run.
+- A binding may narrow a volume's mode (rw -> ro), never widen it.
+- A sub-agent's bindings are its own definition's within its parent's: same
+  volume and path, mode the narrower of the two; anything else is dropped.
+- Volumes live on the filesystem of the worker that runs the tool: a worker that
+  lacks a volume's directory answers is_error naming the volume and the path.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from apps.core.config import runtime_config
+from apps.core.errors import Invalid
+from apps.core.tools import ToolContext, VolumeBinding
+from apps.tools import errors
+
+log = logging.getLogger("loomcycle.tools")
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+MODES = ("ro", "rw")
+
+
+@dataclass(frozen=True)
+class StaticVolume:
+    name: str
+    path: str
+    mode: str
+    default: bool = False
+
+
+class VolumeUnavailable(Exception):
+    """A tool cannot use a volume (none bound, unknown name, missing directory); the text is the is_error."""
+
+
+def check_name(name: Any, where: str = "volume") -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise Invalid(
+            f"{where}: name must match [a-z0-9][a-z0-9_-]{{0,63}} (got {name!r})", code=errors.VOLUME_NAME_INVALID
+        )
+    return name
+
+
+def check_mode(mode: Any, where: str = "volume") -> str:
+    if mode not in MODES:
+        raise Invalid(f"{where}: mode must be ro or rw (got {mode!r})", code=errors.VOLUME_MODE_INVALID)
+    return str(mode)
+
+
+# --- static (yaml) -----------------------------------------------------------------
+
+
+def _static_entry(name: Any, raw: Any) -> StaticVolume:
+    where = f"volumes.{name}"
+    check_name(name, where)
+    if not isinstance(raw, dict):
+        raise Invalid(f"{where}: must be a mapping with path and mode", code="config_invalid")
+    path = raw.get("path")
+    if not isinstance(path, str) or not Path(path).is_absolute():
+        raise Invalid(f"{where}: path must be an absolute directory path (got {path!r})", code="config_invalid")
+    mode = check_mode(raw.get("mode", "ro"), where)
+    return StaticVolume(name=str(name), path=str(Path(path)), mode=mode, default=bool(raw.get("default")))
+
+
+def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolume]:
+    """The yaml `volumes:` block (entries with `dynamic_root: true` included: their
+    path is also the root of dynamic and ephemeral volumes); raises Invalid(config_invalid)."""
+    block = (runtime_config() if config is None else config).get("volumes") or {}
+    if not isinstance(block, dict):
+        raise Invalid("`volumes:` must be a mapping of name -> {path, mode}", code="config_invalid")
+    return {str(name): _static_entry(name, raw) for name, raw in block.items()}
+
+
+def volumes_root() -> Path:
+    """Where dynamic and ephemeral volumes live: a yaml entry marked `dynamic_root: true`,
+    else LOOMCYCLE_VOLUMES_ROOT."""
+    block = runtime_config().get("volumes") or {}
+    for raw in block.values() if isinstance(block, dict) else []:
+        if isinstance(raw, dict) and raw.get("dynamic_root") and isinstance(raw.get("path"), str):
+            return Path(raw["path"])
+    return Path(settings.LOOMCYCLE.volumes_root)
+
+
+def dynamic_path(tenant_id: str, name: str) -> Path:
+    """`<root>/tenants/<tenant>/<name>`; the shared tenant "" is `<root>/shared/<name>`."""
+    root = volumes_root()
+    return root / "shared" / name if not tenant_id else root / "tenants" / tenant_id / name
+
+
+def ephemeral_dir(root_run_id: str) -> Path:
+    return volumes_root() / "ephemeral" / root_run_id
+
+
+def ephemeral_purge(run_id: str) -> bool:
+    """Remove a top-level run's ephemeral volumes; False when it had none (idempotent)."""
+    target = ephemeral_dir(run_id)
+    if not target.is_dir():
+        return False
+    shutil.rmtree(target)
+    log.info("run %s: ephemeral volumes purged (%s)", run_id, target)
+    return True
+
+
+# --- binding resolution (registered with apps.runs.registry) ------------------------
+
+
+def _binding_spec(raw: Any, where: str) -> dict[str, Any]:
+    """`name`, `name:ro|rw` or `{name, mode?, default?, ephemeral?}`."""
+    if isinstance(raw, str):
+        name, _, mode = raw.partition(":")
+        raw = {"name": name, **({"mode": mode} if mode else {})}
+    if not isinstance(raw, dict):
+        raise Invalid(f"{where}: a binding is a name or a mapping", code=errors.VOLUME_BINDING_INVALID)
+    unknown = sorted(set(raw) - {"name", "mode", "default", "ephemeral"})
+    if unknown:
+        raise Invalid(f"{where}: unknown binding field(s) {', '.join(unknown)}", code=errors.VOLUME_BINDING_INVALID)
+    check_name(raw.get("name"), where)
+    if raw.get("mode") is not None:
+        check_mode(raw["mode"], where)
+    return raw
+
+
+def _bind_one(tenant_id: str, spec: dict[str, Any], statics: dict[str, StaticVolume]) -> VolumeBinding:
+    from apps.tools.selectors import volume_def_find
+
+    name, want = spec["name"], spec.get("mode")
+    if spec.get("ephemeral"):
+        return VolumeBinding(name=name, path="", mode=want or "rw", default=bool(spec.get("default")), ephemeral=True)
+    static = statics.get(name)
+    if static is not None:
+        path, mode, default = static.path, static.mode, static.default
+    else:
+        row = volume_def_find(tenant_id=tenant_id, name=name)
+        if row is None:
+            raise Invalid(f"agent binds volume {name!r}, which is not configured", code=errors.VOLUME_NOT_FOUND)
+        path, mode, default = row.path, row.mode, False
+    if want == "rw" and mode == "ro":
+        raise Invalid(f"agent binds volume {name!r} rw, but the volume is ro", code=errors.VOLUME_BINDING_INVALID)
+    return VolumeBinding(name=name, path=path, mode=want or mode, default=bool(spec.get("default", default)))
+
+
+def _within_parent(own: list[VolumeBinding], parent: list[VolumeBinding], parent_id: str) -> list[VolumeBinding]:
+    by_name = {p.name: p for p in parent}
+    out = []
+    for b in own:
+        p = by_name.get(b.name)
+        if p is None or p.ephemeral != b.ephemeral or (not b.ephemeral and p.path != b.path):
+            continue  # never wider than the parent: a volume it does not have is not inherited
+        mode = "ro" if "ro" in (b.mode, p.mode) else "rw"
+        root = (p.root_run_id or parent_id) if b.ephemeral else ""
+        out.append(replace(b, mode=mode, root_run_id=root))
+    return out
+
+
+def bindings_resolve(*, tenant_id: str, definition: dict[str, Any], parent_id: str | None) -> list[dict[str, Any]]:
+    """An agent definition's `volumes:` as the run's bindings (VolumeBinding.as_dict());
+    raises Invalid when it binds an unknown volume, widens a mode or marks two defaults."""
+    from apps.runs.selectors import run_volumes
+
+    raw = definition.get("volumes") or []
+    if not isinstance(raw, list):
+        raise Invalid("agent volumes must be a list of bindings", code=errors.VOLUME_BINDING_INVALID)
+    if not raw:
+        return []
+    statics = static_volumes()
+    specs = [_binding_spec(item, f"volumes[{i}]") for i, item in enumerate(raw)]
+    bound = [_bind_one(tenant_id, spec, statics) for spec in specs]
+    if len({b.name for b in bound}) != len(bound):
+        raise Invalid("agent binds a volume name twice", code=errors.VOLUME_BINDING_INVALID)
+    if sum(b.default for b in bound) > 1:
+        raise Invalid("agent marks more than one volume binding as default", code=errors.VOLUME_BINDING_INVALID)
+    if parent_id is not None:
+        parent = [VolumeBinding.from_dict(v) for v in run_volumes(run_id=parent_id)]
+        bound = _within_parent(bound, parent, parent_id)
+    return [b.as_dict() for b in bound]
+
+
+# --- what a tool call uses -----------------------------------------------------------
+
+
+def pick(ctx: ToolContext, name: Any) -> VolumeBinding:
+    """The binding a call names, else the default binding, else the sole one."""
+    if not ctx.volumes:
+        raise VolumeUnavailable("file tools are not configured for this run: the agent has no volume bound")
+    if name is not None:
+        found = [b for b in ctx.volumes if b.name == name]
+        if not found:
+            bound = ", ".join(b.name for b in ctx.volumes)
+            raise VolumeUnavailable(f"volume {name!r} is not bound to this run (bound: {bound})")
+        return found[0]
+    defaults = [b for b in ctx.volumes if b.default]
+    if defaults:
+        return defaults[0]
+    if len(ctx.volumes) == 1:
+        return ctx.volumes[0]
+    bound = ", ".join(b.name for b in ctx.volumes)
+    raise VolumeUnavailable(f"several volumes are bound ({bound}) and none is the default; name one with `volume`")
+
+
+def root_of(ctx: ToolContext, binding: VolumeBinding) -> Path:
+    """The binding's directory on this worker. An ephemeral one is made on first use;
+    any other must exist already (a multi-host deployment mounts it on every worker)."""
+    if binding.ephemeral:
+        path = ephemeral_dir(binding.root_run_id or ctx.run_id) / binding.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path = Path(binding.path)
+    if not path.is_dir():
+        raise VolumeUnavailable(
+            f"volume {binding.name!r}: directory {binding.path} does not exist on this worker "
+            "(every worker needs the volume mounted at the same path)"
+        )
+    return path
+
+
+def ephemeral_volumes_finished(run_id: str, status: str) -> None:
+    """The registry.on_run_finished listener: a top-level run's ephemeral volumes go with it."""
+    ephemeral_purge(run_id)

@@ -1,0 +1,301 @@
+"""The file tools against real directories (no database): traversal and symlink
+escapes, a swap between check and open, ro refusal, caps, Edit's errors, Glob's
+order and Grep's modes and timeout."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.core.tools import ToolContext, ToolResult, VolumeBinding
+from apps.tools import fs
+from apps.tools.files import READ_CAP, WRITE_CAP, edit_execute, glob_execute, read_execute, write_execute
+from apps.tools.grep import GREP_TIMEOUT_S, grep_execute
+
+
+def ctx_for(*bindings: VolumeBinding) -> ToolContext:
+    return ToolContext(
+        run_id="r_test",
+        agent_id="a_test",
+        session_id="s_test",
+        tenant_id="",
+        user_id="",
+        agent_name="files",
+        agent_def_id="d",
+        agent_def_sha256="",
+        provider="mock",
+        model="mock-script",
+        step=0,
+        call_id="c1",
+        tools=("Read", "Write", "Edit", "Glob", "Grep"),
+        volumes=bindings,
+        cancelled=threading.Event(),
+    )
+
+
+@pytest.fixture
+def vol(tmp_path: Path) -> Path:
+    root = tmp_path / "vol"
+    root.mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("TOP SECRET")
+    return root
+
+
+def rw(root: Path) -> ToolContext:
+    return ctx_for(VolumeBinding(name="work", path=str(root), mode="rw"))
+
+
+def ro(root: Path) -> ToolContext:
+    return ctx_for(VolumeBinding(name="work", path=str(root), mode="ro"))
+
+
+def err(result: ToolResult) -> str:
+    assert result.is_error, result.text
+    return result.text
+
+
+def ok(result: ToolResult) -> str:
+    assert not result.is_error, result.text
+    return result.text
+
+
+# --- traversal ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["../outside/secret.txt", "sub/../../outside/secret.txt", "/etc/passwd"])
+def test_paths_outside_the_volume_are_refused(vol: Path, path: str) -> None:
+    (vol / "sub").mkdir()
+    assert "outside the volume" in err(read_execute(rw(vol), {"path": path}))
+    assert "outside the volume" in err(write_execute(rw(vol), {"path": path, "content": "x"}))
+    assert (vol.parent / "outside" / "secret.txt").read_text() == "TOP SECRET"
+
+
+def test_an_absolute_path_inside_the_root_is_allowed(vol: Path) -> None:
+    (vol / "a.txt").write_text("hello")
+    assert ok(read_execute(rw(vol), {"path": str(vol / "a.txt")})) == "hello"
+
+
+def test_a_symlink_pointing_out_is_refused_for_read_and_write(vol: Path) -> None:
+    os.symlink(vol.parent / "outside" / "secret.txt", vol / "link.txt")
+    assert "outside the volume" in err(read_execute(rw(vol), {"path": "link.txt"}))
+    assert "outside the volume" in err(write_execute(rw(vol), {"path": "link.txt", "content": "pwned"}))
+    assert (vol.parent / "outside" / "secret.txt").read_text() == "TOP SECRET"
+
+
+def test_a_directory_symlink_in_the_middle_is_refused(vol: Path) -> None:
+    os.symlink(vol.parent / "outside", vol / "dir")
+    assert "outside the volume" in err(read_execute(rw(vol), {"path": "dir/secret.txt"}))
+    assert "outside the volume" in err(write_execute(rw(vol), {"path": "dir/new.txt", "content": "x"}))
+    assert not (vol.parent / "outside" / "new.txt").exists()
+
+
+def test_a_symlink_that_stays_inside_is_followed(vol: Path) -> None:
+    (vol / "real").mkdir()
+    (vol / "real" / "f.txt").write_text("inside")
+    os.symlink("real", vol / "alias")
+    assert ok(read_execute(rw(vol), {"path": "alias/f.txt"})) == "inside"
+
+
+def test_a_directory_swapped_for_a_symlink_between_check_and_open_is_refused(vol: Path) -> None:
+    (vol / "d").mkdir()
+    (vol / "d" / "f.txt").write_text("inside")
+    loc = fs.locate(vol, "d/f.txt")  # the check passes: d is a real directory now
+    (vol / "d").rename(vol / "d-old")
+    os.symlink(vol.parent / "outside", vol / "d")  # ... and is a symlink out when the file is opened
+    (vol.parent / "outside" / "f.txt").write_text("TOP SECRET")
+    with pytest.raises(fs.PathRefused, match="changed under the call"):
+        fs.read_bytes(loc, 100)
+    with pytest.raises(fs.PathRefused, match="changed under the call"):
+        fs.write_atomic(loc, b"pwned")
+    assert (vol.parent / "outside" / "f.txt").read_text() == "TOP SECRET"
+
+
+def test_a_file_swapped_for_a_symlink_between_check_and_open_is_refused(vol: Path) -> None:
+    (vol / "f.txt").write_text("inside")
+    loc = fs.locate(vol, "f.txt")
+    (vol / "f.txt").unlink()
+    os.symlink(vol.parent / "outside" / "secret.txt", vol / "f.txt")
+    with pytest.raises(fs.PathRefused, match="changed under the call"):
+        fs.read_bytes(loc, 100)
+    fs.write_atomic(loc, b"new")  # rename replaces the link itself; the target outside is untouched
+    assert (vol.parent / "outside" / "secret.txt").read_text() == "TOP SECRET"
+    assert not (vol / "f.txt").is_symlink() and (vol / "f.txt").read_text() == "new"
+
+
+# --- volumes and modes ----------------------------------------------------------------
+
+
+def test_no_volume_bound_means_no_filesystem() -> None:
+    text = err(read_execute(ctx_for(), {"path": "a.txt"}))
+    assert "not configured" in text and "no volume bound" in text
+
+
+def test_a_read_only_binding_refuses_writes_and_edits(vol: Path) -> None:
+    (vol / "a.txt").write_text("one")
+    assert "read-only" in err(write_execute(ro(vol), {"path": "a.txt", "content": "two"}))
+    assert "read-only" in err(edit_execute(ro(vol), {"path": "a.txt", "old_string": "one", "new_string": "two"}))
+    assert ok(read_execute(ro(vol), {"path": "a.txt"})) == "one"
+    assert (vol / "a.txt").read_text() == "one"
+
+
+def test_the_volume_is_picked_by_name_then_default_then_sole(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "f").write_text("from a"), (b / "f").write_text("from b")
+    two = ctx_for(VolumeBinding("a", str(a), "rw"), VolumeBinding("b", str(b), "rw"))
+    assert "name one with `volume`" in err(read_execute(two, {"path": "f"}))
+    assert ok(read_execute(two, {"path": "f", "volume": "b"})) == "from b"
+    assert "not bound" in err(read_execute(two, {"path": "f", "volume": "c"}))
+    with_default = ctx_for(VolumeBinding("a", str(a), "rw"), VolumeBinding("b", str(b), "rw", default=True))
+    assert ok(read_execute(with_default, {"path": "f"})) == "from b"
+
+
+def test_a_missing_volume_directory_names_the_volume_and_path(tmp_path: Path) -> None:
+    gone = tmp_path / "not-mounted"
+    text = err(read_execute(ctx_for(VolumeBinding("shared", str(gone), "rw")), {"path": "a.txt"}))
+    assert "'shared'" in text and str(gone) in text and "does not exist on this worker" in text
+
+
+# --- Read / Write / Edit ---------------------------------------------------------------
+
+
+def test_write_is_atomic_creates_directories_and_reports_bytes(vol: Path) -> None:
+    assert ok(write_execute(rw(vol), {"path": "a/b/c.txt", "content": "héllo"})) == "wrote 6 bytes to a/b/c.txt"
+    assert (vol / "a" / "b" / "c.txt").read_text() == "héllo"
+    assert [p.name for p in (vol / "a" / "b").iterdir()] == ["c.txt"]  # no temporary file left
+
+
+def test_write_over_the_cap_is_refused_and_read_truncates(vol: Path) -> None:
+    assert "cap" in err(write_execute(rw(vol), {"path": "big", "content": "x" * (WRITE_CAP + 1)}))
+    assert not (vol / "big").exists()
+    (vol / "big").write_bytes(b"y" * (READ_CAP + 10))
+    text = ok(read_execute(rw(vol), {"path": "big"}))
+    assert text == "y" * READ_CAP + f"\n[truncated at {READ_CAP} bytes]"
+
+
+def test_read_refuses_a_directory_and_a_fifo(vol: Path) -> None:
+    (vol / "d").mkdir()
+    os.mkfifo(vol / "pipe")
+    assert "is a directory" in err(read_execute(rw(vol), {"path": "d"}))
+    assert "not a regular file" in err(read_execute(rw(vol), {"path": "pipe"}))
+    assert "no such file" in err(read_execute(rw(vol), {"path": "nope.txt"}))
+
+
+def test_edit_replaces_a_unique_string(vol: Path) -> None:
+    (vol / "a.py").write_text("x = 1\ny = 2\n")
+    out = ok(edit_execute(rw(vol), {"path": "a.py", "old_string": "y = 2", "new_string": "y = 3"}))
+    assert out == "edited a.py (1 replacement)"
+    assert (vol / "a.py").read_text() == "x = 1\ny = 3\n"
+
+
+def test_edit_refuses_ambiguity_absence_and_a_no_op(vol: Path) -> None:
+    (vol / "a.py").write_text("v = 1\nv = 1\nv = 1\n")
+    text = err(edit_execute(rw(vol), {"path": "a.py", "old_string": "v = 1", "new_string": "v = 2"}))
+    assert text.startswith("old_string occurs 3 times in a.py")
+    assert "not found" in err(edit_execute(rw(vol), {"path": "a.py", "old_string": "w", "new_string": "z"}))
+    assert "the same" in err(edit_execute(rw(vol), {"path": "a.py", "old_string": "v", "new_string": "v"}))
+    assert (vol / "a.py").read_text() == "v = 1\nv = 1\nv = 1\n"
+    out = ok(edit_execute(rw(vol), {"path": "a.py", "old_string": "v = 1", "new_string": "v = 2", "replace_all": True}))
+    assert out == "edited a.py (3 replacements)"
+    assert (vol / "a.py").read_text() == "v = 2\nv = 2\nv = 2\n"
+
+
+def test_edit_refuses_a_file_over_the_cap(vol: Path) -> None:
+    (vol / "big").write_bytes(b"a" * (WRITE_CAP + 1))
+    assert "Edit works on files up to" in err(
+        edit_execute(rw(vol), {"path": "big", "old_string": "a", "new_string": "b"})
+    )
+
+
+def test_unknown_fields_are_refused(vol: Path) -> None:
+    assert "unknown fields ['offset']" in err(read_execute(rw(vol), {"path": "a", "offset": 3}))
+
+
+# --- Glob ------------------------------------------------------------------------------
+
+
+def _touch(path: Path, mtime: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(path.name)
+    os.utime(path, (mtime, mtime))
+
+
+def test_glob_orders_newest_first_and_understands_globstar(vol: Path) -> None:
+    _touch(vol / "old.py", 1_000)
+    _touch(vol / "pkg" / "mid.py", 2_000)
+    _touch(vol / "pkg" / "deep" / "new.py", 3_000)
+    _touch(vol / "notes.txt", 4_000)
+    assert ok(glob_execute(rw(vol), {"pattern": "**/*.py"})).split("\n") == ["pkg/deep/new.py", "pkg/mid.py", "old.py"]
+    assert ok(glob_execute(rw(vol), {"pattern": "*.py"})) == "old.py"
+    assert ok(glob_execute(rw(vol), {"pattern": "*.py", "path": "pkg"})) == "pkg/mid.py"
+    assert ok(glob_execute(rw(vol), {"pattern": "[mn]*.???"})).split("\n") == ["notes.txt"]
+    assert ok(glob_execute(rw(vol), {"pattern": "*.rs"})) == "No files found"
+
+
+def test_glob_caps_at_100_and_does_not_follow_links_out(vol: Path) -> None:
+    for i in range(105):
+        _touch(vol / f"f{i:03}.txt", 1_000 + i)
+    os.symlink(vol.parent / "outside", vol / "out")
+    lines = ok(glob_execute(rw(vol), {"pattern": "**/*.txt"})).split("\n")
+    assert lines[0] == "f104.txt" and len(lines) == 101
+    assert lines[-1] == "[5 more files not shown; narrow the pattern]"
+    assert not any("secret" in line for line in lines)
+
+
+# --- Grep ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tree(vol: Path) -> Path:
+    (vol / "src").mkdir()
+    (vol / "src" / "a.py").write_text("import os\ndef alpha():\n    return 1\n")
+    (vol / "src" / "b.py").write_text("def beta():\n    return 2\ndef Alpha_two():\n    pass\n")
+    (vol / "README.md").write_text("alpha and beta\n")
+    (vol / "blob.bin").write_bytes(b"alpha\x00\x01")
+    return vol
+
+
+def grep(root: Path, **data: Any) -> str:
+    return ok(grep_execute(rw(root), data))
+
+
+def test_grep_files_with_matches_is_the_default(tree: Path) -> None:
+    assert grep(tree, pattern="alpha").split("\n") == ["README.md", "src/a.py", "[1 binary file(s) skipped]"]
+
+
+def test_grep_content_mode_with_line_numbers_and_context(tree: Path) -> None:
+    assert (
+        grep(tree, pattern="^def", output_mode="content", path="src/b.py")
+        == "src/b.py:1:def beta():\nsrc/b.py:3:def Alpha_two():"
+    )
+    text = grep(tree, pattern="return 1", output_mode="content", glob="*.py", **{"-B": 1})
+    assert text == "src/a.py-2-def alpha():\nsrc/a.py:3:    return 1"
+
+
+def test_grep_count_case_insensitive_glob_and_head_limit(tree: Path) -> None:
+    assert (
+        grep(tree, pattern="alpha", output_mode="count", case_insensitive=True, glob="*.py") == "src/a.py:1\nsrc/b.py:1"
+    )
+    assert grep(tree, pattern="def", output_mode="content", head_limit=2, glob="*.py").count("\n") == 1
+
+
+def test_grep_multiline_matches_across_lines(tree: Path) -> None:
+    text = grep(tree, pattern=r"alpha\(\):\n\s+return", multiline=True, output_mode="content", glob="*.py")
+    assert text == "src/a.py:2:def alpha():\nsrc/a.py:3:    return 1"
+    assert grep(tree, pattern=r"alpha\(\):\n\s+return") == "No matches found\n[1 binary file(s) skipped]"
+
+
+def test_grep_refuses_a_bad_pattern_and_a_glob_with_a_slash(tree: Path) -> None:
+    assert "invalid pattern" in err(grep_execute(rw(tree), {"pattern": "(unclosed"}))
+    assert "single path segment" in err(grep_execute(rw(tree), {"pattern": "a", "glob": "src/*.py"}))
+
+
+def test_a_catastrophic_pattern_times_out(vol: Path) -> None:
+    (vol / "evil.txt").write_text("a" * 60 + "!\n")
+    result = grep_execute(rw(vol), {"pattern": r"^(a|aa)+$"})
+    assert "took longer than" in err(result) and f"{GREP_TIMEOUT_S:g} s" in result.text

@@ -1,0 +1,127 @@
+"""Bash in-process (no database): the switch, the rw volume, the scrubbed
+environment, exit codes, the output cap, and the timeout and cancel that kill
+the whole process group. The cancel of a real run is in test_runs.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from apps.core.tools import VolumeBinding
+from apps.tools.bash import OUTPUT_CAP, bash_execute
+from tests.conftest import wait_for
+from tests.tools.test_files import ctx_for, err, ok
+
+
+@pytest.fixture
+def bash_on(settings: pytest.FixtureRequest) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(  # type: ignore[attr-defined]
+        settings.LOOMCYCLE,  # type: ignore[attr-defined]
+        bash_enabled=True,
+        bash_allowed_creds="LC_TEST_ALLOWED, LC_TEST_UNSET",
+    )
+
+
+def rw(root: Path) -> tuple[VolumeBinding, ...]:
+    return (VolumeBinding(name="work", path=str(root), mode="rw"),)
+
+
+def alive(pid: int) -> bool:
+    """Running (a killed orphan may stay a zombie until init reaps it: that is not alive)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def gone(pid: int) -> None:
+    """SIGKILL is delivered when the process is next scheduled: wait (bounded) for it to land."""
+    wait_for(lambda: not alive(pid), timeout=2)
+
+
+def test_bash_is_refused_when_not_enabled(settings: pytest.FixtureRequest, tmp_path: Path) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_enabled=False)  # type: ignore[attr-defined]
+    text = err(bash_execute(ctx_for(*rw(tmp_path)), {"command": "echo hi"}))
+    assert "not configured" in text and "LOOMCYCLE_BASH_ENABLED" in text
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_bash_needs_an_rw_volume(tmp_path: Path) -> None:
+    assert "no volume bound" in err(bash_execute(ctx_for(), {"command": "echo hi"}))
+    ro = VolumeBinding(name="work", path=str(tmp_path), mode="ro")
+    assert "needs an rw volume" in err(bash_execute(ctx_for(ro), {"command": "touch x"}))
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_bash_runs_in_the_volume_root_with_a_scrubbed_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LC_TEST_ALLOWED", "visible")
+    monkeypatch.setenv("LC_TEST_SECRET", "hidden-value")
+    out = ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": "pwd; env | sort; echo made > f.txt"}))
+    lines = out.strip().split("\n")
+    assert lines[0] == str(tmp_path)
+    names = {line.split("=", 1)[0] for line in lines[1:]}
+    assert names <= {"PATH", "LC_TEST_ALLOWED", "PWD", "SHLVL", "_"}  # what sh itself adds, nothing inherited
+    assert "LC_TEST_ALLOWED=visible" in lines and "hidden-value" not in out
+    assert (tmp_path / "f.txt").read_text() == "made\n"
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_a_non_zero_exit_is_an_error_with_the_output(tmp_path: Path) -> None:
+    assert (
+        err(bash_execute(ctx_for(*rw(tmp_path)), {"command": "echo out; echo err >&2; exit 3"}))
+        == "out\nerr\n\n[exit: 3]"
+    )
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_output_over_the_cap_is_truncated(tmp_path: Path) -> None:
+    text = ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": f"head -c {OUTPUT_CAP + 5000} /dev/zero | tr '\\0' x"}))
+    assert text == "x" * OUTPUT_CAP + f"\n[output truncated at {OUTPUT_CAP} bytes]"
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_bad_timeouts_are_refused(tmp_path: Path) -> None:
+    for bad in (0, 301, "5", True):
+        assert "timeout_seconds" in err(
+            bash_execute(ctx_for(*rw(tmp_path)), {"command": "true", "timeout_seconds": bad})
+        )
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_the_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    command = "sleep 60 & echo $! > bg.pid; sleep 60"
+    started = time.monotonic()
+    text = err(bash_execute(ctx_for(*rw(tmp_path)), {"command": command, "timeout_seconds": 1}))
+    assert time.monotonic() - started < 5
+    assert text.endswith("[killed: timed out after 1 s]")
+    gone(int((tmp_path / "bg.pid").read_text()))
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_a_background_child_does_not_outlive_the_command(tmp_path: Path) -> None:
+    ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": "sleep 60 >/dev/null 2>&1 & echo $! > bg.pid"}))
+    gone(int((tmp_path / "bg.pid").read_text()))
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_the_cancel_event_kills_the_command_within_a_second(tmp_path: Path) -> None:
+    ctx = ctx_for(*rw(tmp_path))
+    result: list[object] = []
+    command = "echo $$ > sh.pid; exec sleep 60"
+    worker = threading.Thread(target=lambda: result.append(bash_execute(ctx, {"command": command})))
+    worker.start()
+    wait_for(lambda: (tmp_path / "sh.pid").read_text().strip() if (tmp_path / "sh.pid").exists() else None, timeout=10)
+    t0 = time.monotonic()
+    ctx.cancelled.set()
+    worker.join(5)
+    assert not worker.is_alive() and time.monotonic() - t0 < 1.0
+    assert err(result[0]).endswith("[killed: run cancelled]")  # type: ignore[arg-type]
+    gone(int((tmp_path / "sh.pid").read_text()))

@@ -1,0 +1,229 @@
+"""Volumes and file tools through real runs (real workers, mock-script agents of
+tests/loomcycle.test.yaml): bindings on the run row, ro and missing volumes,
+sub-agents within their parent's volumes, ephemeral volumes purged at the end of
+the top-level run, a Bash command killed by the run's cancel, and the
+VolumeDef admin routes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from apps.core.errors import Invalid
+from apps.runs import services
+from apps.runs.models import Run, RunEvent, RunStatus
+from apps.runs.prompt import Segment
+from apps.tools import services as volume_services
+from apps.tools.volumes import bindings_resolve
+from tests.conftest import ALICE, wait_for, wait_status
+from tests.procs import WorkerPool
+from tests.tools.test_bash import gone
+
+STATIC = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "volumes-static"
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """The static `work` volume of tests/loomcycle.test.yaml, empty for each test."""
+    shutil.rmtree(STATIC, ignore_errors=True)
+    (STATIC / "work").mkdir(parents=True)
+    yield STATIC / "work"
+    shutil.rmtree(STATIC, ignore_errors=True)
+
+
+def scripted(agent: str, steps: list[dict[str, Any]]) -> Run:
+    prompt = f"MOCK_SCRIPT: {json.dumps(steps)}"
+    return services.run_create(principal=ALICE, data=services.RunCreate(agent=agent, segments=[Segment(text=prompt)]))
+
+
+def results(run_id: str) -> list[tuple[str, str, bool]]:
+    rows = RunEvent.objects.filter(run_id=run_id, type="tool_result").order_by("seq")
+    return [(e.payload["tool_use"]["name"], e.payload["text"], e.payload["is_error"]) for e in rows]
+
+
+# --- binding resolution (in-process) ------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("work")
+def test_bindings_resolve_static_narrowed_and_refused() -> None:
+    (bound,) = bindings_resolve(tenant_id="", definition={"volumes": ["work:ro"]}, parent_id=None)
+    assert (bound["name"], bound["mode"], bound["path"]) == ("work", "ro", str(STATIC / "work"))
+    assert bindings_resolve(tenant_id="", definition={}, parent_id=None) == []
+    cases = [
+        (["nope"], "not configured"),
+        ([{"name": "missing", "mode": "rw"}], "the volume is ro"),
+        (["work", "work:ro"], "twice"),
+        ([{"name": "work", "default": True}, {"name": "outside", "default": True}], "more than one"),
+        ([{"name": "work", "size": 3}], "unknown binding field"),
+        (["Bad Name"], "must match"),
+    ]
+    for volumes, message in cases:
+        with pytest.raises(Invalid, match=message):
+            bindings_resolve(tenant_id="", definition={"volumes": volumes}, parent_id=None)
+
+
+@pytest.mark.django_db
+def test_a_dynamic_volume_belongs_to_its_tenant() -> None:
+    made = volume_services.volume_def_create(tenant_id="acme", name="reports", mode="rw")
+    try:
+        assert Path(made["path"]).is_dir() and made["path"].endswith("/tenants/acme/reports")
+        again = volume_services.volume_def_create(tenant_id="acme", name="reports", mode="rw")
+        assert again["deduplicated"] is True
+        (bound,) = bindings_resolve(tenant_id="acme", definition={"volumes": ["reports"]}, parent_id=None)
+        assert (bound["path"], bound["mode"]) == (made["path"], "rw")
+        with pytest.raises(Invalid, match="not configured"):
+            bindings_resolve(tenant_id="beta", definition={"volumes": ["reports"]}, parent_id=None)
+    finally:
+        volume_services.volume_def_purge(tenant_id="acme", name="reports")
+    assert not Path(made["path"]).exists()
+
+
+# --- through real workers ------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("agents")
+def test_an_agent_writes_edits_greps_and_reads_back(stack: WorkerPool, work: Path) -> None:
+    run = scripted(
+        "files-rw",
+        [
+            {"tool": "Write", "input": {"path": "notes/summary.md", "content": "the page says hello\n"}},
+            {"tool": "Edit", "input": {"path": "notes/summary.md", "old_string": "hello", "new_string": "goodbye"}},
+            {"tool": "Grep", "input": {"pattern": "goodbye", "output_mode": "content"}},
+            {"tool": "Glob", "input": {"pattern": "**/*.md"}},
+            {"tool": "Read", "input": {"path": "notes/summary.md"}},
+            {"tool": "Bash", "input": {"command": "wc -c < notes/summary.md"}},
+            {"text": "done"},
+        ],
+    )
+    done = wait_status(run.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=30)
+    assert done.status == RunStatus.COMPLETED, done.error
+    assert done.volumes == [
+        {"name": "work", "path": str(work), "mode": "rw", "default": False, "ephemeral": False, "root_run_id": ""}
+    ]
+    assert results(run.id) == [
+        ("Write", "wrote 20 bytes to notes/summary.md", False),
+        ("Edit", "edited notes/summary.md (1 replacement)", False),
+        ("Grep", "notes/summary.md:1:the page says goodbye", False),
+        ("Glob", "notes/summary.md", False),
+        ("Read", "the page says goodbye\n", False),
+        ("Bash", "22\n", False),
+    ]
+
+
+@pytest.mark.usefixtures("agents", "work")
+def test_ro_none_and_missing_volumes_refuse_with_a_reason(stack: WorkerPool) -> None:
+    ro = scripted("files-ro", [{"tool": "Write", "input": {"path": "x", "content": "y"}}, {"text": "ok"}])
+    none = scripted("files-none", [{"tool": "Read", "input": {"path": "x"}}, {"text": "ok"}])
+    missing = scripted("files-missing", [{"tool": "Read", "input": {"path": "x"}}, {"text": "ok"}])
+    for run in (ro, none, missing):
+        wait_status(run.id, RunStatus.COMPLETED, timeout=30)
+    ((_, ro_text, ro_err),) = results(ro.id)
+    assert ro_err and "read-only" in ro_text
+    ((_, none_text, none_err),) = results(none.id)
+    assert none_err and "not configured" in none_text
+    ((_, missing_text, missing_err),) = results(missing.id)
+    assert missing_err and "'missing'" in missing_text and str(STATIC / "missing") in missing_text
+
+
+@pytest.mark.usefixtures("agents")
+def test_an_unknown_volume_refuses_the_run_before_any_row() -> None:
+    before = Run.objects.count()
+    with pytest.raises(Invalid, match="binds volume 'nope', which is not configured") as refused:
+        scripted("files-unknown", [{"text": "never"}])
+    assert refused.value.code == "volume_not_found"
+    assert Run.objects.count() == before
+
+
+@pytest.mark.usefixtures("agents")
+def test_a_sub_agent_gets_its_parents_volumes_never_wider_and_ephemeral_ones_are_purged(
+    stack: WorkerPool, work: Path
+) -> None:
+    (STATIC / "outside").mkdir()
+    child_script = [
+        {"tool": "Read", "input": {"path": "from-parent.txt"}},
+        {"tool": "Write", "input": {"path": "x.txt", "content": "no", "volume": "work"}},
+        {"tool": "Write", "input": {"path": "x.txt", "content": "no", "volume": "outside"}},
+        {"text": "child done"},
+    ]
+    run = scripted(
+        "files-eph",
+        [
+            {"tool": "Write", "input": {"path": "from-parent.txt", "content": "scratch data"}},
+            {
+                "tool": "Agent",
+                "input": {"name": "files-eph-child", "prompt": f"MOCK_SCRIPT: {json.dumps(child_script)}"},
+            },
+            {"tool": "Bash", "input": {"command": "pwd"}},
+            {"text": "parent done"},
+        ],
+    )
+    done = wait_status(run.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=30)
+    assert done.status == RunStatus.COMPLETED, done.error
+    child = Run.objects.get(parent_id=run.id)
+    assert {v["name"]: (v["mode"], v["ephemeral"], v["root_run_id"]) for v in child.volumes} == {
+        "scratch": ("rw", True, run.id),
+        "work": ("ro", False, ""),  # the parent has it ro: the child's rw narrows to that
+    }  # `outside` is not the parent's: dropped
+    assert [(t, e) for _, t, e in results(child.id)] == [
+        ("scratch data", False),
+        ("volume 'work' is read-only for this run", True),
+        ("volume 'outside' is not bound to this run (bound: scratch, work)", True),
+    ]
+    scratch = Path(settings.LOOMCYCLE.volumes_root) / "ephemeral" / run.id
+    bash_pwd = results(run.id)[-1][1]
+    assert bash_pwd.strip() == str(scratch / "scratch")
+    wait_for(lambda: not scratch.exists(), timeout=10)  # purged when the top-level run ended
+    assert not (STATIC / "outside" / "x.txt").exists() and not (work / "x.txt").exists()
+
+
+@pytest.mark.usefixtures("agents")
+def test_cancel_kills_a_running_bash_within_a_second(stack: WorkerPool, work: Path) -> None:
+    run = scripted("files-rw", [{"tool": "Bash", "input": {"command": "echo $$ > sh.pid; exec sleep 120"}}])
+    pid = int(wait_for(lambda: (work / "sh.pid").exists() and (work / "sh.pid").read_text().strip(), timeout=30))
+    with connection.cursor() as cur:  # measured on Postgres's clock, which stamps completed_at too
+        cur.execute("SELECT now()")
+        (asked,) = cur.fetchone()
+    services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason="test cancel")
+    done = wait_status(run.id, RunStatus.CANCELLED, timeout=10)
+    took = (done.completed_at - asked).total_seconds()
+    assert took < 1.0, f"cancel took {took:.2f} s"
+    gone(pid)
+
+
+# --- admin routes --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_volumedef_routes_are_tenant_scoped(http: httpx.Client, people: dict[str, dict[str, str]]) -> None:
+    alice, charlie = people["alice"], people["charlie"]
+    made = http.post("/v1/_volumedef", json={"op": "create", "name": "inbox"}, headers=alice)
+    assert made.status_code == 200, made.text
+    assert (made.json()["name"], made.json()["mode"], made.json()["tenant_id"]) == ("inbox", "rw", "acme")
+    listed = http.post("/v1/_volumedef", json={"op": "list"}, headers=alice).json()
+    assert [v["name"] for v in listed["volumes"]] == ["inbox"]
+    assert http.post("/v1/_volumedef", json={"op": "list"}, headers=charlie).json() == {"volumes": []}
+    hidden = http.post("/v1/_volumedef", json={"op": "get", "name": "inbox"}, headers=charlie)
+    assert (hidden.status_code, hidden.json()["code"]) == (404, "volume_not_found")
+    bad = http.post("/v1/_volumedef", json={"op": "create", "name": "Bad Name"}, headers=alice)
+    assert (bad.status_code, bad.json()["code"]) == (400, "volume_name_invalid")
+    static = http.post("/v1/_volumedef", json={"op": "create", "name": "work"}, headers=alice)
+    assert (static.status_code, static.json()["code"]) == (409, "volume_static")
+    unknown = http.post("/v1/_volumedef", json={"op": "mount"}, headers=alice)
+    assert (unknown.status_code, unknown.json()["code"]) == (400, "volume_op_invalid")
+    path = Path(made.json()["path"])
+    (path / "keep.txt").write_text("kept")
+    assert http.post("/v1/_volumedef", json={"op": "delete", "name": "inbox"}, headers=alice).json()["purged"] is False
+    assert (path / "keep.txt").exists()
+    http.post("/v1/_volumedef", json={"op": "create", "name": "inbox"}, headers=alice)
+    assert http.post("/v1/_volumedef", json={"op": "purge", "name": "inbox"}, headers=alice).json()["purged"] is True
+    assert not path.exists()

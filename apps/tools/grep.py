@@ -46,7 +46,7 @@ class Query:
     after: int
     head_limit: int
     deadline: float
-    skipped: dict[str, int] = field(default_factory=lambda: {"binary": 0, "large": 0})
+    skipped: dict[str, int] = field(default_factory=lambda: {"binary": 0, "large": 0, "unreadable": 0})
 
 
 def _int(data: dict[str, Any], key: str, default: int) -> int:
@@ -115,33 +115,42 @@ def _content_lines(shown: str, text: str, hits: list[int], q: Query) -> list[str
     ]
 
 
-def _file_text(path: Path, q: Query) -> str | None:
-    size = path.stat().st_size
+def _file_text(loc: fs.Located, q: Query) -> str | None:
+    """The file's text through the same O_NOFOLLOW walk as Read (a path swapped for a
+    symlink during the search is refused); None for a skipped file."""
+    try:
+        raw, size = fs.read_bytes(loc, GREP_MAX_FILE)
+    except (fs.PathRefused, FileNotFoundError, IsADirectoryError):
+        q.skipped["unreadable"] += 1  # gone, swapped or not a regular file since the listing
+        return None
     if size > GREP_MAX_FILE:
         q.skipped["large"] += 1
         return None
-    raw = path.read_bytes()
     if b"\x00" in raw[:8192]:
         q.skipped["binary"] += 1
         return None
     return raw.decode("utf-8", errors="replace")
 
 
-def _targets(base: fs.Located, glob: str) -> list[tuple[str, Path]]:
-    """(shown path relative to the volume root, real path) of the files to search."""
+def _targets(base: fs.Located, glob: str) -> list[tuple[str, fs.Located]]:
+    """(shown path relative to the volume root, where it is) of the files to search."""
     if base.path.is_file():
-        return [(base.rel, base.path)]
+        return [(base.rel, base)]
     prefix = "" if not base.parts else base.rel + "/"
     files = sorted(rel for rel, _ in walk_files(base.path))
-    return [(prefix + rel, base.path / rel) for rel in files if not glob or fnmatchcase(Path(rel).name, glob)]
+    return [
+        (prefix + rel, fs.Located(root=base.root, parts=base.parts + Path(rel).parts))
+        for rel in files
+        if not glob or fnmatchcase(Path(rel).name, glob)
+    ]
 
 
-def _search(q: Query, targets: list[tuple[str, Path]]) -> list[str]:
+def _search(q: Query, targets: list[tuple[str, fs.Located]]) -> list[str]:
     out: list[str] = []
-    for shown, path in targets:
+    for shown, loc in targets:
         if len(out) >= q.head_limit:
             break
-        text = _file_text(path, q)
+        text = _file_text(loc, q)
         hits = _matching_lines(q, text) if text is not None else []
         if not hits:
             continue

@@ -144,8 +144,6 @@ def tools() -> Iterator[None]:
             registry._REGISTRY.pop(tool.name, None)
 
 
-
-
 def eff(operator: list[str], agent: list[str], caller: list[str] | None = None, **kw: bool) -> list[str]:
     return registry.effective_tools(operator=operator, agent=agent, caller=caller, **kw)
 

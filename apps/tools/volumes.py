@@ -98,8 +98,15 @@ def volumes_root() -> Path:
     return Path(settings.LOOMCYCLE.volumes_root)
 
 
+TENANT_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
 def dynamic_path(tenant_id: str, name: str) -> Path:
-    """`<root>/tenants/<tenant>/<name>`; the shared tenant "" is `<root>/shared/<name>`."""
+    """`<root>/tenants/<tenant>/<name>`; the shared tenant "" is `<root>/shared/<name>`.
+    Both parts are checked, so neither can climb out of the root."""
+    check_name(name)
+    if tenant_id and not TENANT_RE.fullmatch(tenant_id):
+        raise Invalid(f"tenant id {tenant_id!r} cannot name a volume directory", code=errors.VOLUME_NAME_INVALID)
     root = volumes_root()
     return root / "shared" / name if not tenant_id else root / "tenants" / tenant_id / name
 

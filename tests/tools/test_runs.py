@@ -23,7 +23,7 @@ from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools import services as volume_services
-from apps.tools.volumes import bindings_resolve
+from apps.tools.volumes import bindings_resolve, dynamic_path, volumes_root
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.tools.test_bash import gone
@@ -40,9 +40,10 @@ def work() -> Iterator[Path]:
     shutil.rmtree(STATIC, ignore_errors=True)
 
 
-def scripted(agent: str, steps: list[dict[str, Any]]) -> Run:
+def scripted(agent: str, steps: list[dict[str, Any]], **kw: Any) -> Run:
     prompt = f"MOCK_SCRIPT: {json.dumps(steps)}"
-    return services.run_create(principal=ALICE, data=services.RunCreate(agent=agent, segments=[Segment(text=prompt)]))
+    data = services.RunCreate(agent=agent, segments=[Segment(text=prompt)], **kw)
+    return services.run_create(principal=ALICE, data=data)
 
 
 def results(run_id: str) -> list[tuple[str, str, bool]]:
@@ -86,6 +87,14 @@ def test_a_dynamic_volume_belongs_to_its_tenant() -> None:
     finally:
         volume_services.volume_def_purge(tenant_id="acme", name="reports")
     assert not Path(made["path"]).exists()
+
+
+def test_a_dynamic_volume_path_cannot_leave_the_root() -> None:
+    assert dynamic_path("acme", "x") == volumes_root() / "tenants" / "acme" / "x"
+    assert dynamic_path("", "x") == volumes_root() / "shared" / "x"
+    for tenant, name in (("../etc", "x"), ("acme/..", "x"), ("acme", "../x"), ("acme", "X")):
+        with pytest.raises(Invalid):
+            dynamic_path(tenant, name)
 
 
 # --- through real workers ------------------------------------------------------------------
@@ -227,3 +236,15 @@ def test_volumedef_routes_are_tenant_scoped(http: httpx.Client, people: dict[str
     http.post("/v1/_volumedef", json={"op": "create", "name": "inbox"}, headers=alice)
     assert http.post("/v1/_volumedef", json={"op": "purge", "name": "inbox"}, headers=alice).json()["purged"] is True
     assert not path.exists()
+
+
+@pytest.mark.usefixtures("agents", "work")
+def test_cancelling_a_parked_run_purges_its_ephemeral_volumes(stack: WorkerPool) -> None:
+    steps = [{"tool": "Write", "input": {"path": "f.txt", "content": "x"}}, {"text": "waiting for you"}]
+    run = scripted("files-eph", steps, interactive=True)
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)  # parked: no worker holds it
+    scratch = Path(settings.LOOMCYCLE.volumes_root) / "ephemeral" / run.id
+    assert (scratch / "scratch" / "f.txt").read_text() == "x"
+    services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason="done with it")
+    assert wait_status(run.id, RunStatus.CANCELLED).stop_reason == "done with it"
+    wait_for(lambda: not scratch.exists(), timeout=10)

@@ -53,6 +53,9 @@ def context_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
             "provider": ctx.provider,
             "model": ctx.model,
             "step": ctx.step,
+            "volumes": [  # the bindings, without host paths
+                {"name": v.name, "mode": v.mode, "default": v.default, "ephemeral": v.ephemeral} for v in ctx.volumes
+            ],
         }
     elif op == "tools":
         out = {"tools": [{"name": n, "description": t.description} for n in ctx.tools if (t := registry.get(n))]}

@@ -4,6 +4,7 @@ order and Grep's modes and timeout."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from apps.core.tools import ToolContext, ToolResult, VolumeBinding
+from apps.runs.tools import context_execute
 from apps.tools import fs
 from apps.tools.files import READ_CAP, WRITE_CAP, edit_execute, glob_execute, read_execute, write_execute
 from apps.tools.grep import GREP_TIMEOUT_S, grep_execute
@@ -299,3 +301,13 @@ def test_a_catastrophic_pattern_times_out(vol: Path) -> None:
     (vol / "evil.txt").write_text("a" * 60 + "!\n")
     result = grep_execute(rw(vol), {"pattern": r"^(a|aa)+$"})
     assert "took longer than" in err(result) and f"{GREP_TIMEOUT_S:g} s" in result.text
+
+
+def test_context_self_reports_the_bindings_without_host_paths(tmp_path: Path) -> None:
+    ctx = ctx_for(VolumeBinding("work", str(tmp_path), "ro"), VolumeBinding("scratch", "", "rw", True, True))
+    seen = json.loads(ok(context_execute(ctx, {"op": "self"})))
+    assert seen["volumes"] == [
+        {"name": "work", "mode": "ro", "default": False, "ephemeral": False},
+        {"name": "scratch", "mode": "rw", "default": True, "ephemeral": True},
+    ]
+    assert str(tmp_path) not in json.dumps(seen)

@@ -61,7 +61,7 @@ def credentials_check(credentials: Mapping[str, object] | None) -> dict[str, str
     plain dict; Invalid (400 `invalid_credentials`) for a bad name, size or
     shape. Messages never quote a value."""
     creds = dict(credentials or {})
-    if len(creds) > MAX_CREDENTIALS + 1:  # the bearer and MAX_CREDENTIALS named ones
+    if len(creds) - (BEARER_KEY in creds) > MAX_CREDENTIALS:  # the bearer is not counted
         raise Invalid(f"user_credentials: at most {MAX_CREDENTIALS} entries", code=CODE)
     out: dict[str, str] = {}
     for name, value in creds.items():

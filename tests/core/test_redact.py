@@ -121,7 +121,7 @@ def test_cost_on_a_large_transcript_message() -> None:
     r = Redactor({f"SECRET_{i}_TOKEN": f"value-number-{i:04d}-xyz" for i in range(20)}, patterns=True)
     clean = ("The quick brown fox jumps over the lazy dog. " * 23_000)[: 1 << 20]
     dirty = ("see api_key=abcdef0123 and sk-ABCDEFGHIJKLMNOPQRST here. " * 19_000)[: 1 << 20]
-    for text, budget in ((clean, 0.05), (dirty, 2.0)):
+    for text, budget in ((clean, 0.2), (dirty, 5.0)):  # loose: docs/tools.md has the measured times
         started = time.perf_counter()
         out = r.text(text)
         elapsed = time.perf_counter() - started

@@ -76,7 +76,10 @@ def runtime_state_get() -> str:
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
     """Resolve and pin the agent, insert the run with its first transcript row
-    and `user_input`/`system_prompt` events, enqueue step 0 on commit."""
+    and `user_input`/`system_prompt` events, enqueue step 0 on commit. The one
+    way to start a run: the API, schedules and webhooks pass their credentials
+    in `data.credentials` (checked here: 400 `invalid_credentials`; sealed on
+    the run, apps.runs.credentials)."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
     acting_tenant_id(principal, data.tenant_id)  # the run's tenant is always the principal's

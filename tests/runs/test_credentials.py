@@ -21,7 +21,7 @@ from apps.runs.credentials import (
     seal,
     unseal,
 )
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import Run, RunInput, RunStatus
 from apps.runs.prompt import Segment
 from apps.runs.subruns import children_insert, spawn_prepare
 from tests.conftest import ALICE, wait_status
@@ -110,11 +110,14 @@ def test_sub_agents_inherit_exactly_the_parents_credentials() -> None:
     assert Run.objects.get(id=child_id).credentials_sealed == ""
 
 
-def test_a_cancel_clears_the_sealed_credentials() -> None:
+def test_a_cancel_clears_the_sealed_credentials_and_steering_text_is_stored_redacted() -> None:
     run = _create()
-    services.run_cancel(principal=ALICE, agent_id=run.agent_id)
+    services.run_input(principal=ALICE, run_id=run.id, text=f"now use {CREDS['github']}")
+    assert RunInput.objects.get(run_id=run.id).text == "now use [redacted:github]"
+    services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason=f"stop {CREDS['user_bearer']}")
     row = Run.objects.get(id=run.id)
     assert row.status == RunStatus.CANCELLED and row.credentials_sealed == ""
+    assert row.cancel_reason == row.stop_reason == "stop [redacted:user_bearer]"
 
 
 @pytest.mark.usefixtures("stack")

@@ -66,6 +66,8 @@ class Run(models.Model):
     # The creating request's `tools` narrowing (None: none); sub-agents inherit it as their caller layer.
     caller_tools = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(default=dict)
+    # user_bearer + user_credentials, AES-GCM sealed (apps.runs.credentials); "" once the run is terminal.
+    credentials_sealed = models.TextField(blank=True, default="")
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")
     usage = models.JSONField(default=dict)

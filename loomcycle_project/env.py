@@ -236,6 +236,8 @@ CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=
 # Evaluation caps (SPEC 6.6): UTF-8 bytes of one evaluation's judgement and rationale.
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
+# Redaction of env secrets and secret patterns before persisting (apps.core.redact); a run's credentials always.
+REDACT_SECRETS: bool = env.bool("LOOMCYCLE_REDACT_SECRETS", default=True)
 
 # Volumes and the shell (docs/tools.md). Dynamic (per-tenant) and per-run ephemeral
 # volumes live under VOLUMES_ROOT; Bash is off unless BASH_ENABLED, and its child sees
@@ -333,6 +335,8 @@ class RuntimeSettings:
     # Evaluations.
     evaluation_max_judgement_bytes: int
     evaluation_max_rationale_bytes: int
+    # Redaction (apps.core.redact).
+    redact_secrets: bool
     # Volumes and the shell (apps.tools).
     volumes_root: str
     bash_enabled: bool

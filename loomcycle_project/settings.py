@@ -233,6 +233,7 @@ LOOMCYCLE = E.RuntimeSettings(
     channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
+    redact_secrets=E.REDACT_SECRETS,
     volumes_root=E.VOLUMES_ROOT,
     bash_enabled=E.BASH_ENABLED,
     bash_allowed_creds=E.BASH_ALLOWED_CREDS,

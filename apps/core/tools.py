@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,9 @@ class ToolContext:
     step: int
     call_id: str
     tools: tuple[str, ...]
+    credentials: Mapping[str, str] = field(
+        default_factory=dict, compare=False, repr=False
+    )  # user_bearer + user_credentials, never persisted in clear
     volumes: tuple[VolumeBinding, ...] = ()  # the run's resolved volume bindings (none: no filesystem)
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
 

@@ -22,6 +22,7 @@ from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs import backpressure, selectors, services
+from apps.runs.credentials import credentials_from_wire
 from apps.runs.models import Run, RunStatus
 from apps.runs.presenters import agent_out
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
@@ -55,6 +56,7 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
                 interactive=data.interactive,
                 max_iterations=data.max_iterations,
                 user_tier=data.user_tier,
+                credentials=credentials_from_wire(user_bearer=data.user_bearer, user_credentials=data.user_credentials),
             ),
         )
     finally:

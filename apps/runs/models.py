@@ -68,6 +68,8 @@ class Run(models.Model):
     # Resolved volume bindings (apps.core.tools.VolumeBinding.as_dict()); sub-agents get a subset.
     volumes = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict)
+    # user_bearer + user_credentials, AES-GCM sealed (apps.runs.credentials); "" once the run is terminal.
+    credentials_sealed = models.TextField(blank=True, default="")
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")
     usage = models.JSONField(default=dict)

@@ -29,6 +29,9 @@ class RunCreateIn(BaseModel):
     max_iterations: int | None = Field(default=None, ge=1, le=2**20)
     user_tier: str | None = Field(default=None, max_length=64)
     session_id: str | None = None  # refused below: continuation is not built yet
+    # Checked by apps.runs.credentials (400 invalid_credentials), so typed loosely here; never echoed.
+    user_bearer: Any = Field(default=None, repr=False)
+    user_credentials: dict[str, Any] | None = Field(default=None, repr=False)
     background: bool = False
     cancel_on_disconnect: bool = False
     model_config = {"extra": "ignore"}

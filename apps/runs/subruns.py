@@ -16,7 +16,8 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -74,6 +75,7 @@ class Spawn:
     request: SpawnRequest
     resolved: Any  # services.Resolved
     caller_tools: list[str] | None = None  # the top-level caller's narrowing, inherited
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)  # the parent's, inherited
 
 
 def spawn_prepare(
@@ -85,12 +87,14 @@ def spawn_prepare(
     request: SpawnRequest,
     user_tier: str | None = None,
     parent_id: str | None = None,
+    credentials: Mapping[str, str] | None = None,
 ) -> Spawn:
     """Resolve the child before any write; refusals become the call's is_error result.
     The child inherits its parent's caller narrowing: a caller who narrowed a
     run's tools narrowed every sub-agent it spawns (the child's own agent
-    definition still decides what it may have inside that). Its volumes are
-    its own bindings within its parent's, never wider."""
+    definition still decides what it may have inside that). It inherits its
+    parent's credentials exactly (a tool cannot add any: ⊆ the parent's). Its
+    volumes are its own bindings within its parent's, never wider."""
     from apps.runs.services import RunCreate, run_resolve
 
     if depth + 1 > MAX_DEPTH:
@@ -105,7 +109,8 @@ def spawn_prepare(
         parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
-    return Spawn(call=call, request=request, resolved=resolved, caller_tools=caller)
+    inherited = dict(credentials or {})
+    return Spawn(call=call, request=request, resolved=resolved, caller_tools=caller, credentials=inherited)
 
 
 def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int, spawns: list[Spawn]) -> list[str]:
@@ -120,6 +125,7 @@ def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int,
             user_id=user_id,
             parent_id=parent_id,
             tools=s.caller_tools,
+            credentials=s.credentials,
         )
         child = run_insert(
             tenant_id=tenant_id, data=data, resolved=s.resolved, depth=depth + 1, parent_call_id=s.call.id

@@ -4,7 +4,8 @@ directory, environment, duration and output are limited.
 
 - Off unless LOOMCYCLE_BASH_ENABLED=1; needs an rw volume (cwd = its root).
 - `/bin/sh -c <command>` in a new session (its own process group); the
-  environment is PATH plus the variables LOOMCYCLE_BASH_ALLOWED_CREDS names.
+  environment is PATH plus the names LOOMCYCLE_BASH_ALLOWED_CREDS lists (the
+  run's credential of that name, else the worker's variable).
 - Timeout 30 s by default, 300 s at most; the run's cancel kills it too. Both
   kill the whole process group (SIGKILL); so does the end of the command,
   so a background child does not outlive the call.
@@ -23,6 +24,7 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +50,15 @@ class _Watch:
     killed_for: str = ""
 
 
-def scrubbed_env() -> dict[str, str]:
+def scrubbed_env(credentials: Mapping[str, str]) -> dict[str, str]:
+    """PATH, plus each name LOOMCYCLE_BASH_ALLOWED_CREDS lists: the run's credential of
+    that name (`user_credentials`, `user_bearer`) if it has one, else the worker's variable."""
     allowed = [n.strip() for n in settings.LOOMCYCLE.bash_allowed_creds.split(",") if n.strip()]
     env = {"PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"}
-    env.update({name: os.environ[name] for name in allowed if name in os.environ})
+    for name in allowed:
+        value = credentials.get(name, os.environ.get(name))
+        if value is not None:
+            env[name] = value
     return env
 
 
@@ -117,11 +124,11 @@ def _timeout(data: dict[str, Any]) -> int:
     return value
 
 
-def run_command(command: str, cwd: str, timeout_s: int, cancelled: threading.Event) -> ToolResult:
+def run_command(command: str, cwd: str, env: dict[str, str], timeout_s: int, cancelled: threading.Event) -> ToolResult:
     proc = subprocess.Popen(
         ["/bin/sh", "-c", command],
         cwd=cwd,
-        env=scrubbed_env(),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -159,7 +166,7 @@ def bash_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     except (ValueError, VolumeUnavailable) as exc:
         return ToolResult(str(exc), is_error=True)
     connection.close()  # no DB connection is held while the command runs
-    return run_command(data["command"], cwd, timeout_s, ctx.cancelled)
+    return run_command(data["command"], cwd, scrubbed_env(ctx.credentials), timeout_s, ctx.cancelled)
 
 
 BASH_TOOL = Tool(

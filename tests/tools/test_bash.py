@@ -74,6 +74,15 @@ def test_bash_runs_in_the_volume_root_with_a_scrubbed_environment(
 
 
 @pytest.mark.usefixtures("bash_on")
+def test_an_allowed_name_takes_the_runs_credential_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LC_TEST_ALLOWED", "from-the-worker")
+    creds = {"LC_TEST_ALLOWED": "from-the-run", "LC_TEST_UNSET": "run-only", "OTHER": "not-allowed"}
+    ctx = dataclasses.replace(ctx_for(*rw(tmp_path)), credentials=creds)
+    out = ok(bash_execute(ctx, {"command": "echo $LC_TEST_ALLOWED $LC_TEST_UNSET x${OTHER}x"}))
+    assert out == "from-the-run run-only xx\n"
+
+
+@pytest.mark.usefixtures("bash_on")
 def test_a_non_zero_exit_is_an_error_with_the_output(tmp_path: Path) -> None:
     assert (
         err(bash_execute(ctx_for(*rw(tmp_path)), {"command": "echo out; echo err >&2; exit 3"}))

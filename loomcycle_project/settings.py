@@ -189,6 +189,7 @@ LOOMCYCLE = E.RuntimeSettings(
     audit_log_path=E.AUDIT_LOG_PATH or str(E.DATA_DIR / "audit.jsonl"),
     http_host_allowlist=tuple(E.HTTP_HOST_ALLOWLIST),
     http_private_host_allowlist=tuple(E.HTTP_PRIVATE_HOST_ALLOWLIST),
+    http_caller_authoritative=E.HTTP_CALLER_AUTHORITATIVE,
     max_streams_per_principal=E.MAX_STREAMS_PER_PRINCIPAL,
     mock_enabled=_MOCK_ENABLED,
     max_stream_seconds=E.MAX_STREAM_SECONDS,

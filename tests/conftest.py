@@ -73,7 +73,10 @@ def stack_env(django_db_setup: None) -> dict[str, str]:
     name = connection.settings_dict["NAME"]
     url = os.environ["DATABASE_URL"].replace("/loomcycle?", f"/{name}?")
     # The network tools reach loopback test servers as `localhost` only (tests/tools).
-    network = {"LOOMCYCLE_HTTP_HOST_ALLOWLIST": "localhost,127.0.0.1", "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "localhost"}
+    network = {
+        "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "localhost,127.0.0.1",
+        "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "localhost",
+    }
     return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **network}
 
 

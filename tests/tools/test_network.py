@@ -138,7 +138,7 @@ def test_a_stalled_server_times_out(httpserver: HTTPServer) -> None:
     httpserver.expect_request("/slow").respond_with_handler(stall)
     out = Outbound(method="GET", url=f"http://localhost:{httpserver.port}/slow", headers={}, secret_headers=frozenset())
     try:
-        with pytest.raises(ToolRefusal, match="timed out after 0.5 s"):
+        with pytest.raises(ToolRefusal, match=r"timed out after 0\.5 s"):
             httpcall.fetch(tool_context(), out, timeout=0.5)
     finally:
         release.set()

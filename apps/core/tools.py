@@ -78,7 +78,7 @@ class ToolContext:
         default_factory=dict, compare=False, repr=False
     )  # user_bearer + user_credentials, never persisted in clear
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
-    # The run's effective network hosts (apps.core.egress.run_allowed_hosts), fixed at run creation.
+    # The run's effective network hosts (apps.core.hosts.run_allowed_hosts), fixed at run creation.
     allowed_hosts: tuple[str, ...] = ()
 
     @property

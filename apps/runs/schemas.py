@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from apps.core.egress import host_entry_error
+from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
 from apps.runs.prompt import Segment
 

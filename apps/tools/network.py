@@ -10,7 +10,7 @@ from typing import Any
 
 from selectolax.lexbor import LexborHTMLParser
 
-from apps.core import egress
+from apps.core import hosts
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult
 from apps.tools import httpcall
 from apps.tools.httpcall import MAX_BYTES, Fetched, Outbound
@@ -35,7 +35,7 @@ NO_HOSTS = (
 
 def _gate(tool: str, ctx: ToolContext) -> ToolResult | None:
     """The operator floor and the run's host list, checked before the input."""
-    if not egress.network_configured():
+    if not hosts.network_configured():
         return ToolResult(NOT_CONFIGURED.format(tool=tool), is_error=True)
     if not ctx.allowed_hosts:
         return ToolResult(NO_HOSTS.format(tool=tool), is_error=True)

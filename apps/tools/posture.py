@@ -19,7 +19,7 @@ from enum import StrEnum
 
 from django.conf import settings
 
-from apps.core import egress
+from apps.core import hosts
 
 
 class Posture(StrEnum):
@@ -64,7 +64,7 @@ def network_stances() -> list[ToolStance]:
     conf = settings.LOOMCYCLE
     operator = tuple(conf.http_host_allowlist)
     private = tuple(conf.http_private_host_allowlist)
-    if not egress.network_configured():
+    if not hosts.network_configured():
         allows = "refuses every call: not configured (LOOMCYCLE_HTTP_HOST_ALLOWLIST is empty)"
     elif conf.http_caller_authoritative:
         within = f" within {', '.join(operator)}" if operator else ""
@@ -72,6 +72,6 @@ def network_stances() -> list[ToolStance]:
     else:
         allows = f"{', '.join(operator)} (a caller's allowed_hosts narrows it)"
     allows += "; non-public addresses refused" + (f" except for {', '.join(private)}" if private else "")
-    sandboxed = not egress.network_configured() or bool(conf.http_caller_authoritative)
+    sandboxed = not hosts.network_configured() or bool(conf.http_caller_authoritative)
     dev = "*" in operator and not conf.http_caller_authoritative
     return [ToolStance(tool, allows, sandboxed, dev) for tool in ("HTTP", "WebFetch")]

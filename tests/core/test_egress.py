@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pytest_httpserver import HTTPServer
 
-from apps.core import egress
+from apps.core import egress, hosts
 from apps.core.egress import EgressRefused, HostPolicy
 
 PUBLIC = "93.184.216.34"  # a global address; the recording backend routes it to loopback
@@ -220,7 +220,7 @@ def test_a_mixed_public_and_private_answer_is_refused(page: HTTPServer) -> None:
     ],
 )
 def test_allowlist_matching_is_a_suffix_at_a_dot_boundary(host: str, entries: tuple[str, ...], matches: bool) -> None:
-    assert egress.host_matches(host, entries) is matches
+    assert hosts.host_matches(host, entries) is matches
 
 
 def test_allowlist_edges_through_the_client(page: HTTPServer) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from apps.core import egress
+from apps.core import hosts
 from apps.runs import registry
 from apps.runs.prompt import Segment
 from apps.runs.services import RunCreate, run_resolve
@@ -55,7 +55,7 @@ def test_run_allowed_hosts_matrix(
     expected: tuple[str, ...],
 ) -> None:
     configure(settings, operator, authoritative)
-    assert egress.run_allowed_hosts(caller) == expected
+    assert hosts.run_allowed_hosts(caller) == expected
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_run_allowed_hosts_matrix(
     ],
 )
 def test_host_entries_are_names_addresses_or_a_star(entry: str, ok: bool) -> None:
-    assert (egress.host_entry_error(entry) is None) is ok
+    assert (hosts.host_entry_error(entry) is None) is ok
 
 
 @pytest.mark.usefixtures("agents")

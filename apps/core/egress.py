@@ -146,7 +146,7 @@ def check_url(url: httpx.URL, policy: HostPolicy) -> None:
     """The name-level checks, before anything is resolved or sent."""
     if url.scheme not in ("http", "https"):
         raise EgressRefused(f"url scheme {url.scheme!r} is refused: only http and https are allowed")
-    host = normalise_host(url.host)
+    host = normalise_host(url.raw_host.decode("ascii"))  # IDNA names as resolved: punycode
     if not host:
         raise EgressRefused("url has no host")
     if policy.allowed is None:

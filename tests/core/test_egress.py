@@ -360,3 +360,11 @@ def test_async_client_with_an_empty_allowlist_sends_nothing(page: HTTPServer) ->
     with pytest.raises(EgressRefused):
         _run(go())
     assert backend.dialled == [] and page.log == []
+
+
+def test_international_names_are_matched_in_their_punycode_form(page: HTTPServer) -> None:
+    resolver = Resolver({"xn--bcher-kva.test": [["127.0.0.1"]]})
+    policy = HostPolicy(allowed=("xn--bcher-kva.test",), private_allowlist=("xn--bcher-kva.test",))
+    with egress.client(policy=policy, timeout=5, resolver=resolver) as c:
+        assert c.get(f"http://bücher.test:{page.port}/page").status_code == 200
+    assert resolver.lookups == ["xn--bcher-kva.test"]

@@ -431,6 +431,7 @@ def _run_tools(
         tools=tuple(run.tools),
         credentials=run.credentials,
         cancelled=cancel,
+        allowed_hosts=tuple(run.allowed_hosts),
     )
     with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)

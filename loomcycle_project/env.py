@@ -236,6 +236,9 @@ CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=
 # Evaluation caps (SPEC 6.6): UTF-8 bytes of one evaluation's judgement and rationale.
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
+# Tool-use hooks (SPEC 9.3): the `[tenant:]owner` pairs whose pre hooks may widen a call's
+# allowed hosts (`allow_hosts`); none by default (loomcycle's yaml hooks.permit_host_widen.owners).
+HOOKS_PERMIT_HOST_WIDEN: list[str] = _list("LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN", [])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -326,3 +329,5 @@ class RuntimeSettings:
     # Evaluations.
     evaluation_max_judgement_bytes: int
     evaluation_max_rationale_bytes: int
+    # Tool-use hooks.
+    hooks_permit_host_widen: tuple[str, ...] = ()

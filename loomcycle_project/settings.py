@@ -233,6 +233,7 @@ LOOMCYCLE = E.RuntimeSettings(
     channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
+    hooks_permit_host_widen=tuple(E.HOOKS_PERMIT_HOST_WIDEN),
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

@@ -100,22 +100,23 @@ def _pre_chain(call: _Call, hooks: list[Hook]) -> ToolResult | None:
 
 
 def _apply_pre(call: _Call, hook: Hook, reply: dict[str, Any]) -> ToolResult | None:
+    """Check the whole reply, then apply it (a malformed reply changes nothing)."""
     unknown = sorted(set(reply) - {"input", "deny", "allow_hosts"})
     if unknown:
         raise HookCallFailed(f"pre reply has unknown fields {unknown}; it may carry input, deny, allow_hosts")
     if reply.get("deny") is not None:
         return _deny(call, hook, reply["deny"])
-    if reply.get("input") is not None:
-        if not isinstance(reply["input"], dict):
-            raise HookCallFailed("pre reply: input must be a JSON object")
-        call.input = reply["input"]
-        call.event("hook_rewrite", hook, input=call.input)
-    if reply.get("allow_hosts") is not None:
-        hosts = widening.parse(reply["allow_hosts"])
-        if widening.permitted(hook):
-            call.hosts.append((hook, hosts))
-        else:
-            log.warning("hook %s (tenant %r) may not widen hosts: not permitted", hook.label, hook.tenant_id)
+    new_input = reply.get("input")
+    if new_input is not None and not isinstance(new_input, dict):
+        raise HookCallFailed("pre reply: input must be a JSON object")
+    hosts = widening.parse(reply["allow_hosts"]) if reply.get("allow_hosts") is not None else ()
+    if new_input is not None:
+        call.input = new_input
+        call.event("hook_rewrite", hook, input=new_input)
+    if hosts and widening.permitted(hook):
+        call.hosts.append((hook, hosts))
+    elif hosts:
+        log.warning("hook %s (tenant %r) may not widen hosts: not permitted", hook.label, hook.tenant_id)
     return None
 
 

@@ -180,6 +180,10 @@ AUTH_EPOCH_CHECK_MS: int = env.int("LOOMCYCLE_AUTH_EPOCH_CHECK_MS", default=1000
 OPERATOR_TOKEN_ROTATION_GRACE_SECONDS: int = env.int("LOOMCYCLE_OPERATOR_TOKEN_ROTATION_GRACE_SECONDS", default=86_400)
 AUDIT_LOG_PATH: str = env.str("LOOMCYCLE_AUDIT_LOG_PATH", default="")
 HTTP_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_HOST_ALLOWLIST", [])
+# SSRF guard (apps.core.egress): hosts that may resolve to non-public addresses.
+HTTP_PRIVATE_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST", [])
+# SPEC 6.1: the caller's allowed_hosts is the run's host list (still within a non-empty operator list).
+HTTP_CALLER_AUTHORITATIVE: bool = env.bool("LOOMCYCLE_HTTP_CALLER_AUTHORITATIVE", default=False)
 
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
 
@@ -272,6 +276,8 @@ class RuntimeSettings:
     operator_token_rotation_grace_seconds: int = 86_400
     audit_log_path: str = ""
     http_host_allowlist: tuple[str, ...] = ()
+    http_private_host_allowlist: tuple[str, ...] = ()
+    http_caller_authoritative: bool = False
     max_streams_per_principal: int = 64
     mock_enabled: bool = True
     max_stream_seconds: int = 3600

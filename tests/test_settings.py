@@ -24,6 +24,7 @@ _NOT_ONE_VARIABLE = {
     "config_files",
     "tools_enabled",
     "http_host_allowlist",
+    "http_private_host_allowlist",
     "hooks_permit_host_widen",
 }
 

@@ -418,6 +418,7 @@ def _run_tools(
         call_id="",
         tools=tuple(run.tools),
         cancelled=cancel,
+        allowed_hosts=tuple(run.allowed_hosts),
     )
     with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)

@@ -72,7 +72,8 @@ def _matches(pattern: str, name: str) -> bool:
     return pattern == name
 
 
-def _allowed(patterns: list[str], name: str) -> bool:
+def allowed(patterns: list[str], name: str) -> bool:
+    """Whether `name` matches one of `patterns` (exact, `*`, or a trailing-`*` prefix glob)."""
     return any(_matches(p, name) for p in patterns)
 
 
@@ -85,9 +86,9 @@ def effective_tools(
         agent_patterns.append("Context")
     out = []
     for name in names():
-        if not _allowed(operator, name) or not _allowed(agent_patterns, name):
+        if not allowed(operator, name) or not allowed(agent_patterns, name):
             continue
-        if caller is not None and not _allowed(caller, name):
+        if caller is not None and not allowed(caller, name):
             continue
         out.append(name)
     return out

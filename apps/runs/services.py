@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from apps.core.egress import run_allowed_hosts
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
 from apps.core.http import db_call
 from apps.core.identity import acting_tenant_id, acting_user_id
@@ -55,6 +56,7 @@ class RunCreate:
     agent: str
     segments: list[Segment]
     tools: list[str] | None = None
+    allowed_hosts: list[str] | None = None  # SPEC 6.1's three states: None = omitted
     user_id: str = ""
     agent_id: str | None = None
     metadata: dict[str, Any] | None = None
@@ -129,6 +131,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         interactive=interactive,
         max_iterations=max_it,
         tools=tools,
+        allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
         routing=routing_of(route, d),
@@ -158,6 +161,7 @@ class Resolved:
     interactive: bool
     max_iterations: int
     tools: list[str]
+    allowed_hosts: list[str]
     user_text: str
     system: list[str]
     routing: dict[str, Any]
@@ -195,6 +199,7 @@ def run_insert(
         max_iterations=r.max_iterations,
         tools=r.tools,
         caller_tools=data.tools,
+        allowed_hosts=r.allowed_hosts,
         metadata=data.metadata or {},
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,

@@ -64,6 +64,7 @@ _CLAIM_COLUMNS = (
     "routing",
     "candidate_idx",
     "fallbacks",
+    "allowed_hosts",
 )
 
 
@@ -196,6 +197,7 @@ class ClaimedRun:
     routing: dict[str, Any]
     candidate_idx: int
     fallbacks: int
+    allowed_hosts: list[str]
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
@@ -308,7 +310,7 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
     if row is None:
         return None
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
-    for key in ("system", "tools", "usage", "routing"):
+    for key in ("system", "tools", "usage", "routing", "allowed_hosts"):
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]
     return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)

@@ -33,7 +33,11 @@ from tests.triggers.hookserver import HookServer, hold, hook_server, reply
 
 pytestmark = pytest.mark.usefixtures("agents")
 
-HOOK_ENV = {"LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "127.0.0.1"}  # the callback server is on loopback
+HOOK_ENV = {
+    "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "127.0.0.1",  # the callback server (and the test page) on loopback
+    "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "allowed.test",  # the HTTP tool is configured, loopback not in its list
+    "LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN": "acme:net",  # tenant acme's owner `net` may widen hosts
+}
 CONTEXT_SELF = [{"tool": "Context", "input": {"op": "self"}}, {"text": "done"}]
 DEPLOYMENT = Principal(tenant_id="", subject="root", scopes=frozenset({"substrate:admin"}))
 PAYLOAD_KEYS = {"phase", "owner", "hook_name", "agent", "user_id", "agent_id", "run_id", "tool_call"}
@@ -101,9 +105,9 @@ def hook(url: str, name: str, phase: str = "pre", **extra: Any) -> dict[str, Any
     return {"owner": "sec", "name": name, "phase": phase, "tools": ["Context"], "callback_url": url, **extra}
 
 
-def scripted(steps: list[dict[str, Any]], tenant: str = "acme") -> str:
+def scripted(steps: list[dict[str, Any]], tenant: str = "acme", agent: str = "scripted") -> str:
     principal = Principal(tenant_id=tenant, subject="u1", scopes=frozenset({"substrate:tenant"}))
-    data = services.RunCreate(agent="scripted", segments=[Segment(text=f"MOCK_SCRIPT: {json.dumps(steps)}")])
+    data = services.RunCreate(agent=agent, segments=[Segment(text=f"MOCK_SCRIPT: {json.dumps(steps)}")])
     run = services.run_create(principal=principal, data=data)
     wait_status(run.id, RunStatus.COMPLETED, timeout=60)
     return run.id
@@ -189,6 +193,36 @@ def test_pre_hooks_run_in_registration_order_and_post_hooks_in_reverse(
     server.received.clear()
     scripted(CONTEXT_SELF)
     assert server.order() == ["/pre1", "/pre2", "/post2", "/post1"]  # it kept its place in the chain
+
+
+@pytest.mark.parametrize("owner", ["net", "sec"])
+def test_allow_hosts_widens_the_call_only_for_a_permitted_owner(
+    server: HookServer, clients: dict[str, Any], owner: str, settings: Any
+) -> None:
+    # Runs are created in this process: their host list comes from its settings (as the web's would).
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("allowed.test",))
+    page = server.on("/page", reply({"page": "reached"}))
+    widen = server.on("/widen", reply({"allow_hosts": ["127.0.0.1"]}))
+    register(clients["alice"], **hook(widen, "widen", owner=owner, tools=["HTTP"]))
+    call = {"tool": "HTTP", "input": {"method": "POST", "url": page, "body": "{}"}}
+    run_id = scripted([call, {"text": "done"}], agent="hooks-net")
+    result = tool_result(run_id)
+    widened = events(run_id, "host_widened")
+    if owner == "net":  # permitted: this one call may reach the loopback page
+        assert not result["is_error"] and result["text"].startswith(f"HTTP POST {page} -> 200")
+        assert '{"page": "reached"}' in result["text"]
+        (event,) = widened
+        assert event["host_widening"] == {
+            "tool_call_id": result["tool_use"]["id"],
+            "tool_name": "HTTP",
+            "url": page,
+            "hook_owner": "net",
+            "hook_name": "widen",
+            "hosts_added": ["127.0.0.1"],
+        }
+    else:  # not permitted: ignored, and the run's own host list refuses the page
+        assert result["is_error"] and "not in the allowed hosts" in result["text"], result["text"]
+        assert widened == [] and server.calls("/page") == []
 
 
 # --- failures ---------------------------------------------------------------------------------

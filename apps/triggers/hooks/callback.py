@@ -40,7 +40,9 @@ def _client() -> httpx.Client:
     with _clients_lock:
         if private not in _clients:
             policy = egress.HostPolicy(allowed=None, private_allowlist=private)
-            _clients[private] = egress.client(policy=policy, timeout=MAX_TIMEOUT_S, max_redirects=0)
+            _clients[private] = egress.client(
+                policy=policy, timeout=MAX_TIMEOUT_S, max_redirects=0, follow_redirects=False
+            )
         return _clients[private]
 
 

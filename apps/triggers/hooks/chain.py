@@ -14,7 +14,7 @@
   passed over when its `fail_mode` is open and fails the call (`is_error`)
   when it is closed. Nothing here fails or cancels a run.
 - Each decision becomes a run event (`hook_deny`, `hook_rewrite`,
-  `hook_error`) carried on the ToolResult, so the user sees why a call
+  `hook_error`, `host_widened`) carried on the ToolResult, so the user sees why a call
   changed. Payloads carry the call, never the prompt or the history.
 """
 
@@ -78,7 +78,7 @@ def intercept(ctx: ToolContext, tool: str, data: dict[str, Any], runner: ToolRun
     denied = _pre_chain(call, [h for h in hooks if h.phase == HookPhase.PRE])
     if denied is not None:
         return replace(denied, events=tuple(call.events))
-    tool_ctx = widening.apply(call.ctx, call.hosts, call.input, call.events)
+    tool_ctx = widening.apply(call.ctx, call.tool, call.hosts, call.input, call.events)
     before, call.events = call.events, []
     result = runner(tool_ctx, call.input)
     if result.spawn is None and result.park is None:

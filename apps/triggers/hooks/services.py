@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
+from apps.core import egress
 from apps.core.errors import Invalid, NotFound
 from apps.core.types import Principal
 from apps.triggers.hooks import cache
@@ -126,24 +127,27 @@ def callback_url_check(value: Any) -> str:
         raise _invalid("callback_url must be an http or https URL with a host")
     if parts.username is not None or parts.password is not None:
         raise _invalid("callback_url must not carry credentials (user:password@)")
-    if _blocked_literal(parts.hostname):
-        raise _invalid(f"callback_url host {parts.hostname!r} is a private, loopback or otherwise blocked address")
+    blocked = _blocked_literal(parts.hostname)
+    if blocked:
+        raise _invalid(
+            f"callback_url host {parts.hostname!r} is a blocked address ({blocked}); "
+            "a private host must be in LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST"
+        )
     return value
 
 
-def _blocked_literal(host: str) -> bool:
-    host = host.rstrip(".").lower()
-    if host in settings.LOOMCYCLE.http_private_host_allowlist:
-        return False
+def _blocked_literal(host: str) -> str | None:
+    """Why a literal host may never be called (egress's address ranges), or None."""
+    host = egress.normalise_host(host)
+    if egress.host_matches(host, settings.LOOMCYCLE.http_private_host_allowlist):
+        return None
     if host == "localhost" or host.endswith(".localhost"):
-        return True
+        return "loopback"
     try:
-        addr = ipaddress.ip_address(host)
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
-        return False  # a name: resolved and checked by the egress guard when called
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return not addr.is_global or addr.is_multicast
+        return None  # a name: resolved and checked by the egress guard at each call
+    return egress.address_refusal(addr)
 
 
 def _new_hook_id() -> str:

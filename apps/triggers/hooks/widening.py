@@ -2,14 +2,18 @@
 
 Honoured only for hooks whose `[tenant:]owner` the operator lists in
 LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN (a bare `owner` means the deployment's
-global hooks, tenant ""). Entries are hostnames: `a.com` exactly that host,
-`.a.com` any host under it. Widening never bypasses the egress guard's
-address checks, and lasts for the one call.
+global hooks, tenant ""). Entries are hostnames (`a.com`, `.a.com`; never
+`*`), added to the call's `ToolContext.allowed_hosts`, whose matching is the
+egress guard's dot-boundary suffix match: `a.com` also admits `api.a.com`.
+Widening lasts for the one call, never bypasses the guard's address checks,
+and never turns on a network tool the operator has not configured. Each
+widening is a `host_widened` run event (SPEC 3.3).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -42,7 +46,27 @@ def permitted(hook: Hook) -> bool:
 
 
 def apply(
-    ctx: ToolContext, widenings: list[tuple[Hook, tuple[str, ...]]], data: dict[str, Any], events: list[dict[str, Any]]
+    ctx: ToolContext,
+    tool: str,
+    widenings: list[tuple[Hook, tuple[str, ...]]],
+    data: dict[str, Any],
+    events: list[dict[str, Any]],
 ) -> ToolContext:
-    """The context the tool runs with (see the module docstring)."""
-    return ctx
+    """The context the tool runs with: the run's hosts plus every permitted
+    widening, each recorded in `events` as `host_widened`."""
+    if not widenings:
+        return ctx
+    url = data.get("url") if isinstance(data.get("url"), str) else ""
+    hosts = list(ctx.allowed_hosts)
+    for hook, added in widenings:
+        hosts.extend(added)
+        widening = {
+            "tool_call_id": ctx.call_id,
+            "tool_name": tool,
+            "url": url,
+            "hook_owner": hook.owner,
+            "hook_name": hook.name,
+            "hosts_added": list(added),
+        }
+        events.append({"type": "host_widened", "host_widening": widening})
+    return replace(ctx, allowed_hosts=tuple(dict.fromkeys(hosts)))

@@ -138,3 +138,11 @@ def test_matching_by_tenant_agent_and_tool_glob() -> None:
     assert not hook.applies(tenant_id="beta", agent="scripted", tool="HTTP")
     assert not hook.applies(tenant_id="acme", agent="other", tool="HTTP")
     assert _hook("").applies(tenant_id="beta", agent="x", tool="y")  # a global hook sees every tenant
+
+
+def test_a_callback_goes_through_the_egress_guard(server: HookServer, settings: Any) -> None:
+    register(server.on("/private", reply({"deny": {"text": "never read"}})), "private", fail_mode="closed")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_private_host_allowlist=())
+    result = run_context({"op": "self"})  # the same loopback URL, no longer allowed to be private
+    assert result.is_error and "refused by the egress guard" in result.text and "loopback" in result.text
+    assert server.calls() == []  # refused before any byte was sent

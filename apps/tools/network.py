@@ -115,23 +115,24 @@ _BLOCKS = (
     "table,ul,ol,dl,dt,dd,hr,figure,figcaption,form,address"
 )
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
+_BREAK = "\ue000"  # a private-use character marking the end of a block element
 
 
 def readable_text(html: str) -> str:
     """The page's title and body text: script, style and similar elements
-    dropped, entities decoded by the parser, a line break after each block
-    element, runs of blanks collapsed and blank lines squeezed."""
+    dropped, entities decoded by the parser, whitespace (non-breaking spaces
+    too) collapsed to one space, one line per block element, no blank lines."""
     tree = LexborHTMLParser(html)
     title_node = tree.css_first("title")
     title = " ".join(title_node.text().split()) if title_node is not None else ""
     tree.strip_tags(_DROPPED)
     for node in tree.css(_BLOCKS):
-        node.insert_after("\n")
+        node.insert_after(_BREAK)
     root = tree.body or tree.root
     raw = root.text(separator="", deep=True) if root is not None else ""
-    lines = [" ".join(line.split()) for line in raw.splitlines()]
-    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
-    return f"{title}\n\n{text}" if title and not text.startswith(title) else text
+    lines = (" ".join(line.split()) for line in raw.split(_BREAK))
+    text = "\n".join(line for line in lines if line)
+    return f"{title}\n\n{text}" if title else text
 
 
 def _is_html(fetched: Fetched, text: str) -> bool:

@@ -205,7 +205,7 @@ def test_allow_hosts_widens_the_call_only_for_a_permitted_owner(
     widen = server.on("/widen", reply({"allow_hosts": ["127.0.0.1"]}))
     register(clients["alice"], **hook(widen, "widen", owner=owner, tools=["HTTP"]))
     call = {"tool": "HTTP", "input": {"method": "POST", "url": page, "body": "{}"}}
-    run_id = scripted([call, {"text": "done"}], agent="hooks-net")
+    run_id = scripted([call, {"text": "done"}], agent="fetcher")
     result = tool_result(run_id)
     widened = events(run_id, "host_widened")
     if owner == "net":  # permitted: this one call may reach the loopback page

@@ -79,6 +79,8 @@ def _read(response: httpx.Response, deadline: float, timeout_ms: int) -> bytes:
         if time.monotonic() > deadline:
             raise HookCallFailed(f"callback timed out after {timeout_ms} ms")
         chunks.append(chunk)
+    if time.monotonic() > deadline:  # headers (and an empty body) that came too late
+        raise HookCallFailed(f"callback timed out after {timeout_ms} ms")
     return b"".join(chunks)
 
 

@@ -242,6 +242,9 @@ EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMEN
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
 # Redaction of env secrets and secret patterns before persisting (apps.core.redact); a run's credentials always.
 REDACT_SECRETS: bool = env.bool("LOOMCYCLE_REDACT_SECRETS", default=True)
+# Tool-use hooks (SPEC 9.3): the `[tenant:]owner` pairs whose pre hooks may widen a call's
+# allowed hosts (`allow_hosts`); none by default (loomcycle's yaml hooks.permit_host_widen.owners).
+HOOKS_PERMIT_HOST_WIDEN: list[str] = _list("LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN", [])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,3 +339,5 @@ class RuntimeSettings:
     evaluation_max_rationale_bytes: int
     # Redaction (apps.core.redact).
     redact_secrets: bool
+    # Tool-use hooks.
+    hooks_permit_host_widen: tuple[str, ...] = ()

@@ -236,6 +236,7 @@ LOOMCYCLE = E.RuntimeSettings(
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
     redact_secrets=E.REDACT_SECRETS,
+    hooks_permit_host_widen=tuple(E.HOOKS_PERMIT_HOST_WIDEN),
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

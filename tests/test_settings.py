@@ -25,6 +25,7 @@ _NOT_ONE_VARIABLE = {
     "tools_enabled",
     "http_host_allowlist",
     "http_private_host_allowlist",
+    "hooks_permit_host_widen",
 }
 
 _PROBE = """

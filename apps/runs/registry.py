@@ -4,13 +4,31 @@ Apps register their agent-facing tools from `AppConfig.ready()`, so the engine
 never imports them. A run's tools are operator floor ∩ agent `tools` ∩ caller
 `tools`: the caller can narrow, never widen. `Context` is added to an agent's
 list unless it sets `disable_context`.
+
+An app may also register a tool-call interceptor (`register_interceptor`, at
+ready()): apps/runs/toolrun.py hands every allowed call to the interceptors,
+outermost first, with the call that runs the tool as the innermost step. The
+engine does not know what they do (tool-use hooks, apps/triggers).
 """
 
 from __future__ import annotations
 
-from apps.core.tools import Tool
+from collections.abc import Callable
+from typing import Any
+
+from apps.core.tools import Tool, ToolContext, ToolResult
 
 _REGISTRY: dict[str, Tool] = {}
+
+ToolRunner = Callable[[ToolContext, dict[str, Any]], ToolResult]
+"""Runs one call of the tool it was made for: (context, input) -> result."""
+
+Interceptor = Callable[[ToolContext, str, dict[str, Any], ToolRunner], ToolResult]
+"""(context, tool name, input, runner) -> result. It decides whether and with
+what input to call `runner` (at most once), and may change what it returns.
+It must not raise for expected failures (they become is_error results)."""
+
+_INTERCEPTORS: list[Interceptor] = []
 
 
 def register(tool: Tool) -> None:
@@ -22,6 +40,24 @@ def register(tool: Tool) -> None:
 
 def get(name: str) -> Tool | None:
     return _REGISTRY.get(name)
+
+
+def register_interceptor(interceptor: Interceptor) -> None:
+    """Idempotent: ready() may run more than once in a process (tests)."""
+    if interceptor not in _INTERCEPTORS:
+        _INTERCEPTORS.append(interceptor)
+
+
+def intercepted(name: str, runner: ToolRunner) -> ToolRunner:
+    """`runner` wrapped in every registered interceptor (the first registered is outermost)."""
+    wrapped = runner
+    for interceptor in reversed(_INTERCEPTORS):
+        wrapped = _wrap(interceptor, name, wrapped)
+    return wrapped
+
+
+def _wrap(interceptor: Interceptor, name: str, inner: ToolRunner) -> ToolRunner:
+    return lambda ctx, data: interceptor(ctx, name, data, inner)
 
 
 def names() -> list[str]:

@@ -75,6 +75,8 @@ def _skills(ctx: ToolContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _help(data: dict[str, Any]) -> ToolResult:
+    if "query" in data:  # loomcycle's search over its help index; this runtime serves topics by name only
+        return ToolResult("help: query is not supported by this runtime; omit topic for the index", is_error=True)
     topic = data.get("topic")
     if topic is None:
         index = [{"name": t.name, "description": t.description} for t in helptopics.topics()]

@@ -10,19 +10,21 @@ Invariants:
   skill is invisible: not listed, and "unknown" when named.
 - A skill never widens its agent: `invoke` refuses a skill whose `tools`
   are not all among the run's tools.
+- The tool is built by `make_skill_tool` with the registry's name listing
+  passed in (from `AppConfig.ready()`), so this module imports nothing of
+  apps.runs.
 - What `invoke` loads is recorded: a `skill_loaded` event carries the def
   id, version and content hash of the exact version whose body the model got.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import close_old_connections, connection
 
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result
-from apps.runs import registry
 from apps.substrate.kinds import get_kind
 from apps.substrate.models import VersionedDef
 from apps.substrate.selectors import agent_definition, def_name_exists, defs_visible, skill_resolve
@@ -64,14 +66,14 @@ def skills_list(*, tenant_id: str, patterns: Iterable[str], pattern: str = "") -
     return out
 
 
-def _missing_tools(skill_tools: list[str], run_tools: tuple[str, ...]) -> list[str]:
+def _missing_tools(skill_tools: list[str], run_tools: tuple[str, ...], registered: list[str]) -> list[str]:
     """The skill's tools the run does not have. A glob is covered only when
     every registered tool it matches is among the run's tools."""
     have = set(run_tools)
     missing = []
     for wanted in skill_tools:
         if wanted.endswith("*"):
-            matched = [n for n in registry.names() if wanted == "*" or n.startswith(wanted[:-1])]
+            matched = [n for n in registered if n.startswith(wanted[:-1])]
             covered = bool(matched) and all(n in have for n in matched)
         else:
             covered = wanted in have
@@ -102,7 +104,7 @@ def _unknown(ctx: ToolContext, patterns: tuple[str, ...], name: str) -> str:
     return f"unknown skill {name!r}" + (f" (available: {hint})" if names else " (no skills are available to you)")
 
 
-def _invoke(ctx: ToolContext, name: Any) -> ToolResult:
+def _invoke(ctx: ToolContext, name: Any, registered: Callable[[], list[str]]) -> ToolResult:
     if not isinstance(name, str) or not name.strip():
         return ToolResult("invoke needs `name`: the skill to load (op=list shows them)", is_error=True)
     patterns = agent_skill_patterns(ctx.agent_def_id)
@@ -111,7 +113,7 @@ def _invoke(ctx: ToolContext, name: Any) -> ToolResult:
     row = skill_resolve(tenant_id=ctx.tenant_id, name=name)
     if row is None:
         return ToolResult(_unknown(ctx, patterns, name), is_error=True)
-    missing = _missing_tools(list(row.definition.get("tools") or []), ctx.tools)
+    missing = _missing_tools(list(row.definition.get("tools") or []), ctx.tools, registered())
     if missing:
         return ToolResult(
             f"skill {name!r} needs tools {missing} this run does not have; a skill cannot widen its agent's tools",
@@ -129,7 +131,7 @@ def _list(ctx: ToolContext, pattern: Any) -> dict[str, Any]:
     return {"skills": found, "count": len(found)}
 
 
-def skill_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+def _execute(ctx: ToolContext, data: dict[str, Any], registered: Callable[[], list[str]]) -> ToolResult:
     op = data.get("op") or "invoke"  # loomcycle: `{"name": ...}` alone invokes
     if op not in _OPS:
         return ToolResult(f"unknown op {op!r}; this runtime supports {', '.join(_OPS)}", is_error=True)
@@ -140,25 +142,33 @@ def skill_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         return db_tool_result(lambda: _list(ctx, data.get("pattern")))
     close_old_connections()
     try:
-        return _invoke(ctx, data.get("name"))
+        return _invoke(ctx, data.get("name"), registered)
     finally:
         connection.close()  # back to the pool: tools run on short-lived threads
 
 
-SKILL_TOOL = Tool(
-    name="Skill",
-    description="Load domain-specific instructions (skills) on demand. op=list shows the skills you may use "
+_DESCRIPTION = (
+    "Load domain-specific instructions (skills) on demand. op=list shows the skills you may use "
     "(name, description; optional `pattern`: `*`, `prefix*` or a name); op=invoke with `name` returns that "
     "skill's body as the result: read it and follow it for the task at hand. Your agent's `skills:` allowlist "
-    "decides which skills you may use. Guide: Context op=help topic=skills.",
-    input_schema={
-        "type": "object",
-        "properties": {
-            "op": {"type": "string", "enum": list(_OPS), "description": "invoke (default) or list"},
-            "name": {"type": "string", "description": "op=invoke: the skill to load."},
-            "pattern": {"type": "string", "description": "op=list: optional filter, `prefix*` or a name."},
-        },
-        "additionalProperties": False,
-    },
-    execute=skill_execute,
+    "decides which skills you may use. Guide: Context op=help topic=skills."
 )
+_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "op": {"type": "string", "enum": list(_OPS), "description": "invoke (default) or list"},
+        "name": {"type": "string", "description": "op=invoke: the skill to load."},
+        "pattern": {"type": "string", "description": "op=list: optional filter, `prefix*` or a name."},
+    },
+    "additionalProperties": False,
+}
+
+
+def make_skill_tool(registered: Callable[[], list[str]]) -> Tool:
+    """The `Skill` tool; `registered` lists the registered tool names (for a
+    skill's `prefix*` tools, covered only when the run has every match)."""
+
+    def execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+        return _execute(ctx, data, registered)
+
+    return Tool(name="Skill", description=_DESCRIPTION, input_schema=_SCHEMA, execute=execute)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -21,7 +22,6 @@ from apps.runs.tools import context_execute
 from apps.substrate.kinds import get_kind
 from apps.substrate.selectors import agent_def_resolve, skill_resolve
 from apps.substrate.services import Author, def_dispatch
-from apps.substrate.skills import skill_execute
 from tests.conftest import ALICE, wait_status
 from tests.procs import WorkerPool
 
@@ -53,7 +53,10 @@ def ctx(agent: str = "skilled", tenant_id: str = "", tools: tuple[str, ...] | No
 
 
 def skill(data: dict[str, Any], context: ToolContext | None = None) -> ToolResult:
-    return skill_execute(context or ctx(), data)
+    """One call of the registered `Skill` tool, as the engine makes it."""
+    tool = registry.get("Skill")
+    assert tool is not None
+    return tool.execute(context or ctx(), data)
 
 
 def refused(result: ToolResult, needle: str) -> None:
@@ -141,6 +144,15 @@ def test_unknown_skill_names_the_available_ones() -> None:
 def test_a_skill_needing_tools_the_run_lacks_is_refused() -> None:
     refused(skill({"name": "style-wide"}), "needs tools ['Memory'] this run does not have")
     assert skill({"name": "style-wide"}, ctx(tools=("Context", "Memory", "Skill"))).is_error is False
+
+
+def test_a_skill_tool_glob_is_covered_only_by_every_registered_match() -> None:
+    create_skill(ACME, "style-con", "Uses Context.", tools=["Con*"])
+    create_skill(ACME, "style-ag", "Uses agents.", tools=["Ag*"])  # Agent and AgentDef
+    acme = ctx(tenant_id="acme")
+    assert skill({"name": "style-con"}, acme).is_error is False
+    refused(skill({"name": "style-ag"}, acme), "needs tools ['Ag*']")
+    assert skill({"name": "style-ag"}, replace(acme, tools=("Agent", "AgentDef", "Skill"))).is_error is False
 
 
 def test_bad_input_is_refused() -> None:
@@ -296,6 +308,12 @@ def test_an_unknown_topic_lists_the_valid_ones() -> None:
     assert result.is_error is True
     valid = ", ".join(t.name for t in helptopics.topics())
     assert result.text == f"help: topic 'nope' not found (available: {valid})"
+
+
+def test_a_help_query_is_refused_not_ignored() -> None:
+    result = context_execute(ctx(), {"op": "help", "query": "how do channels work"})
+    assert result.is_error is True
+    assert result.text == "help: query is not supported by this runtime; omit topic for the index"
 
 
 def test_the_help_files_are_package_data() -> None:

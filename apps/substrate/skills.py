@@ -98,7 +98,7 @@ def loaded_event(row: VersionedDef) -> dict[str, Any]:
 
 def _unknown(ctx: ToolContext, patterns: tuple[str, ...], name: str) -> str:
     if def_name_exists(get_kind("skill"), tenant_id=ctx.tenant_id, name=name):
-        return f"skill {name!r} has no live version (it is retired)"
+        return f"skill {name!r} has no active version (retired, or never promoted)"
     names = [s["name"] for s in skills_list(tenant_id=ctx.tenant_id, patterns=patterns)]
     hint = ", ".join(names[:_HINT_NAMES]) + (", ..." if len(names) > _HINT_NAMES else "")
     return f"unknown skill {name!r}" + (f" (available: {hint})" if names else " (no skills are available to you)")

@@ -199,7 +199,7 @@ def test_a_retired_skill_cannot_be_loaded_or_listed() -> None:
     created = create_skill(BETA, "style-old", "Old style.")
     def_dispatch(get_kind("skill"), BETA, {"op": "retire", "def_id": created["def_id"], "retired": True})
     result = skill({"name": "style-old"}, ctx(tenant_id="beta"))
-    refused(result, "skill 'style-old' has no live version (it is retired)")
+    refused(result, "skill 'style-old' has no active version (retired, or never promoted)")
     assert "style-old" not in listed(ctx(tenant_id="beta"))
 
 

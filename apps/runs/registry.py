@@ -3,7 +3,9 @@
 Apps register their agent-facing tools from `AppConfig.ready()`, so the engine
 never imports them. A run's tools are operator floor ∩ agent `tools` ∩ caller
 `tools`: the caller can narrow, never widen. `Context` is added to an agent's
-list unless it sets `disable_context`.
+list unless it sets `disable_context`, and `Skill` when the agent's `skills:`
+patterns allow any skill (anything but none or `-*`). Both still pass the
+operator floor and the caller's narrowing.
 
 An app may also register a tool-call interceptor (`register_interceptor`, at
 ready()): apps/runs/toolrun.py hands every allowed call to the interceptors,
@@ -77,13 +79,25 @@ def allowed(patterns: list[str], name: str) -> bool:
     return any(_matches(p, name) for p in patterns)
 
 
+def may_use_skills(skills: list[str]) -> bool:
+    """Whether an agent's `skills:` patterns allow any skill at all."""
+    return any(p != "-*" for p in skills)
+
+
 def effective_tools(
-    *, operator: list[str], agent: list[str], caller: list[str] | None, disable_context: bool = False
+    *,
+    operator: list[str],
+    agent: list[str],
+    caller: list[str] | None,
+    disable_context: bool = False,
+    skills: list[str] | None = None,
 ) -> list[str]:
     """Registered tool names allowed by all three layers, in registry order."""
     agent_patterns = list(agent)
     if not disable_context and "Context" not in agent_patterns:
         agent_patterns.append("Context")
+    if skills and may_use_skills(skills) and "Skill" not in agent_patterns:
+        agent_patterns.append("Skill")
     out = []
     for name in names():
         if not allowed(operator, name) or not allowed(agent_patterns, name):

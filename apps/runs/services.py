@@ -133,6 +133,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         agent=list(d.get("tools", [])),
         caller=data.tools,
         disable_context=bool(d.get("disable_context", False)),
+        skills=[str(p) for p in d.get("skills") or []],
     )
     return Resolved(
         agent_def=agent_def,

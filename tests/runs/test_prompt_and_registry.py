@@ -155,6 +155,7 @@ ALL = [
     "Grep",
     "HTTP",
     "Memory",
+    "Skill",
     "SkillDef",
     "WebFetch",
 ]

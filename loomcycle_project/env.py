@@ -236,6 +236,13 @@ CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=
 # Evaluation caps (SPEC 6.6): UTF-8 bytes of one evaluation's judgement and rationale.
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
+# Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
+# `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
+# definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
+WEBHOOKS_ENABLED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ENABLED", default=False)
+WEBHOOKS_ALLOW_UNAUTHENTICATED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ALLOW_UNAUTHENTICATED", default=False)
+WEBHOOKS_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST", [])
+WEBHOOKS_DELIVERY_RETENTION_HOURS: int = env.int("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", default=168)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -326,3 +333,8 @@ class RuntimeSettings:
     # Evaluations.
     evaluation_max_judgement_bytes: int
     evaluation_max_rationale_bytes: int
+    # Inbound webhooks (apps.triggers.webhooks).
+    webhooks_enabled: bool
+    webhooks_allow_unauthenticated: bool
+    webhooks_env_allowlist: tuple[str, ...]
+    webhooks_delivery_retention_hours: int

@@ -233,6 +233,10 @@ LOOMCYCLE = E.RuntimeSettings(
     channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
+    webhooks_enabled=E.WEBHOOKS_ENABLED,
+    webhooks_allow_unauthenticated=E.WEBHOOKS_ALLOW_UNAUTHENTICATED,
+    webhooks_env_allowlist=tuple(E.WEBHOOKS_ENV_ALLOWLIST),
+    webhooks_delivery_retention_hours=E.WEBHOOKS_DELIVERY_RETENTION_HOURS,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

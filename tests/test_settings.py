@@ -18,7 +18,14 @@ from tests import procs
 
 # Fields not read straight from one variable: computed (mock_enabled, from the
 # database setting too; operator_token_pepper, from the secrets file too), or lists.
-_NOT_ONE_VARIABLE = {"mock_enabled", "operator_token_pepper", "config_files", "tools_enabled", "http_host_allowlist"}
+_NOT_ONE_VARIABLE = {
+    "mock_enabled",
+    "operator_token_pepper",
+    "config_files",
+    "tools_enabled",
+    "http_host_allowlist",
+    "webhooks_env_allowlist",
+}
 
 _PROBE = """
 import dataclasses, json

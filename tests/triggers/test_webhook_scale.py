@@ -70,3 +70,24 @@ def test_duplicates_across_two_web_processes_make_exactly_one_run_each(hook_webs
     assert firsts.count() == 800 and set(firsts.values_list("run_id", flat=True)) == created
     assert WebhookDelivery.objects.filter(webhook_name="burst", verdict=Verdict.ACCEPTED_REPLAY).count() == 200
     wait_for(lambda: Run.objects.filter(agent_name="echo", status="completed").count() == 800, timeout=180)
+
+
+async def copies(bases: list[str], body: bytes, headers: dict[str, str], n: int) -> list[tuple[int, dict[str, Any]]]:
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def one(i: int) -> tuple[int, dict[str, Any]]:
+            resp = await client.post(f"{bases[i % 2]}/v1/_webhooks/racing", content=body, headers=headers)
+            return resp.status_code, resp.json()
+
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def test_simultaneous_copies_of_one_delivery_race_on_the_index(hook_webs: list[str], stack: Any) -> None:
+    auth = {"signing_secret_env": "LOOMCYCLE_WH_SECRET", "delivery_id_header": "X-Delivery"}
+    define("racing", auth=auth, rate_limit={"requests_per_minute": 6000, "burst": 100})
+    body = payload(n=1)
+    answers = asyncio.run(copies(hook_webs, body, {**github(body), "X-Delivery": "same"}, 24))
+    assert sorted(status for status, _ in answers) == [200] * 23 + [202]
+    assert len({out["run_id"] for _, out in answers}) == 1
+    assert Run.objects.filter(id=answers[0][1]["run_id"]).count() == 1
+    assert WebhookDelivery.objects.filter(webhook_name="racing", first=True).count() == 1

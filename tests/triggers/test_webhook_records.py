@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from apps.core.redis import sync_client
@@ -45,3 +46,15 @@ def test_records_past_retention_are_pruned_on_insert_once_a_minute(settings: Any
     delivery_record(owner="", name="aged", delivery_id="newer", verdict=Verdict.REJECTED_SIG)
     assert WebhookDelivery.objects.filter(delivery_id="old-2").exists()  # the guard holds for a minute
     assert 0 < sync_client().ttl(PRUNE_GUARD_KEY) <= 60
+
+
+@pytest.mark.django_db
+def test_the_admin_lists_rejected_deliveries_by_verdict(admin_client: Any) -> None:
+    delivery_record(
+        owner="", name="gh", delivery_id="d-bad", verdict=Verdict.REJECTED_SIG, detail="signature does not match"
+    )
+    delivery_record(owner="", name="gh", delivery_id="d-replay", verdict=Verdict.ACCEPTED_REPLAY)
+    page = admin_client.get(reverse("admin:triggers_webhookdelivery_changelist"), {"verdict__exact": "rejected_sig"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "d-bad" in html and "signature does not match" in html and "d-replay" not in html

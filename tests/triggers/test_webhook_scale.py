@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -91,3 +92,31 @@ def test_simultaneous_copies_of_one_delivery_race_on_the_index(hook_webs: list[s
     assert len({out["run_id"] for _, out in answers}) == 1
     assert Run.objects.filter(id=answers[0][1]["run_id"]).count() == 1
     assert WebhookDelivery.objects.filter(webhook_name="racing", first=True).count() == 1
+
+
+async def sync_deliveries(base: str, n: int) -> list[int]:
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=n)) as client:
+
+        async def one(i: int) -> int:
+            body = payload(n=i)
+            resp = await client.post(f"{base}/v1/_webhooks/sync-many?sync=true", content=body, headers=github(body))
+            return resp.status_code
+
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def test_sync_waits_hold_no_thread(hook_webs: list[str], stack: Any) -> None:
+    """30 sync deliveries wait at once on one web process whose thread pool has
+    min(32, CPUs + 4) threads (6 here): if each wait held a thread, the 1 s
+    waits would run in at least 5 rounds; on the event loop they overlap."""
+    define(
+        "sync-many",
+        agent="slow",
+        sync_response={"enabled": True, "timeout_ms": 1000},
+        rate_limit={"requests_per_minute": 6000, "burst": 100},
+    )
+    started = time.monotonic()
+    statuses = asyncio.run(sync_deliveries(hook_webs[0], 30))
+    elapsed = time.monotonic() - started
+    assert statuses == [504] * 30
+    assert elapsed < 4.5, f"30 sync waits of 1 s took {elapsed:.1f} s: they did not overlap"

@@ -139,6 +139,8 @@ def webhook_dry_run(*, tenant: str, name: str, body: bytes) -> dict[str, Any]:
             int(d.get("body_size_limit_bytes") or DEFAULT_BODY_LIMIT),
         )
         auth = d.get("auth") or {}
+        if auth.get("kind") == "none":
+            verify(auth, {}, body)  # refused unless unauthenticated mode is on
         for field in ("signing_secret_env", "bearer_token_env"):
             if auth.get(field):
                 resolve_secret(str(auth[field]))

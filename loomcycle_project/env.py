@@ -245,6 +245,13 @@ REDACT_SECRETS: bool = env.bool("LOOMCYCLE_REDACT_SECRETS", default=True)
 # Tool-use hooks (SPEC 9.3): the `[tenant:]owner` pairs whose pre hooks may widen a call's
 # allowed hosts (`allow_hosts`); none by default (loomcycle's yaml hooks.permit_host_widen.owners).
 HOOKS_PERMIT_HOST_WIDEN: list[str] = _list("LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN", [])
+# Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
+# `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
+# definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
+WEBHOOKS_ENABLED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ENABLED", default=False)
+WEBHOOKS_ALLOW_UNAUTHENTICATED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ALLOW_UNAUTHENTICATED", default=False)
+WEBHOOKS_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST", [])
+WEBHOOKS_DELIVERY_RETENTION_HOURS: int = env.int("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", default=168)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -341,3 +348,8 @@ class RuntimeSettings:
     redact_secrets: bool
     # Tool-use hooks.
     hooks_permit_host_widen: tuple[str, ...] = ()
+    # Inbound webhooks (apps.triggers.webhooks).
+    webhooks_enabled: bool
+    webhooks_allow_unauthenticated: bool
+    webhooks_env_allowlist: tuple[str, ...]
+    webhooks_delivery_retention_hours: int

@@ -237,6 +237,10 @@ LOOMCYCLE = E.RuntimeSettings(
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
     redact_secrets=E.REDACT_SECRETS,
     hooks_permit_host_widen=tuple(E.HOOKS_PERMIT_HOST_WIDEN),
+    webhooks_enabled=E.WEBHOOKS_ENABLED,
+    webhooks_allow_unauthenticated=E.WEBHOOKS_ALLOW_UNAUTHENTICATED,
+    webhooks_env_allowlist=tuple(E.WEBHOOKS_ENV_ALLOWLIST),
+    webhooks_delivery_retention_hours=E.WEBHOOKS_DELIVERY_RETENTION_HOURS,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

@@ -26,6 +26,7 @@ _NOT_ONE_VARIABLE = {
     "http_host_allowlist",
     "http_private_host_allowlist",
     "hooks_permit_host_widen",
+    "webhooks_env_allowlist",
 }
 
 _PROBE = """

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 
-from apps.core import egress
+from apps.core import egress, hosts
 from apps.core.errors import Invalid, NotFound
 from apps.core.types import Principal
 from apps.triggers.hooks import cache
@@ -138,8 +138,8 @@ def callback_url_check(value: Any) -> str:
 
 def _blocked_literal(host: str) -> str | None:
     """Why a literal host may never be called (egress's address ranges), or None."""
-    host = egress.normalise_host(host)
-    if egress.host_matches(host, settings.LOOMCYCLE.http_private_host_allowlist):
+    host = hosts.normalise_host(host)
+    if hosts.host_matches(host, settings.LOOMCYCLE.http_private_host_allowlist):
         return None
     if host == "localhost" or host.endswith(".localhost"):
         return "loopback"

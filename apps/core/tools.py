@@ -93,7 +93,8 @@ class VolumeBinding:
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool may know about the call. `idempotency_key` is
-    `(run_id, step, call_id)`: a redelivered iteration repeats the same key."""
+    `(run_id, step, call_id)`: a redelivered iteration repeats the same key.
+    `allowed_hosts` is where the network tools may go (`()`: nowhere)."""
 
     run_id: str
     agent_id: str
@@ -113,6 +114,8 @@ class ToolContext:
     )  # user_bearer + user_credentials, never persisted in clear
     volumes: tuple[VolumeBinding, ...] = ()  # the run's resolved volume bindings (none: no filesystem)
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    # The run's effective network hosts (apps.core.hosts.run_allowed_hosts), fixed at run creation.
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def idempotency_key(self) -> str:

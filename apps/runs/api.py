@@ -49,6 +49,7 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
                 agent=data.agent,
                 segments=data.segment_list(),
                 tools=data.tools,
+                allowed_hosts=data.allowed_hosts,
                 user_id=data.user_id or "",
                 tenant_id=data.tenant_id or "",
                 agent_id=data.agent_id,

@@ -432,6 +432,7 @@ def _run_tools(
         credentials=run.credentials,
         volumes=tuple(VolumeBinding.from_dict(v) for v in run.volumes or []),
         cancelled=cancel,
+        allowed_hosts=tuple(run.allowed_hosts),
     )
     with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)

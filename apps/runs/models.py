@@ -65,6 +65,8 @@ class Run(models.Model):
     tools = models.JSONField(default=list)  # effective tool names (operator ∩ agent ∩ caller)
     # The creating request's `tools` narrowing (None: none); sub-agents inherit it as their caller layer.
     caller_tools = models.JSONField(null=True, blank=True)
+    # Where the network tools may go (apps.core.hosts.run_allowed_hosts; [] = nowhere); sub-agents inherit it.
+    allowed_hosts = models.JSONField(default=list)
     # Resolved volume bindings (apps.core.tools.VolumeBinding.as_dict()); sub-agents get a subset.
     volumes = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict)

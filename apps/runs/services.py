@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
+from apps.core.hosts import run_allowed_hosts
 from apps.core.http import db_call
 from apps.core.identity import acting_tenant_id, acting_user_id
 from apps.core.ids import new_agent_id, new_run_id, new_session_id
@@ -58,6 +59,7 @@ class RunCreate:
     agent: str
     segments: list[Segment]
     tools: list[str] | None = None
+    allowed_hosts: list[str] | None = None  # SPEC 6.1's three states: None = omitted
     user_id: str = ""
     agent_id: str | None = None
     metadata: dict[str, Any] | None = None
@@ -131,6 +133,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         agent=list(d.get("tools", [])),
         caller=data.tools,
         disable_context=bool(d.get("disable_context", False)),
+        skills=[str(p) for p in d.get("skills") or []],
     )
     volumes = registry.resolve_volumes(tenant_id=tenant_id, definition=d, parent_id=data.parent_id)
     return Resolved(
@@ -140,6 +143,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         interactive=interactive,
         max_iterations=max_it,
         tools=tools,
+        allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
         routing=routing_of(route, d),
@@ -169,6 +173,7 @@ class Resolved:
     interactive: bool
     max_iterations: int
     tools: list[str]
+    allowed_hosts: list[str]
     user_text: str
     system: list[str]
     routing: dict[str, Any]
@@ -209,6 +214,7 @@ def run_insert(
         max_iterations=r.max_iterations,
         tools=r.tools,
         caller_tools=data.tools,
+        allowed_hosts=r.allowed_hosts,
         volumes=r.volumes,
         metadata=data.metadata or {},
         parent_id=data.parent_id,

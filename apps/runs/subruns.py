@@ -32,7 +32,7 @@ from apps.runs import store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
-from apps.runs.selectors import run_caller_tools
+from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
 from apps.runs.wake import run_answer
 
 log = logging.getLogger("loomcycle.subruns")
@@ -94,18 +94,22 @@ def spawn_prepare(
     run's tools narrowed every sub-agent it spawns (the child's own agent
     definition still decides what it may have inside that). It inherits its
     parent's credentials exactly (a tool cannot add any: ⊆ the parent's). Its
-    volumes are its own bindings within its parent's, never wider."""
+    network hosts are the parent's effective list as its caller's
+    `allowed_hosts`, so at most the parent's (none when there is no parent to
+    inherit from). Its volumes are its own bindings within its parent's, never wider."""
     from apps.runs.services import RunCreate, run_resolve
 
     if depth + 1 > MAX_DEPTH:
         raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
     caller = run_caller_tools(parent_id) if parent_id else None
+    hosts = run_allowed_hosts_of(parent_id) if parent_id else []
     data = RunCreate(
         agent=request.agent,
         segments=[Segment(text=request.prompt)],
         user_id=user_id,
         user_tier=user_tier,
         tools=caller,
+        allowed_hosts=hosts,
         parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)

@@ -66,6 +66,7 @@ _CLAIM_COLUMNS = (
     "candidate_idx",
     "fallbacks",
     "credentials_sealed",
+    "allowed_hosts",
     "volumes",
 )
 
@@ -202,6 +203,7 @@ class ClaimedRun:
     candidate_idx: int
     fallbacks: int
     credentials_sealed: str  # apps.runs.credentials; opened by the engine, never logged
+    allowed_hosts: list[str]
     volumes: list[dict[str, Any]] = field(default_factory=list)
     first_claim: bool = False
     runtime_state: str = "running"
@@ -317,7 +319,7 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
     if row is None:
         return None
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
-    for key in ("system", "tools", "usage", "routing", "volumes"):
+    for key in ("system", "tools", "usage", "routing", "allowed_hosts", "volumes"):
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]
     return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0008_secrets'),
+        ('runs', '0009_net_allowed_hosts'),
     ]
 
     operations = [

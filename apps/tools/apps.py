@@ -19,11 +19,12 @@ class ToolsConfig(AppConfig):
         from apps.tools.grep import GREP_TOOL
         from apps.tools.network import HTTP_TOOL, WEBFETCH_TOOL
         from apps.tools.posture import network_stances, stance_register
-        from apps.tools.volumes import bindings_resolve, ephemeral_volumes_finished
+        from apps.tools.volumes import bindings_resolve, ephemeral_volumes_finished, file_stances
 
         registry.register(HTTP_TOOL)
         registry.register(WEBFETCH_TOOL)
         stance_register(network_stances)
+        stance_register(file_stances)
         for tool in (READ_TOOL, WRITE_TOOL, EDIT_TOOL, GLOB_TOOL, GREP_TOOL, BASH_TOOL):
             registry.register(tool)
         registry.set_volume_resolver(bindings_resolve)

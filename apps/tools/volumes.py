@@ -240,3 +240,29 @@ def root_of(ctx: ToolContext, binding: VolumeBinding) -> Path:
 def ephemeral_volumes_finished(run_id: str, status: str) -> None:
     """The registry.on_run_finished listener: a top-level run's ephemeral volumes go with it."""
     ephemeral_purge(run_id)
+
+
+# --- posture (apps.tools.posture, `doctor`) ------------------------------------------
+
+
+def file_stances() -> list[Any]:
+    """Read/Write/Edit/Glob/Grep and Bash under the current settings and yaml `volumes:`.
+    Managed sandbox: no static volume and Bash off. Agentic dev: an rw static volume and Bash on."""
+    from apps.tools.posture import ToolStance
+
+    statics = static_volumes()
+    listed = ", ".join(f"{v.name} ({v.mode}{', default' if v.default else ''})" for v in statics.values())
+    where = f"static volumes {listed}" if statics else "no static volume"
+    files = (
+        f"only volumes an agent binds: {where}; tenants' dynamic and per-run ephemeral volumes under {volumes_root()}"
+    )
+    has_rw = any(v.mode == "rw" for v in statics.values())
+    out = [ToolStance(t, files, not statics, has_rw) for t in ("Read", "Write", "Edit", "Glob", "Grep")]
+    bash_on = bool(settings.LOOMCYCLE.bash_enabled)
+    bash = (
+        "runs /bin/sh in a bound rw volume as the worker's user: NOT a sandbox (timeout, 1 MiB output, env scrubbed)"
+        if bash_on
+        else "refuses every call: not configured (LOOMCYCLE_BASH_ENABLED is off)"
+    )
+    out.append(ToolStance("Bash", bash, not bash_on, bash_on))
+    return out

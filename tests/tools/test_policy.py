@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import pytest
@@ -20,8 +21,18 @@ OP = ("example.com", "api.test")
 
 
 def configure(settings: Any, operator: tuple[str, ...], authoritative: bool = False) -> None:
+    """The network settings; the filesystem as each posture has it: the sandbox with no
+    volume (only loomcycle.yaml, which declares none) and Bash off, the open network with
+    the test yaml's rw volumes and Bash on."""
+    open_network = "*" in operator
+    every = os.environ["LOOMCYCLE_CONFIG_FILES"].split(",")  # the suite's layers (pytest_plugin)
+    files = [p for p in every if open_network or p.endswith("/loomcycle.yaml")]
     settings.LOOMCYCLE = dataclasses.replace(
-        settings.LOOMCYCLE, http_host_allowlist=operator, http_caller_authoritative=authoritative
+        settings.LOOMCYCLE,
+        http_host_allowlist=operator,
+        http_caller_authoritative=authoritative,
+        config_files=tuple(files),
+        bash_enabled=open_network,
     )
 
 
@@ -147,3 +158,14 @@ def test_doctor_names_the_posture_and_what_each_tool_may_do(
     lines = tool_lines()
     assert lines["tool HTTP"] == "off: not in LOOMCYCLE_TOOLS_ENABLED"
     assert lines["tool Context"].startswith("for agents that list it in tools:")
+
+
+def test_doctor_says_what_the_file_tools_and_bash_may_do(settings: Any) -> None:
+    configure(settings, (), authoritative=True)
+    lines = tool_lines()
+    assert lines["tool Read"].startswith("only volumes an agent binds: no static volume;")
+    assert lines["tool Bash"] == "refuses every call: not configured (LOOMCYCLE_BASH_ENABLED is off)"
+    configure(settings, ("*",))
+    lines = tool_lines()
+    assert lines["tool Write"].startswith("only volumes an agent binds: static volumes work (rw), outside (rw)")
+    assert "NOT a sandbox" in lines["tool Bash"]

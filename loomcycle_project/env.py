@@ -254,9 +254,10 @@ WEBHOOKS_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST", []
 WEBHOOKS_DELIVERY_RETENTION_HOURS: int = env.int("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", default=168)
 
 # Volumes and the shell (docs/tools.md). Dynamic (per-tenant) and per-run ephemeral
-# volumes live under VOLUMES_ROOT; Bash is off unless BASH_ENABLED, and its child sees
-# PATH plus the variables named in BASH_ALLOWED_CREDS (comma-separated), nothing else.
-VOLUMES_ROOT: str = env.str("LOOMCYCLE_VOLUMES_ROOT", default="") or str(DATA_DIR / "volumes")
+# volumes live under VOLUMES_ROOT and exist only when it is set (or a yaml volume is the
+# dynamic_root); Bash is off unless BASH_ENABLED, and its child sees PATH plus the names
+# BASH_ALLOWED_CREDS lists (comma-separated), nothing else.
+VOLUMES_ROOT: str = env.str("LOOMCYCLE_VOLUMES_ROOT", default="")
 BASH_ENABLED: bool = env.bool("LOOMCYCLE_BASH_ENABLED", default=False)
 BASH_ALLOWED_CREDS: str = env.str("LOOMCYCLE_BASH_ALLOWED_CREDS", default="")
 

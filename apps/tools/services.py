@@ -35,6 +35,7 @@ def volume_def_out(row: VolumeDef, **extra: Any) -> dict[str, Any]:
 
 def volume_def_create(*, tenant_id: str, name: Any, mode: Any = "rw") -> dict[str, Any]:
     name, mode = check_name(name), check_mode(mode or "rw")
+    path = dynamic_path(tenant_id, name)  # refuses first when this runtime has no volumes root
     if name in static_volumes():
         raise Conflict(f"volume {name!r} is a static (yaml) volume", code=errors.VOLUME_STATIC)
     existing = volume_def_find(tenant_id=tenant_id, name=name)
@@ -42,7 +43,6 @@ def volume_def_create(*, tenant_id: str, name: Any, mode: Any = "rw") -> dict[st
         if existing.mode != mode:
             raise Conflict(f"volume {name!r} exists with mode {existing.mode}", code="volume_exists")
         return volume_def_out(existing, deduplicated=True)
-    path = dynamic_path(tenant_id, name)
     path.mkdir(parents=True, exist_ok=True)
     try:
         with transaction.atomic():

@@ -28,7 +28,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.core.config import runtime_config
-from apps.core.errors import Invalid
+from apps.core.errors import Conflict, Invalid
 from apps.core.tools import ToolContext, VolumeBinding
 from apps.tools import errors
 
@@ -88,14 +88,21 @@ def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolu
     return {str(name): _static_entry(name, raw) for name, raw in block.items()}
 
 
-def volumes_root() -> Path:
+NO_ROOT = (
+    "dynamic and ephemeral volumes are not configured on this runtime "
+    "(set LOOMCYCLE_VOLUMES_ROOT, or mark a yaml volume dynamic_root: true)"
+)
+
+
+def volumes_root() -> Path | None:
     """Where dynamic and ephemeral volumes live: a yaml entry marked `dynamic_root: true`,
-    else LOOMCYCLE_VOLUMES_ROOT."""
+    else LOOMCYCLE_VOLUMES_ROOT; None when neither is set (there are none then)."""
     block = runtime_config().get("volumes") or {}
     for raw in block.values() if isinstance(block, dict) else []:
         if isinstance(raw, dict) and raw.get("dynamic_root") and isinstance(raw.get("path"), str):
             return Path(raw["path"])
-    return Path(settings.LOOMCYCLE.volumes_root)
+    configured = settings.LOOMCYCLE.volumes_root
+    return Path(configured) if configured else None
 
 
 TENANT_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -108,17 +115,20 @@ def dynamic_path(tenant_id: str, name: str) -> Path:
     if tenant_id and not TENANT_RE.fullmatch(tenant_id):
         raise Invalid(f"tenant id {tenant_id!r} cannot name a volume directory", code=errors.VOLUME_NAME_INVALID)
     root = volumes_root()
+    if root is None:
+        raise Conflict(NO_ROOT, code=errors.VOLUMES_NOT_CONFIGURED)
     return root / "shared" / name if not tenant_id else root / "tenants" / tenant_id / name
 
 
-def ephemeral_dir(root_run_id: str) -> Path:
-    return volumes_root() / "ephemeral" / root_run_id
+def ephemeral_dir(root_run_id: str) -> Path | None:
+    root = volumes_root()
+    return None if root is None else root / "ephemeral" / root_run_id
 
 
 def ephemeral_purge(run_id: str) -> bool:
     """Remove a top-level run's ephemeral volumes; False when it had none (idempotent)."""
     target = ephemeral_dir(run_id)
-    if not target.is_dir():
+    if target is None or not target.is_dir():
         return False
     shutil.rmtree(target)
     log.info("run %s: ephemeral volumes purged (%s)", run_id, target)
@@ -225,7 +235,10 @@ def root_of(ctx: ToolContext, binding: VolumeBinding) -> Path:
     """The binding's directory on this worker. An ephemeral one is made on first use;
     any other must exist already (a multi-host deployment mounts it on every worker)."""
     if binding.ephemeral:
-        path = ephemeral_dir(binding.root_run_id or ctx.run_id) / binding.name
+        where = ephemeral_dir(binding.root_run_id or ctx.run_id)
+        if where is None:
+            raise VolumeUnavailable(f"volume {binding.name!r}: {NO_ROOT}")
+        path = where / binding.name
         path.mkdir(parents=True, exist_ok=True)
         return path
     path = Path(binding.path)
@@ -247,17 +260,18 @@ def ephemeral_volumes_finished(run_id: str, status: str) -> None:
 
 def file_stances() -> list[Any]:
     """Read/Write/Edit/Glob/Grep and Bash under the current settings and yaml `volumes:`.
-    Managed sandbox: no static volume and Bash off. Agentic dev: an rw static volume and Bash on."""
+    Managed sandbox: no volume of any kind and Bash off. Agentic dev: an rw static volume and Bash on."""
     from apps.tools.posture import ToolStance
 
     statics = static_volumes()
     listed = ", ".join(f"{v.name} ({v.mode}{', default' if v.default else ''})" for v in statics.values())
     where = f"static volumes {listed}" if statics else "no static volume"
-    files = (
-        f"only volumes an agent binds: {where}; tenants' dynamic and per-run ephemeral volumes under {volumes_root()}"
-    )
+    root = volumes_root()
+    dynamic = f"dynamic and ephemeral volumes under {root}" if root else "no dynamic or ephemeral volumes"
+    files = f"only volumes an agent binds: {where}; {dynamic}"
     has_rw = any(v.mode == "rw" for v in statics.values())
-    out = [ToolStance(t, files, not statics, has_rw) for t in ("Read", "Write", "Edit", "Glob", "Grep")]
+    sandboxed = not statics and root is None
+    out = [ToolStance(t, files, sandboxed, has_rw) for t in ("Read", "Write", "Edit", "Glob", "Grep")]
     bash_on = bool(settings.LOOMCYCLE.bash_enabled)
     bash = (
         "runs /bin/sh in a bound rw volume as the worker's user: NOT a sandbox (timeout, 1 MiB output, env scrubbed)"

@@ -33,6 +33,7 @@ def configure(settings: Any, operator: tuple[str, ...], authoritative: bool = Fa
         http_caller_authoritative=authoritative,
         config_files=tuple(files),
         bash_enabled=open_network,
+        volumes_root=settings.LOOMCYCLE.volumes_root if open_network else "",
     )
 
 
@@ -163,7 +164,7 @@ def test_doctor_names_the_posture_and_what_each_tool_may_do(
 def test_doctor_says_what_the_file_tools_and_bash_may_do(settings: Any) -> None:
     configure(settings, (), authoritative=True)
     lines = tool_lines()
-    assert lines["tool Read"].startswith("only volumes an agent binds: no static volume;")
+    assert lines["tool Read"] == "only volumes an agent binds: no static volume; no dynamic or ephemeral volumes"
     assert lines["tool Bash"] == "refuses every call: not configured (LOOMCYCLE_BASH_ENABLED is off)"
     configure(settings, ("*",))
     lines = tool_lines()

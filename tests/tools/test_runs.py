@@ -6,6 +6,7 @@ VolumeDef admin routes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,15 +19,18 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from apps.core.errors import Invalid
+from apps.core.errors import Conflict, Invalid
+from apps.core.tools import VolumeBinding
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools import services as volume_services
+from apps.tools.files import read_execute
 from apps.tools.volumes import bindings_resolve, dynamic_path, volumes_root
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.tools.test_bash import gone
+from tests.tools.test_files import ctx_for
 
 STATIC = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "volumes-static"
 
@@ -90,8 +94,10 @@ def test_a_dynamic_volume_belongs_to_its_tenant() -> None:
 
 
 def test_a_dynamic_volume_path_cannot_leave_the_root() -> None:
-    assert dynamic_path("acme", "x") == volumes_root() / "tenants" / "acme" / "x"
-    assert dynamic_path("", "x") == volumes_root() / "shared" / "x"
+    root = volumes_root()
+    assert root is not None  # the suite sets LOOMCYCLE_VOLUMES_ROOT (pytest_plugin)
+    assert dynamic_path("acme", "x") == root / "tenants" / "acme" / "x"
+    assert dynamic_path("", "x") == root / "shared" / "x"
     for tenant, name in (("../etc", "x"), ("acme/..", "x"), ("acme", "../x"), ("acme", "X")):
         with pytest.raises(Invalid):
             dynamic_path(tenant, name)
@@ -248,3 +254,13 @@ def test_cancelling_a_parked_run_purges_its_ephemeral_volumes(stack: WorkerPool)
     services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason="done with it")
     assert wait_status(run.id, RunStatus.CANCELLED).stop_reason == "done with it"
     wait_for(lambda: not scratch.exists(), timeout=10)
+
+
+def test_without_a_volumes_root_there_are_no_dynamic_or_ephemeral_volumes(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, volumes_root="")
+    with pytest.raises(Conflict, match="not configured") as refused:
+        volume_services.volume_def_create(tenant_id="acme", name="reports")
+    assert refused.value.code == "volumes_not_configured"
+    ctx = ctx_for(VolumeBinding(name="scratch", path="", mode="rw", ephemeral=True))
+    result = read_execute(ctx, {"path": "a.txt"})
+    assert result.is_error and "volume 'scratch': dynamic and ephemeral volumes are not configured" in result.text

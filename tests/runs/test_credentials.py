@@ -111,12 +111,18 @@ def test_sub_agents_inherit_exactly_the_parents_credentials() -> None:
 
 
 def test_a_cancel_clears_the_sealed_credentials_and_steering_text_is_stored_redacted() -> None:
-    run = _create()
+    # A model turn that sleeps a minute: whether a session worker has claimed the run
+    # (the cancel lands in its provider call) or none runs (a queued run is cancelled
+    # at once), the run is still mid-turn when the input and the cancel arrive.
+    data = services.RunCreate(
+        agent="scripted", segments=[Segment(text='MOCK_SCRIPT: [{"sleep_ms": 60000}]')], credentials=CREDS
+    )
+    run = services.run_create(principal=ALICE, data=data)
     services.run_input(principal=ALICE, run_id=run.id, text=f"now use {CREDS['github']}")
     assert RunInput.objects.get(run_id=run.id).text == "now use [redacted:github]"
     services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason=f"stop {CREDS['user_bearer']}")
-    row = Run.objects.get(id=run.id)
-    assert row.status == RunStatus.CANCELLED and row.credentials_sealed == ""
+    row = wait_status(run.id, RunStatus.CANCELLED)
+    assert row.credentials_sealed == ""
     assert row.cancel_reason == row.stop_reason == "stop [redacted:user_bearer]"
 
 

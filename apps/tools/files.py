@@ -25,11 +25,14 @@ class Refusal(Exception):
 
 
 def _text(data: dict[str, Any], key: str, *, required: bool = True) -> str:
+    """A string field; required ones must be non-empty, except `content` (an empty file is fine)."""
     value = data.get(key)
     if value is None and not required:
         return ""
-    if not isinstance(value, str) or (required and key != "content" and not value):
-        raise Refusal(f"{key} must be a non-empty string" if key != "content" else "content must be a string")
+    if not isinstance(value, str):
+        raise Refusal(f"{key} must be a string")
+    if required and not value and key != "content":
+        raise Refusal(f"{key} must be a non-empty string")
     return value
 
 
@@ -210,7 +213,7 @@ def glob_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     return run_file_tool(ctx, data, GLOB_FIELDS, body)
 
 
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def file_tool_schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
     volume = {"type": "string", "description": "bound volume name (default: the run's default or sole volume)"}
     return {"type": "object", "properties": {**props, "volume": volume}, "required": required}
 
@@ -220,20 +223,20 @@ _PATH = {"type": "string", "description": "path relative to the volume root"}
 READ_TOOL = Tool(
     name="Read",
     description=f"Read a text file from a bound volume (truncated at {READ_CAP} bytes).",
-    input_schema=_schema({"path": _PATH}, ["path"]),
+    input_schema=file_tool_schema({"path": _PATH}, ["path"]),
     execute=read_execute,
 )
 WRITE_TOOL = Tool(
     name="Write",
     description=f"Write a file in a rw volume, atomically (creates directories; up to {WRITE_CAP} bytes).",
-    input_schema=_schema({"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
+    input_schema=file_tool_schema({"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
     execute=write_execute,
 )
 EDIT_TOOL = Tool(
     name="Edit",
     description="Replace old_string with new_string in a file of a rw volume; old_string must be unique "
     "unless replace_all.",
-    input_schema=_schema(
+    input_schema=file_tool_schema(
         {
             "path": _PATH,
             "old_string": {"type": "string"},
@@ -247,6 +250,6 @@ EDIT_TOOL = Tool(
 GLOB_TOOL = Tool(
     name="Glob",
     description=f"Files matching a glob (*, ?, [..], **) in a bound volume, newest first, at most {GLOB_LIMIT}.",
-    input_schema=_schema({"pattern": {"type": "string"}, "path": _PATH}, ["pattern"]),
+    input_schema=file_tool_schema({"pattern": {"type": "string"}, "path": _PATH}, ["pattern"]),
     execute=glob_execute,
 )

@@ -20,7 +20,7 @@ import regex
 
 from apps.core.tools import Tool, ToolContext, ToolResult, VolumeBinding
 from apps.tools import fs
-from apps.tools.files import Refusal, _schema, run_file_tool, walk_files
+from apps.tools.files import Refusal, file_tool_schema, run_file_tool, walk_files
 
 GREP_TIMEOUT_S = 5.0
 GREP_OUTPUT_CAP = 256 * 1024
@@ -197,7 +197,7 @@ GREP_TOOL = Tool(
     name="Grep",
     description="Search file contents in a bound volume with a regular expression. output_mode "
     "files_with_matches (default), content (path:line:text, with -A/-B/-C context) or count.",
-    input_schema=_schema(
+    input_schema=file_tool_schema(
         {
             "pattern": {"type": "string"},
             "path": {"type": "string", "description": "file or directory relative to the volume root"},

@@ -31,6 +31,7 @@ api.add_router("/", "apps.runs.api_concurrency.router")
 api.add_router("/", "apps.gateway.api.router")
 api.add_router("/", "apps.memory.api.router")
 api.add_router("/", "apps.channels.api.router")
+api.add_router("/", "apps.triggers.api.router")
 
 
 def error_response(status: int, code: str, message: str, details: dict[str, object] | None = None) -> JsonResponse:

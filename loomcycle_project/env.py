@@ -237,6 +237,10 @@ CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
 
+# Scheduler (SPEC 9.1): off unless set; how often beat sends the tick that fires due ScheduleDefs.
+SCHEDULER_ENABLED: bool = env.bool("LOOMCYCLE_SCHEDULER_ENABLED", default=False)
+SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", default=30.0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeSettings:
@@ -326,3 +330,6 @@ class RuntimeSettings:
     # Evaluations.
     evaluation_max_judgement_bytes: int
     evaluation_max_rationale_bytes: int
+    # Scheduler (apps.triggers).
+    scheduler_enabled: bool
+    scheduler_tick_seconds: float

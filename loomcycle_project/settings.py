@@ -233,6 +233,8 @@ LOOMCYCLE = E.RuntimeSettings(
     channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
+    scheduler_enabled=E.SCHEDULER_ENABLED,
+    scheduler_tick_seconds=E.SCHEDULER_TICK_SECONDS,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).
@@ -241,6 +243,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     memory_sweep_s=LOOMCYCLE.memory_sweep_ms / 1000.0,
     channels_wake_tick_s=LOOMCYCLE.channels_wake_tick_ms / 1000.0,
     channels_sweep_s=LOOMCYCLE.channels_sweep_ms / 1000.0,
+    scheduler_tick_s=LOOMCYCLE.scheduler_tick_seconds if LOOMCYCLE.scheduler_enabled else None,
 )
 
 LOGGING = {

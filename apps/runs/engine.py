@@ -569,11 +569,20 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
+    if write.next == Next.FINISH and run.notify_finished:  # a trigger's run (registry.on_run_finished)
+        _announce_finished(run.id, write.status)
     if write.next == Next.FINISH and run.parent_id:
         run_child_finished(child_id=run.id)
     elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
         fairness.run_slot_release(run.id)
         _slot_freed(run.id)
+
+
+def _announce_finished(run_id: str, status: str) -> None:
+    try:
+        registry.run_finished(run_id, status)
+    finally:
+        connection.close()
 
 
 def _slot_freed(run_id: str) -> None:

@@ -66,6 +66,9 @@ class Run(models.Model):
     # The creating request's `tools` narrowing (None: none); sub-agents inherit it as their caller layer.
     caller_tools = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(default=dict)
+    # Created by a trigger that wants to hear when it ends (apps.runs.registry.on_run_finished):
+    # the engine calls the listeners only for these, so other runs pay nothing for the seam.
+    notify_finished = models.BooleanField(default=False)
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")
     usage = models.JSONField(default=dict)

@@ -8,7 +8,12 @@ list unless it sets `disable_context`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 from apps.core.tools import Tool
+
+log = logging.getLogger("loomcycle.runs")
 
 _REGISTRY: dict[str, Tool] = {}
 
@@ -55,3 +60,30 @@ def effective_tools(
             continue
         out.append(name)
     return out
+
+
+# --- "run finished" listeners ------------------------------------------------------------
+# Apps that start runs and want to hear when they end (apps.triggers' on_complete hooks)
+# register here from AppConfig.ready(), as tools do: the engine never imports them. Only
+# runs created with `notify_finished` are announced, so other runs pay nothing for it.
+
+RunFinished = Callable[[str, str], None]  # (run_id, terminal status)
+_FINISHED: list[RunFinished] = []
+
+
+def on_run_finished(listener: RunFinished) -> None:
+    """Call `listener(run_id, status)` after a notify_finished run's terminal step commits
+    (at most once per run from the engine; a listener must itself tolerate a second call)."""
+    if listener not in _FINISHED:
+        _FINISHED.append(listener)
+
+
+def run_finished(run_id: str, status: str) -> None:
+    """Tell every listener; one listener's failure is logged and does not stop the others."""
+    for listener in list(_FINISHED):
+        try:
+            listener(run_id, status)
+        except Exception:  # a listener's bug must not fail the run's (committed) iteration
+            log.exception(
+                "run %s: a run-finished listener (%s) failed", run_id, getattr(listener, "__name__", listener)
+            )

@@ -62,6 +62,11 @@ def run_status(*, run_id: str) -> str | None:
     return Run.objects.filter(id=run_id).values_list("status", flat=True).first()
 
 
+def run_statuses(*, run_ids: list[str]) -> dict[str, str]:
+    """The status of each run of `run_ids` that exists (one query)."""
+    return dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))
+
+
 def paused_runs_count() -> int:
     return Run.objects.filter(status=RunStatus.PAUSED).count()
 

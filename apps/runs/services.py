@@ -63,6 +63,7 @@ class RunCreate:
     parent_id: str | None = None  # set by sub-agent spawns
     user_tier: str | None = None
     tenant_id: str = ""  # the request's claim: only logged, the principal's tenant wins (SPEC 8)
+    notify_finished: bool = False  # a trigger's run: the engine tells registry.on_run_finished listeners
 
 
 def runtime_state_get() -> str:
@@ -196,6 +197,7 @@ def run_insert(
         tools=r.tools,
         caller_tools=data.tools,
         metadata=data.metadata or {},
+        notify_finished=data.notify_finished,
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,

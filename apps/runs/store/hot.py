@@ -64,6 +64,7 @@ _CLAIM_COLUMNS = (
     "routing",
     "candidate_idx",
     "fallbacks",
+    "notify_finished",
 )
 
 
@@ -196,6 +197,7 @@ class ClaimedRun:
     routing: dict[str, Any]
     candidate_idx: int
     fallbacks: int
+    notify_finished: bool = False
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)

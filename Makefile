@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-circuit doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-schedules bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,9 @@ bench: $(STAMP)
 
 bench-gateway: $(STAMP)
 	$(PY) bench/gateway.py
+
+bench-schedules: $(STAMP)
+	$(PY) bench/schedules.py
 
 # The circuit bench, with its LangGraph peer in a separate venv (.venv-peer).
 PEER_STAMP := .venv-peer/.installed-$(shell sha256sum requirements/bench-peer.txt | cut -c1-12)

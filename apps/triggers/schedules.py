@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db import connection, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from apps.core.errors import ApplicationError, QuotaExhausted, RuntimePaused
@@ -69,18 +69,29 @@ def schedules_tick(*, now: datetime | None = None, budget_s: float = 60.0) -> Ti
     now = now or timezone.now()
     seeded = schedule_states_seed(now=now)
     deadline = time.monotonic() + budget_s
-    handled: list[str] = []
-    fires = dropped = 0
+    schedules = fires = dropped = 0
     while time.monotonic() < deadline:
         try:
-            done = _fire_next(now=now, exclude=handled)
+            batch = _fire_batch(now=now)
         except RuntimePaused:
-            break  # paused mid-tick: that schedule's transaction rolled back; the next tick fires it
-        if done is None:
+            break  # paused mid-tick: the batch's transaction rolled back; the next tick fires it
+        if not batch:
             break
-        handled.append(done.def_id)
-        fires, dropped = fires + done.fires, dropped + done.dropped
-    return TickResult(seeded=seeded, schedules=len(handled), fires=fires, dropped=dropped)
+        schedules += len(batch)
+        fires, dropped = fires + sum(h.fires for h in batch), dropped + sum(h.dropped for h in batch)
+    return TickResult(seeded=seeded, schedules=schedules, fires=fires, dropped=dropped)
+
+
+HELPERS_MAX = 8  # extra ticks a tick may start when many schedules are due at once
+
+
+def tick_helpers_wanted(*, now: datetime | None = None) -> int:
+    """How many helper ticks to start beside this one: one per CLAIM_BATCH due
+    rows beyond the first batch (at most HELPERS_MAX). Helpers run the same
+    tick; SKIP LOCKED shares the due rows between them."""
+    now = now or timezone.now()
+    due = _due(now).count()
+    return min(HELPERS_MAX, max(0, due - 1) // CLAIM_BATCH)
 
 
 def schedule_states_seed(*, now: datetime) -> int:
@@ -108,40 +119,53 @@ class _Handled:
     dropped: int
 
 
-def _fire_next(*, now: datetime, exclude: list[str]) -> _Handled | None:
+CLAIM_BATCH = 20  # due rows claimed per transaction: one commit (a WAL flush) per batch, not per schedule
+
+
+def _fire_batch(*, now: datetime) -> list[_Handled]:
     with transaction.atomic():
-        state = _claim_due(now, exclude)
-        if state is None:
-            return None
-        try:
-            plan = _plan(state, now)
-        except (KeyError, ValueError, TypeError) as exc:  # a definition the cron code cannot read: park 1 h
-            log.error("schedule %s (%s): cannot compute its fire times: %r", state.name, state.schedule_def_id, exc)
-            _park(state, now, f"decode_def: {exc!r}")
-            return _Handled(state.schedule_def_id, 0, 0)
-        fires = _fire_schedule(state, plan)
+        return [_fire_claimed(state, now) for state in _claim_due(now, CLAIM_BATCH)]
+
+
+def _fire_claimed(state: ScheduleState, now: datetime) -> _Handled:
+    """One claimed schedule, in a savepoint: a schedule that cannot be fired is
+    parked for an hour (SPEC 9.1) instead of failing the rest of the batch."""
+    try:
+        plan = _plan(state, now)
+    except (KeyError, ValueError, TypeError) as exc:  # a definition the cron code cannot read
+        log.error("schedule %s (%s): cannot compute its fire times: %r", state.name, state.schedule_def_id, exc)
+        _park(state, now, f"decode_def: {exc!r}")
+        return _Handled(state.schedule_def_id, 0, 0)
+    try:
+        with transaction.atomic():
+            fires = _fire_schedule(state, plan)
+    except RuntimePaused:
+        raise
+    except Exception as exc:  # logged with its traceback and recorded on the state; the others still fire
+        log.exception("schedule %s (%s): firing failed; parked for an hour", state.name, state.schedule_def_id)
+        _park(state, now, f"fire failed: {exc!r}")
+        return _Handled(state.schedule_def_id, 0, 0)
     return _Handled(state.schedule_def_id, fires, plan.dropped)
 
 
-def _claim_due(now: datetime, exclude: list[str]) -> ScheduleState | None:
-    # SKIP LOCKED: a row another tick is firing is skipped, not waited for; it commits
-    # its advance, so this tick never sees that slot as due again.
-    found: ScheduleState | None = (
-        ScheduleState.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("schedule_def")
-        .filter(next_run_at__lte=now, schedule_def_id__in=active_defs(get_kind("schedule")).values("id"))
-        .filter(Q(paused_until__isnull=True) | Q(paused_until__lte=now))
-        .exclude(schedule_def_id__in=exclude)
-        .order_by("next_run_at")
-        .first()
-    )
-    return found
+def _claim_due(now: datetime, limit: int) -> list[ScheduleState]:
+    # SKIP LOCKED: rows another tick is firing are skipped, not waited for; it commits
+    # their advance, so this tick never sees those slots as due again.
+    due = _due(now).select_for_update(skip_locked=True, of=("self",)).select_related("schedule_def")
+    return list(due.order_by("next_run_at")[:limit])
+
+
+def _due(now: datetime) -> QuerySet[ScheduleState]:
+    """State rows of active, unretired versions, due at `now` and not paused."""
+    return ScheduleState.objects.filter(
+        next_run_at__lte=now, schedule_def_id__in=active_defs(get_kind("schedule")).values("id")
+    ).filter(Q(paused_until__isnull=True) | Q(paused_until__lte=now))
 
 
 def _park(state: ScheduleState, now: datetime, error: str) -> None:
-    state.next_run_at = now + PARK_FOR
-    state.last_status, state.last_error = "failed", error
-    state.save()
+    ScheduleState.objects.filter(pk=state.pk).update(
+        next_run_at=now + PARK_FOR, last_status=FireOutcome.FAILED, last_error=error, updated_at=timezone.now()
+    )
 
 
 @dataclass(frozen=True)
@@ -195,21 +219,33 @@ def _record(state: ScheduleState, fire: ScheduleFire) -> None:
     state.fire_count += int(fire.counted)
 
 
+_FIRE_INSERT = f"""
+INSERT INTO {ScheduleFire._meta.db_table}
+  (schedule_name, schedule_def_id, tenant_id, fire_time, fired_at, outcome, counted, run_id, error, run_status)
+VALUES (%s, %s, %s, %s, now(), %s, false, '', '', '')
+ON CONFLICT ON CONSTRAINT schedulefire_slot DO NOTHING
+RETURNING id
+"""
+
+
 def _fire_slot(row: ScheduleDef, slot: datetime) -> ScheduleFire | None:
     """One fire row (and its run): None when the slot has a fire row already."""
-    d = row.definition
-    enabled = d.get("enabled", True) is not False
-    try:
-        with transaction.atomic():  # savepoint: a duplicate leaves the tick's transaction usable
-            fire = ScheduleFire.objects.create(
-                schedule_name=row.name,
-                schedule_def=row,
-                tenant_id=row.tenant_id,
-                fire_time=slot,
-                outcome=FireOutcome.STARTED if enabled else FireOutcome.SKIPPED_DISABLED,
-            )
-    except IntegrityError:
+    enabled = row.definition.get("enabled", True) is not False
+    outcome = FireOutcome.STARTED if enabled else FireOutcome.SKIPPED_DISABLED
+    with connection.cursor() as cur:  # the UNIQUE slot key: a second insert of a slot inserts nothing
+        cur.execute(_FIRE_INSERT, [row.name, row.id, row.tenant_id, slot, outcome])
+        inserted = cur.fetchone()
+    if inserted is None:
         return None
+    fire = ScheduleFire(
+        id=inserted[0],
+        schedule_name=row.name,
+        schedule_def=row,
+        tenant_id=row.tenant_id,
+        fire_time=slot,
+        outcome=outcome,
+    )
+    fire._state.adding = False
     if enabled:
         _start_run(row, fire)
     return fire
@@ -219,19 +255,19 @@ def _start_run(row: ScheduleDef, fire: ScheduleFire) -> None:
     """The fire's run, created in the fire row's transaction; refusals become the fire's outcome."""
     d = row.definition
     try:
-        with transaction.atomic():
-            run = run_create(principal=schedule_principal(row), data=schedule_run_input(row, fire.fire_time))
-            hooks = list(d.get("on_complete") or [])
-            oncomplete_record(
-                run_id=run.id,
-                tenant_id=row.tenant_id,
-                user_id=run.user_id,
-                agent_id=run.agent_id,
-                agent_name=run.agent_name,
-                hooks=hooks,
-                origin={"schedule_name": row.name},
-                agent_scope_id=row.name,
-            )
+        # No savepoint of our own: run_create raises its refusals before it writes,
+        # and wraps its insert in one (a duplicate agent_id).
+        run = run_create(principal=schedule_principal(row), data=schedule_run_input(row, fire.fire_time))
+        oncomplete_record(
+            run_id=run.id,
+            tenant_id=row.tenant_id,
+            user_id=run.user_id,
+            agent_id=run.agent_id,
+            agent_name=run.agent_name,
+            hooks=list(d.get("on_complete") or []),
+            origin={"schedule_name": row.name},
+            agent_scope_id=row.name,
+        )
     except RuntimePaused:
         raise
     except QuotaExhausted as exc:

@@ -19,10 +19,13 @@ TICK_BUDGET_S = 120.0  # one tick's firing loop; overlapping ticks share the res
 
 
 @shared_task(base=AgentTask, name="maintenance.schedules_tick")
-def schedules_tick_task(**_: Any) -> int:
-    """Fire the due schedules (nothing unless LOOMCYCLE_SCHEDULER_ENABLED=1); the number of fires."""
+def schedules_tick_task(helper: bool = False, **_: Any) -> int:
+    """Fire the due schedules (nothing unless LOOMCYCLE_SCHEDULER_ENABLED=1); the number of fires.
+    Beat's tick first starts helper ticks when many schedules are due (helpers start none)."""
     if not settings.LOOMCYCLE.scheduler_enabled:
         return 0
+    for _n in range(0 if helper else schedules.tick_helpers_wanted()):
+        schedules_tick_task.apply_async(kwargs={"helper": True}, expires=TICK_BUDGET_S)
     return schedules.schedules_tick(budget_s=TICK_BUDGET_S).fires
 
 

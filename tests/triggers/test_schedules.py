@@ -16,7 +16,7 @@ from apps.substrate import services as substrate
 from apps.substrate.kinds import Refused, get_kind
 from apps.substrate.models import ScheduleDef
 from apps.triggers.models import FireOutcome, OnCompleteJob, ScheduleFire, ScheduleState
-from apps.triggers.schedules import schedules_tick
+from apps.triggers.schedules import schedules_tick, tick_helpers_wanted
 from loomcycle_project.bootstrap import load_yaml_config
 
 KIND = get_kind("schedule")
@@ -203,3 +203,12 @@ def test_on_complete_hooks_ride_with_the_run() -> None:
     job = OnCompleteJob.objects.get(run_id=fires(row)[0].run_id)
     assert (job.hooks, job.origin, job.state) == (hooks, {"schedule_name": "hooked"}, "pending")
     assert (job.tenant_id, job.user_id, job.agent_scope_id) == ("acme", "hooked", "hooked")
+
+
+def test_a_burst_of_due_schedules_asks_for_helper_ticks() -> None:
+    rows = [schedule(f"burst-{i}") for i in range(45)]
+    schedules_tick(now=T0)
+    assert tick_helpers_wanted(now=T0) == 0  # nothing due yet
+    assert tick_helpers_wanted(now=minute(1)) == 2  # 45 due: this tick's batch and two helpers' batches
+    assert schedules_tick(now=minute(1)).fires == len(rows)
+    assert tick_helpers_wanted(now=minute(1)) == 0

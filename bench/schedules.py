@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,7 +29,8 @@ N = int(os.environ.get("BENCH_SCHEDULES", "1000"))
 TICK = float(os.environ.get("BENCH_SCHED_TICK", "1.0"))
 WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
-LEAD_S = 20.0  # the slot is at least this far ahead when the definitions are written
+LEAD_S = 20.0  # the slot is at least this far ahead once the definitions are written
+CREATE_S = 0.05  # a generous time to write one definition (8 at a time), to place the slot after them
 PREFIX = "bench-sched-"
 
 os.environ.update(
@@ -49,6 +51,7 @@ import django  # noqa: E402
 
 django.setup()
 from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
 
 from apps.runs.models import Run  # noqa: E402
 from apps.substrate import services as substrate  # noqa: E402
@@ -72,16 +75,25 @@ def retire_old() -> None:
 
 def slot_ahead() -> datetime:
     """The first minute boundary at least LEAD_S (+ time to write N definitions) away."""
-    now = datetime.now(UTC) + timedelta(seconds=LEAD_S + N * 0.01)
+    now = datetime.now(UTC) + timedelta(seconds=LEAD_S + N * CREATE_S)
     return now.replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
 def create(slot: datetime, tag: str) -> list[str]:
     cron = f"{slot.minute} {slot.hour} * * *"
-    ids = []
-    for i in range(N):
-        overlay = {"agent": "scheduled", "schedule": cron, "prompt": "bench"}
-        ids.append(substrate.def_create(KIND, AUTHOR, {"name": f"{PREFIX}{tag}-{i}", "overlay": overlay})["def_id"])
+
+    def one(i: int) -> str:
+        try:
+            overlay = {"agent": "scheduled", "schedule": cron, "prompt": "bench"}
+            out = substrate.def_create(KIND, AUTHOR, {"name": f"{PREFIX}{tag}-{i}", "overlay": overlay})
+            return str(out["def_id"])
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(one, range(N)))
+    if datetime.now(UTC) > slot - timedelta(seconds=5):
+        raise SystemExit("writing the definitions took too long to place the slot after them; run again")
     return ids
 
 
@@ -98,13 +110,6 @@ def main() -> None:
     call_command("migrate", interactive=False, verbosity=0)
     load_yaml_config()
     retire_old()
-    slot = slot_ahead()
-    print(
-        f"loomcycle schedules bench: {os.cpu_count()} cores, {WORKERS} workers x {CONCURRENCY} threads; "
-        f"{N} schedules due at {slot:%H:%M} UTC; tick every {TICK} s",
-        flush=True,
-    )
-    ids = create(slot, f"{int(time.time())}")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     workers = stack.start_workers(
         app,
@@ -118,6 +123,13 @@ def main() -> None:
     )
     beat = stack.start_beat(env, DATA)
     try:
+        slot = slot_ahead()  # after the processes are up: the ticks seed each definition as it is written
+        print(
+            f"loomcycle schedules bench: {os.cpu_count()} cores, {WORKERS} workers x {CONCURRENCY} threads; "
+            f"{N} schedules due at {slot:%H:%M} UTC; tick every {TICK} s",
+            flush=True,
+        )
+        ids = create(slot, f"{int(time.time())}")
         wait = (slot - datetime.now(UTC)).total_seconds()
         print(f"waiting {wait:.0f} s for the slot", flush=True)
         host0 = psutil.cpu_times()

@@ -1,5 +1,6 @@
 # One command each: `make run` (the runtime on the embedded default) and
 # `make test` (the whole suite). Both create and reuse .venv from requirements/.
+# `LOOMCYCLE_SCHEDULER_ENABLED=1 make run` also fires ScheduleDefs (docs/triggers.md).
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)

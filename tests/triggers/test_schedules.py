@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 
 from apps.runs.models import Run, RuntimeState, RuntimeStateValue, TranscriptEntry
 from apps.substrate import services as substrate
@@ -212,3 +214,20 @@ def test_a_burst_of_due_schedules_asks_for_helper_ticks() -> None:
     assert tick_helpers_wanted(now=minute(1)) == 2  # 45 due: this tick's batch and two helpers' batches
     assert schedules_tick(now=minute(1)).fires == len(rows)
     assert tick_helpers_wanted(now=minute(1)) == 0
+
+
+def test_django_admin_shows_next_fire_last_run_and_fire_history(admin_client: Client) -> None:
+    row = schedule("in-admin", catch_up_max=1)
+    schedules_tick(now=T0)
+    schedules_tick(now=minute(2))
+    run_ids = [f.run_id for f in fires(row)]
+    listing = admin_client.get(reverse("admin:triggers_schedulestate_changelist")).content.decode()
+    assert "in-admin" in listing and f'<a href="/v1/runs/{run_ids[-1]}">' in listing
+    assert "Nov. 24, 2026, 12:03" in listing  # the next fire
+    page = admin_client.get(reverse("admin:triggers_schedulestate_change", args=[row.id])).content.decode()
+    assert all(f'<a href="/v1/runs/{run_id}">' in page for run_id in run_ids)  # both fires, linked
+    assert f"schedule_def__id__exact={row.id}" in page
+    fires_page = admin_client.get(
+        reverse("admin:triggers_schedulefire_changelist"), {"schedule_def__id__exact": row.id}
+    )
+    assert fires_page.status_code == 200 and fires_page.content.decode().count("/v1/runs/r_") == 2

@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-schedules bench-circuit doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,9 @@ bench: $(STAMP)
 
 bench-gateway: $(STAMP)
 	$(PY) bench/gateway.py
+
+bench-webhooks: $(STAMP)
+	$(PY) bench/webhooks.py
 
 bench-schedules: $(STAMP)
 	$(PY) bench/schedules.py

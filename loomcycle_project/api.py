@@ -31,6 +31,8 @@ api.add_router("/", "apps.runs.api_concurrency.router")
 api.add_router("/", "apps.gateway.api.router")
 api.add_router("/", "apps.memory.api.router")
 api.add_router("/", "apps.channels.api.router")
+api.add_router("/", "apps.triggers.hooks.api.router")
+api.add_router("/", "apps.triggers.webhooks.api.router")
 api.add_router("/", "apps.triggers.api.router")
 
 

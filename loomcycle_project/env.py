@@ -180,6 +180,10 @@ AUTH_EPOCH_CHECK_MS: int = env.int("LOOMCYCLE_AUTH_EPOCH_CHECK_MS", default=1000
 OPERATOR_TOKEN_ROTATION_GRACE_SECONDS: int = env.int("LOOMCYCLE_OPERATOR_TOKEN_ROTATION_GRACE_SECONDS", default=86_400)
 AUDIT_LOG_PATH: str = env.str("LOOMCYCLE_AUDIT_LOG_PATH", default="")
 HTTP_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_HOST_ALLOWLIST", [])
+# SSRF guard (apps.core.egress): hosts that may resolve to non-public addresses.
+HTTP_PRIVATE_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST", [])
+# SPEC 6.1: the caller's allowed_hosts is the run's host list (still within a non-empty operator list).
+HTTP_CALLER_AUTHORITATIVE: bool = env.bool("LOOMCYCLE_HTTP_CALLER_AUTHORITATIVE", default=False)
 
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
 
@@ -236,6 +240,18 @@ CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=
 # Evaluation caps (SPEC 6.6): UTF-8 bytes of one evaluation's judgement and rationale.
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
+# Redaction of env secrets and secret patterns before persisting (apps.core.redact); a run's credentials always.
+REDACT_SECRETS: bool = env.bool("LOOMCYCLE_REDACT_SECRETS", default=True)
+# Tool-use hooks (SPEC 9.3): the `[tenant:]owner` pairs whose pre hooks may widen a call's
+# allowed hosts (`allow_hosts`); none by default (loomcycle's yaml hooks.permit_host_widen.owners).
+HOOKS_PERMIT_HOST_WIDEN: list[str] = _list("LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN", [])
+# Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
+# `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
+# definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
+WEBHOOKS_ENABLED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ENABLED", default=False)
+WEBHOOKS_ALLOW_UNAUTHENTICATED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ALLOW_UNAUTHENTICATED", default=False)
+WEBHOOKS_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST", [])
+WEBHOOKS_DELIVERY_RETENTION_HOURS: int = env.int("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", default=168)
 
 # Scheduler (SPEC 9.1): off unless set; how often beat sends the tick that fires due ScheduleDefs.
 SCHEDULER_ENABLED: bool = env.bool("LOOMCYCLE_SCHEDULER_ENABLED", default=False)
@@ -273,6 +289,8 @@ class RuntimeSettings:
     operator_token_rotation_grace_seconds: int = 86_400
     audit_log_path: str = ""
     http_host_allowlist: tuple[str, ...] = ()
+    http_private_host_allowlist: tuple[str, ...] = ()
+    http_caller_authoritative: bool = False
     max_streams_per_principal: int = 64
     mock_enabled: bool = True
     max_stream_seconds: int = 3600
@@ -330,6 +348,15 @@ class RuntimeSettings:
     # Evaluations.
     evaluation_max_judgement_bytes: int
     evaluation_max_rationale_bytes: int
+    # Redaction (apps.core.redact).
+    redact_secrets: bool
+    # Tool-use hooks.
+    hooks_permit_host_widen: tuple[str, ...] = ()
+    # Inbound webhooks (apps.triggers.webhooks).
+    webhooks_enabled: bool
+    webhooks_allow_unauthenticated: bool
+    webhooks_env_allowlist: tuple[str, ...]
+    webhooks_delivery_retention_hours: int
     # Scheduler (apps.triggers).
     scheduler_enabled: bool
     scheduler_tick_seconds: float

@@ -23,6 +23,8 @@ _TEST_ENV = {
     # Every request checks the auth epoch: a test's token writes (and the
     # teardown bump after its flush) reach the web process at once.
     "LOOMCYCLE_AUTH_EPOCH_CHECK_MS": "0",
+    # One key for every process of the suite, as a deployment has (the runs' sealed credentials open anywhere).
+    "DJANGO_SECRET_KEY": "test-suite-secret-key-shared-by-the-web-and-the-workers",
 }
 
 for _key, _value in _TEST_ENV.items():

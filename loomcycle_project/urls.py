@@ -1,11 +1,13 @@
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.views import defaults
 
 from apps.core.middleware import API_PREFIXES
+from apps.triggers.webhooks.urls import webhook_urlpatterns
 from loomcycle_project.api import api, error_response
 from loomcycle_project.health import healthz
 
@@ -14,6 +16,11 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", api.urls),
 ]
+
+# Inbound webhooks (SPEC 2.10): outside the NinjaAPI's bearer gate, and only when
+# enabled. After api.urls, so its admin routes (`{name}/test`) win over `{tenant}/{name}`.
+if settings.LOOMCYCLE.webhooks_enabled:
+    urlpatterns += webhook_urlpatterns
 
 
 # API clients get JSON for a path no route matches and for an error outside

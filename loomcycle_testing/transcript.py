@@ -27,6 +27,7 @@ _UNTRUSTED_KINDS = frozenset(
         "tool_output",
         "search_result",
         "run_metadata",
+        "webhook_payload",
     }
 )
 

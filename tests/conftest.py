@@ -72,7 +72,12 @@ def stack_env(django_db_setup: None) -> dict[str, str]:
     """Environment for child processes: same services, the test database."""
     name = connection.settings_dict["NAME"]
     url = os.environ["DATABASE_URL"].replace("/loomcycle?", f"/{name}?")
-    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    # The network tools reach loopback test servers as `localhost` only (tests/tools).
+    network = {
+        "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "localhost,127.0.0.1",
+        "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "localhost",
+    }
+    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **network}
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,16 @@ from tests import procs
 
 # Fields not read straight from one variable: computed (mock_enabled, from the
 # database setting too; operator_token_pepper, from the secrets file too), or lists.
-_NOT_ONE_VARIABLE = {"mock_enabled", "operator_token_pepper", "config_files", "tools_enabled", "http_host_allowlist"}
+_NOT_ONE_VARIABLE = {
+    "mock_enabled",
+    "operator_token_pepper",
+    "config_files",
+    "tools_enabled",
+    "http_host_allowlist",
+    "http_private_host_allowlist",
+    "hooks_permit_host_widen",
+    "webhooks_env_allowlist",
+}
 
 _PROBE = """
 import dataclasses, json
@@ -57,6 +66,22 @@ def test_each_field_is_set_by_the_variable_its_name_says() -> None:
     got = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert {name: got[name] for name in expected} == expected
     assert got["provider_keys"]["OPENAI_API_KEY"] == "sk-probe"
+
+
+def test_the_host_lists_are_read_as_comma_separated_lists() -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "loomcycle_project.settings",
+        "LOOMCYCLE_HTTP_HOST_ALLOWLIST": " example.com, ,*",
+        "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "intranet.test,localhost",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, cwd=procs.ROOT, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    got = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert got["http_host_allowlist"] == ["example.com", "*"]
+    assert got["http_private_host_allowlist"] == ["intranet.test", "localhost"]
 
 
 def test_beat_periods_come_from_the_runtime_settings() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,8 @@ class ToolResult:
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool may know about the call. `idempotency_key` is
-    `(run_id, step, call_id)`: a redelivered iteration repeats the same key."""
+    `(run_id, step, call_id)`: a redelivered iteration repeats the same key.
+    `allowed_hosts` is where the network tools may go (`()`: nowhere)."""
 
     run_id: str
     agent_id: str
@@ -73,7 +74,12 @@ class ToolContext:
     step: int
     call_id: str
     tools: tuple[str, ...]
+    credentials: Mapping[str, str] = field(
+        default_factory=dict, compare=False, repr=False
+    )  # user_bearer + user_credentials, never persisted in clear
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    # The run's effective network hosts (apps.core.hosts.run_allowed_hosts), fixed at run creation.
+    allowed_hosts: tuple[str, ...] = ()
 
     @property
     def idempotency_key(self) -> str:

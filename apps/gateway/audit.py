@@ -11,6 +11,8 @@ Nothing is dropped silently:
   then is logged the same way.
 A process killed outright (SIGKILL, OOM) loses at most the rows of the last
 interval, which is the price of keeping the database off the hot path.
+Every record is redacted as it is queued (`redacted`), before the row or a
+log line can be built from it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
+from apps.core.redact import runtime_redactor
 from apps.gateway.services import CallRecord, gateway_calls_save
 
 log = logging.getLogger("loomcycle.gateway.audit")
@@ -46,8 +50,9 @@ class AuditWriter:
         self.dropped = 0
 
     def record(self, record: CallRecord) -> None:
-        """Queue one finished call (thread-safe, O(1), never blocks)."""
-        self._queue.append(record)
+        """Queue one finished call (thread-safe, O(1), never blocks), redacted:
+        what is stored, and what a lost row's log line shows, never holds a secret."""
+        self._queue.append(redacted(record))
         if len(self._queue) > MAX_PENDING:
             self._drop(self._queue.popleft(), "audit queue full")
         if len(self._queue) >= BATCH:
@@ -131,6 +136,19 @@ class AuditWriter:
     def _drop(self, record: CallRecord, why: str) -> None:
         self.dropped += 1
         log.error("gateway audit row lost (%s): %s", why, json.dumps(record.as_dict(), default=str))
+
+
+def redacted(record: CallRecord) -> CallRecord:
+    """`record` with its caller-supplied text redacted (apps.core.redact): the
+    audit row is built from these fields only."""
+    redactor = runtime_redactor()
+    return replace(
+        record,
+        user_id=redactor.text(record.user_id),
+        subject=redactor.text(record.subject),
+        model=redactor.text(record.model),
+        error_code=redactor.text(record.error_code),
+    )
 
 
 WRITER = AuditWriter()

@@ -22,6 +22,7 @@ from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs import backpressure, selectors, services
+from apps.runs.credentials import credentials_from_wire
 from apps.runs.models import Run, RunStatus
 from apps.runs.presenters import agent_out
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
@@ -48,6 +49,7 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
                 agent=data.agent,
                 segments=data.segment_list(),
                 tools=data.tools,
+                allowed_hosts=data.allowed_hosts,
                 user_id=data.user_id or "",
                 tenant_id=data.tenant_id or "",
                 agent_id=data.agent_id,
@@ -55,6 +57,7 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
                 interactive=data.interactive,
                 max_iterations=data.max_iterations,
                 user_tier=data.user_tier,
+                credentials=credentials_from_wire(user_bearer=data.user_bearer, user_credentials=data.user_credentials),
             ),
         )
     finally:

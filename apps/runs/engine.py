@@ -35,6 +35,7 @@ from django.db import OperationalError, connection, transaction
 
 from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.errors import ApplicationError
+from apps.core.redact import run_redactor
 from apps.core.tools import Park, ToolContext, ToolResult
 from apps.gateway import fairness
 from apps.gateway.pricing import cost_usd
@@ -52,6 +53,7 @@ from apps.gateway.providers import (
 )
 from apps.gateway.resolver import Candidate, Policy
 from apps.runs import registry, store
+from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
 from apps.runs.models import Run, RunStatus
@@ -122,7 +124,7 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
         LIVE.set_token(run_id, run.lease_token)
         if run.first_claim:
             notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
-        write = _execute(run, cancel)
+        write = _open_credentials(run) or _execute(run, cancel)
         committed = _commit(run, write)
     if committed is None:
         log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
@@ -141,6 +143,16 @@ def _claim(run_id: str, step: int) -> ClaimedRun | None:
     except (psycopg.OperationalError, OperationalError):  # the database stayed away (store._hot retried for a lease)
         wake_and_enqueue(run_id, None, step)  # the claim did not commit: no attempt, and the doorbell rings on
         raise
+
+
+def _open_credentials(run: ClaimedRun) -> StepWrite | None:
+    """Open the run's sealed credentials into `run.credentials` (this
+    iteration's memory only); a failed write when they do not open here."""
+    try:
+        run.credentials = unseal(run_id=run.id, sealed=run.credentials_sealed)
+    except CredentialsUnreadable as exc:
+        return failed_write(str(exc))
+    return None
 
 
 def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
@@ -417,7 +429,9 @@ def _run_tools(
         step=run.step,
         call_id="",
         tools=tuple(run.tools),
+        credentials=run.credentials,
         cancelled=cancel,
+        allowed_hosts=tuple(run.allowed_hosts),
     )
     with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)
@@ -470,6 +484,7 @@ def _prepare_spawns(run: ClaimedRun, outcomes: list[CallOutcome], write: StepWri
                     request=o.result.spawn,
                     user_tier=(run.routing or {}).get("user_tier") or None,
                     parent_id=run.id,
+                    credentials=run.credentials,  # inherited as they are: a child never holds more
                 )
             )
         except ApplicationError as exc:
@@ -482,7 +497,12 @@ def _prepare_spawns(run: ClaimedRun, outcomes: list[CallOutcome], write: StepWri
 
 
 def _record_tool_starts(run: ClaimedRun, calls: list[ToolCall]) -> None:
-    store.record_tool_starts(run_id=run.id, step=run.step, calls=[(c.id, c.name, c.input) for c in calls])
+    store.record_tool_starts(
+        run_id=run.id,
+        step=run.step,
+        calls=[(c.id, c.name, c.input) for c in calls],
+        redactor=run_redactor(run.credentials),
+    )
     connection.close()
 
 
@@ -535,6 +555,7 @@ def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
         rows=rows,
         pending_calls=len(write.spawns) + len(write.parks),
         switched=write.switched,
+        redactor=run_redactor(run.credentials),
     )
     try:
         if not write.spawns and not write.parks:

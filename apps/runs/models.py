@@ -65,7 +65,11 @@ class Run(models.Model):
     tools = models.JSONField(default=list)  # effective tool names (operator ∩ agent ∩ caller)
     # The creating request's `tools` narrowing (None: none); sub-agents inherit it as their caller layer.
     caller_tools = models.JSONField(null=True, blank=True)
+    # Where the network tools may go (apps.core.hosts.run_allowed_hosts; [] = nowhere); sub-agents inherit it.
+    allowed_hosts = models.JSONField(default=list)
     metadata = models.JSONField(default=dict)
+    # user_bearer + user_credentials, AES-GCM sealed (apps.runs.credentials); "" once the run is terminal.
+    credentials_sealed = models.TextField(blank=True, default="")
     # Created by a trigger that wants to hear when it ends (apps.runs.registry.on_run_finished):
     # the engine calls the listeners only for these, so other runs pay nothing for the seam.
     notify_finished = models.BooleanField(default=False)

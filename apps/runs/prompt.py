@@ -24,6 +24,7 @@ UNTRUSTED_KINDS = frozenset(
         "tool_output",
         "search_result",
         "run_metadata",
+        "webhook_payload",
     }
 )
 

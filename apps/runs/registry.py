@@ -3,19 +3,37 @@
 Apps register their agent-facing tools from `AppConfig.ready()`, so the engine
 never imports them. A run's tools are operator floor ∩ agent `tools` ∩ caller
 `tools`: the caller can narrow, never widen. `Context` is added to an agent's
-list unless it sets `disable_context`.
+list unless it sets `disable_context`, and `Skill` when the agent's `skills:`
+patterns allow any skill (anything but none or `-*`). Both still pass the
+operator floor and the caller's narrowing.
+
+An app may also register a tool-call interceptor (`register_interceptor`, at
+ready()): apps/runs/toolrun.py hands every allowed call to the interceptors,
+outermost first, with the call that runs the tool as the innermost step. The
+engine does not know what they do (tool-use hooks, apps/triggers).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
-from apps.core.tools import Tool
+from apps.core.tools import Tool, ToolContext, ToolResult
 
 log = logging.getLogger("loomcycle.runs")
 
 _REGISTRY: dict[str, Tool] = {}
+
+ToolRunner = Callable[[ToolContext, dict[str, Any]], ToolResult]
+"""Runs one call of the tool it was made for: (context, input) -> result."""
+
+Interceptor = Callable[[ToolContext, str, dict[str, Any], ToolRunner], ToolResult]
+"""(context, tool name, input, runner) -> result. It decides whether and with
+what input to call `runner` (at most once), and may change what it returns.
+It must not raise for expected failures (they become is_error results)."""
+
+_INTERCEPTORS: list[Interceptor] = []
 
 
 def register(tool: Tool) -> None:
@@ -27,6 +45,24 @@ def register(tool: Tool) -> None:
 
 def get(name: str) -> Tool | None:
     return _REGISTRY.get(name)
+
+
+def register_interceptor(interceptor: Interceptor) -> None:
+    """Idempotent: ready() may run more than once in a process (tests)."""
+    if interceptor not in _INTERCEPTORS:
+        _INTERCEPTORS.append(interceptor)
+
+
+def intercepted(name: str, runner: ToolRunner) -> ToolRunner:
+    """`runner` wrapped in every registered interceptor (the first registered is outermost)."""
+    wrapped = runner
+    for interceptor in reversed(_INTERCEPTORS):
+        wrapped = _wrap(interceptor, name, wrapped)
+    return wrapped
+
+
+def _wrap(interceptor: Interceptor, name: str, inner: ToolRunner) -> ToolRunner:
+    return lambda ctx, data: interceptor(ctx, name, data, inner)
 
 
 def names() -> list[str]:
@@ -41,22 +77,35 @@ def _matches(pattern: str, name: str) -> bool:
     return pattern == name
 
 
-def _allowed(patterns: list[str], name: str) -> bool:
+def allowed(patterns: list[str], name: str) -> bool:
+    """Whether `name` matches one of `patterns` (exact, `*`, or a trailing-`*` prefix glob)."""
     return any(_matches(p, name) for p in patterns)
 
 
+def may_use_skills(skills: list[str]) -> bool:
+    """Whether an agent's `skills:` patterns allow any skill at all."""
+    return any(p != "-*" for p in skills)
+
+
 def effective_tools(
-    *, operator: list[str], agent: list[str], caller: list[str] | None, disable_context: bool = False
+    *,
+    operator: list[str],
+    agent: list[str],
+    caller: list[str] | None,
+    disable_context: bool = False,
+    skills: list[str] | None = None,
 ) -> list[str]:
     """Registered tool names allowed by all three layers, in registry order."""
     agent_patterns = list(agent)
     if not disable_context and "Context" not in agent_patterns:
         agent_patterns.append("Context")
+    if skills and may_use_skills(skills) and "Skill" not in agent_patterns:
+        agent_patterns.append("Skill")
     out = []
     for name in names():
-        if not _allowed(operator, name) or not _allowed(agent_patterns, name):
+        if not allowed(operator, name) or not allowed(agent_patterns, name):
             continue
-        if caller is not None and not _allowed(caller, name):
+        if caller is not None and not allowed(caller, name):
             continue
         out.append(name)
     return out

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
 from apps.runs.prompt import Segment
 
@@ -21,6 +22,8 @@ class RunCreateIn(BaseModel):
     prompt: str | None = None
     segments: list[Segment] | None = None
     tools: list[str] | None = None
+    # SPEC 6.1: omitted/null = the operator's hosts, [] = no network, a list = operator ∩ caller.
+    allowed_hosts: list[str] | None = Field(default=None, max_length=256)
     user_id: str | None = None
     tenant_id: str | None = Field(default=None, max_length=128)  # the token's tenant wins (SPEC 8)
     agent_id: str | None = None
@@ -29,6 +32,9 @@ class RunCreateIn(BaseModel):
     max_iterations: int | None = Field(default=None, ge=1, le=2**20)
     user_tier: str | None = Field(default=None, max_length=64)
     session_id: str | None = None  # refused below: continuation is not built yet
+    # Checked by apps.runs.credentials (400 invalid_credentials), so typed loosely here; never echoed.
+    user_bearer: Any = Field(default=None, repr=False)
+    user_credentials: dict[str, Any] | None = Field(default=None, repr=False)
     background: bool = False
     cancel_on_disconnect: bool = False
     model_config = {"extra": "ignore"}
@@ -37,6 +43,15 @@ class RunCreateIn(BaseModel):
     @classmethod
     def _agent(cls, v: str) -> str:
         return _ident(v, "agent") or v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str] | None) -> list[str] | None:
+        for entry in v or []:
+            error = host_entry_error(entry)
+            if error:
+                raise ValueError(error)
+        return v
 
     @field_validator("user_id")
     @classmethod

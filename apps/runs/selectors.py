@@ -92,6 +92,12 @@ def run_caller_tools(run_id: str) -> list[str] | None:
     return found
 
 
+def run_allowed_hosts_of(run_id: str) -> list[str]:
+    """The run's effective network hosts, which its sub-agents inherit ([] for an unknown run)."""
+    found: list[str] | None = Run.objects.filter(id=run_id).values_list("allowed_hosts", flat=True).first()
+    return list(found or [])
+
+
 def runtime_state() -> str:
     """The runtime-wide pause switch (`running` when its row does not exist yet)."""
     with connection.cursor() as cur:  # on every run creation: plain SQL, no ORM compile

@@ -13,20 +13,24 @@ import contextlib
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
+from apps.core.hosts import run_allowed_hosts
 from apps.core.http import db_call
 from apps.core.identity import acting_tenant_id, acting_user_id
 from apps.core.ids import new_agent_id, new_run_id, new_session_id
+from apps.core.redact import Redactor, run_redactor, runtime_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
 from apps.runs import backpressure, registry, store
+from apps.runs.credentials import credentials_check, run_redactor_of, seal
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
 from apps.runs.models import (
@@ -55,6 +59,7 @@ class RunCreate:
     agent: str
     segments: list[Segment]
     tools: list[str] | None = None
+    allowed_hosts: list[str] | None = None  # SPEC 6.1's three states: None = omitted
     user_id: str = ""
     agent_id: str | None = None
     metadata: dict[str, Any] | None = None
@@ -63,6 +68,8 @@ class RunCreate:
     parent_id: str | None = None  # set by sub-agent spawns
     user_tier: str | None = None
     tenant_id: str = ""  # the request's claim: only logged, the principal's tenant wins (SPEC 8)
+    # user_bearer (under "user_bearer") + user_credentials: sealed on the run, never in clear (apps.runs.credentials)
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
     notify_finished: bool = False  # a trigger's run: the engine tells registry.on_run_finished listeners
 
 
@@ -72,11 +79,15 @@ def runtime_state_get() -> str:
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
     """Resolve and pin the agent, insert the run with its first transcript row
-    and `user_input`/`system_prompt` events, enqueue step 0 on commit."""
+    and `user_input`/`system_prompt` events, enqueue step 0 on commit. The one
+    way to start a run: the API, schedules and webhooks pass their credentials
+    in `data.credentials` (checked here: 400 `invalid_credentials`; sealed on
+    the run, apps.runs.credentials)."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
     acting_tenant_id(principal, data.tenant_id)  # the run's tenant is always the principal's
-    data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id))
+    credentials = credentials_check(data.credentials)  # 400 invalid_credentials before anything else
+    data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id), credentials=credentials)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
@@ -123,6 +134,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         agent=list(d.get("tools", [])),
         caller=data.tools,
         disable_context=bool(d.get("disable_context", False)),
+        skills=[str(p) for p in d.get("skills") or []],
     )
     return Resolved(
         agent_def=agent_def,
@@ -130,6 +142,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         interactive=interactive,
         max_iterations=max_it,
         tools=tools,
+        allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
         routing=routing_of(route, d),
@@ -159,6 +172,7 @@ class Resolved:
     interactive: bool
     max_iterations: int
     tools: list[str]
+    allowed_hosts: list[str]
     user_text: str
     system: list[str]
     routing: dict[str, Any]
@@ -174,12 +188,14 @@ def run_insert(
     run_id: str | None = None,
     status: str = RunStatus.QUEUED,
 ) -> Run:
-    """Insert the run and its first rows; the caller owns the transaction and the doorbell."""
+    """Insert the run and its first rows (redacted with the run's credentials,
+    which are sealed on the row); the caller owns the transaction and the doorbell."""
     r = resolved
     d = r.agent_def.definition
     events = _first_events(data, r)
+    run_id = run_id or new_run_id()
     run = Run(
-        id=run_id or new_run_id(),
+        id=run_id,
         agent_id=r.agent_id,
         session_id=new_session_id(),
         tenant_id=tenant_id,
@@ -196,14 +212,21 @@ def run_insert(
         max_iterations=r.max_iterations,
         tools=r.tools,
         caller_tools=data.tools,
+        allowed_hosts=r.allowed_hosts,
         metadata=data.metadata or {},
         notify_finished=data.notify_finished,
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,
         status=status,
+        credentials_sealed=seal(run_id=run_id, credentials=data.credentials),
     )
-    store.insert_run(run, first_message=[{"type": "text", "text": r.user_text}], events=events)
+    store.insert_run(
+        run,
+        first_message=[{"type": "text", "text": r.user_text}],
+        events=events,
+        redactor=run_redactor(data.credentials),
+    )
     return run
 
 
@@ -238,11 +261,13 @@ def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict
     if run.status in TERMINAL:
         return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
     reason = reason or "cancelled by api"
+    # Descendants hold the parent's credentials or fewer (apps.runs.subruns): its redactor covers them.
+    redactor = run_redactor_of(run_id=run.id, sealed=run.credentials_sealed)
     descendants = _live_descendants(run)
     targets = [(run, reason)] + [(d, "parent run cancelled") for d in descendants]
     signal: list[str] = []
     for target, why in targets:
-        if not _finish_unleased(target.id, why):
+        if not _finish_unleased(target.id, why, redactor):
             signal.append(target.id)
     if signal:
         publish_cancel(signal)  # leased runs: the worker holding the lease finishes them
@@ -254,10 +279,10 @@ def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict
     }
 
 
-def _finish_unleased(run_id: str, reason: str) -> bool:
+def _finish_unleased(run_id: str, reason: str, redactor: Redactor) -> bool:
     """Set the cancel flag; finish the run here if no worker holds a lease."""
     with transaction.atomic():
-        seq = store.cancel(run_id=run_id, reason=reason)
+        seq = store.cancel(run_id=run_id, reason=reason, redactor=redactor)
         if seq is None:
             return False
         transaction.on_commit(lambda: notify_events(run_id, seq))
@@ -365,7 +390,8 @@ def run_parked_cancels_finish() -> int:
     this sweep finishes any that got through, e.g. parked before that fix)."""
     parked = Run.objects.filter(status__in=PARKED, cancel_requested=True)  # index run_parked_cancel
     finished = sum(
-        _finish_unleased(run_id, reason) for run_id, reason in parked.values_list("id", "cancel_reason")[:1000]
+        _finish_unleased(run_id, reason, runtime_redactor())  # the reason was stored redacted already
+        for run_id, reason in parked.values_list("id", "cancel_reason")[:1000]
     )
     if finished:
         log.info("sweeper finished %d parked run(s) whose cancel had not landed", finished)

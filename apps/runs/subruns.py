@@ -16,7 +16,8 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -31,7 +32,7 @@ from apps.runs import store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
-from apps.runs.selectors import run_caller_tools
+from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
 from apps.runs.wake import run_answer
 
 log = logging.getLogger("loomcycle.subruns")
@@ -74,6 +75,7 @@ class Spawn:
     request: SpawnRequest
     resolved: Any  # services.Resolved
     caller_tools: list[str] | None = None  # the top-level caller's narrowing, inherited
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)  # the parent's, inherited
 
 
 def spawn_prepare(
@@ -85,21 +87,33 @@ def spawn_prepare(
     request: SpawnRequest,
     user_tier: str | None = None,
     parent_id: str | None = None,
+    credentials: Mapping[str, str] | None = None,
 ) -> Spawn:
     """Resolve the child before any write; refusals become the call's is_error result.
     The child inherits its parent's caller narrowing: a caller who narrowed a
     run's tools narrowed every sub-agent it spawns (the child's own agent
-    definition still decides what it may have inside that)."""
+    definition still decides what it may have inside that). It inherits its
+    parent's credentials exactly (a tool cannot add any: ⊆ the parent's). Its
+    network hosts are the parent's effective list as its caller's
+    `allowed_hosts`, so at most the parent's (none when there is no parent to
+    inherit from)."""
     from apps.runs.services import RunCreate, run_resolve
 
     if depth + 1 > MAX_DEPTH:
         raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
     caller = run_caller_tools(parent_id) if parent_id else None
+    hosts = run_allowed_hosts_of(parent_id) if parent_id else []
     data = RunCreate(
-        agent=request.agent, segments=[Segment(text=request.prompt)], user_id=user_id, user_tier=user_tier, tools=caller
+        agent=request.agent,
+        segments=[Segment(text=request.prompt)],
+        user_id=user_id,
+        user_tier=user_tier,
+        tools=caller,
+        allowed_hosts=hosts,
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
-    return Spawn(call=call, request=request, resolved=resolved, caller_tools=caller)
+    inherited = dict(credentials or {})
+    return Spawn(call=call, request=request, resolved=resolved, caller_tools=caller, credentials=inherited)
 
 
 def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int, spawns: list[Spawn]) -> list[str]:
@@ -114,6 +128,7 @@ def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int,
             user_id=user_id,
             parent_id=parent_id,
             tools=s.caller_tools,
+            credentials=s.credentials,
         )
         child = run_insert(
             tenant_id=tenant_id, data=data, resolved=s.resolved, depth=depth + 1, parent_call_id=s.call.id

@@ -4,6 +4,9 @@ Calls run concurrently (LOOMCYCLE_TOOL_PARALLELISM, default 8). A call to a
 tool outside the run's effective set, bad input, or an exception inside the
 tool becomes an `is_error` result the model sees; nothing here fails a run.
 Results come back in completion order (the order events are emitted).
+An allowed call goes through the interceptors apps registered
+(`registry.intercepted`, e.g. tool-use hooks) on the thread that runs it,
+with no transaction open and the connection handed back first.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from apps.core.tools import ToolContext, ToolResult
+from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
 from apps.runs import registry
 
@@ -36,11 +41,16 @@ def _execute_one(ctx: ToolContext, call: ToolCall) -> ToolResult:
         return ToolResult(f"tool {call.name!r} is not available on this runtime", is_error=True)
     if not isinstance(call.input, dict):
         return ToolResult(f"tool {call.name!r}: input must be a JSON object", is_error=True)
+    return registry.intercepted(call.name, partial(_run_tool, tool))(ctx, call.input)
+
+
+def _run_tool(tool: Tool, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    """The tool itself; an exception inside it is the model's is_error result."""
     try:
-        return tool.execute(ctx, call.input)
+        return tool.execute(ctx, data)
     except Exception as exc:
-        log.exception("tool %s raised (run %s step %s)", call.name, ctx.run_id, ctx.step)
-        return ToolResult(f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", is_error=True)
+        log.exception("tool %s raised (run %s step %s)", tool.name, ctx.run_id, ctx.step)
+        return ToolResult(f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}", is_error=True)
 
 
 def _in_thread(ctx: ToolContext, call: ToolCall) -> ToolResult:

@@ -1,7 +1,11 @@
 """`Context`: read-only introspection for the running agent (SPEC 6.8).
 
-Ops: `self` (who am I), `tools` (what may I call), `time` (now, UTC) and
-`history` (this run's transcript so far, with text previews).
+Ops: `self` (who am I), `tools` (what may I call), `time` (now, UTC),
+`history` (this run's transcript so far, with text previews), `agents` (the
+agents this run's tenant can name, and whether this run may spawn them),
+`skills` (what `Skill` op=list shows) and `help` (topics bundled with the
+package as apps/runs/help/*.md). Every read is scoped to the run's tenant
+and the shared tenant.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ from typing import Any
 from django.db import close_old_connections, connection
 
 from apps.core.timefmt import iso_z
-from apps.core.tools import Tool, ToolContext, ToolResult
-from apps.runs import registry
+from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result
+from apps.runs import helptopics, registry
 from apps.runs.models import TranscriptEntry
+from apps.substrate.kinds import get_kind
+from apps.substrate.selectors import defs_visible
+from apps.substrate.skills import agent_skill_patterns, skills_list
 
-_OPS = ("self", "tools", "time", "history")
+_OPS = ("self", "tools", "time", "history", "agents", "skills", "help")
 _PREVIEW = 200
 
 
@@ -38,8 +45,58 @@ def _history(ctx: ToolContext, limit: int) -> dict[str, Any]:
     return {"run_id": ctx.run_id, "entries": entries}
 
 
+def _optional_str(data: dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ToolRefusal(f"{key} must be a string")
+    return (value or "").strip()
+
+
+def _agents(ctx: ToolContext, data: dict[str, Any]) -> dict[str, Any]:
+    """The agents the run's tenant resolves (its own and the shared ones), as
+    a run or the Agent tool would resolve each name."""
+    prefix = _optional_str(data, "prefix")
+    out = []
+    for name, row in defs_visible(get_kind("agent"), tenant_id=ctx.tenant_id).items():
+        if not name.startswith(prefix):
+            continue
+        d = row.definition
+        summary: dict[str, Any] = {"name": name, "description": str(d.get("description", "")), "def_id": row.id}
+        summary |= {"version": row.version, "tenant_id": row.tenant_id, "tools_count": len(d.get("tools") or [])}
+        summary |= {k: d[k] for k in ("tier", "provider", "model") if d.get(k)}
+        out.append(summary)
+    return {"agents": out, "count": len(out), "can_spawn": "Agent" in ctx.tools}
+
+
+def _skills(ctx: ToolContext, data: dict[str, Any]) -> dict[str, Any]:
+    patterns = agent_skill_patterns(ctx.agent_def_id)
+    found = skills_list(tenant_id=ctx.tenant_id, patterns=patterns, pattern=_optional_str(data, "pattern"))
+    return {"skills": found, "count": len(found), "allowlist": list(patterns), "skill_tool": "Skill" in ctx.tools}
+
+
+def _help(data: dict[str, Any]) -> ToolResult:
+    if "query" in data:  # loomcycle's search over its help index; this runtime serves topics by name only
+        return ToolResult("help: query is not supported by this runtime; omit topic for the index", is_error=True)
+    topic = data.get("topic")
+    if topic is None:
+        index = [{"name": t.name, "description": t.description} for t in helptopics.topics()]
+        hint = "Call Context op=help topic=<name> to read a topic."
+        return ToolResult(json.dumps({"topics": index, "count": len(index), "hint": hint}))
+    found = helptopics.get(topic) if isinstance(topic, str) else None
+    if found is None:
+        valid = ", ".join(t.name for t in helptopics.topics())
+        return ToolResult(f"help: topic {topic!r} not found (available: {valid})", is_error=True)
+    return ToolResult(json.dumps({"name": found.name, "description": found.description, "content": found.content}))
+
+
 def context_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     op = data.get("op")
+    if op == "agents":
+        return db_tool_result(lambda: _agents(ctx, data))
+    if op == "skills":
+        return db_tool_result(lambda: _skills(ctx, data))
+    if op == "help":
+        return _help(data)
     if op == "self":
         out: dict[str, Any] = {
             "agent_name": ctx.agent_name,
@@ -72,10 +129,17 @@ def context_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
 CONTEXT_TOOL = Tool(
     name="Context",
     description="Introspect the current run: op=self (identity), tools (allowed tools), time (UTC now), "
-    "history (this run's transcript, optional limit).",
+    "history (this run's transcript, optional limit), agents (agents you can name, optional prefix), "
+    "skills (skills you may load, optional pattern), help (topic index; topic=<name> reads one).",
     input_schema={
         "type": "object",
-        "properties": {"op": {"type": "string", "enum": list(_OPS)}, "limit": {"type": "integer"}},
+        "properties": {
+            "op": {"type": "string", "enum": list(_OPS)},
+            "limit": {"type": "integer", "description": "history: entries, 1..500 (default 50)."},
+            "prefix": {"type": "string", "description": "agents: only names starting with this."},
+            "pattern": {"type": "string", "description": "skills: `prefix*` or a name."},
+            "topic": {"type": "string", "description": "help: the topic to read; omit for the index."},
+        },
         "required": ["op"],
         "additionalProperties": False,
     },

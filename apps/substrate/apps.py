@@ -9,8 +9,10 @@ class SubstrateConfig(AppConfig):
     def ready(self) -> None:
         from apps.runs import registry
         from apps.substrate.kinds_admin import install_ops
+        from apps.substrate.skills import make_skill_tool
         from apps.substrate.tools import AGENT_DEF_TOOL, SKILL_DEF_TOOL
 
         install_ops()  # kind-specific ops (ScheduleDef add_hook/remove_hook, MCPServerDef rediscover)
         registry.register(AGENT_DEF_TOOL)
         registry.register(SKILL_DEF_TOOL)
+        registry.register(make_skill_tool(registry.names))

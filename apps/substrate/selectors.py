@@ -157,3 +157,54 @@ def def_names(kind: Kind, *, tenant_id: str | None) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _pick(pointers: dict[str, Any], tenant_id: str, *, static_first: bool) -> VersionedDef | None:
+    """The version a name resolves to from its pointer rows (tenant, shared):
+    the tenant's active version, then the shared static and active versions
+    in the kind's order. A retired version is skipped at its level."""
+    own = pointers.get(tenant_id) if tenant_id else None
+    shared = pointers.get("")
+    candidates = [own.active_def if own is not None else None]
+    if shared is not None:
+        pair = [shared.static_def, shared.active_def]
+        candidates += pair if static_first else pair[::-1]
+    return next((row for row in candidates if row is not None and not row.retired), None)
+
+
+def defs_visible(kind: Kind, *, tenant_id: str) -> dict[str, VersionedDef]:
+    """Every name the tenant can resolve, with the version it resolves to:
+    the tenant's own and the shared tenant's, never another tenant's. Agents
+    resolve as `def_resolve` does (static yaml before a shared runtime fork);
+    skills prefer any active version over the static one (SPEC 5.2)."""
+    by_name: dict[str, dict[str, Any]] = {}
+    for pointer in kind.pointer._default_manager.select_related("active_def", "static_def").filter(
+        tenant_id__in={tenant_id, ""}
+    ):
+        by_name.setdefault(pointer.name, {})[pointer.tenant_id] = pointer
+    out = {}
+    for name in sorted(by_name):
+        row = _pick(by_name[name], tenant_id, static_first=kind.key != "skill")
+        if row is not None:
+            out[name] = row
+    return out
+
+
+def skill_resolve(*, tenant_id: str, name: str) -> VersionedDef | None:
+    """The skill version `name` loads for a tenant: its own active version,
+    then the shared active version, then the static yaml one; None if none
+    is live (unknown, or every level retired)."""
+    kind = get_kind("skill")
+    pointers = {
+        p.tenant_id: p
+        for p in kind.pointer._default_manager.select_related("active_def", "static_def").filter(
+            name=name, tenant_id__in={tenant_id, ""}
+        )
+    }
+    return _pick(pointers, tenant_id, static_first=False)
+
+
+def def_name_exists(kind: Kind, *, tenant_id: str, name: str) -> bool:
+    """Whether the tenant (or the shared tenant) has any version of `name`, live or retired."""
+    found: bool = kind.model._default_manager.filter(name=name, tenant_id__in={tenant_id, ""}).exists()
+    return found

@@ -29,6 +29,7 @@ from apps.core.ids import new_def_id
 from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound, check_def_name, get_kind
 from apps.substrate.models import AgentDef, DefPointer, DefSource, VersionedDef
 from apps.substrate.secretrefs import check_definition, redacted
+from apps.substrate.skills import skill_pattern_allows
 
 log = logging.getLogger("loomcycle.substrate")
 
@@ -120,17 +121,9 @@ def _check_scope(kind: Kind, author: Author, name: str) -> None:
             return
         if scope.startswith("named:") and scope[len("named:") :] == name:
             return
-        if kind.key == "skill" and _pattern_allows(scope, name):
+        if kind.key == "skill" and skill_pattern_allows(scope, name):
             return
     raise Refused(f"{kind.tool} tool: name {name!r} is not in this agent's scopes {list(author.name_scopes)}")
-
-
-def _pattern_allows(pattern: str, name: str) -> bool:
-    if pattern == "-*":
-        return False
-    if pattern == "*":
-        return True
-    return name.startswith(pattern[:-1]) if pattern.endswith("*") else pattern == name
 
 
 def _overlay(data: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,10 @@ from django.utils.safestring import SafeString
 
 from apps.core.admin import ReadOnlyAdmin
 from apps.triggers.models import OnCompleteJob, ScheduleFire, ScheduleState
+from apps.triggers.webhooks import admin as webhooks_admin
 
 HISTORY_ROWS = 20
+__all__ = ["webhooks_admin"]  # the webhooks' admin pages register on import
 
 
 def _run_link(run_id: str) -> SafeString | str:

@@ -14,7 +14,10 @@ class TriggersConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.runs import registry
+        from apps.triggers.hooks.chain import intercept
         from apps.triggers.services import trigger_run_finished
+
+        registry.register_interceptor(intercept)  # tool-use hooks around every tool call
 
         # A trigger's run (created with notify_finished) ends: its on_complete hooks, its fire's record.
         registry.on_run_finished(trigger_run_finished)

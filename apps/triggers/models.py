@@ -1,4 +1,5 @@
-"""What happens when triggers fire: per-schedule state, one row per fire slot,
+"""The app's tables: hooks and webhooks in their capability modules (re-exported
+here), and the schedules' own below: per-schedule state, one row per fire slot,
 and the `on_complete` hooks a trigger's run carries.
 
 - `ScheduleState`: one row per ScheduleDef version (SPEC 10's
@@ -15,6 +16,21 @@ from __future__ import annotations
 from django.db import models
 
 from apps.substrate.models import ScheduleDef
+from apps.triggers.hooks.models import HookFailMode, HookPhase, HookRegistration
+from apps.triggers.webhooks.models import Verdict, WebhookDelivery
+
+__all__ = [
+    "FireOutcome",
+    "HookFailMode",
+    "HookPhase",
+    "HookRegistration",
+    "JobState",
+    "OnCompleteJob",
+    "ScheduleFire",
+    "ScheduleState",
+    "Verdict",
+    "WebhookDelivery",
+]
 
 
 class FireOutcome(models.TextChoices):

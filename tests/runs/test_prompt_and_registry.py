@@ -144,7 +144,21 @@ def tools() -> Iterator[None]:
             registry._REGISTRY.pop(tool.name, None)
 
 
-ALL = ["Agent", "AgentDef", "Channel", "Context", "Evaluation", "FileRead", "FileWrite", "Grep", "Memory", "SkillDef"]
+ALL = [
+    "Agent",
+    "AgentDef",
+    "Channel",
+    "Context",
+    "Evaluation",
+    "FileRead",
+    "FileWrite",
+    "Grep",
+    "HTTP",
+    "Memory",
+    "Skill",
+    "SkillDef",
+    "WebFetch",
+]
 
 
 def eff(operator: list[str], agent: list[str], caller: list[str] | None = None, **kw: bool) -> list[str]:

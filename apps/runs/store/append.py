@@ -14,7 +14,9 @@ append waits and then reads last_seq=10: seqs stay consecutive, without
 duplicates, whichever writers race. No run row returned (a lost fence or
 compare-and-set) means nothing is appended.
 
-Statuses in the SQL are built once from apps.runs.statuses (`_in`).
+Statuses in the SQL are built once from apps.runs.statuses (`_in`). The rows
+are redacted where they are packed (`_redacted`), the one place every append
+builds its rows: no event or transcript row reaches the table unredacted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from apps.core.redact import Redactor
 from apps.runs.statuses import RunStatus
 
 
@@ -62,9 +65,24 @@ def _append(*, run: str, sources: str, rows: str, step: str, at: str = "now()", 
     return ctes
 
 
-def _rows(events: list[dict[str, Any]], transcript: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, Any]:
-    """The parameters of an append: its rows (one JSONB) and their counts."""
-    packed = {"e": events, "t": [{"role": role, "content": content} for role, content in transcript]}
+def _redacted(
+    redactor: Redactor, events: list[dict[str, Any]], transcript: list[tuple[str, list[dict[str, Any]]]]
+) -> dict[str, Any]:
+    """The rows of an append as stored: events `e` and transcript rows `t`
+    ({role, content}) with every string redacted (apps.core.redact). Every
+    event and transcript row of a run is built here, so none is stored
+    unredacted."""
+    return {
+        "e": redactor.value(events),
+        "t": [{"role": role, "content": redactor.value(content)} for role, content in transcript],
+    }
+
+
+def _rows(
+    events: list[dict[str, Any]], transcript: list[tuple[str, list[dict[str, Any]]]], *, redactor: Redactor
+) -> dict[str, Any]:
+    """The parameters of an append: its rows (one JSONB, redacted) and their counts."""
+    packed = _redacted(redactor, events, transcript)
     return {"rows": json.dumps(packed), "n_e": len(events), "n_t": len(transcript)}
 
 

@@ -18,6 +18,8 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from apps.core.redact import Redactor
+from apps.runs.credentials import run_redactor_of
 from apps.runs.models import Run, RunInput, RuntimeState
 from apps.runs.statuses import ANSWERABLE, PARKED, RUNNABLE, TERMINAL, RunStatus, ToolCallStatus
 from apps.runs.store.append import _advance, _append, _bases, _in, _json, _rows
@@ -40,18 +42,22 @@ SELECT count(*) FROM ins
     return sql, fields
 
 
-def insert_run(run: Run, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+def insert_run(
+    run: Run, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]], redactor: Redactor
+) -> None:
     """Insert an unsaved `Run` with its first user message (transcript idx 0)
     and its first events (seq 1..n), in one statement; `run` becomes a saved
     instance with its counters set. The ORM's three INSERTs cost ~1.7 ms of
     CPU, mostly compiling them. Through Django's cursor, so a duplicate
-    `agent_id` raises Django's IntegrityError."""
+    `agent_id` raises Django's IntegrityError. The run's caller-supplied text
+    (system blocks, metadata) is redacted with its rows."""
     sql, fields = _insert_run_sql()
     now = timezone.now()
+    run.system, run.metadata = redactor.value(run.system), redactor.value(run.metadata)
     run.created_at = run.updated_at = now
     run.last_seq, run.transcript_len = len(events), 1  # the row's counters start past its first rows
     params = {f"f{i}": f.get_db_prep_save(getattr(run, f.attname), connection) for i, f in enumerate(fields)}
-    params.update(_rows(events, [("user", first_message)]), at=now)
+    params.update(_rows(events, [("user", first_message)], redactor=redactor), at=now)
     with connection.cursor() as cur:
         cur.execute(sql, params)
     run._state.adding = False
@@ -77,7 +83,7 @@ def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, i
 # The run row locked first (answers to one run are serialised), with the call's
 # started record in the same round trip.
 _ANSWER_LOCK_SQL = """
-SELECT r.status, r.step, rec.id, rec.step, rec.input
+SELECT r.status, r.step, rec.id, rec.step, rec.input, r.credentials_sealed
 FROM runs_run r
 LEFT JOIN LATERAL (
   SELECT id, step, input FROM runs_toolcallrecord WHERE run_id = r.id AND call_id = %s ORDER BY step DESC LIMIT 1
@@ -115,6 +121,7 @@ class AnswerTarget:
     step: int  # the step the answer's rows belong to: the call's, else the last committed one
     call_input: dict[str, Any]
     record_id: int | None
+    redactor: Redactor  # the run's (its credentials included): what the answer appends is redacted
 
 
 def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
@@ -125,10 +132,11 @@ def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
         row = cur.fetchone()
     if row is None or row[0] in TERMINAL:
         return None
-    _, run_step, record_id, record_step, record_input = row
+    _, run_step, record_id, record_step, record_input, sealed = row
+    redactor = run_redactor_of(run_id=run_id, sealed=sealed)
     if record_id is None:
-        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None)
-    return AnswerTarget(run_step, record_step, _json(record_input), record_id)
+        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None, redactor)
+    return AnswerTarget(run_step, record_step, _json(record_input), record_id, redactor)
 
 
 def answer_append(
@@ -137,7 +145,7 @@ def answer_append(
     """Append an answer under `answer_lock`'s lock: its events, its transcript
     row (`block`, a user turn), the finished record, one pending call fewer.
     Returns (woke: this answer flipped the run back to running, last_seq)."""
-    params = _rows(events, [("user", [block])])
+    params = _rows(events, [("user", [block])], redactor=target.redactor)
     params.update(run_id=run_id, step=target.step, is_error=is_error, record_id=target.record_id)
     with connection.cursor() as cur:
         cur.execute(_ANSWER_SQL, params)
@@ -154,7 +162,7 @@ UPDATE runs_run SET cancel_requested = true, cancel_reason = %s WHERE id = %s AN
 _CANCEL_FINISH_SQL = f"""
 WITH d AS (SELECT %(rows)s::jsonb AS j), cnl AS (
   UPDATE runs_run SET status = '{RunStatus.CANCELLED.value}', stop_reason = %(reason)s,
-    completed_at = now(), updated_at = now(), lease_owner = '', lease_until = NULL,
+    completed_at = now(), updated_at = now(), lease_owner = '', lease_until = NULL, credentials_sealed = '',
     lease_token = lease_token + 1, step = step + 1, {_advance("%(n_e)s")}
   WHERE id = %(run_id)s AND status IN ({_in((*RUNNABLE, *PARKED))})
     AND (lease_until IS NULL OR lease_until < now())
@@ -164,12 +172,14 @@ SELECT last_seq FROM cnl
 """
 
 
-def cancel(*, run_id: str, reason: str) -> int | None:
+def cancel(*, run_id: str, reason: str, redactor: Redactor) -> int | None:
     """Inside a transaction: set the cancel flag of a live run, and finish it
-    (`cancelled`, its `done` event appended) if no worker holds a lease.
-    The run's last_seq when it was finished here, None when a worker must."""
+    (`cancelled`, its `done` event appended, its credentials cleared) if no
+    worker holds a lease. The run's last_seq when it was finished here, None
+    when a worker must. The reason is stored redacted."""
+    reason = redactor.text(reason)
     done = {"type": "done", "stop_reason": reason, "cancelled": True}
-    params = _rows([done], [])
+    params = _rows([done], [], redactor=redactor)
     params.update(run_id=run_id, reason=reason)
     with connection.cursor() as cur:
         cur.execute(_CANCEL_FLAG_SQL, [reason, run_id])
@@ -186,15 +196,16 @@ class InputQueued:
 
 
 def input_queue(*, run_id: str, text: str, cap: int) -> InputQueued:
-    """Queue steering text unless `cap` inputs are pending; exactly one caller
-    wakes a run parked at `awaiting_input`. One transaction."""
+    """Queue steering text (redacted) unless `cap` inputs are pending; exactly
+    one caller wakes a run parked at `awaiting_input`. One transaction."""
 
     with transaction.atomic():
         # Row lock: the cap check and the counter move together.
         locked = Run.objects.select_for_update().get(id=run_id)
         if locked.pending_inputs >= cap:
             return InputQueued(False, False, locked.step)
-        RunInput.objects.create(run_id=run_id, text=text)
+        redactor = run_redactor_of(run_id=run_id, sealed=locked.credentials_sealed)
+        RunInput.objects.create(run_id=run_id, text=redactor.text(text))
         Run.objects.filter(id=run_id).update(pending_inputs=F("pending_inputs") + 1)
         # Conditional wake: exactly one caller flips awaiting_input -> running.
         woke = Run.objects.filter(id=run_id, status=RunStatus.AWAITING_INPUT).update(

@@ -27,9 +27,10 @@ import psycopg
 from django.conf import settings
 from django.db import OperationalError, connection
 
+from apps.core.redact import Redactor
 from apps.gateway.services import usage_run_entries_insert_sql
 from apps.runs.statuses import PARKED, RUNNABLE, RunStatus, RuntimeStateValue, ToolCallStatus
-from apps.runs.store.append import _advance, _append, _bases, _in, _json
+from apps.runs.store.append import _advance, _append, _bases, _in, _json, _redacted
 
 log = logging.getLogger("loomcycle.engine")
 
@@ -64,6 +65,8 @@ _CLAIM_COLUMNS = (
     "routing",
     "candidate_idx",
     "fallbacks",
+    "credentials_sealed",
+    "allowed_hosts",
     "notify_finished",
 )
 
@@ -133,6 +136,8 @@ r AS (
     stop_reason = CASE WHEN %(set_stop)s THEN %(stop_reason)s ELSE stop_reason END,
     error = CASE WHEN %(finish)s THEN %(error)s ELSE error END,
     completed_at = CASE WHEN %(finish)s THEN now() ELSE completed_at END,
+    -- a terminal run's credentials are gone: nothing it does later needs them
+    credentials_sealed = CASE WHEN %(finish)s THEN '' ELSE credentials_sealed END,
     updated_at = now(), last_heartbeat_at = now()
   WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
   RETURNING id, status, {_bases("%(n_e)s", "%(n_t)s")}
@@ -197,10 +202,14 @@ class ClaimedRun:
     routing: dict[str, Any]
     candidate_idx: int
     fallbacks: int
+    credentials_sealed: str  # apps.runs.credentials; opened by the engine, never logged
+    allowed_hosts: list[str]
     notify_finished: bool = False
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    # Opened from credentials_sealed by the engine for this iteration only (memory, never stored).
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -310,7 +319,7 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
     if row is None:
         return None
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
-    for key in ("system", "tools", "usage", "routing"):
+    for key in ("system", "tools", "usage", "routing", "allowed_hosts"):
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]
     return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)
@@ -325,9 +334,13 @@ def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
         return [(int(i), str(t), str(s)) for i, t, s in cur.fetchall()]
 
 
-def record_tool_starts(*, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """Recorded before the tools run; a redelivery repeats the same (run, step, call_id) keys."""
-    _hot(_TOOL_STARTS_SQL, [run_id, step, json.dumps([list(c) for c in calls])])
+def record_tool_starts(
+    *, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]], redactor: Redactor
+) -> None:
+    """Recorded (inputs redacted) before the tools run; a redelivery repeats
+    the same (run, step, call_id) keys."""
+    rows = [[call_id, name, redactor.value(data)] for call_id, name, data in calls]
+    _hot(_TOOL_STARTS_SQL, [run_id, step, json.dumps(rows)])
 
 
 def commit_step(
@@ -342,13 +355,15 @@ def commit_step(
     rows: StepRows,
     pending_calls: int = 0,
     switched: Switched | None = None,
+    redactor: Redactor,
 ) -> str | None:
     """The fenced step commit: the status committed (`running` instead of a park
     when input or a cancel was already waiting), None when the fence was lost
-    (nothing written). `switched`: set after a provider fallback."""
+    (nothing written). `switched`: set after a provider fallback. Events,
+    transcript rows, the error and the stop reason are stored redacted; a
+    finishing commit clears the run's sealed credentials."""
     packed = {
-        "t": [{"role": role, "content": content} for role, content in rows.transcript],
-        "e": rows.events,
+        **_redacted(redactor, rows.events, rows.transcript),
         "i": rows.consumed_inputs,
         "c": rows.finished_calls,
         "u": rows.ledger,
@@ -364,9 +379,9 @@ def commit_step(
         "consumed": len(rows.consumed_inputs),
         "usage": json.dumps(usage) if usage is not None else None,
         "set_stop": bool(stop_reason) or finish,
-        "stop_reason": stop_reason,
+        "stop_reason": redactor.text(stop_reason),
         "finish": finish,
-        "error": error,
+        "error": redactor.text(error),
         "tenant_id": run.tenant_id,
         "user_id": run.user_id,
         "pending_calls": pending_calls,

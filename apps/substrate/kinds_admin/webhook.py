@@ -39,7 +39,10 @@ WEBHOOK_FIELDS = frozenset(
 _AUTH_FIELDS = frozenset(
     {"kind", "algorithm", "header", "signing_secret_env", "delivery_id_header", "bearer_token_env"}
 )
-_JSON_PATH_RE = re.compile(r"\$(?:\.[^.\[\]]+|\[\d+\])*")
+# A mapping path: `$`, `.key`, `[index]` only. A key has no wildcard, filter or quoting
+# characters, so `$.*`, `$..a` and `$[?(...)]` are refused (apps.triggers.webhooks.mapping parses it).
+PATH_KEY = r"[^.\[\]*?@()'\"\s]+"
+_JSON_PATH_RE = re.compile(rf"\$(?:\.{PATH_KEY}|\[\d+\])*")
 _MAPPING_TARGET_RE = re.compile(r"goal|user_id|(?:user_credentials|run_metadata)\.[A-Za-z0-9_-]+")
 
 

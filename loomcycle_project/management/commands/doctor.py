@@ -156,6 +156,23 @@ def check_providers() -> list[Check]:
     return out
 
 
+def check_tools() -> list[Check]:
+    """The SPEC 8 posture the settings add up to, and what each built-in tool may do."""
+    from apps.runs import registry
+    from apps.tools.posture import posture, stances
+
+    floor = list(settings.LOOMCYCLE.tools_enabled)
+    described = {s.tool: s.allows for s in stances()}
+    out: list[Check] = [("PASS", "posture", f"{posture().value} (docs/tools.md#policy-and-postures)")]
+    for name in registry.names():
+        if not registry.allowed(floor, name):
+            out.append(("PASS", f"tool {name}", "off: not in LOOMCYCLE_TOOLS_ENABLED"))
+            continue
+        detail = described.get(name, "for agents that list it in tools:, within its own ACLs")
+        out.append(("PASS", f"tool {name}", detail))
+    return out
+
+
 CHECKS: list[Callable[[], list[Check]]] = [
     check_config,
     check_postgres,
@@ -165,6 +182,7 @@ CHECKS: list[Callable[[], list[Check]]] = [
     check_secrets,
     check_providers,
     check_mock,
+    check_tools,
 ]
 
 

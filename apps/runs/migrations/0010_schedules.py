@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0007_run_parked_cancel'),
+        ('runs', '0009_net_allowed_hosts'),
     ]
 
     operations = [

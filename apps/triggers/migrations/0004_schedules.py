@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('substrate', '0003_tokens_one_live_per_name'),
-        ('triggers', '0001_initial'),
+        ('triggers', '0003_webhooks'),
     ]
 
     operations = [

@@ -1,0 +1,172 @@
+"""The receiver pipeline of SPEC 9.2, in its order: lookup, bounded body,
+verify before parse, delivery id, durable dedupe, mapping, rate limit,
+delivery. Blocking (DB, Redis): the async view runs it on a worker thread.
+Every refusal is recorded with its verdict before it is raised."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from apps.core.errors import ApplicationError
+from apps.runs.services import run_resolve
+from apps.triggers.webhooks.errors import BadBody, BadDelivery, SyncUnavailable, UnknownWebhook, WebhookRefused
+from apps.triggers.webhooks.mapping import Mapped, map_payload
+from apps.triggers.webhooks.models import Verdict
+from apps.triggers.webhooks.ratelimit import Limit, take
+from apps.triggers.webhooks.selectors import Hook, webhook_resolve
+from apps.triggers.webhooks.services import (
+    Delivered,
+    delivery_publish,
+    delivery_record,
+    delivery_replay,
+    delivery_spawn,
+    run_input,
+    spawn_refusal,
+)
+from apps.triggers.webhooks.signatures import resolve_secret, verify
+
+MAX_DELIVERY_ID = 256
+DEFAULT_BODY_LIMIT = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One request as the pipeline sees it: lower-cased headers, and a
+    `read(n)` that returns at most n bytes of the body."""
+
+    tenant: str
+    name: str
+    headers: Mapping[str, str]
+    content_length: int | None
+    read: Callable[[int], bytes]
+    sync: bool = False
+
+
+@dataclass(frozen=True)
+class Accepted:
+    hook: Hook
+    delivered: Delivered
+    sync_timeout_ms: int = 0  # > 0: the caller waits for the run's terminal status
+
+
+def lookup(tenant: str, name: str) -> Hook:
+    """Unknown and disabled are the same 404 to the caller (recorded apart)."""
+    hook = webhook_resolve(tenant_id=tenant, name=name)
+    if hook is None:
+        raise UnknownWebhook("unknown webhook")
+    if not hook.enabled:
+        exc = UnknownWebhook("unknown webhook")
+        exc.verdict = Verdict.REJECTED_DISABLED
+        raise exc
+    return hook
+
+
+def read_body(incoming: Incoming, limit: int) -> bytes:
+    """At most `limit` bytes: a declared length over it is refused unread, and
+    never more than limit + 1 bytes are read of an undeclared one."""
+    if incoming.content_length is not None and incoming.content_length > limit:
+        raise BadBody(f"body exceeds {limit} bytes")
+    body = incoming.read(limit + 1)
+    if len(body) > limit:
+        raise BadBody(f"body exceeds {limit} bytes")
+    return body
+
+
+def delivery_id_of(hook: Hook, headers: Mapping[str, str], body: bytes) -> str:
+    """The configured header's value, else `sha256:<hex of body>`."""
+    header = str(hook.definition.get("auth", {}).get("delivery_id_header") or "").lower()
+    value = headers.get(header, "").strip() if header else ""
+    if not value:
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+    if len(value) > MAX_DELIVERY_ID or not value.isprintable():
+        raise BadDelivery(f"delivery id header must be at most {MAX_DELIVERY_ID} printable characters")
+    return value
+
+
+def _sync_timeout_ms(hook: Hook, sync: bool) -> int:
+    if not sync:
+        return 0
+    sync_response = hook.definition.get("sync_response") or {}
+    if hook.definition.get("delivery") != "spawn" or not sync_response.get("enabled"):
+        raise SyncUnavailable("this webhook does not answer synchronously (sync_response is not enabled)")
+    return int(sync_response.get("timeout_ms") or 30_000)
+
+
+def _deliver(hook: Hook, incoming: Incoming, body: bytes, delivery_id: str) -> Accepted:
+    replay = delivery_replay(hook=hook, delivery_id=delivery_id)
+    if replay is not None:
+        return Accepted(hook, replay)
+    wait_ms = _sync_timeout_ms(hook, incoming.sync)
+    d = hook.definition
+    spawn = d.get("delivery", "spawn") == "spawn"
+    mapped = map_payload(body, d.get("payload_mapping")) if spawn else None
+    rate = d.get("rate_limit") or {}
+    take(tenant_id=hook.owner, name=hook.name, limit=Limit(rate.get("requests_per_minute", 60), rate.get("burst", 10)))
+    if mapped is not None:
+        return Accepted(hook, delivery_spawn(hook=hook, delivery_id=delivery_id, mapped=mapped), wait_ms)
+    return Accepted(hook, delivery_publish(hook=hook, delivery_id=delivery_id, body=body))
+
+
+def webhook_receive(incoming: Incoming) -> Accepted:
+    """Run the pipeline; a refusal is recorded, then raised for the view to answer."""
+    hook: Hook | None = None
+    delivery_id = ""
+    try:
+        hook = lookup(incoming.tenant, incoming.name)
+        body = read_body(incoming, int(hook.definition.get("body_size_limit_bytes") or DEFAULT_BODY_LIMIT))
+        verify(hook.definition.get("auth") or {}, incoming.headers, body)  # before anything parses the body
+        delivery_id = delivery_id_of(hook, incoming.headers, body)
+        return _deliver(hook, incoming, body, delivery_id)
+    except WebhookRefused as exc:
+        owner, name = (hook.owner, hook.name) if hook is not None else (incoming.tenant, incoming.name)
+        detail = exc.record_detail or exc.message
+        delivery_record(owner=owner, name=name, delivery_id=delivery_id, verdict=exc.verdict, detail=detail)
+        raise
+
+
+def webhook_dry_run(*, tenant: str, name: str, body: bytes) -> dict[str, Any]:
+    """`POST /v1/_webhooks/{name}/test`: what a delivery of `body` would do,
+    signature aside (the caller is an authenticated admin); writes nothing."""
+    hook = lookup(tenant, name)
+    d = hook.definition
+    preview: dict[str, Any] = {"agent": d.get("agent", ""), "user_id": "", "goal": "", "credential_keys": []}
+    try:
+        read_body(
+            Incoming(tenant, name, {}, len(body), lambda n: body[:n]),
+            int(d.get("body_size_limit_bytes") or DEFAULT_BODY_LIMIT),
+        )
+        auth = d.get("auth") or {}
+        if auth.get("kind") == "none":
+            verify(auth, {}, body)  # refused unless unauthenticated mode is on
+        for field in ("signing_secret_env", "bearer_token_env"):
+            if auth.get(field):
+                resolve_secret(str(auth[field]))
+        if d.get("delivery", "spawn") == "spawn":
+            mapped = map_payload(body, d.get("payload_mapping"))
+            preview |= _preview(mapped)
+            _resolve_run(hook, mapped)
+        else:
+            preview["channel"] = d.get("channel", "")
+    except WebhookRefused as exc:
+        return {
+            "would_accept": False,
+            "verdict": exc.verdict,
+            "code": exc.code,
+            "error": exc.message,
+            "run_input_preview": preview,
+        }
+    return {"would_accept": True, "verdict": Verdict.ACCEPTED, "run_input_preview": preview}
+
+
+def _preview(mapped: Mapped) -> dict[str, Any]:
+    return {"user_id": mapped.user_id, "goal": mapped.goal, "credential_keys": sorted(mapped.credentials)}
+
+
+def _resolve_run(hook: Hook, mapped: Mapped) -> None:
+    try:
+        run_resolve(tenant_id=hook.run_tenant, data=run_input(hook, mapped))
+    except ApplicationError as exc:
+        raise spawn_refusal(exc) from exc

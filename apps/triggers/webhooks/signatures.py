@@ -1,0 +1,113 @@
+"""Verify-before-parse (SPEC 9.2 step 3): the raw body bytes against the
+definition's `auth`, with secrets read from allowlisted environment names only.
+
+Every comparison of a caller-supplied value with a secret or a MAC goes
+through `hmac.compare_digest`. Accepted HMAC-SHA256 envelopes:
+`sha256=<hex>` (GitHub), bare `<hex>`, and Stripe-like `t=<unix>,v1=<hex>`
+signed over `"<t>." + body`, whose timestamp must be within ±5 minutes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+
+from apps.core.secrets import key_from_env, name_refusal
+from apps.triggers.webhooks.errors import SecretUnresolvable, SignatureRefused, UnauthenticatedModeDisabled
+
+STRIPE_TOLERANCE_S = 300
+DEFAULT_SIGNATURE_HEADERS = ("x-loomcycle-signature", "x-hub-signature-256")
+
+
+class Check(enum.Enum):
+    OK = "ok"
+    MISSING = "signature header missing"
+    MALFORMED = "signature header malformed"
+    MISMATCH = "signature does not match"
+    STALE = "signature timestamp outside the 5 minute tolerance"
+
+
+def _mac(secret: bytes, message: bytes) -> str:
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _stripe(secret: bytes, body: bytes, value: str, now: float) -> Check:
+    parts = [p.split("=", 1) for p in value.split(",") if "=" in p]
+    stamps = [v.strip() for k, v in parts if k.strip() == "t"]
+    macs = [v.strip().lower() for k, v in parts if k.strip() == "v1"]
+    if len(stamps) != 1 or not stamps[0].isdigit() or not macs:
+        return Check.MALFORMED
+    if abs(now - int(stamps[0])) > STRIPE_TOLERANCE_S:
+        return Check.STALE
+    expected = _mac(secret, stamps[0].encode() + b"." + body)
+    matched = [_same(expected, m) for m in macs]  # every candidate compared: no early exit on the first match
+    return Check.OK if any(matched) else Check.MISMATCH
+
+
+def check_hmac(secret: bytes, body: bytes, value: str | None, now: float | None = None) -> Check:
+    """The verdict on one signature header value (None: the header is absent)."""
+    if value is None or not value.strip():
+        return Check.MISSING
+    value = value.strip()
+    if "v1=" in value and "t=" in value:
+        return _stripe(secret, body, value, time.time() if now is None else now)
+    if value.lower().startswith("sha256="):
+        value = value[len("sha256=") :]
+    return Check.OK if _same(_mac(secret, body), value.lower()) else Check.MISMATCH
+
+
+def check_bearer(secret: str, value: str | None, *, scheme: bool) -> Check:
+    """`Authorization: Bearer <secret>`, or the secret itself in a custom header."""
+    if value is None or not value.strip():
+        return Check.MISSING
+    expected = f"Bearer {secret}" if scheme else secret
+    return Check.OK if _same(expected, value.strip()) else Check.MISMATCH
+
+
+def secret_env_allowed(name: str) -> bool:
+    """Allowlisted (LOOMCYCLE_* or LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST) and never an infrastructure secret."""
+    if name_refusal(name, runtime=False) is not None:
+        return False
+    return name.startswith("LOOMCYCLE_") or name in settings.LOOMCYCLE.webhooks_env_allowlist
+
+
+def resolve_secret(name: str) -> str:
+    """The secret's value; SecretUnresolvable when the name is not allowed or the variable is unset/empty."""
+    if not secret_env_allowed(name):
+        raise SecretUnresolvable("webhook secret is not resolvable").with_detail(
+            f"secret env {name} is not allowlisted"
+        )
+    value = key_from_env(name)
+    if not value:
+        raise SecretUnresolvable("webhook secret is not resolvable").with_detail(f"secret env {name} is unset or empty")
+    return value
+
+
+def verify(auth: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> None:
+    """Raise unless `body` is authentic under `auth` (headers lower-cased)."""
+    kind = auth.get("kind", "hmac")
+    if kind == "none":
+        if not settings.LOOMCYCLE.webhooks_allow_unauthenticated:
+            raise UnauthenticatedModeDisabled("unauthenticated webhooks are disabled on this runtime")
+        return
+    if kind == "bearer":
+        secret = resolve_secret(str(auth["bearer_token_env"]))
+        custom = str(auth.get("header") or "").lower()
+        result = check_bearer(secret, headers.get(custom or "authorization"), scheme=not custom)
+    else:
+        secret = resolve_secret(str(auth["signing_secret_env"]))
+        names = (str(auth["header"]).lower(),) if auth.get("header") else DEFAULT_SIGNATURE_HEADERS
+        value = next((headers[n] for n in names if n in headers), None)
+        result = check_hmac(secret.encode(), body, value)
+    if result is not Check.OK:
+        raise SignatureRefused("unauthorized").with_detail(result.value)

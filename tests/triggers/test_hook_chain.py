@@ -1,0 +1,148 @@
+"""The pre/post chains in-process: registrations in the real Postgres, the
+registry's Redis counter, callbacks to a loopback server, the real Context
+tool as the call being intercepted. (Runs through workers: test_hooks.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+from apps.core.tools import ToolContext, ToolResult
+from apps.core.types import Principal
+from apps.runs.toolrun import _run_tool
+from apps.runs.tools import CONTEXT_TOOL
+from apps.triggers.hooks import cache, chain, services, widening
+from apps.triggers.hooks.callback import HookCallFailed
+from apps.triggers.hooks.types import Hook
+from apps.triggers.models import HookFailMode, HookPhase, HookRegistration
+from tests.triggers.hookserver import HookServer, hook_server, reply
+
+ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
+CTX = ToolContext(
+    run_id="r_0000000000000001",
+    agent_id="a_0000000000000001",
+    session_id="s_0000000000000001",
+    tenant_id="acme",
+    user_id="u1",
+    agent_name="scripted",
+    agent_def_id="",
+    agent_def_sha256="",
+    provider="mock",
+    model="mock-script",
+    step=0,
+    call_id="toolu_1",
+    tools=("Context",),
+)
+
+
+@pytest.fixture
+def server(transactional_db: None, settings: Any) -> Iterator[HookServer]:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_private_host_allowlist=("127.0.0.1",))
+    cache.bump()
+    with hook_server() as srv:
+        yield srv
+    HookRegistration.objects.all().delete()
+    cache.bump()
+
+
+def register(url: str, name: str, phase: str = "pre", principal: Principal = ACME, **extra: Any) -> None:
+    body = {"owner": "sec", "name": name, "phase": phase, "callback_url": url, **extra}
+    services.hook_register(principal=principal, spec=services.hook_spec(body))
+
+
+def run_context(data: dict[str, Any]) -> ToolResult:
+    return chain.intercept(CTX, "Context", data, partial(_run_tool, CONTEXT_TOOL))
+
+
+def test_a_malformed_pre_reply_changes_nothing_and_fails_open(server: HookServer) -> None:
+    register(server.on("/bad", reply({"input": {"op": "time"}, "allow_hosts": ["not a host"]})), "bad")
+    result = run_context({"op": "self"})
+    assert json.loads(result.text)["run_id"] == CTX.run_id  # the original input ran
+    (error,) = result.events
+    assert error["type"] == "hook_error" and "allow_hosts entry 'not a host'" in error["hook"]["error"]
+
+
+def test_unknown_reply_fields_fail_closed(server: HookServer) -> None:
+    register(server.on("/odd", reply({"inptu": {"op": "time"}})), "odd", fail_mode="closed")
+    result = run_context({"op": "self"})
+    assert result.is_error and "unknown fields ['inptu']" in result.text
+
+
+def test_a_post_hook_failing_closed_turns_the_result_into_an_error(server: HookServer) -> None:
+    register(server.on("/post", reply({"result": "not an object"})), "post", phase="post", fail_mode="closed")
+    result = run_context({"op": "self"})
+    assert result.is_error and "result must be an object" in result.text
+    assert [e["type"] for e in result.events] == ["hook_error"]
+
+
+def test_allow_hosts_of_an_owner_not_permitted_is_ignored(server: HookServer) -> None:
+    register(server.on("/widen", reply({"allow_hosts": ["example.com"]})), "widen")
+    result = run_context({"op": "self"})
+    assert not result.is_error and result.events == ()  # not a failure, not a decision the run sees
+
+
+def test_a_redirect_is_a_failed_call(server: HookServer) -> None:
+    register(server.on("/moved", reply({}, 302)), "moved", fail_mode="closed")
+    result = run_context({"op": "self"})
+    assert result.is_error and "answered HTTP 302" in result.text
+
+
+@pytest.mark.parametrize(
+    ("value", "hosts"),
+    [(["Example.COM.", ".api.example.com"], ("example.com", ".api.example.com")), ([], ())],
+)
+def test_allow_hosts_parse_normalises_hostnames(value: list[str], hosts: tuple[str, ...]) -> None:
+    assert widening.parse(value) == hosts
+
+
+@pytest.mark.parametrize("value", ["example.com", ["http://example.com"], ["a..b"], ["*"], [7], ["x" * 300]])
+def test_allow_hosts_parse_refuses_what_is_not_a_hostname_list(value: Any) -> None:
+    with pytest.raises(HookCallFailed):
+        widening.parse(value)
+
+
+def _hook(tenant: str, owner: str = "sec", **kw: Any) -> Hook:
+    base: dict[str, Any] = {
+        "hook_id": "hook_0",
+        "tenant_id": tenant,
+        "owner": owner,
+        "name": "n",
+        "phase": HookPhase.PRE,
+        "agents": ("*",),
+        "tools": ("*",),
+        "callback_url": "https://hooks.example.com/",
+        "fail_mode": HookFailMode.OPEN,
+        "timeout_ms": 100,
+    }
+    return Hook(**{**base, **kw})
+
+
+def test_the_permit_list_names_global_owners_bare_and_tenant_owners_qualified(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, hooks_permit_host_widen=("sec", "acme:net"))
+    assert widening.permitted(_hook(""))
+    assert not widening.permitted(_hook("acme"))  # a bare owner is the deployment's, not any tenant's
+    assert widening.permitted(_hook("acme", owner="net"))
+    assert not widening.permitted(_hook("beta", owner="net"))
+
+
+def test_matching_by_tenant_agent_and_tool_glob() -> None:
+    hook = _hook("acme", agents=("scripted",), tools=("Web*", "HTTP"))
+    assert hook.applies(tenant_id="acme", agent="scripted", tool="WebFetch")
+    assert hook.applies(tenant_id="acme", agent="scripted", tool="HTTP")
+    assert not hook.applies(tenant_id="acme", agent="scripted", tool="HTTPS")
+    assert not hook.applies(tenant_id="beta", agent="scripted", tool="HTTP")
+    assert not hook.applies(tenant_id="acme", agent="other", tool="HTTP")
+    assert _hook("").applies(tenant_id="beta", agent="x", tool="y")  # a global hook sees every tenant
+
+
+def test_a_callback_goes_through_the_egress_guard(server: HookServer, settings: Any) -> None:
+    register(server.on("/private", reply({"deny": {"text": "never read"}})), "private", fail_mode="closed")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_private_host_allowlist=())
+    result = run_context({"op": "self"})  # the same loopback URL, no longer allowed to be private
+    assert result.is_error and "refused by the egress guard" in result.text and "loopback" in result.text
+    assert server.calls() == []  # refused before any byte was sent

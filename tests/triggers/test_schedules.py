@@ -189,6 +189,7 @@ def test_loomcycle_segment_prompts_are_accepted_and_become_run_segments() -> Non
         ([{"role": "user", "content": [{"type": "image", "text": "x"}]}], "each content block must be"),
         ([{"role": "user", "content": [{"type": "text", "text": "x", "kind": "k"}]}], "takes only text, type"),
         ([{"role": "user", "content": []}], "non-empty list"),
+        ([{"role": "system", "content": [{"type": "text", "text": "x"}]}], "prompt needs a user message"),
         (42, "prompt must be text, or a list"),
     ],
 )

@@ -130,6 +130,8 @@ def _check_prompt(value: Any, what: str) -> Any:
             raise Refused(f"{where}: content must be a non-empty list of content blocks")
         for block in content:
             _check_block(block, where)
+    if not any(message["role"] == "user" for message in value):
+        raise Refused(f"{what}: prompt needs a user message (a run starts from one)")
     return value
 
 

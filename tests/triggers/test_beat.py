@@ -187,6 +187,8 @@ def test_admin_routes_pause_resume_list_and_refuse_bad_input(
     assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
     bad = http.post("/v1/_schedules/not-a-def!/pause", headers=alice)
     assert (bad.status_code, bad.json()["code"]) == (400, "invalid_def_id")
+    bad = http.get("/v1/_schedules/list-all?tenant=no/such", headers=alice)
+    assert (bad.status_code, bad.json()["code"]) == (400, "invalid_tenant")
     assert http.post(f"/v1/_schedules/{row.id}/pause", headers=bob).status_code == 403  # members only read
     retired = substrate.def_retire(KIND, ACME, {"def_id": row.id, "retired": True})
     assert retired["retired"] is True

@@ -1,10 +1,11 @@
 # One command each: `make run` (the runtime on the embedded default) and
 # `make test` (the whole suite). Both create and reuse .venv from requirements/.
+# `LOOMCYCLE_SCHEDULER_ENABLED=1 make run` also fires ScheduleDefs (docs/triggers.md).
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-circuit doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
@@ -39,6 +40,9 @@ bench-gateway: $(STAMP)
 
 bench-webhooks: $(STAMP)
 	$(PY) bench/webhooks.py
+
+bench-schedules: $(STAMP)
+	$(PY) bench/schedules.py
 
 # The circuit bench, with its LangGraph peer in a separate venv (.venv-peer).
 PEER_STAMP := .venv-peer/.installed-$(shell sha256sum requirements/bench-peer.txt | cut -c1-12)

@@ -34,6 +34,7 @@ api.add_router("/", "apps.channels.api.router")
 api.add_router("/", "apps.triggers.hooks.api.router")
 api.add_router("/", "apps.triggers.webhooks.api.router")
 api.add_router("/", "apps.tools.api.router")
+api.add_router("/", "apps.triggers.api.router")
 
 
 def error_response(status: int, code: str, message: str, details: dict[str, object] | None = None) -> JsonResponse:

@@ -260,6 +260,9 @@ WEBHOOKS_DELIVERY_RETENTION_HOURS: int = env.int("LOOMCYCLE_WEBHOOKS_DELIVERY_RE
 VOLUMES_ROOT: str = env.str("LOOMCYCLE_VOLUMES_ROOT", default="")
 BASH_ENABLED: bool = env.bool("LOOMCYCLE_BASH_ENABLED", default=False)
 BASH_ALLOWED_CREDS: str = env.str("LOOMCYCLE_BASH_ALLOWED_CREDS", default="")
+# Scheduler (SPEC 9.1): off unless set; how often beat sends the tick that fires due ScheduleDefs.
+SCHEDULER_ENABLED: bool = env.bool("LOOMCYCLE_SCHEDULER_ENABLED", default=False)
+SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", default=30.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -365,3 +368,6 @@ class RuntimeSettings:
     volumes_root: str
     bash_enabled: bool
     bash_allowed_creds: str
+    # Scheduler (apps.triggers).
+    scheduler_enabled: bool
+    scheduler_tick_seconds: float

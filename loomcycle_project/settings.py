@@ -244,6 +244,8 @@ LOOMCYCLE = E.RuntimeSettings(
     volumes_root=E.VOLUMES_ROOT,
     bash_enabled=E.BASH_ENABLED,
     bash_allowed_creds=E.BASH_ALLOWED_CREDS,
+    scheduler_enabled=E.SCHEDULER_ENABLED,
+    scheduler_tick_seconds=E.SCHEDULER_TICK_SECONDS,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).
@@ -252,6 +254,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     memory_sweep_s=LOOMCYCLE.memory_sweep_ms / 1000.0,
     channels_wake_tick_s=LOOMCYCLE.channels_wake_tick_ms / 1000.0,
     channels_sweep_s=LOOMCYCLE.channels_sweep_ms / 1000.0,
+    scheduler_tick_s=LOOMCYCLE.scheduler_tick_seconds if LOOMCYCLE.scheduler_enabled else None,
 )
 
 LOGGING = {

@@ -1,4 +1,4 @@
-"""The beat schedule: the lease sweeper (ScheduleDef fires arrive with the substrate issue).
+"""The beat schedule: the sweeps, and the scheduler tick that fires ScheduleDefs (apps.triggers.schedules).
 
 settings.py builds it while Django settings load, so the periods come in as
 arguments (from `settings.LOOMCYCLE`) rather than being read here."""
@@ -15,9 +15,18 @@ def _every(task: str, seconds: float) -> dict[str, Any]:
 
 
 def beat_schedule(
-    *, sweep_s: float, memory_sweep_s: float, channels_wake_tick_s: float, channels_sweep_s: float
+    *,
+    sweep_s: float,
+    memory_sweep_s: float,
+    channels_wake_tick_s: float,
+    channels_sweep_s: float,
+    scheduler_tick_s: float | None = None,
 ) -> dict[str, dict[str, Any]]:
-    return {
+    """`scheduler_tick_s` None: no scheduler tick (LOOMCYCLE_SCHEDULER_ENABLED unset). One
+    tick entry, not one entry per schedule: the due schedules are read from Postgres by the
+    tick (docs/architecture.md says why), so any number of beats may send it."""
+    tick = {"schedules-tick": _every("maintenance.schedules_tick", scheduler_tick_s)} if scheduler_tick_s else {}
+    return tick | {
         "run-leases-sweep": _every("maintenance.run_leases_sweep", sweep_s),
         "children-report-sweep": _every("maintenance.children_report_sweep", sweep_s),
         "run-slots-reconcile": _every("maintenance.run_slots_reconcile", sweep_s),
@@ -26,4 +35,5 @@ def beat_schedule(
         "channels-wake-due": _every("channels.wake_due", channels_wake_tick_s),
         "channels-expired-sweep": _every("maintenance.channels_expired_sweep", channels_sweep_s),
         "gateway-audit-prune": _every("maintenance.gateway_audit_prune", 3600.0),
+        "triggers-finished-sweep": _every("maintenance.triggers_finished_sweep", sweep_s),
     }

@@ -591,7 +591,7 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
-    if write.next == Next.FINISH and not run.parent_id:  # registry.on_run_finished listeners
+    if write.next == Next.FINISH and run.notify_finished:  # registry.on_run_finished listeners
         _announce_finished(run.id, write.status)
     if write.next == Next.FINISH and run.parent_id:
         run_child_finished(child_id=run.id)

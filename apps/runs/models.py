@@ -72,6 +72,9 @@ class Run(models.Model):
     metadata = models.JSONField(default=dict)
     # user_bearer + user_credentials, AES-GCM sealed (apps.runs.credentials); "" once the run is terminal.
     credentials_sealed = models.TextField(blank=True, default="")
+    # Created by a trigger that wants to hear when it ends (apps.runs.registry.on_run_finished):
+    # the engine calls the listeners only for these, so other runs pay nothing for the seam.
+    notify_finished = models.BooleanField(default=False)
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")
     usage = models.JSONField(default=dict)

@@ -112,16 +112,17 @@ def effective_tools(
 
 
 # --- "run finished" listeners ------------------------------------------------------------
-# Apps that want to hear when a run ends (apps.tools purges a run's ephemeral volumes;
-# apps.triggers' on_complete hooks) register here from AppConfig.ready(), as tools do:
-# the engine never imports them.
+# Apps that want to hear when a run ends (apps.triggers' on_complete hooks; apps.tools purges
+# a top-level run's ephemeral volumes) register here from AppConfig.ready(), as tools do: the
+# engine never imports them. Only runs created with `notify_finished` are announced (a
+# trigger's run, a top-level run with an ephemeral volume), so other runs pay nothing for it.
 
 RunFinished = Callable[[str, str], None]  # (run_id, terminal status)
 _FINISHED: list[RunFinished] = []
 
 
 def on_run_finished(listener: RunFinished) -> None:
-    """Call `listener(run_id, status)` after a top-level run's terminal step commits
+    """Call `listener(run_id, status)` after a notify_finished run's terminal step commits
     (at most once per run from the engine; a listener must itself tolerate a second call)."""
     if listener not in _FINISHED:
         _FINISHED.append(listener)

@@ -62,6 +62,11 @@ def run_status(*, run_id: str) -> str | None:
     return Run.objects.filter(id=run_id).values_list("status", flat=True).first()
 
 
+def run_statuses(*, run_ids: list[str]) -> dict[str, str]:
+    """The status of each run of `run_ids` that exists (one query)."""
+    return dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))
+
+
 def paused_runs_count() -> int:
     return Run.objects.filter(status=RunStatus.PAUSED).count()
 
@@ -105,6 +110,11 @@ def run_parent_id(*, run_id: str) -> str | None:
     """The run's parent (None: a top-level run, or no such run)."""
     found: str | None = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
     return found
+
+
+def run_notifies_finished(*, run_id: str) -> bool:
+    """Whether the run's end is announced to registry.on_run_finished listeners."""
+    return Run.objects.filter(id=run_id, notify_finished=True).exists()
 
 
 def run_is_answerable(*, run_id: str) -> bool:

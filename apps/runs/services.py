@@ -43,7 +43,7 @@ from apps.runs.models import (
     RuntimeStateValue,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
-from apps.runs.selectors import paused_runs_count, run_get, run_parent_id, runs_liveness, runtime_state
+from apps.runs.selectors import paused_runs_count, run_get, run_notifies_finished, runs_liveness, runtime_state
 from apps.runs.subruns import run_child_finished
 from apps.runs.wake import ring_promoted, run_slot_freed
 from apps.substrate.models import AgentDef
@@ -70,6 +70,7 @@ class RunCreate:
     tenant_id: str = ""  # the request's claim: only logged, the principal's tenant wins (SPEC 8)
     # user_bearer (under "user_bearer") + user_credentials: sealed on the run, never in clear (apps.runs.credentials)
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    notify_finished: bool = False  # a trigger's run: the engine tells registry.on_run_finished listeners
 
 
 def runtime_state_get() -> str:
@@ -217,6 +218,9 @@ def run_insert(
         allowed_hosts=r.allowed_hosts,
         volumes=r.volumes,
         metadata=data.metadata or {},
+        # Announced to registry.on_run_finished listeners when it ends: a trigger's run, or a
+        # top-level run whose ephemeral volumes must go with it.
+        notify_finished=data.notify_finished or (data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)),
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,
@@ -291,13 +295,13 @@ def _finish_unleased(run_id: str, reason: str, redactor: Redactor) -> bool:
         transaction.on_commit(lambda: run_child_finished(child_id=run_id))  # a no-op for top-level runs
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
         transaction.on_commit(lambda: run_slot_freed(run_id))  # its admission slot (or queue place) is free
-        transaction.on_commit(lambda: _announce_if_top_level(run_id, RunStatus.CANCELLED))
+        transaction.on_commit(lambda: _announce_if_notified(run_id, RunStatus.CANCELLED))
     return True
 
 
-def _announce_if_top_level(run_id: str, status: str) -> None:
-    """registry.on_run_finished listeners hear of a top-level run cancelled without a worker."""
-    if run_parent_id(run_id=run_id) is None:
+def _announce_if_notified(run_id: str, status: str) -> None:
+    """registry.on_run_finished listeners hear of a notify_finished run cancelled without a worker."""
+    if run_notifies_finished(run_id=run_id):
         registry.run_finished(run_id, status)
 
 

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max, Q, QuerySet
 
 from apps.core.errors import NotFound
 from apps.core.timefmt import ts
@@ -103,6 +103,18 @@ def agent_def_resolve(*, tenant_id: str, name: str) -> AgentDef:
         raise NotFound(f'unknown agent "{name}"', code="unknown_agent")
     assert isinstance(row, AgentDef)
     return row
+
+
+def active_defs(kind: Kind, *, tenant_id: str | None = None) -> QuerySet[VersionedDef]:
+    """The active, unretired version of every (tenant, name) of `kind` (a lazy
+    query, usable as a subquery); `tenant_id` None: every tenant."""
+    pointers = kind.pointer._default_manager.filter(active_def__isnull=False)
+    if tenant_id is not None:
+        pointers = pointers.filter(tenant_id=tenant_id)
+    rows: QuerySet[VersionedDef] = kind.model._default_manager.filter(
+        id__in=pointers.values("active_def_id"), retired=False
+    )
+    return rows
 
 
 def def_names(kind: Kind, *, tenant_id: str | None) -> list[dict[str, Any]]:

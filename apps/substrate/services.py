@@ -382,6 +382,12 @@ def def_retire(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     return {"def_id": row.id, "retired": retired}
 
 
+def def_retire_auto(kind: Kind, *, def_id: str) -> bool:
+    """Retire `def_id` on the runtime's own behalf (a ScheduleDef that reached
+    `max_fires`): no author, scope or yaml check. True if this call retired it."""
+    return bool(kind.model._default_manager.filter(id=def_id, retired=False).update(retired=True))
+
+
 @transaction.atomic
 def def_promote(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]:
     row = _visible_row(kind, author, data.get("def_id"), "promote")

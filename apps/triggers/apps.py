@@ -1,3 +1,9 @@
+"""Triggers: schedules fired by beat, inbound webhooks and tool-use hooks.
+
+ScheduleDef and WebhookDef themselves stay in apps/substrate; this app owns
+what happens when they fire (fire rows, deliveries, hook registrations).
+"""
+
 from django.apps import AppConfig
 
 
@@ -9,5 +15,9 @@ class TriggersConfig(AppConfig):
     def ready(self) -> None:
         from apps.runs import registry
         from apps.triggers.hooks.chain import intercept
+        from apps.triggers.services import trigger_run_finished
 
         registry.register_interceptor(intercept)  # tool-use hooks around every tool call
+
+        # A trigger's run (created with notify_finished) ends: its on_complete hooks, its fire's record.
+        registry.on_run_finished(trigger_run_finished)

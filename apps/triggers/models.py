@@ -1,6 +1,123 @@
-"""The app's tables, one module per capability."""
+"""The app's tables: hooks and webhooks in their capability modules (re-exported
+here), and the schedules' own below: per-schedule state, one row per fire slot,
+and the `on_complete` hooks a trigger's run carries.
 
+- `ScheduleState`: one row per ScheduleDef version (SPEC 10's
+  `schedule_run_state`), seeded when the version is first seen active.
+- `ScheduleFire`: one row per (schedule name, def version, fire time), UNIQUE,
+  inserted in the transaction that creates the fire's run: a slot fires at
+  most once cluster-wide whatever the number of ticks racing for it.
+- `OnCompleteJob`: the hooks a trigger's run runs when it ends `completed`,
+  written in the run's creating transaction (apps.triggers.oncomplete).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.substrate.models import ScheduleDef
 from apps.triggers.hooks.models import HookFailMode, HookPhase, HookRegistration
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
 
-__all__ = ["HookFailMode", "HookPhase", "HookRegistration", "Verdict", "WebhookDelivery"]
+__all__ = [
+    "FireOutcome",
+    "HookFailMode",
+    "HookPhase",
+    "HookRegistration",
+    "JobState",
+    "OnCompleteJob",
+    "ScheduleFire",
+    "ScheduleState",
+    "Verdict",
+    "WebhookDelivery",
+]
+
+
+class FireOutcome(models.TextChoices):
+    STARTED = "started", "started"  # a run was created
+    FAILED = "failed", "failed"  # no run: the agent or its route could not be resolved
+    SKIPPED = "skipped", "skipped"  # no run: backpressure or a quota refused it
+    SKIPPED_DISABLED = "skipped_disabled", "skipped_disabled"  # the definition has enabled: false
+
+
+class ScheduleState(models.Model):
+    schedule_def = models.OneToOneField(ScheduleDef, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    tenant_id = models.CharField(max_length=128, default="", blank=True)
+    name = models.CharField(max_length=128)
+    next_run_at = models.DateTimeField(null=True, blank=True)  # None: the cron has no next time
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_run_id = models.CharField(max_length=64, blank=True, default="")
+    last_status = models.CharField(max_length=32, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    paused_until = models.DateTimeField(null=True, blank=True)
+    fire_count = models.PositiveIntegerField(default=0)  # counted fires (max_fires)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    schedule_def_id: str
+
+    class Meta:
+        indexes = [models.Index(fields=["next_run_at"], name="schedulestate_next_run")]
+        ordering = ["tenant_id", "name"]
+        verbose_name = "schedule"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id or '(shared)'}/{self.name}"
+
+
+class ScheduleFire(models.Model):
+    schedule_name = models.CharField(max_length=128)
+    schedule_def = models.ForeignKey(ScheduleDef, on_delete=models.CASCADE, related_name="+")
+    tenant_id = models.CharField(max_length=128, default="", blank=True)
+    fire_time = models.DateTimeField()  # the cron slot (or the run-now moment) this fire is for
+    fired_at = models.DateTimeField(auto_now_add=True)
+    outcome = models.CharField(max_length=32, choices=FireOutcome.choices)
+    counted = models.BooleanField(default=False)  # toward max_fires
+    run_id = models.CharField(max_length=64, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    run_status = models.CharField(max_length=32, blank=True, default="")  # the run's terminal status, once known
+    hook_results = models.JSONField(null=True, blank=True)  # the on_complete hooks' outcomes, once run
+
+    schedule_def_id: str
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["schedule_name", "schedule_def", "fire_time"], name="schedulefire_slot"),
+        ]
+        indexes = [
+            models.Index(fields=["schedule_def", "-fire_time"], name="schedulefire_history"),
+            models.Index(fields=["run_id"], name="schedulefire_run"),
+        ]
+        ordering = ["-fire_time"]
+        verbose_name = "schedule fire"
+
+    def __str__(self) -> str:
+        return f"{self.schedule_name} @ {self.fire_time:%Y-%m-%d %H:%M:%S}"
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "pending"  # the run has not ended yet
+    RUNNING = "running", "running"  # claimed: its hooks are being run (once)
+    DONE = "done", "done"  # hooks run (or not due: the run did not complete)
+
+
+class OnCompleteJob(models.Model):
+    run_id = models.CharField(primary_key=True, max_length=64)
+    tenant_id = models.CharField(max_length=128, default="", blank=True)
+    user_id = models.CharField(max_length=128, blank=True, default="")
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    agent_name = models.CharField(max_length=128, blank=True, default="")
+    agent_scope_id = models.CharField(max_length=256, blank=True, default="")  # memory.set scope agent
+    origin = models.JSONField(default=dict)  # e.g. {"schedule_name": ...}: merged into channel messages
+    hooks = models.JSONField(default=list)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    run_status = models.CharField(max_length=32, blank=True, default="")
+    results = models.JSONField(default=list)  # one {kind, ok, error?} per hook, in order
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "created_at"], name="oncompletejob_pending")]
+        verbose_name = "on_complete job"
+
+    def __str__(self) -> str:
+        return f"{self.run_id} ({self.state})"

@@ -190,8 +190,11 @@ def test_schedule_hook_edit_refusals(body: dict[str, Any], match: str) -> None:
         ({**SCHEDULE, "catch_up_max": -1}, "catch_up_max must be a non-negative integer"),
         ({**SCHEDULE, "max_fires": "3"}, "max_fires must be a non-negative integer"),
         ({**SCHEDULE, "enabled": "yes"}, "enabled must be true or false"),
-        ({**SCHEDULE, "prompt": [{"role": "tool", "content": []}]}, "role must be user or assistant"),
-        ({**SCHEDULE, "prompt": [{"role": "user", "content": [{"type": "image"}]}]}, "type: text, text"),
+        ({**SCHEDULE, "prompt": [{"role": "tool", "content": []}]}, "role must be user or system"),
+        (
+            {**SCHEDULE, "prompt": [{"role": "user", "content": [{"type": "image"}]}]},
+            "type: trusted-text\\|untrusted-block\\|text, text",
+        ),
         ({**SCHEDULE, "metadata": ["x"]}, "metadata must be an object"),
         ({**SCHEDULE, "on_complete": {"kind": "mcp.call"}}, "on_complete must be a list"),
         ({**SCHEDULE, "user_credentials": {"gh": "secret"}}, "use user_credentials_from_env"),

@@ -68,6 +68,7 @@ _CLAIM_COLUMNS = (
     "credentials_sealed",
     "allowed_hosts",
     "volumes",
+    "notify_finished",
 )
 
 
@@ -205,6 +206,7 @@ class ClaimedRun:
     credentials_sealed: str  # apps.runs.credentials; opened by the engine, never logged
     allowed_hosts: list[str]
     volumes: list[dict[str, Any]] = field(default_factory=list)
+    notify_finished: bool = False
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.schedules import ParseException, crontab
+from croniter import croniter
 
 from apps.substrate.kinds import Kind, Refused, _drop_unknown
 from apps.substrate.kinds_admin.fields import get_flag, get_int, get_text, put
@@ -50,10 +51,9 @@ def parse_cron(expr: Any, what: str) -> crontab:
     the day fields, @hourly-style descriptors) as a celery crontab."""
     if not isinstance(expr, str) or not expr.strip():
         raise Refused(f"{what} must be a 5-field cron expression")
-    fields = _CRON_ALIASES.get(expr.strip().lower(), expr).split()
+    fields = cron_fields(expr)
     if len(fields) != 5:
         raise Refused(f"{what} {expr!r}: want 5 fields (minute hour day-of-month month day-of-week), got {len(fields)}")
-    fields = ["*" if f == "?" and i in (2, 4) else f for i, f in enumerate(fields)]
     for field, value in zip(_CRON_FIELDS, fields, strict=True):
         try:
             crontab(**{field: value})
@@ -62,9 +62,20 @@ def parse_cron(expr: Any, what: str) -> crontab:
             label = field.replace("_", " ").replace("month of year", "month")
             raise Refused(f"{what} {expr!r}: invalid {label} field {value!r}{detail}") from exc
     try:
-        return crontab(**dict(zip(_CRON_FIELDS, fields, strict=True)))
+        parsed = crontab(**dict(zip(_CRON_FIELDS, fields, strict=True)))
     except (ValueError, ParseException) as exc:
         raise Refused(f"{what} {expr!r}: {exc}") from exc
+    if not croniter.is_valid(" ".join(fields)):  # what the scheduler computes fire times with
+        raise Refused(f"{what} {expr!r}: not a cron expression the scheduler can evaluate")
+    return parsed
+
+
+def cron_fields(expr: str) -> list[str]:
+    """`expr` as its 5 standard fields: descriptors expanded, `?` read as `*` in
+    the day fields (robfig/cron's ParseStandard). The scheduler evaluates the
+    joined fields with croniter (apps.triggers.cron)."""
+    fields = _CRON_ALIASES.get(expr.strip().lower(), expr).split()
+    return ["*" if f == "?" and i in (2, 4) else f for i, f in enumerate(fields)]
 
 
 def _check_timezone(value: Any, what: str) -> str:
@@ -79,26 +90,48 @@ def _check_timezone(value: Any, what: str) -> str:
     return value
 
 
+PROMPT_ROLES = ("user", "system")
+PROMPT_BLOCK_TYPES = ("trusted-text", "untrusted-block", "text")  # "text" is trusted text
+_PROMPT_SHAPE = (
+    "text, or a list of {role: user|system, content: [{type: trusted-text|untrusted-block|text, text, kind?}]}"
+)
+
+
+def _check_block(block: Any, where: str) -> None:
+    if not isinstance(block, dict) or block.get("type") not in PROMPT_BLOCK_TYPES:
+        got = block.get("type") if isinstance(block, dict) else block
+        raise Refused(
+            f"{where}: each content block must be {{type: {'|'.join(PROMPT_BLOCK_TYPES)}, text}} (got {got!r})"
+        )
+    if not isinstance(block.get("text"), str):
+        raise Refused(f"{where}: content block text must be a string")
+    allowed = {"type", "text", "kind"} if block["type"] == "untrusted-block" else {"type", "text"}
+    if set(block) - allowed:
+        raise Refused(f"{where}: content block of type {block['type']} takes only {', '.join(sorted(allowed))}")
+    if "kind" in block and not isinstance(block["kind"], str):
+        raise Refused(f"{where}: an untrusted-block's kind must be a string")
+
+
 def _check_prompt(value: Any, what: str) -> Any:
+    """loomcycle's prompt forms (SPEC 5.2): plain text, or messages of content blocks
+    (apps.triggers maps them onto apps.runs.prompt segments when the schedule fires)."""
     if value is None or isinstance(value, str):
         return value
-    shape = "text or a list of {role: user|assistant, content: [{type: text, text}]}"
     if not isinstance(value, list) or not value:
-        raise Refused(f"{what}: prompt must be {shape}")
+        raise Refused(f"{what}: prompt must be {_PROMPT_SHAPE}")
     for i, message in enumerate(value):
         where = f"{what}: prompt[{i}]"
         if not isinstance(message, dict) or set(message) - {"role", "content"}:
             raise Refused(f"{where} must be an object with role and content")
-        if message.get("role") not in ("user", "assistant"):
-            raise Refused(f"{where}: role must be user or assistant (got {message.get('role')!r})")
+        if message.get("role") not in PROMPT_ROLES:
+            raise Refused(f"{where}: role must be user or system (got {message.get('role')!r})")
         content = message.get("content")
         if not isinstance(content, list) or not content:
-            raise Refused(f"{where}: content must be a non-empty list of {{type: text, text}} blocks")
+            raise Refused(f"{where}: content must be a non-empty list of content blocks")
         for block in content:
-            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-                raise Refused(f"{where}: each content block must be {{type: text, text: <string>}}")
-            if set(block) - {"type", "text"}:
-                raise Refused(f"{where}: content blocks take only type and text")
+            _check_block(block, where)
+    if not any(message["role"] == "user" for message in value):
+        raise Refused(f"{what}: prompt needs a user message (a run starts from one)")
     return value
 
 

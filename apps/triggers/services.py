@@ -1,0 +1,153 @@
+"""Trigger writes other than the firing itself (apps.triggers.schedules):
+the schedules admin verbs (SPEC 2.6) and what happens when a trigger's run
+ends.
+
+Invariants:
+- a principal acts only on its own tenant's schedules (admins on any); the
+  state row of an active version is seeded on demand, as a tick would;
+- run-now, pause and resume are single-row writes under the row lock, so
+  they serialise with a tick firing the same schedule;
+- a finished run's hooks run once (apps.triggers.oncomplete) and its fire
+  row and state learn its terminal status; a second announcement changes
+  nothing but those same values.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.core.errors import Conflict
+from apps.core.types import Principal
+from apps.runs.selectors import run_statuses
+from apps.runs.statuses import TERMINAL
+from apps.substrate.kinds import get_kind
+from apps.substrate.models import ScheduleDef
+from apps.substrate.selectors import active_defs
+from apps.triggers import presenters, selectors
+from apps.triggers.cron import cron_of, next_after
+from apps.triggers.models import FireOutcome, JobState, OnCompleteJob, ScheduleFire, ScheduleState
+from apps.triggers.oncomplete import oncomplete_run
+
+log = logging.getLogger("loomcycle.triggers")
+
+PAUSED_FOREVER = datetime(9999, 1, 1, tzinfo=UTC)  # SPEC 2.6: pause sets paused_until far in the future
+
+
+def _next(row: ScheduleDef, after: datetime) -> datetime | None:
+    d = row.definition
+    return next_after(cron_of(d), str(d.get("timezone") or "UTC"), after)
+
+
+def _locked_state(principal: Principal, def_id: str) -> tuple[ScheduleDef, ScheduleState]:
+    """The schedule's state row, locked (seeded first if needed); only an active version has one."""
+    row = selectors.schedule_def_get(tenant_id=principal.read_tenant, def_id=def_id)
+    if not active_defs(get_kind("schedule")).filter(id=row.id).exists():
+        raise Conflict(
+            f"schedule {def_id!r} is not the active version of {row.name!r} (or is retired)", code="schedule_not_active"
+        )
+    ScheduleState.objects.get_or_create(
+        schedule_def=row,
+        defaults={"tenant_id": row.tenant_id, "name": row.name, "next_run_at": _next(row, timezone.now())},
+    )
+    return row, ScheduleState.objects.select_for_update().get(schedule_def_id=row.id)
+
+
+@transaction.atomic
+def schedule_run_now(*, principal: Principal, def_id: str) -> dict[str, Any]:
+    """Due at once: the next tick fires it (a fire keyed by this moment); its cron slots are unchanged."""
+    row, state = _locked_state(principal, def_id)
+    now = timezone.now()
+    if state.next_run_at is None or state.next_run_at > now:
+        state.next_run_at = now
+        state.save(update_fields=["next_run_at", "updated_at"])
+    return {"def_id": row.id, "scheduled": "next-tick"}
+
+
+@transaction.atomic
+def schedule_pause(*, principal: Principal, def_id: str) -> dict[str, Any]:
+    row, state = _locked_state(principal, def_id)
+    state.paused_until = PAUSED_FOREVER
+    state.save(update_fields=["paused_until", "updated_at"])
+    return {"def_id": row.id, "paused": True}
+
+
+@transaction.atomic
+def schedule_resume(*, principal: Principal, def_id: str) -> dict[str, Any]:
+    """Clears the pause; slots that passed while paused are not fired (the next is after now)."""
+    row, state = _locked_state(principal, def_id)
+    if state.paused_until is not None:
+        state.paused_until = None
+        state.next_run_at = _next(row, timezone.now())
+        state.save(update_fields=["paused_until", "next_run_at", "updated_at"])
+    return {"def_id": row.id, "paused": False}
+
+
+def schedule_state(*, principal: Principal, def_id: str) -> dict[str, Any]:
+    row = selectors.schedule_def_get(tenant_id=principal.read_tenant, def_id=def_id)
+    state = selectors.schedule_state_find(def_id=row.id)
+    next_run_at = state.next_run_at if state is not None else _next(row, timezone.now())
+    return presenters.state_out(row, state, next_run_at)
+
+
+def schedules_list(*, principal: Principal, tenant: str | None) -> dict[str, Any]:
+    """`list-all`: a non-admin sees its own tenant whatever `tenant` says; an admin all, or `tenant` only."""
+    tenant_id = principal.tenant_id if not principal.is_admin else tenant
+    now = timezone.now()
+    entries = [
+        presenters.entry_out(row, state, state.next_run_at if state is not None else _next(row, now))
+        for row, state in selectors.schedules_active(tenant_id=tenant_id)
+    ]
+    return {"entries": entries}
+
+
+# --- the end of a trigger's run -----------------------------------------------------
+
+
+def trigger_run_finished(run_id: str, status: str) -> None:
+    """The apps.runs.registry.on_run_finished listener: hooks first, then the fire's record."""
+    results = oncomplete_run(run_id, status)
+    schedule_run_finished(run_id=run_id, status=status, hook_results=results)
+
+
+def schedule_run_finished(*, run_id: str, status: str, hook_results: list[dict[str, Any]] | None) -> None:
+    fire = selectors.schedule_fire_for_run(run_id=run_id)
+    if fire is None:
+        return  # not a schedule's run (a webhook's, later)
+    changes: dict[str, Any] = {"run_status": status}
+    if hook_results is not None:
+        changes["hook_results"] = hook_results
+    ScheduleFire.objects.filter(pk=fire.pk).update(**changes)
+    failed = [r for r in hook_results or [] if not r.get("ok")]
+    error = "" if status == "completed" else f"run ended {status}"
+    if failed:
+        error = "; ".join(f"on_complete {r['kind']}: {r.get('error', '')}" for r in failed)
+    # Only while this run is still the schedule's latest: an older run ending late changes nothing.
+    ScheduleState.objects.filter(schedule_def_id=fire.schedule_def_id, last_run_id=run_id).update(
+        last_status=status, last_error=error
+    )
+
+
+def triggers_finished_sweep(*, grace_seconds: float, batch: int = 500) -> int:
+    """Trigger runs that ended without the engine's announcement reaching us
+    (its process died after the commit, or the run ended outside the engine:
+    a cancel): announce them now. Returns how many were handled."""
+    cutoff = timezone.now() - timedelta(seconds=grace_seconds)
+    waiting = set(
+        OnCompleteJob.objects.filter(state=JobState.PENDING, created_at__lt=cutoff).values_list("run_id", flat=True)[
+            :batch
+        ]
+    )
+    waiting |= set(
+        ScheduleFire.objects.filter(outcome=FireOutcome.STARTED, run_status="", fired_at__lt=cutoff)
+        .exclude(run_id="")
+        .values_list("run_id", flat=True)[:batch]
+    )
+    ended = {run_id: status for run_id, status in run_statuses(run_ids=list(waiting)).items() if status in TERMINAL}
+    for run_id, status in ended.items():
+        trigger_run_finished(run_id, status)
+    return len(ended)

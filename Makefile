@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-circuit doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-triggers bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,9 @@ bench-webhooks: $(STAMP)
 
 bench-schedules: $(STAMP)
 	$(PY) bench/schedules.py
+
+# Both trigger benches (issue 19): webhook deliveries end to end, then schedule fire lag.
+bench-triggers: bench-webhooks bench-schedules
 
 # The circuit bench, with its LangGraph peer in a separate venv (.venv-peer).
 PEER_STAMP := .venv-peer/.installed-$(shell sha256sum requirements/bench-peer.txt | cut -c1-12)

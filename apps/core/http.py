@@ -63,7 +63,7 @@ def loads_checked(raw: bytes | str) -> Any:
         data = json.loads(raw)
     except RecursionError as exc:
         raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and an integer past Python's 4300-digit limit
         raise Invalid(f"bad json: {exc}", code="invalid_json") from exc
     check_storable(data)
     return data

@@ -71,7 +71,9 @@ SIGNERS = {
 @pytest.mark.parametrize("envelope", sorted(SIGNERS))
 def test_signature_matrix_over_http(hook_webs: list[str], stack: Any, envelope: str) -> None:
     name = f"sig-{envelope}"
-    define(name, rate_limit={"requests_per_minute": 600, "burst": 50})
+    fmt = {"github": "github", "bare": "hex", "stripe": "stripe"}[envelope]
+    auth = {"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": fmt}
+    define(name, auth=auth, rate_limit={"requests_per_minute": 600, "burst": 50})
     base, body = hook_webs[0], payload(event="push", n=1)
     sign = SIGNERS[envelope]
     assert post(base, name, body, sign(body)).status_code == 202
@@ -84,7 +86,7 @@ def test_signature_matrix_over_http(hook_webs: list[str], stack: Any, envelope: 
 
 
 def test_a_stale_stripe_signature_is_refused(hook_webs: list[str]) -> None:
-    define("sig-stale")
+    define("sig-stale", auth={"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": "stripe"})
     body = payload(event="late")
     resp = post(hook_webs[0], "sig-stale", body, stripe(body, at=int(time.time()) - 600))
     assert (resp.status_code, resp.json()["code"]) == (401, "unauthorized")

@@ -14,7 +14,7 @@ import pytest
 
 from apps.channels.models import ChannelMessage
 from apps.channels.services import ChannelSpec, channel_create
-from apps.runs.models import Run, RunEvent
+from apps.runs.models import Run, RunEvent, TranscriptEntry
 from apps.substrate import tokens
 from apps.substrate.kinds import Refused
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
@@ -166,6 +166,22 @@ def test_the_mapping_feeds_the_run_as_untrusted_blocks(hook_webs: list[str], sta
     stored = json.dumps(list(RunEvent.objects.filter(run=run).values_list("payload", flat=True)))
     stored += json.dumps(list(WebhookDelivery.objects.values_list("detail", "delivery_id")))
     assert "sk-live-123" not in stored  # credentials from the mapping are never persisted
+
+
+def test_mapped_credentials_reach_the_run_sealed_and_never_in_clear(hook_webs: list[str], stack: Any) -> None:
+    """`goal` unmapped: the raw body, token included, is the goal; the run's
+    redactor (keyed by the mapped credential, so the marker proves the run
+    received it; the sealed copy is wiped when the run ends) masks it."""
+    token = "tok-" + "q7Zr2mWx9LpK" * 2
+    define("mapped-creds", payload_mapping={"user_credentials.gh_token": "$.token"})
+    body = payload(token=token, action="opened")
+    resp = post(hook_webs[0], "mapped-creds", body, github(body))
+    assert resp.status_code == 202, resp.text
+    run = wait_status(resp.json()["run_id"], "completed")
+    events = json.dumps(list(RunEvent.objects.filter(run=run).values_list("payload", flat=True)))
+    transcript = json.dumps(list(TranscriptEntry.objects.filter(run=run).values_list("content", flat=True)))
+    assert token not in events and token not in transcript
+    assert "[redacted:gh_token]" in events and "[redacted:gh_token]" in transcript
 
 
 # --- dedupe, delivery modes -----------------------------------------------------------

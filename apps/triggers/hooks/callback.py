@@ -123,12 +123,19 @@ def _client() -> httpx.Client:
         return _clients[private]
 
 
-def call(hook: Hook, payload: dict[str, Any]) -> dict[str, Any]:
-    """The callback's reply object ({} for a 204 or an empty 2xx body)."""
+def call(hook: Hook, payload: dict[str, Any], chain_deadline: float | None = None) -> dict[str, Any]:
+    """The callback's reply object ({} for a 204 or an empty 2xx body). The call
+    ends by `timeout_ms` or by `chain_deadline` (monotonic), whichever is first."""
     if connection.in_atomic_block:  # a slow callback must never hold a transaction (or its locks) open
         raise RuntimeError("a hook callback was about to be made inside a database transaction")
     timeout_s = hook.timeout_ms / 1000.0
     deadline = time.monotonic() + timeout_s
+    limit_ms = hook.timeout_ms
+    if chain_deadline is not None and chain_deadline < deadline:
+        if chain_deadline <= time.monotonic():
+            raise HookCallFailed("the hook chain budget (LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS) is spent: not called")
+        deadline, timeout_s = chain_deadline, chain_deadline - time.monotonic()
+    limit_ms = round(timeout_s * 1000)
     _deadline.at = deadline
     try:
         with _client().stream(
@@ -138,11 +145,11 @@ def call(hook: Hook, payload: dict[str, Any]) -> dict[str, Any]:
             headers={"content-type": "application/json", "user-agent": USER_AGENT},
             timeout=timeout_s,
         ) as response:
-            body = _read(response, deadline, hook.timeout_ms)
+            body = _read(response, deadline, limit_ms)
     except egress.EgressRefused as exc:
         raise HookCallFailed(f"callback refused by the egress guard: {exc.reason}") from exc
     except (httpx.TimeoutException, httpcore.TimeoutException) as exc:
-        raise HookCallFailed(f"callback timed out after {hook.timeout_ms} ms") from exc
+        raise HookCallFailed(f"callback timed out after {limit_ms} ms") from exc
     except httpx.HTTPError as exc:
         raise HookCallFailed(f"callback failed: {type(exc).__name__}: {exc}") from exc
     finally:

@@ -38,8 +38,27 @@ def test_unknown_and_disabled_webhooks_answer_the_same_404(hook_webs: list[str])
     disabled = post(hook_webs[0], "dormant", body, github(body))
     assert unknown.status_code == disabled.status_code == 404
     assert unknown.json() == disabled.json() == {"code": "unknown_webhook", "error": "unknown webhook", "details": {}}
-    assert verdicts("no-such-hook") == [Verdict.REJECTED_UNKNOWN]
+    assert verdicts("no-such-hook") == []  # an unknown path writes nothing (logged at debug, counted)
     assert verdicts("dormant") == [Verdict.REJECTED_DISABLED]
+
+
+@pytest.mark.parametrize("path", ["t" * 129 + "/hook", "acme/" + "n" * 129, "acme/na%C2%B2me", "a.b/hook"])
+def test_a_path_segment_that_is_not_an_identifier_is_a_404_that_writes_nothing(hook_webs: list[str], path: str) -> None:
+    before = WebhookDelivery.objects.count()
+    body = payload(a=1)
+    resp = post(hook_webs[0], path, body, github(body))
+    assert (resp.status_code, resp.json()["code"]) == (404, "unknown_webhook")
+    assert WebhookDelivery.objects.count() == before
+
+
+def test_rejected_signatures_are_recorded_only_within_the_rate_limit(hook_webs: list[str]) -> None:
+    """A refused delivery takes a token like an accepted one: past the burst the
+    caller gets 429 and no row is written."""
+    define("forged", rate_limit={"requests_per_minute": 1, "burst": 3})
+    answers = [post(hook_webs[0], "forged", payload(n=n), {"X-Hub-Signature-256": "sha256=00"}) for n in range(6)]
+    assert [a.status_code for a in answers] == [401, 401, 401, 429, 429, 429]
+    assert answers[3].headers["Retry-After"]
+    assert verdicts("forged") == [Verdict.REJECTED_SIG] * 3
 
 
 def test_the_receiver_is_not_mounted_unless_enabled(web: str) -> None:

@@ -135,7 +135,7 @@ def test_secrets_come_only_from_allowlisted_non_empty_env_names(hook_webs: list[
 # --- body, mapping --------------------------------------------------------------------
 
 
-def test_a_body_over_the_limit_is_refused_without_being_read(hook_webs: list[str]) -> None:
+def test_a_body_over_the_limit_is_refused_before_verify_or_parse(hook_webs: list[str]) -> None:
     define("small", body_size_limit_bytes=64)
     body = payload(text="x" * 100)
     declared = post(hook_webs[0], "small", body, github(body))

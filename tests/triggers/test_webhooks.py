@@ -153,6 +153,33 @@ def test_a_mapping_needs_a_json_body(hook_webs: list[str]) -> None:
     assert verdicts("mapped-bad") == [Verdict.REJECTED_MAPPING]
 
 
+def test_a_mapping_on_an_integer_past_pythons_digit_limit_is_400(hook_webs: list[str]) -> None:
+    define("mapped-bigint", payload_mapping={"goal": "$.n"})
+    body = b'{"n": ' + b"9" * 5000 + b"}"
+    resp = post(hook_webs[0], "mapped-bigint", body, github(body))
+    assert (resp.status_code, resp.json()["code"]) == (400, "bad_mapping")
+
+
+@pytest.mark.parametrize("name", ["test", "recent-deliveries"])
+def test_a_webhook_named_like_an_admin_route_is_refused(name: str) -> None:
+    with pytest.raises(Refused, match="reserved"):
+        define(name)
+
+
+def test_an_unknown_signature_format_is_refused_at_definition() -> None:
+    with pytest.raises(Refused, match=r"auth\.format must be one of github, hex, stripe"):
+        define("fmt-bad", auth={"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": "sha1"})
+
+
+def test_a_stripe_definition_refuses_an_old_delivery_resent_as_a_body_mac(hook_webs: list[str]) -> None:
+    define("sig-replay", auth={"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": "stripe"})
+    old, body = int(time.time()) - 86_400, payload(event="old")
+    v1 = stripe(body, at=old)["X-Loomcycle-Signature"].split("v1=")[1]
+    resent = str(old).encode() + b"." + body
+    resp = post(hook_webs[0], "sig-replay", resent, {"X-Hub-Signature-256": "sha256=" + v1})
+    assert (resp.status_code, resp.json()["code"]) == (401, "unauthorized")
+
+
 @pytest.mark.parametrize("path", ["$..title", "$.*", "$.items[*]", "$.a[?(@.b)]", "title"])
 def test_a_mapping_outside_the_path_subset_is_refused_at_definition(path: str) -> None:
     with pytest.raises(Refused, match="not a supported path"):

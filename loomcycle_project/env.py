@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from apps.core.secrets import PROVIDER_KEY_NAMES
 from loomcycle_project import instance_secrets
@@ -83,6 +84,14 @@ DEBUG: bool = env.bool("LOOMCYCLE_DEBUG", default=False)
 def _list(name: str, default: list[str]) -> list[str]:
     """Comma-separated, items trimmed, empty items dropped."""
     return [item.strip() for item in env.list(name, default=default) if item.strip()]
+
+
+def _at_least(name: str, default: int, minimum: int) -> int:
+    """An integer variable that must be at least `minimum`: start-up fails with a clear message otherwise."""
+    value: int = env.int(name, default=default)
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum} (got {value})")
+    return value
 
 
 def split_paths(raw: str) -> list[str]:
@@ -245,13 +254,17 @@ REDACT_SECRETS: bool = env.bool("LOOMCYCLE_REDACT_SECRETS", default=True)
 # Tool-use hooks (SPEC 9.3): the `[tenant:]owner` pairs whose pre hooks may widen a call's
 # allowed hosts (`allow_hosts`); none by default (loomcycle's yaml hooks.permit_host_widen.owners).
 HOOKS_PERMIT_HOST_WIDEN: list[str] = _list("LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN", [])
+# At most this many registrations per tenant (400 invalid_registration past it), and the
+# total time the pre and post chains of one tool call may spend in callbacks.
+HOOKS_MAX_PER_TENANT: int = _at_least("LOOMCYCLE_HOOKS_MAX_PER_TENANT", 32, 1)
+HOOKS_CHAIN_BUDGET_MS: int = _at_least("LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS", 60_000, 1)
 # Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
 # `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
 # definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
 WEBHOOKS_ENABLED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ENABLED", default=False)
 WEBHOOKS_ALLOW_UNAUTHENTICATED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ALLOW_UNAUTHENTICATED", default=False)
 WEBHOOKS_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST", [])
-WEBHOOKS_DELIVERY_RETENTION_HOURS: int = env.int("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", default=168)
+WEBHOOKS_DELIVERY_RETENTION_HOURS: int = _at_least("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", 168, 1)
 
 # Volumes and the shell (docs/tools.md). Dynamic (per-tenant) and per-run ephemeral
 # volumes live under VOLUMES_ROOT and exist only when it is set (or a yaml volume is the
@@ -359,6 +372,8 @@ class RuntimeSettings:
     redact_secrets: bool
     # Tool-use hooks.
     hooks_permit_host_widen: tuple[str, ...] = ()
+    hooks_max_per_tenant: int = 32
+    hooks_chain_budget_ms: int = 60_000
     # Inbound webhooks (apps.triggers.webhooks).
     webhooks_enabled: bool
     webhooks_allow_unauthenticated: bool

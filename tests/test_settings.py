@@ -108,3 +108,16 @@ def test_the_scheduler_tick_is_in_beat_only_when_enabled() -> None:
     assert "schedules-tick" not in beat_schedule(**periods)
     tick = beat_schedule(**periods, scheduler_tick_s=30.0)["schedules-tick"]
     assert tick == {"task": "maintenance.schedules_tick", "schedule": 30.0, "options": {"expires": 30.0}}
+
+
+def test_a_delivery_retention_under_one_hour_refuses_to_start() -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "loomcycle_project.settings",
+        "LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, cwd=procs.ROOT, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS must be at least 1 (got 0)" in done.stderr.decode()

@@ -63,7 +63,7 @@ def loads_checked(raw: bytes | str) -> Any:
         data = json.loads(raw)
     except RecursionError as exc:
         raise Invalid(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_body") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and an integer past Python's 4300-digit limit
         raise Invalid(f"bad json: {exc}", code="invalid_json") from exc
     check_storable(data)
     return data
@@ -94,6 +94,30 @@ def _check_string(value: str) -> None:
         raise Invalid(
             "strings must be valid Unicode (no lone \\ud800-\\udfff surrogates)", code="invalid_body"
         ) from exc
+
+
+def storable_text(value: str) -> str:
+    """`value` made storable without losing its length in characters: NUL
+    becomes U+FFFD and a lone surrogate its `\\udXXX` escape (the fast path
+    returns `value` itself)."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def storable(data: Any) -> Any:
+    """A copy of JSON-shaped `data` with every string (and key) made storable by `storable_text`."""
+    if isinstance(data, str):
+        return storable_text(data)
+    if isinstance(data, dict):
+        return {storable_text(k) if isinstance(k, str) else k: storable(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [storable(v) for v in data]
+    return data
 
 
 def openapi_body(schema: type[BaseModel]) -> dict[str, object]:

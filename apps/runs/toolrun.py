@@ -7,6 +7,9 @@ Results come back in completion order (the order events are emitted).
 An allowed call goes through the interceptors apps registered
 (`registry.intercepted`, e.g. tool-use hooks) on the thread that runs it,
 with no transaction open and the connection handed back first.
+Every result leaves here storable (`_storable`): whatever a tool or a hook
+returned, a NUL or a lone surrogate in its text or events cannot fail the
+step's commit (Postgres text and jsonb refuse them).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from apps.core.http import storable, storable_text
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
 from apps.runs import registry
@@ -34,6 +38,19 @@ class CallOutcome:
 
 
 def _execute_one(ctx: ToolContext, call: ToolCall) -> ToolResult:
+    return _storable(_execute_checked(ctx, call))
+
+
+def _storable(result: ToolResult) -> ToolResult:
+    """The one place tool output is made storable (NUL -> U+FFFD, lone surrogates escaped)."""
+    text = storable_text(result.text)
+    events = tuple(storable(list(result.events))) if result.events else result.events
+    if text is result.text and events == result.events:
+        return result
+    return replace(result, text=text, events=events)
+
+
+def _execute_checked(ctx: ToolContext, call: ToolCall) -> ToolResult:
     if call.name not in ctx.tools:
         return ToolResult(f"tool {call.name!r} is not allowed for this run", is_error=True)
     tool = registry.get(call.name)

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import pytest
+from django.db import connection
 
+from apps.core.errors import Invalid
 from apps.core.tools import ToolContext, ToolResult
 from apps.core.types import Principal
 from apps.runs.toolrun import _run_tool
@@ -20,7 +24,7 @@ from apps.triggers.hooks import cache, chain, services, widening
 from apps.triggers.hooks.callback import HookCallFailed
 from apps.triggers.hooks.types import Hook
 from apps.triggers.models import HookFailMode, HookPhase, HookRegistration
-from tests.triggers.hookserver import HookServer, hook_server, reply
+from tests.triggers.hookserver import HookServer, hold, hook_server, reply
 
 ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
 CTX = ToolContext(
@@ -146,3 +150,58 @@ def test_a_callback_goes_through_the_egress_guard(server: HookServer, settings: 
     result = run_context({"op": "self"})  # the same loopback URL, no longer allowed to be private
     assert result.is_error and "refused by the egress guard" in result.text and "loopback" in result.text
     assert server.calls() == []  # refused before any byte was sent
+
+
+def test_concurrent_re_registrations_of_one_name_both_answer(server: HookServer) -> None:
+    """Two registrars of the same (owner, name) at once: each gets its row back
+    (the loser used to re-read its own, already replaced, hook_id: a 500)."""
+    url = server.on("/race", reply({}))
+    errors: list[BaseException] = []
+    ids: list[str] = []
+
+    def register_once(barrier: threading.Barrier) -> None:
+        barrier.wait()
+        try:
+            body = {"owner": "sec", "name": "race", "phase": "pre", "callback_url": url}
+            ids.append(services.hook_register(principal=ACME, spec=services.hook_spec(body)).hook_id)
+        except BaseException as exc:  # recorded and asserted on below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    for _ in range(25):
+        barrier = threading.Barrier(2)
+        threads = [threading.Thread(target=register_once, args=(barrier,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert errors == []
+    assert len(ids) == 50 and HookRegistration.objects.filter(name="race").count() == 1
+
+
+def test_registrations_past_the_tenant_cap_are_400(server: HookServer, settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, hooks_max_per_tenant=2)
+    register(server.on("/a", reply({})), "a")
+    register(server.on("/b", reply({})), "b")
+    register(server.on("/a", reply({})), "a")  # replacing one is not a new registration
+    with pytest.raises(Invalid) as refused:
+        register(server.on("/c", reply({})), "c")
+    assert refused.value.code == "invalid_registration" and "LOOMCYCLE_HOOKS_MAX_PER_TENANT" in refused.value.message
+    other = Principal(tenant_id="globex", subject="bob", scopes=frozenset({"substrate:tenant"}))
+    register(server.on("/c", reply({})), "c", principal=other)  # the cap is per tenant
+
+
+def test_the_chain_budget_cuts_off_callbacks_and_skips_the_rest(server: HookServer, settings: Any) -> None:
+    """Budget 300 ms, two held pre hooks of 5 s each failing open: the first is
+    cut off at the budget, the second is not called at all."""
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, hooks_chain_budget_ms=300)
+    register(server.on("/slow1", hold(server)), "slow1", timeout_ms=5000)
+    register(server.on("/slow2", hold(server)), "slow2", timeout_ms=5000)
+    started = time.monotonic()
+    result = run_context({"op": "self"})
+    assert time.monotonic() - started < 2.0
+    assert json.loads(result.text)["run_id"] == CTX.run_id  # fail open: the tool ran
+    errors = [e["hook"]["error"] for e in result.events if e["type"] == "hook_error"]
+    assert len(errors) == 2 and "timed out" in errors[0] and "chain budget" in errors[1]
+    assert len(server.calls("/slow2")) == 0

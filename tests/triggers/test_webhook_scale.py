@@ -9,6 +9,8 @@ import asyncio
 import random
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,8 +18,8 @@ import pytest
 
 from apps.runs.models import Run
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
-from tests.conftest import wait_for
-from tests.triggers.conftest import define, github, payload
+from tests.conftest import daphne, wait_for
+from tests.triggers.conftest import WEB_ENV, define, github, payload
 
 pytestmark = pytest.mark.usefixtures("agents")
 
@@ -105,10 +107,17 @@ async def sync_deliveries(base: str, n: int) -> list[int]:
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-def test_sync_waits_hold_no_thread(hook_webs: list[str], stack: Any) -> None:
-    """30 sync deliveries wait at once on one web process whose thread pool has
-    min(32, CPUs + 4) threads (6 here): if each wait held a thread, the 1 s
-    waits would run in at least 5 rounds; on the event loop they overlap."""
+@pytest.fixture(scope="module")
+def two_thread_web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
+    """A receiver whose thread pool is 2 threads whatever the CPU count (daphne reads ASGI_THREADS)."""
+    with daphne(stack_env, logdir, "daphne-webhooks-2-threads", **WEB_ENV, ASGI_THREADS="2") as base:
+        yield base
+
+
+def test_sync_waits_hold_no_thread(two_thread_web: str, stack: Any) -> None:
+    """30 sync deliveries wait at once on a web process with 2 pool threads:
+    if each wait held a thread, the 1 s waits would take at least 15 s; on
+    the event loop they overlap."""
     define(
         "sync-many",
         agent="slow",
@@ -116,7 +125,7 @@ def test_sync_waits_hold_no_thread(hook_webs: list[str], stack: Any) -> None:
         rate_limit={"requests_per_minute": 6000, "burst": 100},
     )
     started = time.monotonic()
-    statuses = asyncio.run(sync_deliveries(hook_webs[0], 30))
+    statuses = asyncio.run(sync_deliveries(two_thread_web, 30))
     elapsed = time.monotonic() - started
     assert statuses == [504] * 30
     assert elapsed < 4.5, f"30 sync waits of 1 s took {elapsed:.1f} s: they did not overlap"

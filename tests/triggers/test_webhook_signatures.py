@@ -35,21 +35,22 @@ def stripe(body: bytes = BODY, at: int | None = None) -> str:
 
 
 ENVELOPES = {"github": github, "bare": bare, "stripe": stripe}
+FORMATS = {"github": "github", "bare": "hex", "stripe": "stripe"}  # the definition's auth.format per envelope
 
 
 @pytest.mark.parametrize("envelope", sorted(ENVELOPES))
 def test_a_valid_signature_of_each_envelope_is_accepted(envelope: str) -> None:
-    assert check_hmac(SECRET, BODY, ENVELOPES[envelope]()) is Check.OK
+    assert check_hmac(SECRET, BODY, ENVELOPES[envelope](), fmt=FORMATS[envelope]) is Check.OK
 
 
 @pytest.mark.parametrize("envelope", sorted(ENVELOPES))
 def test_a_tampered_body_fails_each_envelope(envelope: str) -> None:
-    assert check_hmac(SECRET, BODY + b" ", ENVELOPES[envelope]()) is Check.MISMATCH
+    assert check_hmac(SECRET, BODY + b" ", ENVELOPES[envelope](), fmt=FORMATS[envelope]) is Check.MISMATCH
 
 
 @pytest.mark.parametrize("envelope", sorted(ENVELOPES))
 def test_a_signature_with_another_secret_fails_each_envelope(envelope: str) -> None:
-    assert check_hmac(b"other", BODY, ENVELOPES[envelope]()) is Check.MISMATCH
+    assert check_hmac(b"other", BODY, ENVELOPES[envelope](), fmt=FORMATS[envelope]) is Check.MISMATCH
 
 
 @pytest.mark.parametrize("value", [None, "", "   "])
@@ -60,30 +61,50 @@ def test_a_missing_signature_is_refused(value: str | None) -> None:
 @pytest.mark.parametrize("skew", [-301, 301, -3600])
 def test_a_stripe_timestamp_outside_five_minutes_is_stale(skew: int) -> None:
     now = time.time()
-    assert check_hmac(SECRET, BODY, stripe(at=int(now) + skew), now=now) is Check.STALE
+    assert check_hmac(SECRET, BODY, stripe(at=int(now) + skew), now=now, fmt="stripe") is Check.STALE
 
 
 @pytest.mark.parametrize("skew", [-299, 0, 299])
 def test_a_stripe_timestamp_inside_five_minutes_is_fresh(skew: int) -> None:
     now = time.time()
-    assert check_hmac(SECRET, BODY, stripe(at=int(now) + skew), now=now) is Check.OK
+    assert check_hmac(SECRET, BODY, stripe(at=int(now) + skew), now=now, fmt="stripe") is Check.OK
 
 
 def test_a_stripe_signature_over_another_timestamp_fails() -> None:
     t = int(time.time())
     forged = f"t={t},v1={mac(str(t - 1).encode() + b'.' + BODY)}"
-    assert check_hmac(SECRET, BODY, forged) is Check.MISMATCH
+    assert check_hmac(SECRET, BODY, forged, fmt="stripe") is Check.MISMATCH
 
 
 def test_a_stripe_header_with_one_good_v1_among_several_passes() -> None:
     t = int(time.time())
     value = f"t={t},v1={'0' * 64},v1={mac(str(t).encode() + b'.' + BODY)}"
-    assert check_hmac(SECRET, BODY, value) is Check.OK
+    assert check_hmac(SECRET, BODY, value, fmt="stripe") is Check.OK
 
 
-@pytest.mark.parametrize("value", ["t=abc,v1=00", "t=1,t=2,v1=00"])
+@pytest.mark.parametrize("value", ["t=abc,v1=00", "t=1,t=2,v1=00", "t=\u00b2,v1=00", "t=" + "9" * 5000 + ",v1=00"])
 def test_a_malformed_stripe_header_is_refused(value: str) -> None:
-    assert check_hmac(SECRET, BODY, value) is Check.MALFORMED
+    assert check_hmac(SECRET, BODY, value, fmt="stripe") is Check.MALFORMED
+
+
+@pytest.mark.parametrize("fmt", [None, "github", "hex"])
+def test_an_old_stripe_delivery_resent_as_a_body_mac_is_refused(fmt: str | None) -> None:
+    """A Stripe v1 is a MAC over `<t>.` + body: re-sent as body `<t>.<body>`
+    with `sha256=<v1>` (or bare) it must not pass a body-MAC check of a
+    Stripe webhook, nor can a body-MAC webhook be fed a Stripe header."""
+    old = int(time.time()) - 86_400
+    v1 = mac(str(old).encode() + b"." + BODY)
+    resent = str(old).encode() + b"." + BODY
+    assert check_hmac(SECRET, resent, "sha256=" + v1, fmt="stripe") is not Check.OK
+    assert check_hmac(SECRET, resent, v1, fmt="stripe") is not Check.OK
+    assert check_hmac(SECRET, BODY, stripe(), fmt=fmt) is Check.MALFORMED
+
+
+def test_a_format_accepts_only_its_own_envelope() -> None:
+    assert check_hmac(SECRET, BODY, bare(), fmt="github") is Check.MALFORMED
+    assert check_hmac(SECRET, BODY, github(), fmt="hex") is Check.MALFORMED
+    assert check_hmac(SECRET, BODY, github(), fmt=None) is Check.OK
+    assert check_hmac(SECRET, BODY, bare(), fmt=None) is Check.OK
 
 
 def test_uppercase_hex_is_accepted() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from apps.channels.models import ChannelMessage
 from apps.channels.services import ChannelSpec, channel_create
-from apps.runs.models import Run, RunEvent
+from apps.runs.models import Run, RunEvent, TranscriptEntry
 from apps.substrate import tokens
 from apps.substrate.kinds import Refused
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
@@ -38,8 +38,27 @@ def test_unknown_and_disabled_webhooks_answer_the_same_404(hook_webs: list[str])
     disabled = post(hook_webs[0], "dormant", body, github(body))
     assert unknown.status_code == disabled.status_code == 404
     assert unknown.json() == disabled.json() == {"code": "unknown_webhook", "error": "unknown webhook", "details": {}}
-    assert verdicts("no-such-hook") == [Verdict.REJECTED_UNKNOWN]
+    assert verdicts("no-such-hook") == []  # an unknown path writes nothing (logged at debug, counted)
     assert verdicts("dormant") == [Verdict.REJECTED_DISABLED]
+
+
+@pytest.mark.parametrize("path", ["t" * 129 + "/hook", "acme/" + "n" * 129, "acme/na%C2%B2me", "a.b/hook"])
+def test_a_path_segment_that_is_not_an_identifier_is_a_404_that_writes_nothing(hook_webs: list[str], path: str) -> None:
+    before = WebhookDelivery.objects.count()
+    body = payload(a=1)
+    resp = post(hook_webs[0], path, body, github(body))
+    assert (resp.status_code, resp.json()["code"]) == (404, "unknown_webhook")
+    assert WebhookDelivery.objects.count() == before
+
+
+def test_rejected_signatures_are_recorded_only_within_the_rate_limit(hook_webs: list[str]) -> None:
+    """A refused delivery takes a token like an accepted one: past the burst the
+    caller gets 429 and no row is written."""
+    define("forged", rate_limit={"requests_per_minute": 1, "burst": 3})
+    answers = [post(hook_webs[0], "forged", payload(n=n), {"X-Hub-Signature-256": "sha256=00"}) for n in range(6)]
+    assert [a.status_code for a in answers] == [401, 401, 401, 429, 429, 429]
+    assert answers[3].headers["Retry-After"]
+    assert verdicts("forged") == [Verdict.REJECTED_SIG] * 3
 
 
 def test_the_receiver_is_not_mounted_unless_enabled(web: str) -> None:
@@ -71,7 +90,9 @@ SIGNERS = {
 @pytest.mark.parametrize("envelope", sorted(SIGNERS))
 def test_signature_matrix_over_http(hook_webs: list[str], stack: Any, envelope: str) -> None:
     name = f"sig-{envelope}"
-    define(name, rate_limit={"requests_per_minute": 600, "burst": 50})
+    fmt = {"github": "github", "bare": "hex", "stripe": "stripe"}[envelope]
+    auth = {"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": fmt}
+    define(name, auth=auth, rate_limit={"requests_per_minute": 600, "burst": 50})
     base, body = hook_webs[0], payload(event="push", n=1)
     sign = SIGNERS[envelope]
     assert post(base, name, body, sign(body)).status_code == 202
@@ -84,7 +105,7 @@ def test_signature_matrix_over_http(hook_webs: list[str], stack: Any, envelope: 
 
 
 def test_a_stale_stripe_signature_is_refused(hook_webs: list[str]) -> None:
-    define("sig-stale")
+    define("sig-stale", auth={"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": "stripe"})
     body = payload(event="late")
     resp = post(hook_webs[0], "sig-stale", body, stripe(body, at=int(time.time()) - 600))
     assert (resp.status_code, resp.json()["code"]) == (401, "unauthorized")
@@ -114,7 +135,7 @@ def test_secrets_come_only_from_allowlisted_non_empty_env_names(hook_webs: list[
 # --- body, mapping --------------------------------------------------------------------
 
 
-def test_a_body_over_the_limit_is_refused_without_being_read(hook_webs: list[str]) -> None:
+def test_a_body_over_the_limit_is_refused_before_verify_or_parse(hook_webs: list[str]) -> None:
     define("small", body_size_limit_bytes=64)
     body = payload(text="x" * 100)
     declared = post(hook_webs[0], "small", body, github(body))
@@ -130,6 +151,33 @@ def test_a_mapping_needs_a_json_body(hook_webs: list[str]) -> None:
     resp = post(hook_webs[0], "mapped-bad", body, github(body))
     assert (resp.status_code, resp.json()["code"]) == (400, "bad_mapping")
     assert verdicts("mapped-bad") == [Verdict.REJECTED_MAPPING]
+
+
+def test_a_mapping_on_an_integer_past_pythons_digit_limit_is_400(hook_webs: list[str]) -> None:
+    define("mapped-bigint", payload_mapping={"goal": "$.n"})
+    body = b'{"n": ' + b"9" * 5000 + b"}"
+    resp = post(hook_webs[0], "mapped-bigint", body, github(body))
+    assert (resp.status_code, resp.json()["code"]) == (400, "bad_mapping")
+
+
+@pytest.mark.parametrize("name", ["test", "recent-deliveries"])
+def test_a_webhook_named_like_an_admin_route_is_refused(name: str) -> None:
+    with pytest.raises(Refused, match="reserved"):
+        define(name)
+
+
+def test_an_unknown_signature_format_is_refused_at_definition() -> None:
+    with pytest.raises(Refused, match=r"auth\.format must be one of github, hex, stripe"):
+        define("fmt-bad", auth={"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": "sha1"})
+
+
+def test_a_stripe_definition_refuses_an_old_delivery_resent_as_a_body_mac(hook_webs: list[str]) -> None:
+    define("sig-replay", auth={"signing_secret_env": "LOOMCYCLE_WH_SECRET", "format": "stripe"})
+    old, body = int(time.time()) - 86_400, payload(event="old")
+    v1 = stripe(body, at=old)["X-Loomcycle-Signature"].split("v1=")[1]
+    resent = str(old).encode() + b"." + body
+    resp = post(hook_webs[0], "sig-replay", resent, {"X-Hub-Signature-256": "sha256=" + v1})
+    assert (resp.status_code, resp.json()["code"]) == (401, "unauthorized")
 
 
 @pytest.mark.parametrize("path", ["$..title", "$.*", "$.items[*]", "$.a[?(@.b)]", "title"])
@@ -164,6 +212,22 @@ def test_the_mapping_feeds_the_run_as_untrusted_blocks(hook_webs: list[str], sta
     stored = json.dumps(list(RunEvent.objects.filter(run=run).values_list("payload", flat=True)))
     stored += json.dumps(list(WebhookDelivery.objects.values_list("detail", "delivery_id")))
     assert "sk-live-123" not in stored  # credentials from the mapping are never persisted
+
+
+def test_mapped_credentials_reach_the_run_sealed_and_never_in_clear(hook_webs: list[str], stack: Any) -> None:
+    """`goal` unmapped: the raw body, token included, is the goal; the run's
+    redactor (keyed by the mapped credential, so the marker proves the run
+    received it; the sealed copy is wiped when the run ends) masks it."""
+    token = "tok-" + "q7Zr2mWx9LpK" * 2
+    define("mapped-creds", payload_mapping={"user_credentials.gh_token": "$.token"})
+    body = payload(token=token, action="opened")
+    resp = post(hook_webs[0], "mapped-creds", body, github(body))
+    assert resp.status_code == 202, resp.text
+    run = wait_status(resp.json()["run_id"], "completed")
+    events = json.dumps(list(RunEvent.objects.filter(run=run).values_list("payload", flat=True)))
+    transcript = json.dumps(list(TranscriptEntry.objects.filter(run=run).values_list("content", flat=True)))
+    assert token not in events and token not in transcript
+    assert "[redacted:gh_token]" in events and "[redacted:gh_token]" in transcript
 
 
 # --- dedupe, delivery modes -----------------------------------------------------------

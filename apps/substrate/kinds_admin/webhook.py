@@ -37,12 +37,15 @@ WEBHOOK_FIELDS = frozenset(
     }
 )
 _AUTH_FIELDS = frozenset(
-    {"kind", "algorithm", "header", "signing_secret_env", "delivery_id_header", "bearer_token_env"}
+    {"kind", "algorithm", "format", "header", "signing_secret_env", "delivery_id_header", "bearer_token_env"}
 )
 # A mapping path: `$`, `.key`, `[index]` only. A key has no wildcard, filter or quoting
 # characters, so `$.*`, `$..a` and `$[?(...)]` are refused (apps.triggers.webhooks.mapping parses it).
 PATH_KEY = r"[^.\[\]*?@()'\"\s]+"
 _JSON_PATH_RE = re.compile(rf"\$(?:\.{PATH_KEY}|\[\d+\])*")
+SIGNATURE_FORMATS = ("github", "hex", "stripe")
+# `/v1/_webhooks/{name}/test` and `/recent-deliveries` are admin routes: a tenant webhook so named is unreachable
+RESERVED_NAMES = frozenset({"test", "recent-deliveries"})
 _MAPPING_TARGET_RE = re.compile(r"goal|user_id|(?:user_credentials|run_metadata)\.[A-Za-z0-9_-]+")
 
 
@@ -63,11 +66,21 @@ def _check_auth(value: Any, name: str, strict: bool) -> dict[str, Any]:
             raise Refused(f"{what}: auth.algorithm must be sha256 (got {algorithm!r})")
         out["algorithm"] = algorithm
         out["signing_secret_env"] = get_env_name(d, "signing_secret_env", f"{what}: auth (hmac)", required=True)
+        put(out, "format", _check_format(d.get("format"), what))
     if kind == "bearer":
         out["bearer_token_env"] = get_env_name(d, "bearer_token_env", f"{what}: auth (bearer)", required=True)
     put(out, "header", get_text(d, "header", f"{what}: auth"))
     put(out, "delivery_id_header", get_text(d, "delivery_id_header", f"{what}: auth"))
     return out
+
+
+def _check_format(value: Any, what: str) -> str | None:
+    """The one signature envelope an hmac webhook accepts (apps.triggers.webhooks.signatures)."""
+    if value is None:
+        return None
+    if value not in SIGNATURE_FORMATS:
+        raise Refused(f"{what}: auth.format must be one of {', '.join(SIGNATURE_FORMATS)} (got {value!r})")
+    return str(value)
 
 
 def _check_mapping(value: Any, what: str) -> dict[str, str] | None:
@@ -116,6 +129,10 @@ def normalise_webhook(name: str, raw: dict[str, Any], strict: bool) -> dict[str,
     what = f"webhook {name!r}"
     if "/" in name:
         raise Refused(f"{what}: a webhook name is one segment (it is addressed as /v1/_webhooks/[tenant/]name)")
+    if name in RESERVED_NAMES:
+        raise Refused(
+            f"{what}: the names {', '.join(sorted(RESERVED_NAMES))} are reserved (admin routes under /v1/_webhooks)"
+        )
     raw = dict(raw)
     raw.pop("name", None)
     d = _drop_unknown(name, "webhook", raw, WEBHOOK_FIELDS, strict)

@@ -10,6 +10,10 @@
 - Post hooks run in reverse registration order after the tool and may
   rewrite its result (`{result}`). A result that is not final yet (a
   sub-agent spawn, a parked call) is not passed through them.
+- The pre and post chains of one call together spend at most
+  LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS in callbacks: a callback is cut off when the
+  budget runs out, and a hook reached after that is not called; both count
+  as failed callbacks.
 - A callback that fails (network, timeout, non-2xx, malformed reply) is
   passed over when its `fail_mode` is open and fails the call (`is_error`)
   when it is closed. Nothing here fails or cancels a run.
@@ -21,8 +25,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from django.conf import settings
 
 from apps.core.tools import ToolContext, ToolResult
 from apps.runs.registry import ToolRunner
@@ -43,6 +50,15 @@ class _Call:
     input: dict[str, Any]
     events: list[dict[str, Any]] = field(default_factory=list)
     hosts: list[tuple[Hook, tuple[str, ...]]] = field(default_factory=list)  # permitted widenings
+    budget_s: float = field(default_factory=lambda: settings.LOOMCYCLE.hooks_chain_budget_ms / 1000)  # callbacks only
+
+    def callback(self, hook: Hook, payload: dict[str, Any]) -> dict[str, Any]:
+        """One callback within what is left of the chain budget (the tool's own time is not counted)."""
+        started = time.monotonic()
+        try:
+            return callback.call(hook, payload, started + self.budget_s)
+        finally:
+            self.budget_s -= time.monotonic() - started
 
     def payload(self, hook: Hook, phase: HookPhase) -> dict[str, Any]:
         ctx = self.ctx
@@ -90,7 +106,7 @@ def _pre_chain(call: _Call, hooks: list[Hook]) -> ToolResult | None:
     """Run the pre hooks; the synthetic result when one denies the call (or fails closed)."""
     for hook in hooks:
         try:
-            reply = callback.call(hook, call.payload(hook, HookPhase.PRE))
+            reply = call.callback(hook, call.payload(hook, HookPhase.PRE))
             denied = _apply_pre(call, hook, reply)
         except HookCallFailed as exc:
             denied = _failed(call, hook, exc)
@@ -136,7 +152,7 @@ def _post_chain(call: _Call, result: ToolResult, hooks: list[Hook]) -> ToolResul
         payload = call.payload(hook, HookPhase.POST)
         payload["tool_result"] = {"is_error": result.is_error, "text": result.text}
         try:
-            result = _apply_post(call, hook, result, callback.call(hook, payload))
+            result = _apply_post(call, hook, result, call.callback(hook, payload))
         except HookCallFailed as exc:
             failed = _failed(call, hook, exc)
             if failed is not None:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from apps.core import egress, hosts
 from apps.core.errors import Invalid, NotFound
@@ -168,6 +168,8 @@ def hook_register(*, principal: Principal, spec: HookSpec) -> HookRegistration:
         hook_id=_new_hook_id(), tenant_id=principal.tenant_id, owner=spec.owner, name=spec.name, **values
     )
     with transaction.atomic():
+        _lock_tenant(principal.tenant_id)
+        _check_cap(principal.tenant_id, spec)
         # one statement: two registrars of the same (owner, name) cannot both insert
         HookRegistration.objects.bulk_create(
             [row],
@@ -176,7 +178,29 @@ def hook_register(*, principal: Principal, spec: HookSpec) -> HookRegistration:
             update_fields=["hook_id", *values, "updated_at"],
         )
         transaction.on_commit(cache.bump)
-    return HookRegistration.objects.get(hook_id=row.hook_id)
+    # No re-read by hook_id: a concurrent registrar of the same (owner, name) may already
+    # have replaced it. The row (pk) is stable; only created_at is the database's.
+    created = HookRegistration.objects.filter(pk=row.pk).values_list("created_at", flat=True).first()
+    if created is not None:
+        row.created_at = created
+    return row
+
+
+def _lock_tenant(tenant_id: str) -> None:
+    """Serialise registrations of one tenant (a transaction-scoped advisory lock), so the cap is exact."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"lc:hooks:{tenant_id}"])
+
+
+def _check_cap(tenant_id: str, spec: HookSpec) -> None:
+    """At most LOOMCYCLE_HOOKS_MAX_PER_TENANT registrations per tenant; replacing one is always allowed."""
+    cap = settings.LOOMCYCLE.hooks_max_per_tenant
+    rows = HookRegistration.objects.filter(tenant_id=tenant_id)
+    if rows.filter(owner=spec.owner, name=spec.name).exists() or rows.count() < cap:
+        return
+    raise _invalid(
+        f"this tenant already has {cap} hook registrations (LOOMCYCLE_HOOKS_MAX_PER_TENANT); delete one first"
+    )
 
 
 def hook_delete(*, principal: Principal, hook_id: str) -> str:

@@ -1,18 +1,36 @@
 """The receiver pipeline of SPEC 9.2, in its order: lookup, bounded body,
 verify before parse, delivery id, durable dedupe, mapping, rate limit,
 delivery. Blocking (DB, Redis): the async view runs it on a worker thread.
-Every refusal is recorded with its verdict before it is raised."""
+
+What an unauthenticated caller can make us write is bounded:
+- a path naming no definition (or not an identifier at all) is a 404 that
+  writes nothing: logged at debug and counted (`unknown_refused`);
+- any other refusal is recorded with its verdict, but only within the
+  definition's rate limit: a refused delivery takes a token from the same
+  bucket as an accepted one, and once the bucket is empty the caller gets
+  429 `rate_limited` and no row is written."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from apps.core.errors import ApplicationError
+from apps.core.ids import is_ident
 from apps.runs.services import run_resolve
-from apps.triggers.webhooks.errors import BadBody, BadDelivery, SyncUnavailable, UnknownWebhook, WebhookRefused
+from apps.triggers.webhooks.errors import (
+    BadBody,
+    BadDelivery,
+    RateLimited,
+    RuntimeUnavailable,
+    SyncUnavailable,
+    UnknownWebhook,
+    WebhookRefused,
+)
 from apps.triggers.webhooks.mapping import Mapped, map_payload
 from apps.triggers.webhooks.models import Verdict
 from apps.triggers.webhooks.ratelimit import Limit, take
@@ -28,8 +46,24 @@ from apps.triggers.webhooks.services import (
 )
 from apps.triggers.webhooks.signatures import resolve_secret, verify
 
+log = logging.getLogger("loomcycle.webhooks")
+
 MAX_DELIVERY_ID = 256
 DEFAULT_BODY_LIMIT = 1024 * 1024
+_unknown = itertools.count(1)
+_unknown_seen = 0
+
+
+def unknown_refused() -> int:
+    """How many deliveries this process refused as unknown (never recorded)."""
+    return _unknown_seen
+
+
+def _refuse_unknown(incoming: Incoming, why: str) -> UnknownWebhook:
+    global _unknown_seen
+    _unknown_seen = next(_unknown)
+    log.debug("webhook delivery refused (%s): tenant %r name %r", why, incoming.tenant[:64], incoming.name[:64])
+    return UnknownWebhook("unknown webhook")
 
 
 @dataclass(frozen=True)
@@ -52,16 +86,29 @@ class Accepted:
     sync_timeout_ms: int = 0  # > 0: the caller waits for the run's terminal status
 
 
+class DisabledWebhook(UnknownWebhook):
+    """The same 404 as an unknown webhook to the caller; recorded (rate-limited) as disabled."""
+
+    verdict = Verdict.REJECTED_DISABLED
+
+    def __init__(self, hook: Hook) -> None:
+        super().__init__("unknown webhook")
+        self.hook = hook
+
+
 def lookup(tenant: str, name: str) -> Hook:
-    """Unknown and disabled are the same 404 to the caller (recorded apart)."""
+    """Unknown and disabled are the same 404 to the caller (only disabled is recorded)."""
     hook = webhook_resolve(tenant_id=tenant, name=name)
     if hook is None:
         raise UnknownWebhook("unknown webhook")
     if not hook.enabled:
-        exc = UnknownWebhook("unknown webhook")
-        exc.verdict = Verdict.REJECTED_DISABLED
-        raise exc
+        raise DisabledWebhook(hook)
     return hook
+
+
+def _limit(hook: Hook) -> Limit:
+    rate = hook.definition.get("rate_limit") or {}
+    return Limit(rate.get("requests_per_minute", 60), rate.get("burst", 10))
 
 
 def read_body(incoming: Incoming, limit: int) -> bytes:
@@ -103,15 +150,16 @@ def _deliver(hook: Hook, incoming: Incoming, body: bytes, delivery_id: str) -> A
     d = hook.definition
     spawn = d.get("delivery", "spawn") == "spawn"
     mapped = map_payload(body, d.get("payload_mapping")) if spawn else None
-    rate = d.get("rate_limit") or {}
-    take(tenant_id=hook.owner, name=hook.name, limit=Limit(rate.get("requests_per_minute", 60), rate.get("burst", 10)))
+    take(tenant_id=hook.owner, name=hook.name, limit=_limit(hook))
     if mapped is not None:
         return Accepted(hook, delivery_spawn(hook=hook, delivery_id=delivery_id, mapped=mapped), wait_ms)
     return Accepted(hook, delivery_publish(hook=hook, delivery_id=delivery_id, body=body))
 
 
 def webhook_receive(incoming: Incoming) -> Accepted:
-    """Run the pipeline; a refusal is recorded, then raised for the view to answer."""
+    """Run the pipeline; a refusal is recorded (see the module docstring), then raised for the view to answer."""
+    if not is_ident(incoming.name) or (incoming.tenant and not is_ident(incoming.tenant)):
+        raise _refuse_unknown(incoming, "path segment is not an identifier")
     hook: Hook | None = None
     delivery_id = ""
     try:
@@ -120,11 +168,38 @@ def webhook_receive(incoming: Incoming) -> Accepted:
         verify(hook.definition.get("auth") or {}, incoming.headers, body)  # before anything parses the body
         delivery_id = delivery_id_of(hook, incoming.headers, body)
         return _deliver(hook, incoming, body, delivery_id)
-    except WebhookRefused as exc:
-        owner, name = (hook.owner, hook.name) if hook is not None else (incoming.tenant, incoming.name)
-        detail = exc.record_detail or exc.message
-        delivery_record(owner=owner, name=name, delivery_id=delivery_id, verdict=exc.verdict, detail=detail)
+    except DisabledWebhook as exc:
+        _record(exc.hook, exc, delivery_id, took=False)
         raise
+    except UnknownWebhook:
+        raise _refuse_unknown(incoming, "no such definition") from None
+    except WebhookRefused as exc:
+        assert hook is not None  # lookup is the only step before there is a hook, handled above
+        _record(hook, exc, delivery_id, took=_took_token(exc))
+        raise
+
+
+def _took_token(exc: WebhookRefused) -> bool:
+    """Whether the refused delivery already went through the rate limiter (it refuses after it)."""
+    return isinstance(exc, RateLimited) or exc.verdict in _AFTER_TAKE
+
+
+_AFTER_TAKE = frozenset({Verdict.REJECTED_SPAWN_SETUP, Verdict.REJECTED_CHANNEL, Verdict.TIMEOUT})
+
+
+def _record(hook: Hook, exc: WebhookRefused, delivery_id: str, *, took: bool) -> None:
+    """Record the refusal, taking a token first unless it already took one; over the
+    limit the caller gets 429 and nothing is written."""
+    if not took:
+        try:
+            take(tenant_id=hook.owner, name=hook.name, limit=_limit(hook))
+        except RateLimited as limited:
+            raise limited from exc
+        except RuntimeUnavailable as down:
+            log.warning("webhook %s/%s: refusal not recorded, rate limiter down: %s", hook.owner, hook.name, down)
+            return
+    detail = exc.record_detail or exc.message
+    delivery_record(owner=hook.owner, name=hook.name, delivery_id=delivery_id, verdict=exc.verdict, detail=detail)
 
 
 def webhook_dry_run(*, tenant: str, name: str, body: bytes) -> dict[str, Any]:

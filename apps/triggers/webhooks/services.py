@@ -8,8 +8,11 @@
 - every delivery, accepted or not, leaves a record row with its verdict;
   records older than LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS are pruned
   on insert, at most once a minute cluster-wide (a Redis SET NX guards it);
-- mapped credentials are never written anywhere (they are not yet passed to
-  the run either: per-run credentials are a separate piece of work).
+- mapped credentials (`user_credentials.<name>`) are passed to the run as its
+  per-run credentials (apps.runs.credentials: sealed on the run, 400
+  `invalid_run` when one is malformed) and never written in clear: the run's
+  redactor masks their values as `[redacted:NAME]` in everything it stores,
+  including a goal that is the raw body because `goal` is not mapped.
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ def run_input(hook: Hook, mapped: Mapped) -> RunCreate:
         metadata=dict(d.get("metadata") or {}),
         user_tier=d.get("user_tier") or None,
         tenant_id=hook.run_tenant,
+        credentials=dict(mapped.credentials),
     )
 
 

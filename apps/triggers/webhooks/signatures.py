@@ -2,9 +2,19 @@
 definition's `auth`, with secrets read from allowlisted environment names only.
 
 Every comparison of a caller-supplied value with a secret or a MAC goes
-through `hmac.compare_digest`. Accepted HMAC-SHA256 envelopes:
-`sha256=<hex>` (GitHub), bare `<hex>`, and Stripe-like `t=<unix>,v1=<hex>`
-signed over `"<t>." + body`, whose timestamp must be within ±5 minutes.
+through `hmac.compare_digest`. HMAC-SHA256 envelopes, one per definition
+(`auth.format`):
+
+- `github`: `sha256=<hex>` over the body;
+- `hex`: bare `<hex>` over the body;
+- `stripe`: `t=<unix>,v1=<hex>` over `"<t>." + body`, the timestamp within
+  ±5 minutes;
+- absent: `github` or `hex` (the same MAC over the body), never `stripe`.
+
+Invariant: a definition never accepts a body-only MAC and a Stripe MAC
+under one secret. A Stripe MAC is a MAC over `"<t>." + body`, so accepting
+both would let a captured Stripe delivery of any age be re-sent as body
+`"<t>." + body` with `sha256=<v1>` and skip the tolerance check.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +33,7 @@ from apps.core.secrets import key_from_env, name_refusal
 from apps.triggers.webhooks.errors import SecretUnresolvable, SignatureRefused, UnauthenticatedModeDisabled
 
 STRIPE_TOLERANCE_S = 300
+_STAMP_RE = re.compile(r"\d{1,12}", re.ASCII)  # with fullmatch: `²` and 4300-digit stamps are malformed, not a 500
 DEFAULT_SIGNATURE_HEADERS = ("x-loomcycle-signature", "x-hub-signature-256")
 
 
@@ -45,7 +57,7 @@ def _stripe(secret: bytes, body: bytes, value: str, now: float) -> Check:
     parts = [p.split("=", 1) for p in value.split(",") if "=" in p]
     stamps = [v.strip() for k, v in parts if k.strip() == "t"]
     macs = [v.strip().lower() for k, v in parts if k.strip() == "v1"]
-    if len(stamps) != 1 or not stamps[0].isdigit() or not macs:
+    if len(stamps) != 1 or not _STAMP_RE.fullmatch(stamps[0]) or not macs:
         return Check.MALFORMED
     if abs(now - int(stamps[0])) > STRIPE_TOLERANCE_S:
         return Check.STALE
@@ -54,15 +66,23 @@ def _stripe(secret: bytes, body: bytes, value: str, now: float) -> Check:
     return Check.OK if any(matched) else Check.MISMATCH
 
 
-def check_hmac(secret: bytes, body: bytes, value: str | None, now: float | None = None) -> Check:
-    """The verdict on one signature header value (None: the header is absent)."""
+def check_hmac(
+    secret: bytes, body: bytes, value: str | None, now: float | None = None, *, fmt: str | None = None
+) -> Check:
+    """The verdict on one signature header value (None: the header is absent)
+    under the envelope `fmt` (see the module docstring)."""
     if value is None or not value.strip():
         return Check.MISSING
     value = value.strip()
-    if "v1=" in value and "t=" in value:
+    if fmt == "stripe":
         return _stripe(secret, body, value, time.time() if now is None else now)
-    if value.lower().startswith("sha256="):
+    prefixed = value.lower().startswith("sha256=")
+    if (fmt == "github" and not prefixed) or (fmt == "hex" and prefixed):
+        return Check.MALFORMED
+    if prefixed:
         value = value[len("sha256=") :]
+    if not value or "=" in value or "," in value:  # e.g. a Stripe header on a body-MAC webhook
+        return Check.MALFORMED
     return Check.OK if _same(_mac(secret, body), value.lower()) else Check.MISMATCH
 
 
@@ -108,6 +128,6 @@ def verify(auth: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> 
         secret = resolve_secret(str(auth["signing_secret_env"]))
         names = (str(auth["header"]).lower(),) if auth.get("header") else DEFAULT_SIGNATURE_HEADERS
         value = next((headers[n] for n in names if n in headers), None)
-        result = check_hmac(secret.encode(), body, value)
+        result = check_hmac(secret.encode(), body, value, fmt=auth.get("format"))
     if result is not Check.OK:
         raise SignatureRefused("unauthorized").with_detail(result.value)

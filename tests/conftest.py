@@ -72,9 +72,10 @@ def stack_env(django_db_setup: None) -> dict[str, str]:
     """Environment for child processes: same services, the test database."""
     name = connection.settings_dict["NAME"]
     url = os.environ["DATABASE_URL"].replace("/loomcycle?", f"/{name}?")
-    # The network tools reach loopback test servers as `localhost` only (tests/tools).
+    # The network tools reach loopback test servers as `localhost` only (tests/tools);
+    # `example.com` is where the substrate tests' MCP server definitions point (never called).
     network = {
-        "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "localhost,127.0.0.1",
+        "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "localhost,127.0.0.1,example.com",
         "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "localhost",
     }
     return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **network}

@@ -24,6 +24,11 @@ def _boom(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     raise RuntimeError("kaboom")
 
 
+# Every allowed call passes the tool-use hook chain, which reads the registrations
+# (apps.triggers.hooks.cache): the calls need the database, on their own threads.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
 @pytest.fixture
 def tools() -> Iterator[None]:
     added = [Tool("TSleep", "sleeps", {"type": "object"}, _sleep), Tool("TBoom", "raises", {"type": "object"}, _boom)]

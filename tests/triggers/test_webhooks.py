@@ -18,7 +18,7 @@ from apps.runs.models import Run, RunEvent, TranscriptEntry
 from apps.substrate import tokens
 from apps.substrate.kinds import Refused
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
-from tests.conftest import wait_status
+from tests.conftest import wait_for, wait_status
 from tests.triggers.conftest import BEARER, GH_SECRET, define, github, payload, post, stripe
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -367,3 +367,24 @@ def test_admin_routes_list_recent_deliveries_and_dry_run(hook_webs: list[str]) -
     bad = httpx.post(f"{hook_webs[1]}/v1/_webhooks/triage/test", content=b"nope", headers=as_admin).json()
     assert (bad["would_accept"], bad["verdict"], bad["code"]) == (False, "rejected_mapping", "bad_mapping")
     assert WebhookDelivery.objects.filter(webhook_name="triage").count() == 2  # the dry runs recorded nothing
+
+
+def test_on_complete_hooks_run_once_when_the_spawned_run_completes(hook_webs: list[str], stack: Any) -> None:
+    channel_create(tenant_id="", name="hook-done", spec=ChannelSpec())
+    hooks = [{"kind": "channel.publish", "channel": "hook-done", "payload": {"source": "ci"}}]
+    define("with-hooks", on_complete=hooks)
+    body = payload(q="build finished")
+    first = post(hook_webs[0], "with-hooks", body, github(body))
+    assert first.status_code == 202, first.text
+    run_id = first.json()["run_id"]
+    run = wait_status(run_id, "completed")
+    message = wait_for(lambda: ChannelMessage.objects.filter(channel="hook-done").first())
+    assert message.payload == {
+        "webhook_name": "with-hooks",
+        "run_id": run_id,
+        "agent_id": run.agent_id,
+        "payload": {"source": "ci"},
+    }
+    replay = post(hook_webs[1], "with-hooks", body, github(body))  # a replay makes no run and no second message
+    assert replay.json()["deduped"] == "true"
+    assert ChannelMessage.objects.filter(channel="hook-done").count() == 1

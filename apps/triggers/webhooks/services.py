@@ -38,6 +38,7 @@ from apps.core.redis import sync_client
 from apps.core.types import ADMIN_SCOPE, Principal
 from apps.runs.prompt import Segment
 from apps.runs.services import RunCreate, run_create
+from apps.triggers.oncomplete import oncomplete_record
 from apps.triggers.webhooks.errors import BadBody, ChannelUnavailable, InvalidRun, RuntimeUnavailable, WebhookRefused
 from apps.triggers.webhooks.mapping import Mapped
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
@@ -126,6 +127,7 @@ def run_input(hook: Hook, mapped: Mapped) -> RunCreate:
         user_tier=d.get("user_tier") or None,
         tenant_id=hook.run_tenant,
         credentials=dict(mapped.credentials),
+        notify_finished=bool(d.get("on_complete")),  # its end runs the hooks (apps.triggers.oncomplete)
     )
 
 
@@ -156,6 +158,16 @@ def delivery_spawn(*, hook: Hook, delivery_id: str, mapped: Mapped) -> Delivered
             )  # a concurrent copy of this delivery blocks here until we commit, then fails on the index
             run = run_create(principal=webhook_principal(hook), data=data)
             WebhookDelivery.objects.filter(pk=row.pk).update(run_id=run.id)
+            oncomplete_record(  # in the run's transaction: the hooks exist iff the run does
+                run_id=run.id,
+                tenant_id=run.tenant_id,
+                user_id=run.user_id,
+                agent_id=run.agent_id,
+                agent_name=run.agent_name,
+                hooks=list(hook.definition.get("on_complete") or []),
+                origin={"webhook_name": hook.name},
+                agent_scope_id=hook.name,
+            )
     except IntegrityError:
         replay = delivery_replay(hook=hook, delivery_id=delivery_id)
         if replay is None:  # the winner rolled back after we collided: not a replay, let the sender retry

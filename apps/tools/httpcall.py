@@ -186,17 +186,32 @@ def _inflater(content_encoding: str) -> Callable[[bytes, int], bytes]:
             f"the response uses Content-Encoding {content_encoding!r}, which the tool does not decode "
             "(send Accept-Encoding: identity, gzip or deflate)"
         )
-    decompressor = zlib.decompressobj(_ZLIB_WBITS[coding])
+    return _Inflater(coding).inflate
 
-    def inflate(chunk: bytes, limit: int) -> bytes:
-        if limit <= 0:
+
+class _Inflater:
+    """A bounded zlib decompressor for one body; `deflate` falls back to raw
+    deflate when the first chunk is not zlib-wrapped (as httpx does)."""
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self.decompressor = zlib.decompressobj(_ZLIB_WBITS[coding])
+        self.started = False
+
+    def inflate(self, chunk: bytes, limit: int) -> bytes:
+        """At most `limit` decoded bytes of `chunk` (the rest is never inflated)."""
+        if limit <= 0 or not chunk:
             return b""
         try:
-            return decompressor.decompress(chunk, limit)
+            out = self.decompressor.decompress(chunk, limit)
         except zlib.error as exc:
-            raise ToolRefusal(f"the response body is not valid {coding}: {exc}") from exc
-
-    return inflate
+            if self.coding != "deflate" or self.started:
+                raise ToolRefusal(f"the response body is not valid {self.coding}: {exc}") from exc
+            self.decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
+            self.started = True
+            return self.inflate(chunk, limit)
+        self.started = True
+        return out
 
 
 def _check_time(ctx: ToolContext, deadline: float, timeout: float) -> None:

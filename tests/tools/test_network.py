@@ -10,6 +10,7 @@ import gzip
 import json
 import threading
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -277,7 +278,11 @@ def test_a_gzip_bomb_is_inflated_only_up_to_the_cap(httpserver: HTTPServer) -> N
 def test_a_small_gzip_body_is_decoded_and_other_encodings_are_refused(httpserver: HTTPServer) -> None:
     httpserver.expect_request("/gz").respond_with_data(gzip.compress(b"hello"), headers={"Content-Encoding": "gzip"})
     httpserver.expect_request("/br").respond_with_data(b"\x0b\x02\x80hello\x03", headers={"Content-Encoding": "br"})
-    gz = http_execute(tool_context(), {"url": f"http://localhost:{httpserver.port}/gz"})
-    assert gz.text.partition("\n\n")[2] == "hello"
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    for path, body in (("/zl", zlib.compress(b"hello")), ("/raw", raw.compress(b"hello") + raw.flush())):
+        httpserver.expect_request(path).respond_with_data(body, headers={"Content-Encoding": "deflate"})
+    for path in ("/gz", "/zl", "/raw"):
+        got = http_execute(tool_context(), {"url": f"http://localhost:{httpserver.port}{path}"})
+        assert got.text.partition("\n\n")[2] == "hello", (path, got.text)
     br = http_execute(tool_context(), {"url": f"http://localhost:{httpserver.port}/br"})
     assert br.is_error and "Content-Encoding 'br'" in br.text

@@ -103,6 +103,7 @@ def address_refusal(ip: IPAddress) -> str | None:
         (ip.is_multicast, "multicast"),
         (isinstance(ip, ipaddress.IPv4Address) and ip in _SHARED_V4, "shared address space (RFC 6598)"),
         (isinstance(ip, ipaddress.IPv6Address) and ip in _ULA, "unique local (ULA)"),
+        (isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local, "site-local (fec0::/10, deprecated)"),
         (ip.is_private, "private (RFC 1918 or special-purpose)"),
         (ip.is_reserved, "reserved"),
         (not ip.is_global, "not globally routable"),

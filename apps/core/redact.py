@@ -29,6 +29,7 @@ without a candidate costs a few `in` scans (docs/tools.md gives measurements).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -40,8 +41,25 @@ from django.conf import settings
 from apps.core.secrets import INFRA_SECRET_NAMES
 
 MIN_SECRET_LEN = 8
-# Environment variable names that mark a secret (upper-cased substring).
-SECRET_NAME_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# `_`-separated environment variable name tokens (upper-cased) that mark a secret.
+SECRET_NAME_TOKENS = frozenset(
+    {
+        "KEY",
+        "APIKEY",
+        "ACCESSKEY",
+        "PRIVATEKEY",
+        "SECRETKEY",
+        "TOKEN",
+        "AUTHTOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "CREDENTIALS",
+    }
+)
+# A value that is a filesystem path (`/x`, `~/x`, `./x`, `C:\x`) names where a secret is, not the secret.
+_PATH_VALUE = re.compile(r"(?:/|~/|\.{1,2}/|[A-Za-z]:[\\/])\S*")
 
 _VALUE = r"[^\s\"',;&}\[\]\\]+"  # never crosses a string boundary, a marker or a query separator
 _KEY_NAMES = r"(?:api[_-]?key|secret(?:[_-]?key)?|token|password|passwd)"  # `access_token=`, `OPENAI_API_KEY=`
@@ -85,21 +103,32 @@ class Redactor:
     Immutable; `with_values` gives a redactor for one run."""
 
     def __init__(self, values: Mapping[str, str], *, patterns: bool, min_len: int = MIN_SECRET_LEN) -> None:
-        kept = {v: n for n, v in values.items() if len(v) >= min_len}
-        self._values: dict[str, str] = kept  # value -> name
+        self._init({v: n for n, v in values.items()}, patterns=patterns, min_len=min_len)
+
+    def _init(self, by_value: Mapping[str, str], *, patterns: bool, min_len: int) -> None:
+        self._own = {v: n for v, n in by_value.items() if len(v) >= min_len}  # value -> name, as given
         self._min_len = min_len
         self.patterns = patterns
+        self._values: dict[str, str] = {}  # every masked form -> name
+        for value, name in self._own.items():
+            for form in escaped_forms(value):
+                self._values.setdefault(form, name)
         # Longest first: a value inside a longer one is masked as part of the longer match.
-        ordered = sorted(kept, key=len, reverse=True)
+        ordered = sorted(self._values, key=len, reverse=True)
         self._exact = re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
 
     def with_values(self, values: Mapping[str, str]) -> Redactor:
-        """This redactor plus `values` (a run's credentials, {name: value})."""
+        """This redactor plus `values` (a run's credentials, {name: value}).
+        Keyed by value: a credential named like a runtime secret adds its own
+        value and never removes the runtime one."""
         if not values:
             return self
-        merged = {name: value for value, name in self._values.items()}
-        merged.update(values)
-        return Redactor(merged, patterns=self.patterns, min_len=self._min_len)
+        merged = dict(self._own)
+        for name, value in values.items():
+            merged[value] = name
+        out = Redactor.__new__(Redactor)
+        out._init(merged, patterns=self.patterns, min_len=self._min_len)
+        return out
 
     def text(self, s: str) -> str:
         """`s` with every known secret value and secret pattern masked."""
@@ -123,16 +152,39 @@ class Redactor:
         return v
 
 
+def escaped_forms(value: str) -> list[str]:
+    """`value` and the distinct forms an error message may quote it in: JSON
+    escaped (ASCII and not), Python repr escaped (str and UTF-8 bytes)."""
+    forms = [
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+        repr(value.encode("utf-8", "backslashreplace"))[2:-1],
+    ]
+    return list(dict.fromkeys(forms))
+
+
 def is_secret_env_name(name: str) -> bool:
+    """An infrastructure secret name, or one with a SECRET_NAME_TOKENS token."""
     upper = name.upper()
-    return upper in INFRA_SECRET_NAMES or any(m in upper for m in SECRET_NAME_MARKERS)
+    return upper in INFRA_SECRET_NAMES or any(t in SECRET_NAME_TOKENS for t in upper.split("_"))
+
+
+def _is_secret_env(name: str, value: str) -> bool:
+    if not value:
+        return False
+    if name.upper() in INFRA_SECRET_NAMES:
+        return True
+    return is_secret_env_name(name) and not _PATH_VALUE.fullmatch(value)
 
 
 def runtime_secret_values() -> dict[str, str]:
     """{name: value} of the runtime's own secrets: secret-named environment
-    variables and the instance secrets settings hold (which may come from the
-    data directory's secrets file rather than the environment)."""
-    values = {n: v for n, v in os.environ.items() if v and is_secret_env_name(n)}
+    variables (a path value skipped, but for the infrastructure names) and the
+    instance secrets settings hold (which may come from the data directory's
+    secrets file rather than the environment)."""
+    values = {n: v for n, v in os.environ.items() if _is_secret_env(n, v)}
     values["DJANGO_SECRET_KEY"] = str(settings.SECRET_KEY)
     if settings.LOOMCYCLE.operator_token_pepper:
         values["LOOMCYCLE_OPERATOR_TOKEN_PEPPER"] = settings.LOOMCYCLE.operator_token_pepper

@@ -13,7 +13,10 @@ authenticated cipher) and the terminal commit clears the column. Invariants:
 
 A credential value shorter than MIN_SECRET_LEN is refused: redaction
 (apps.core.redact) could not mask it without masking ordinary text, so it
-could reach a stored transcript in clear.
+could reach a stored transcript in clear. A value that is not a valid HTTP
+header value (HEADER_VALUE_RE: printable ASCII, inner spaces and tabs, no
+control character) is refused too: credentials only ever go into headers, and
+an HTTP library refusing one would quote it escaped in its error.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -43,6 +47,10 @@ _VERSION = b"\x01"
 _NONCE_BYTES = 12
 _HKDF_INFO = b"loomcycle run credentials v1"
 CODE = "invalid_credentials"
+# RFC 9110 field-value, ASCII only: visible characters with inner spaces or tabs.
+HEADER_VALUE_RE = re.compile(r"[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?")
+
+log = logging.getLogger("loomcycle.credentials")
 
 
 def credentials_from_wire(*, user_bearer: object, user_credentials: Mapping[str, object] | None) -> dict[str, str]:
@@ -83,6 +91,12 @@ def _check_one(name: object, value: object) -> None:
         raise Invalid(
             f"user_credentials.{name}: the value must be {MIN_SECRET_LEN}..{MAX_VALUE_CHARS} characters "
             "(a shorter secret cannot be redacted reliably)",
+            code=CODE,
+        )
+    if not HEADER_VALUE_RE.fullmatch(value):
+        raise Invalid(
+            f"user_credentials.{name}: the value must be a valid HTTP header value "
+            "(printable ASCII, no control characters, no leading or trailing whitespace)",
             code=CODE,
         )
 
@@ -126,5 +140,13 @@ def unseal(*, run_id: str, sealed: str) -> dict[str, str]:
 
 
 def run_redactor_of(*, run_id: str, sealed: str) -> Redactor:
-    """The redactor of a run whose sealed credentials are `sealed`."""
-    return run_redactor(unseal(run_id=run_id, sealed=sealed))
+    """The redactor of a run whose sealed credentials are `sealed`, for the web
+    paths (cancel, input, answers). When they do not open in this process the
+    runtime redactor stands in and a warning names the run (never a value):
+    cancel and input keep working, and the worker, which cannot open them
+    either, fails the run with the reason (apps.runs.engine)."""
+    try:
+        return run_redactor(unseal(run_id=run_id, sealed=sealed))
+    except CredentialsUnreadable as exc:
+        log.warning("run %s: credentials unreadable here (%s); redacting with the runtime secrets only", run_id, exc)
+        return run_redactor({})

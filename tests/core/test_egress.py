@@ -98,6 +98,8 @@ BLOCKED = [
     "fc00::1",
     "fd12:3456::1",
     "fe80::1",
+    "fec0::1",  # site-local (deprecated, RFC 3879): not in Python's is_private
+    "feff:ffff::1",
     "ff02::1",
     "::ffff:127.0.0.1",
     "::ffff:10.0.0.1",
@@ -119,6 +121,11 @@ def test_each_blocked_range_is_refused_before_any_connect(page: HTTPServer, addr
     assert "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST" in err.value.reason
     assert backend.dialled == []
     assert page.log == []
+
+
+@pytest.mark.parametrize("address", ["fec0::1", "fec0:1::2", "feff:ffff::1"])
+def test_site_local_ipv6_is_named_as_such(address: str) -> None:
+    assert egress.address_refusal(ipaddress.ip_address(address)) == "site-local (fec0::/10, deprecated)"
 
 
 @pytest.mark.parametrize("address", ["8.8.8.8", "93.184.216.34", "2606:4700::1111", "::ffff:8.8.8.8"])

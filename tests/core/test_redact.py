@@ -72,6 +72,36 @@ def test_with_values_adds_a_runs_credentials() -> None:
     assert base.text("cred-value-1234") == "cred-value-1234"  # the runtime's redactor is unchanged
 
 
+@pytest.mark.parametrize("name", ["GITHUB_TOKEN", "DJANGO_SECRET_KEY"])
+def test_a_credential_named_like_a_runtime_secret_does_not_unmask_it(name: str) -> None:
+    base = Redactor({name: "runtime-secret-value"}, patterns=False)
+    run = base.with_values({name: "run-credential-value"})
+    assert run.text("runtime-secret-value run-credential-value") == f"[redacted:{name}] [redacted:{name}]"
+
+
+def test_a_value_shared_by_a_runtime_secret_and_a_credential_is_masked() -> None:
+    run = Redactor({"ENV_TOKEN": "one-shared-value"}, patterns=False).with_values({"cred": "one-shared-value"})
+    assert "one-shared-value" not in run.text("x one-shared-value y")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["secret-value-1\n", "tab\tand\x01ctl-value", 'quote"back\\slash-val', "caf\u00e9-credential\x7f"],
+)
+def test_escaped_forms_of_a_value_are_masked_too(value: str) -> None:
+    r = Redactor({"C": value}, patterns=False)
+    for shown in (
+        json.dumps({"v": value}),
+        json.dumps({"v": value}, ensure_ascii=False),
+        f"Illegal header value {value!r}",
+        f"Illegal header value {value.encode()!r}",
+        value,
+    ):
+        out = r.text(shown)
+        assert "[redacted:C]" in out, shown
+        assert value not in out and value.strip() not in out
+
+
 def test_json_values_keep_their_structure() -> None:
     r = Redactor({"T": "secret-value-1"}, patterns=True)
     value: dict[str, Any] = {
@@ -115,15 +145,48 @@ def test_runtime_redactor_reads_secret_named_env_and_the_instance_secrets(
         redact.runtime_redactor.cache_clear()
 
 
-def test_cost_on_a_large_transcript_message() -> None:
+@pytest.mark.parametrize(
+    ("name", "value", "secret"),
+    [
+        ("GITHUB_TOKEN", "gh-token-value-1", True),
+        ("OPENAI_API_KEY", "openai-key-value", True),
+        ("DB_PASSWORD", "db-password-value", True),
+        ("SERVICE_APIKEY", "apikey-value-123", True),
+        ("APP_CREDENTIALS", "credentials-value", True),
+        ("MY_AUTH_TOKEN", "auth-token-value", True),
+        ("SSH_AUTH_SOCK", "/tmp/ssh-x/agent.1", False),  # AUTH alone is no marker
+        ("XAUTHORITY", "/home/u/.Xauthority", False),
+        ("KEYBOARD_LAYOUT", "us-international", False),  # KEY inside a word
+        ("MONKEY_NAME", "bonobo-the-great", False),
+        ("GOOGLE_APPLICATION_CREDENTIALS", "/etc/gcp/key.json", False),  # a path names where a secret is
+        ("SIGNING_KEY_FILE", "./keys/signing.pem", False),
+    ],
+)
+def test_env_secrets_are_matched_by_name_token_and_paths_skipped(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, secret: bool
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert (redact.runtime_secret_values().get(name) == value) is secret
+
+
+def test_infrastructure_secrets_are_kept_even_when_they_look_like_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = sorted(redact.INFRA_SECRET_NAMES)[0]
+    monkeypatch.setenv(name, "/a/path/looking/secret")
+    assert redact.runtime_secret_values()[name] == "/a/path/looking/secret"
+
+
+def test_cost_on_a_large_transcript_message(capsys: pytest.CaptureFixture[str]) -> None:
     """Reported in docs/tools.md: a 1 MiB message with no candidate takes the
-    fast path; one with candidates throughout runs the patterns."""
+    fast path; one with candidates throughout runs the patterns. The times are
+    printed (pytest -s shows them); the bound is generous, for a loaded CI host."""
     r = Redactor({f"SECRET_{i}_TOKEN": f"value-number-{i:04d}-xyz" for i in range(20)}, patterns=True)
     clean = ("The quick brown fox jumps over the lazy dog. " * 23_000)[: 1 << 20]
     dirty = ("see api_key=abcdef0123 and sk-ABCDEFGHIJKLMNOPQRST here. " * 19_000)[: 1 << 20]
-    for text, budget in ((clean, 0.2), (dirty, 5.0)):  # loose: docs/tools.md has the measured times
+    for label, text in (("clean", clean), ("dirty", dirty)):
         started = time.perf_counter()
         out = r.text(text)
         elapsed = time.perf_counter() - started
-        assert elapsed < budget, f"{elapsed * 1000:.1f} ms for 1 MiB"
-    assert "sk-ABCD" not in out
+        with capsys.disabled():
+            print(f"\nredact 1 MiB {label}: {elapsed * 1000:.1f} ms")
+        assert elapsed < 10.0, f"{elapsed * 1000:.1f} ms for 1 MiB ({label})"
+    assert "sk-ABCD" not in out and "abcdef0123" not in out

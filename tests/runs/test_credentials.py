@@ -48,6 +48,12 @@ def _create(agent: str = "echo", credentials: dict[str, str] | None = None) -> R
         (None, {"big": "x" * 8193}, "8..8192 characters"),
         (None, {"num": 12345678}, "must be a string"),
         (None, {f"k{i}": "long-enough-value" for i in range(33)}, "at most 32 entries"),
+        (None, {"nl": "long-enough-value\n"}, "valid HTTP header value"),  # h11 would quote it escaped
+        (None, {"cr": "long-enough\r\nX-Evil: value"}, "valid HTTP header value"),
+        (None, {"ctl": "long-enough\x00value"}, "valid HTTP header value"),
+        (None, {"del": "long-enough-value\x7f"}, "valid HTTP header value"),
+        (None, {"lead": " long-enough-value"}, "valid HTTP header value"),
+        (None, {"utf": "long-enough-valu\u00e9"}, "valid HTTP header value"),
     ],
 )
 def test_bad_credentials_are_refused_without_quoting_the_value(
@@ -59,10 +65,36 @@ def test_bad_credentials_are_refused_without_quoting_the_value(
     assert "long-enough-value" not in refused.value.message and "has space" not in refused.value.message
 
 
-def test_the_service_checks_what_schedules_and_webhooks_pass() -> None:
+def test_run_create_checks_the_credentials_it_is_given() -> None:
     with pytest.raises(Invalid):
         _create(credentials={"user_bearer": "short"})
+    with pytest.raises(Invalid):
+        _create(credentials={"k": "long-enough-value\n"})
     assert credentials_check(CREDS) == CREDS
+    assert credentials_check({"spaced": "Basic abc def\tghi"}) == {"spaced": "Basic abc def\tghi"}
+
+
+def test_cancel_and_input_work_when_this_process_cannot_open_the_credentials(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The run is sealed with this deployment's key (a worker opens it and sleeps in
+    # its model turn); then this web process's key differs, as when DJANGO_SECRET_KEY
+    # is not shared: input and cancel still answer, the runtime redactor standing in.
+    data = services.RunCreate(
+        agent="scripted", segments=[Segment(text='MOCK_SCRIPT: [{"sleep_ms": 60000}]')], credentials=CREDS
+    )
+    run = services.run_create(principal=ALICE, data=data)
+    settings.SECRET_KEY = "another-process-key-" + "x" * 40
+    with pytest.raises(CredentialsUnreadable):
+        unseal(run_id=run.id, sealed=Run.objects.get(id=run.id).credentials_sealed)
+    with caplog.at_level("WARNING", logger="loomcycle.credentials"):
+        services.run_input(principal=ALICE, run_id=run.id, text="carry on please")
+        services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason="stop now")
+    assert RunInput.objects.get(run_id=run.id).text == "carry on please"
+    assert wait_status(run.id, RunStatus.CANCELLED).cancel_reason == "stop now"
+    warned = [r.getMessage() for r in caplog.records if r.name == "loomcycle.credentials"]
+    assert warned and all(run.id in m for m in warned)
+    assert not any(v in m for m in warned for v in CREDS.values())
 
 
 def test_sealed_credentials_open_only_for_their_run() -> None:

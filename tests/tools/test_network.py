@@ -6,8 +6,11 @@ real worker are in test_network_runs.py."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import threading
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -217,3 +220,69 @@ def test_webfetch_passes_plain_text_through_and_caps_it(httpserver: HTTPServer) 
 def test_webfetch_takes_only_a_url() -> None:
     result = webfetch_execute(tool_context(), {"url": "http://localhost/", "headers": {}})
     assert result.is_error and "unknown fields ['headers']; WebFetch takes url" in result.text
+
+
+def test_a_credential_that_is_no_header_value_is_refused_unsent_and_never_quoted(httpserver: HTTPServer) -> None:
+    value = "nl-SECRET-123456\n"  # credentials_check refuses it at the door; this is the tool's own guard
+    ctx = tool_context(credentials={"nl": value})
+    headers = {"Authorization": "Bearer ${run.credentials.nl}"}
+    result = http_execute(ctx, {"url": f"http://localhost:{httpserver.port}/x", "headers": headers})
+    assert result.is_error and "is not a valid HTTP header value" in result.text
+    assert "${run.credentials.nl}" in result.text
+    assert "nl-SECRET-123456" not in result.text
+    assert httpserver.log == []
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"url": "http://[::1"}, "invalid url"),
+        ({"url": "http://xn--a.com/"}, "invalid host name in url"),
+        ({"url": "http://localhost/", "headers": {"X-Caf\u00e9": "v"}}, "a header name or value is not ASCII"),
+        ({"url": "http://localhost/", "headers": {"X-Name": "caf\u00e9"}}, "is not a valid HTTP header value"),
+    ],
+)
+def test_malformed_urls_and_headers_are_clear_refusals(
+    data: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"):
+        result = http_execute(tool_context(allowed_hosts=("*",)), data)
+    assert result.is_error and message in result.text, result.text
+    assert not any(r.exc_info for r in caplog.records)  # a refusal, not the tool-failure path
+
+
+def test_identity_is_asked_for_unless_the_call_sets_an_encoding(httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/echo").respond_with_handler(echo_headers)
+    url = f"http://localhost:{httpserver.port}/echo"
+    plain = json.loads(http_execute(tool_context(), {"url": url}).text.partition("\n\n")[2])
+    assert plain["headers"]["accept-encoding"] == "identity"
+    chosen = http_execute(tool_context(), {"url": url, "headers": {"Accept-Encoding": "gzip"}})
+    assert json.loads(chosen.text.partition("\n\n")[2])["headers"]["accept-encoding"] == "gzip"
+
+
+def test_a_gzip_bomb_is_inflated_only_up_to_the_cap(httpserver: HTTPServer) -> None:
+    bomb = gzip.compress(b"\0" * (256 << 20), compresslevel=9)  # 256 MiB of zeros in ~250 KiB
+    httpserver.expect_request("/bomb").respond_with_data(bomb, headers={"Content-Encoding": "gzip"})
+    tracemalloc.start()
+    try:
+        result = http_execute(tool_context(), {"url": f"http://localhost:{httpserver.port}/bomb"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not result.is_error, result.text
+    assert result.text.endswith(f"\n[truncated at {MAX_BYTES} bytes]")
+    assert result.text.partition("\n\n")[2].count("\0") == MAX_BYTES
+    assert peak < 16 << 20, f"peak {peak >> 20} MiB"  # a whole decoded network chunk would be ~64 MiB
+
+
+def test_a_small_gzip_body_is_decoded_and_other_encodings_are_refused(httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/gz").respond_with_data(gzip.compress(b"hello"), headers={"Content-Encoding": "gzip"})
+    httpserver.expect_request("/br").respond_with_data(b"\x0b\x02\x80hello\x03", headers={"Content-Encoding": "br"})
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    for path, body in (("/zl", zlib.compress(b"hello")), ("/raw", raw.compress(b"hello") + raw.flush())):
+        httpserver.expect_request(path).respond_with_data(body, headers={"Content-Encoding": "deflate"})
+    for path in ("/gz", "/zl", "/raw"):
+        got = http_execute(tool_context(), {"url": f"http://localhost:{httpserver.port}{path}"})
+        assert got.text.partition("\n\n")[2] == "hello", (path, got.text)
+    br = http_execute(tool_context(), {"url": f"http://localhost:{httpserver.port}/br"})
+    assert br.is_error and "Content-Encoding 'br'" in br.text

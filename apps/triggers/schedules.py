@@ -67,6 +67,8 @@ def late_tick_window() -> timedelta:
     minutes) means this tick is merely late: every slot due since it fires.
     An older one means the scheduler was down: catch_up_max applies."""
     return max(LATE_TICK_MIN_WINDOW, 4 * timedelta(seconds=settings.LOOMCYCLE.scheduler_tick_seconds))
+
+
 PROMPT_REFUSED = "prompt_invalid"
 
 

@@ -7,6 +7,7 @@ ticks with an explicit clock, as tests/triggers/test_schedules.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,10 +15,11 @@ import pytest
 import redis
 
 from apps.core.errors import NotFound
+from apps.core.redis import sync_client
 from apps.core.types import TENANT_SCOPE, Principal
 from apps.gateway import fairness
 from apps.gateway.fairness import FairnessUnavailable
-from apps.runs.models import Run
+from apps.runs.models import Run, RuntimeState, RuntimeStateValue
 from apps.substrate import services as substrate
 from apps.substrate.kinds import Refused, get_kind
 from apps.substrate.models import ScheduleDef
@@ -26,7 +28,9 @@ from apps.triggers.cron import due_slots, next_after
 from apps.triggers.models import FireOutcome, JobState, OnCompleteJob, ScheduleFire, ScheduleState
 from apps.triggers.oncomplete import oncomplete_run
 from apps.triggers.schedules import schedules_tick
+from apps.triggers.tasks import schedules_tick_task
 from loomcycle_project.bootstrap import load_yaml_config
+from workers.queues import MAINTENANCE
 
 KIND = get_kind("schedule")
 ACME = substrate.Author(tenant_id="acme", subject="ops")
@@ -288,3 +292,18 @@ def test_the_prune_keeps_each_schedules_latest_fire() -> None:
     fires, _jobs = services.triggers_prune(retention_days=30)
     assert fires == 2
     assert [t for t, _ in slots_fired("old")] == [minute(3)]
+
+
+# --- 10. no helper tick is started while the runtime is paused ---------------------------
+
+
+def test_a_paused_runtime_starts_no_helper_ticks(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, scheduler_enabled=True)
+    for n in range(25):  # more than one claim batch due: a running tick would start a helper
+        schedule(f"burst{n}")
+    schedules_tick(now=T0)
+    ScheduleState.objects.filter(tenant_id="acme").update(next_run_at=T0)
+    RuntimeState.objects.update_or_create(id=1, defaults={"state": RuntimeStateValue.PAUSED})
+    queued = sync_client().llen(MAINTENANCE)
+    assert schedules_tick_task(helper=False) == 0
+    assert sync_client().llen(MAINTENANCE) == queued

@@ -37,6 +37,15 @@ class Migration(migrations.Migration):
             model_name='schedulefire',
             index=models.Index(fields=['tenant_id', 'schedule_name', '-fire_time'], name='schedulefire_by_name'),
         ),
+        # Slots fired twice by two versions before the key covered versions: keep the first fire row.
+        migrations.RunSQL(
+            sql=(
+                "DELETE FROM triggers_schedulefire a USING triggers_schedulefire b"
+                " WHERE a.tenant_id = b.tenant_id AND a.schedule_name = b.schedule_name"
+                " AND a.fire_time = b.fire_time AND a.id > b.id"
+            ),
+            reverse_sql=migrations.RunSQL.noop,
+        ),
         migrations.AddConstraint(
             model_name='schedulefire',
             constraint=models.UniqueConstraint(fields=('tenant_id', 'schedule_name', 'fire_time'), name='schedulefire_slot'),

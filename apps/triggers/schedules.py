@@ -170,17 +170,20 @@ def schedule_states_seed(*, now: datetime) -> int:
 def new_state(row: ScheduleDef, activated: datetime, now: datetime) -> ScheduleState:
     """The state of a version that has none: next_run_at = its first slot at or
     after its activation (at most `now`), or after the previous version's
-    unfired next_run_at if that is earlier; the previous version's pause. The
+    unfired next_run_at if that is earlier (unless it is retired); the previous
+    version's pause. The
     previous version is the most recently touched state of the same (tenant,
     name) (the activation receiver touches it)."""
     previous = (
         ScheduleState.objects.filter(tenant_id=row.tenant_id, name=row.name)
         .exclude(schedule_def_id=row.id)
+        .select_related("schedule_def")
         .order_by("-updated_at")
         .first()
     )
     start = min(activated, now)
-    if previous is not None and previous.next_run_at is not None:
+    # A retired previous version stopped firing: it has no unfired slot to hand on.
+    if previous is not None and previous.next_run_at is not None and not previous.schedule_def.retired:
         start = min(start, previous.next_run_at)
     d = row.definition
     return ScheduleState(

@@ -134,6 +134,19 @@ def test_a_slot_between_activation_and_the_first_tick_fires() -> None:
     assert slots_fired("daily") == [(datetime(2026, 11, 24, 9, 0, tzinfo=UTC), row.id)]
 
 
+def test_a_version_replacing_a_retired_one_starts_from_its_activation() -> None:
+    v1 = schedule("after-retire", schedule="0 9 * * *")
+    schedules_tick(now=datetime(2026, 11, 20, 12, 0, tzinfo=UTC))  # v1: next 11-21 09:00, never fired
+    substrate.def_retire(KIND, ACME, {"def_id": v1.id, "retired": True})
+    v2 = schedule("after-retire", schedule="0 9 * * *")
+    activated = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
+    ScheduleDef.objects.filter(id=v2.id).update(created_at=activated)
+    KIND.pointer._default_manager.filter(active_def_id=v2.id).update(promoted_at=activated)
+    schedules_tick(now=activated + timedelta(seconds=10))
+    assert slots_fired("after-retire") == []  # not today's 09:00, before v2 existed
+    assert ScheduleState.objects.get(schedule_def=v2).next_run_at == datetime(2026, 11, 25, 9, 0, tzinfo=UTC)
+
+
 # --- 10. a late tick keeps its slots; downtime obeys catch_up_max ----------------------
 
 

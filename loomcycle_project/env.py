@@ -276,6 +276,8 @@ BASH_ALLOWED_CREDS: str = env.str("LOOMCYCLE_BASH_ALLOWED_CREDS", default="")
 # Scheduler (SPEC 9.1): off unless set; how often beat sends the tick that fires due ScheduleDefs.
 SCHEDULER_ENABLED: bool = env.bool("LOOMCYCLE_SCHEDULER_ENABLED", default=False)
 SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", default=30.0)
+# Fire rows and finished on_complete jobs older than this are deleted by the finished sweep.
+TRIGGERS_RETENTION_DAYS: int = env.int("LOOMCYCLE_TRIGGERS_RETENTION_DAYS", default=30)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -386,3 +388,4 @@ class RuntimeSettings:
     # Scheduler (apps.triggers).
     scheduler_enabled: bool
     scheduler_tick_seconds: float
+    triggers_retention_days: int

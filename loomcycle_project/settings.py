@@ -248,6 +248,7 @@ LOOMCYCLE = E.RuntimeSettings(
     bash_allowed_creds=E.BASH_ALLOWED_CREDS,
     scheduler_enabled=E.SCHEDULER_ENABLED,
     scheduler_tick_seconds=E.SCHEDULER_TICK_SECONDS,
+    triggers_retention_days=E.TRIGGERS_RETENTION_DAYS,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

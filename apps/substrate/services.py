@@ -29,6 +29,7 @@ from apps.core.ids import new_def_id
 from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound, check_def_name, get_kind
 from apps.substrate.models import AgentDef, DefPointer, DefSource, VersionedDef
 from apps.substrate.secretrefs import check_definition, redacted
+from apps.substrate.signals import version_activated
 from apps.substrate.skills import skill_pattern_allows
 
 log = logging.getLogger("loomcycle.substrate")
@@ -103,11 +104,16 @@ def _active_row(kind: Kind, tenant_id: str, name: str) -> VersionedDef | None:
 
 
 def _set_active(kind: Kind, row: VersionedDef, by: str) -> None:
+    """Point (tenant, name) at `row` and announce it (signals.version_activated)."""
+    previous = _pointer(kind, row.tenant_id, row.name)
+    previous_id = previous.active_def_id if previous is not None else None
+    at = timezone.now()
     kind.pointer._default_manager.update_or_create(
         tenant_id=row.tenant_id,
         name=row.name,
-        defaults={"active_def": row, "promoted_at": timezone.now(), "promoted_by": by},
+        defaults={"active_def": row, "promoted_at": at, "promoted_by": by},
     )
+    version_activated.send(sender=kind.key, def_id=row.id, previous_def_id=previous_id, at=at)
 
 
 def _check_scope(kind: Kind, author: Author, name: str) -> None:
@@ -379,6 +385,9 @@ def def_retire(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     if row.source == DefSource.YAML:
         raise Refused(f"retire: {row.name!r} v{row.version} is a static yaml entry; edit loomcycle.yaml instead")
     kind.model._default_manager.filter(id=row.id).update(retired=retired)
+    pointer = _pointer(kind, row.tenant_id, row.name)
+    if row.retired and not retired and pointer is not None and pointer.active_def_id == row.id:
+        version_activated.send(sender=kind.key, def_id=row.id, previous_def_id=row.id, at=timezone.now())
     return {"def_id": row.id, "retired": retired}
 
 

@@ -14,10 +14,14 @@ class TriggersConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.runs import registry
+        from apps.substrate.signals import version_activated
         from apps.triggers.hooks.chain import intercept
-        from apps.triggers.services import trigger_run_finished
+        from apps.triggers.services import schedule_activated, trigger_run_finished
 
         registry.register_interceptor(intercept)  # tool-use hooks around every tool call
 
         # A trigger's run (created with notify_finished) ends: its on_complete hooks, its fire's record.
         registry.on_run_finished(trigger_run_finished)
+
+        # A ScheduleDef version became active (promote, un-retire): its state is re-seeded.
+        version_activated.connect(schedule_activated, dispatch_uid="triggers.schedule_activated")

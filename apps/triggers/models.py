@@ -3,10 +3,17 @@ here), and the schedules' own below: per-schedule state, one row per fire slot,
 and the `on_complete` hooks a trigger's run carries.
 
 - `ScheduleState`: one row per ScheduleDef version (SPEC 10's
-  `schedule_run_state`), seeded when the version is first seen active.
-- `ScheduleFire`: one row per (schedule name, def version, fire time), UNIQUE,
-  inserted in the transaction that creates the fire's run: a slot fires at
-  most once cluster-wide whatever the number of ticks racing for it.
+  `schedule_run_state`), (re)seeded whenever the version becomes active
+  (promote, un-retire: substrate's `version_activated` signal) and by a tick
+  that finds none, inheriting the previous version's unfired `next_run_at`
+  and its pause.
+- `ScheduleFire`: one row per (tenant, schedule name, fire time), UNIQUE,
+  whichever version fired it, inserted in the transaction that creates the
+  fire's run: a slot fires at most once cluster-wide whatever the number of
+  ticks racing for it and whatever version is active (a rollback does not
+  fire a slot again).
+- `SchedulerTick`: one row, the last tick that ran to its end (a late tick
+  tells "late" from "down" with it).
 - `OnCompleteJob`: the hooks a trigger's run runs when it ends `completed`,
   written in the run's creating transaction (apps.triggers.oncomplete).
 """
@@ -28,6 +35,7 @@ __all__ = [
     "OnCompleteJob",
     "ScheduleFire",
     "ScheduleState",
+    "SchedulerTick",
     "Verdict",
     "WebhookDelivery",
 ]
@@ -81,9 +89,15 @@ class ScheduleFire(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["schedule_name", "schedule_def", "fire_time"], name="schedulefire_slot"),
+            models.UniqueConstraint(fields=["tenant_id", "schedule_name", "fire_time"], name="schedulefire_slot"),
         ]
         indexes = [
+            models.Index(
+                fields=["fired_at"],
+                condition=models.Q(outcome="started", run_status=""),
+                name="schedulefire_unfinished",
+            ),
+            models.Index(fields=["tenant_id", "schedule_name", "-fire_time"], name="schedulefire_by_name"),
             models.Index(fields=["schedule_def", "-fire_time"], name="schedulefire_history"),
             models.Index(fields=["run_id"], name="schedulefire_run"),
         ]
@@ -92,6 +106,19 @@ class ScheduleFire(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_name} @ {self.fire_time:%Y-%m-%d %H:%M:%S}"
+
+
+class SchedulerTick(models.Model):
+    """One row (id 1): when the last tick that ran to its end started."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    last_tick_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "scheduler tick"
+
+    def __str__(self) -> str:
+        return f"last tick {self.last_tick_at:%Y-%m-%d %H:%M:%S}"
 
 
 class JobState(models.TextChoices):
@@ -116,7 +143,10 @@ class OnCompleteJob(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["state", "created_at"], name="oncompletejob_pending")]
+        indexes = [
+            models.Index(fields=["state", "created_at"], name="oncompletejob_pending"),
+            models.Index(fields=["finished_at"], condition=models.Q(state="done"), name="oncompletejob_done"),
+        ]
         verbose_name = "on_complete job"
 
     def __str__(self) -> str:

@@ -9,8 +9,9 @@ Invariants:
   UPDATE (pending -> running); a redelivered or late second call updates no
   row and does nothing (a crash mid-hooks leaves the job `running`, never
   re-run into duplicates);
-- every hook's outcome is recorded in order ({kind, ok, error?}); a failure is
-  logged and does not stop the hooks after it;
+- every hook's outcome is recorded in order ({kind, ok, error?}); a failure
+  of any kind (a refusal, a DB or Redis error) is logged and recorded and
+  does not stop the hooks after it, and the job ends `done`;
 - a channel.publish carries an idempotency key per (run, hook), so even a
   publish whose commit raced a crash cannot appear twice.
 What it gives up: `mcp.call` hooks are validated by substrate but not run
@@ -100,6 +101,9 @@ def _run_hook(job: OnCompleteJob, index: int, hook: dict[str, Any]) -> dict[str,
     except ApplicationError as exc:
         log.warning("run %s: on_complete[%d] %s failed: %s: %s", job.run_id, index, kind, exc.code, exc.message)
         return {"kind": kind, "ok": False, "error": f"{exc.code}: {exc.message}"}
+    except Exception as exc:  # a DB or Redis error: logged with its traceback, recorded, the next hook still runs
+        log.exception("run %s: on_complete[%d] %s raised", job.run_id, index, kind)
+        return {"kind": kind, "ok": False, "error": f"internal: {exc!r}"}
     return {"kind": kind, "ok": True}
 
 

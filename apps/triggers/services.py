@@ -19,11 +19,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from apps.core.errors import Conflict
 from apps.core.types import Principal
-from apps.runs.selectors import run_statuses
+from apps.runs.selectors import ended_run_ids, run_statuses
 from apps.runs.statuses import TERMINAL
 from apps.substrate.kinds import get_kind
 from apps.substrate.models import ScheduleDef
@@ -32,6 +33,7 @@ from apps.triggers import presenters, selectors
 from apps.triggers.cron import cron_of, next_after
 from apps.triggers.models import FireOutcome, JobState, OnCompleteJob, ScheduleFire, ScheduleState
 from apps.triggers.oncomplete import oncomplete_run
+from apps.triggers.schedules import new_state, schedule_version_activated
 
 log = logging.getLogger("loomcycle.triggers")
 
@@ -50,10 +52,10 @@ def _locked_state(principal: Principal, def_id: str) -> tuple[ScheduleDef, Sched
         raise Conflict(
             f"schedule {def_id!r} is not the active version of {row.name!r} (or is retired)", code="schedule_not_active"
         )
-    ScheduleState.objects.get_or_create(
-        schedule_def=row,
-        defaults={"tenant_id": row.tenant_id, "name": row.name, "next_run_at": _next(row, timezone.now())},
-    )
+    if not ScheduleState.objects.filter(schedule_def_id=row.id).exists():
+        pointer = get_kind("schedule").pointer._default_manager.filter(active_def_id=row.id).first()
+        activated = pointer.promoted_at if pointer is not None and pointer.promoted_at else row.created_at
+        ScheduleState.objects.bulk_create([new_state(row, activated, timezone.now())], ignore_conflicts=True)
     return row, ScheduleState.objects.select_for_update().get(schedule_def_id=row.id)
 
 
@@ -105,6 +107,12 @@ def schedules_list(*, principal: Principal, tenant: str | None) -> dict[str, Any
     return {"entries": entries}
 
 
+def schedule_activated(sender: str, *, def_id: str, previous_def_id: str | None, at: datetime, **_: Any) -> None:
+    """substrate's version_activated receiver: ScheduleDefs only."""
+    if sender == "schedule":
+        schedule_version_activated(def_id=def_id, previous_def_id=previous_def_id, at=at)
+
+
 # --- the end of a trigger's run -----------------------------------------------------
 
 
@@ -135,19 +143,35 @@ def schedule_run_finished(*, run_id: str, status: str, hook_results: list[dict[s
 def triggers_finished_sweep(*, grace_seconds: float, batch: int = 500) -> int:
     """Trigger runs that ended without the engine's announcement reaching us
     (its process died after the commit, or the run ended outside the engine:
-    a cancel): announce them now. Returns how many were handled."""
+    a cancel): announce them now, oldest first. Only runs already ended are
+    selected (a subquery of apps.runs' terminal ids), so runs still going
+    never fill a batch. Each call handles up to `batch` of each table.
+    Returns how many were handled."""
     cutoff = timezone.now() - timedelta(seconds=grace_seconds)
+    ended_ids = ended_run_ids()
     waiting = set(
-        OnCompleteJob.objects.filter(state=JobState.PENDING, created_at__lt=cutoff).values_list("run_id", flat=True)[
-            :batch
-        ]
+        OnCompleteJob.objects.filter(state=JobState.PENDING, created_at__lt=cutoff, run_id__in=ended_ids)
+        .order_by("created_at")
+        .values_list("run_id", flat=True)[:batch]
     )
     waiting |= set(
         ScheduleFire.objects.filter(outcome=FireOutcome.STARTED, run_status="", fired_at__lt=cutoff)
-        .exclude(run_id="")
+        .filter(run_id__in=ended_ids)
+        .order_by("fired_at")
         .values_list("run_id", flat=True)[:batch]
     )
     ended = {run_id: status for run_id, status in run_statuses(run_ids=list(waiting)).items() if status in TERMINAL}
     for run_id, status in ended.items():
         trigger_run_finished(run_id, status)
     return len(ended)
+
+
+def triggers_prune(*, retention_days: int) -> tuple[int, int]:
+    """Delete fire rows fired more than `retention_days` ago (each schedule's
+    latest fire is kept, for its state and the admin) and on_complete jobs
+    done that long ago. -> (fires, jobs) deleted."""
+    cutoff = timezone.now() - timedelta(days=retention_days)
+    latest = ScheduleFire.objects.values("tenant_id", "schedule_name").annotate(newest=Max("id")).values("newest")
+    fires, _ = ScheduleFire.objects.filter(fired_at__lt=cutoff).exclude(id__in=latest).delete()
+    jobs, _ = OnCompleteJob.objects.filter(state=JobState.DONE, finished_at__lt=cutoff).delete()
+    return fires, jobs

@@ -22,8 +22,8 @@ TICK_BUDGET_S = 120.0  # one tick's firing loop; overlapping ticks share the res
 def schedules_tick_task(helper: bool = False, **_: Any) -> int:
     """Fire the due schedules (nothing unless LOOMCYCLE_SCHEDULER_ENABLED=1); the number of fires.
     Beat's tick first starts helper ticks when many schedules are due (helpers start none)."""
-    if not settings.LOOMCYCLE.scheduler_enabled:
-        return 0
+    if not settings.LOOMCYCLE.scheduler_enabled or schedules.runtime_paused():
+        return 0  # helpers included: nothing is started while the runtime is paused
     for _n in range(0 if helper else schedules.tick_helpers_wanted()):
         schedules_tick_task.apply_async(kwargs={"helper": True}, expires=TICK_BUDGET_S)
     return schedules.schedules_tick(budget_s=TICK_BUDGET_S).fires
@@ -31,5 +31,7 @@ def schedules_tick_task(helper: bool = False, **_: Any) -> int:
 
 @shared_task(base=AgentTask, name="maintenance.triggers_finished_sweep")
 def triggers_finished_sweep_task(**_: Any) -> int:
-    """Announce trigger runs whose end the engine could not announce."""
-    return services.triggers_finished_sweep(grace_seconds=settings.LOOMCYCLE.requeue_grace_seconds)
+    """Announce trigger runs whose end the engine could not announce; prune old fire rows and jobs."""
+    handled = services.triggers_finished_sweep(grace_seconds=settings.LOOMCYCLE.requeue_grace_seconds)
+    services.triggers_prune(retention_days=settings.LOOMCYCLE.triggers_retention_days)
+    return handled

@@ -90,6 +90,7 @@ def _check_timezone(value: Any, what: str) -> str:
     return value
 
 
+CATCH_UP_MAX_LIMIT = 100  # missed slots fired after an outage, at most
 PROMPT_ROLES = ("user", "system")
 PROMPT_BLOCK_TYPES = ("trusted-text", "untrusted-block", "text")  # "text" is trusted text
 _PROMPT_SHAPE = (
@@ -115,7 +116,11 @@ def _check_block(block: Any, where: str) -> None:
 def _check_prompt(value: Any, what: str) -> Any:
     """loomcycle's prompt forms (SPEC 5.2): plain text, or messages of content blocks
     (apps.triggers maps them onto apps.runs.prompt segments when the schedule fires)."""
-    if value is None or isinstance(value, str):
+    if value is None:
+        return value
+    if isinstance(value, str):
+        if not value.strip():
+            raise Refused(f"{what}: prompt is blank (omit it for the default line, or give text)")
         return value
     if not isinstance(value, list) or not value:
         raise Refused(f"{what}: prompt must be {_PROMPT_SHAPE}")
@@ -132,6 +137,8 @@ def _check_prompt(value: Any, what: str) -> Any:
             _check_block(block, where)
     if not any(message["role"] == "user" for message in value):
         raise Refused(f"{what}: prompt needs a user message (a run starts from one)")
+    if not any(m["role"] == "user" and any(b["text"].strip() for b in m["content"]) for m in value):
+        raise Refused(f"{what}: prompt's user messages are blank (a run starts from user text)")
     return value
 
 
@@ -160,7 +167,10 @@ def normalise_schedule(name: str, raw: dict[str, Any], strict: bool) -> dict[str
         raise Refused(f"{what}: missing required field: schedule (a 5-field cron) or user_tier_schedules")
     out["timezone"] = _check_timezone(d.get("timezone"), what)
     out["enabled"] = get_flag(d, "enabled", what, True)
-    put(out, "catch_up_max", get_int(d, "catch_up_max", what, minimum=0))
+    catch_up = get_int(d, "catch_up_max", what, minimum=0)
+    if catch_up is not None and catch_up > CATCH_UP_MAX_LIMIT:
+        raise Refused(f"{what}: catch_up_max must be at most {CATCH_UP_MAX_LIMIT} (got {catch_up})")
+    put(out, "catch_up_max", catch_up)
     put(out, "max_fires", get_int(d, "max_fires", what, minimum=0))
     put(out, "prompt", _check_prompt(d.get("prompt"), what))
     put(out, "user_id", get_text(d, "user_id", what))

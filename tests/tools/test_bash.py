@@ -5,6 +5,8 @@ the whole process group. The cancel of a real run is in test_runs.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -134,3 +136,38 @@ def test_the_cancel_event_kills_the_command_within_a_second(tmp_path: Path) -> N
     assert not worker.is_alive() and time.monotonic() - t0 < 1.0
     assert err(result[0]).endswith("[killed: run cancelled]")  # type: ignore[arg-type]
     gone(int((tmp_path / "sh.pid").read_text()))
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_the_timeout_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
+    command = "setsid sh -c 'echo $$ > esc.pid; sleep 30' & echo hi; sleep 30"
+    started = time.monotonic()
+    text = err(bash_execute(ctx_for(*rw(tmp_path)), {"command": command, "timeout_seconds": 2}))
+    assert time.monotonic() - started < 3.5
+    assert text.startswith("hi") and text.endswith("[killed: timed out after 2 s]")
+    os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)  # it left the group: ours to clean up
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_a_command_that_leaves_an_escaped_child_returns_after_a_short_grace(tmp_path: Path) -> None:
+    command = "setsid sh -c 'echo $$ > esc.pid; sleep 30' & echo hi"
+    started = time.monotonic()
+    assert ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": command, "timeout_seconds": 2})) == "hi\n"
+    assert time.monotonic() - started < 1.5
+    os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_a_cancel_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
+    ctx = ctx_for(*rw(tmp_path))
+    result: list[object] = []
+    command = "setsid sh -c 'echo $$ > esc.pid; sleep 30' & echo $$ > sh.pid; sleep 30"
+    worker = threading.Thread(target=lambda: result.append(bash_execute(ctx, {"command": command})))
+    worker.start()
+    wait_for(lambda: (tmp_path / "sh.pid").exists() and (tmp_path / "esc.pid").exists(), timeout=10)
+    t0 = time.monotonic()
+    ctx.cancelled.set()
+    worker.join(5)
+    assert not worker.is_alive() and time.monotonic() - t0 < 1.5
+    assert err(result[0]).endswith("[killed: run cancelled]")  # type: ignore[arg-type]
+    os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)

@@ -5,19 +5,19 @@ inside the volume. Refusals and failures are is_error results."""
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from apps.core.tools import Tool, ToolContext, ToolResult, VolumeBinding
-from apps.tools import fs
+from apps.tools import fs, walk
 from apps.tools.volumes import VolumeUnavailable, pick, root_of
 
 READ_CAP = 256 * 1024
 WRITE_CAP = 1024 * 1024
 GLOB_LIMIT = 100
+GLOB_TIMEOUT_S = 5.0  # the whole call: walk and match
+GLOB_MAX_SCANNED = 100_000  # files looked at before the listing stops
 
 
 class Refusal(Exception):
@@ -50,7 +50,7 @@ def run_file_tool(
         _fields(data, fields)
         binding = pick(ctx, data.get("volume"))
         return ToolResult(body(root_of(ctx, binding), binding))
-    except (Refusal, VolumeUnavailable, fs.PathRefused) as exc:
+    except (Refusal, VolumeUnavailable, fs.PathRefused, walk.BudgetExceeded) as exc:
         return ToolResult(str(exc), is_error=True)
     except FileNotFoundError:
         return ToolResult(f"no such file: {data.get('path')}", is_error=True)
@@ -147,68 +147,30 @@ def edit_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
 GLOB_FIELDS = frozenset({"pattern", "path", "volume"})
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """`*` and `?` within one path segment, `[..]` classes, `**` any number of segments."""
-    out = []
-    segments = pattern.strip("/").split("/")
-    for i, seg in enumerate(segments):
-        last = i == len(segments) - 1
-        if seg == "**":
-            out.append(".*" if last else "(?:[^/]+/)*")
-        else:
-            out.append(segment_regex(seg) + ("" if last else "/"))
-    return re.compile("".join(out) + r"\Z", re.S)
-
-
-def segment_regex(seg: str) -> str:
-    """One path segment's glob as a regex that never crosses `/`."""
-    out, i = [], 0
-    while i < len(seg):
-        c = seg[i]
-        close = seg.find("]", i + 2) if c == "[" else -1
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif close > 0:
-            inner = seg[i + 1 : close]
-            inner = "^" + inner[1:] if inner.startswith("!") else inner
-            out.append("[" + inner.replace("\\", "\\\\") + "]")
-            i = close
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
-
-
-def walk_files(base: Path) -> list[tuple[str, float]]:
-    """(path relative to `base`, mtime) of every regular file below it; no symlink followed."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-        dirnames.sort()
-        for name in filenames:
-            full = Path(dirpath) / name
-            info = full.lstat()
-            if full.is_symlink() or not full.is_file():
-                continue
-            found.append((str(full.relative_to(base)), info.st_mtime))
-    return found
-
-
 def glob_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     def body(root: Path, binding: VolumeBinding) -> str:
-        rx = glob_regex(_text(data, "pattern"))
+        try:
+            glob = walk.Glob.compile(_text(data, "pattern"))
+        except walk.GlobInvalid as exc:
+            raise Refusal(f"invalid pattern: {exc}") from exc
         base = fs.locate(root, _text(data, "path", required=False) or ".")
         if not base.path.is_dir():
             raise Refusal(f"{base.rel} is not a directory")
-        hits = [(rel, mtime) for rel, mtime in walk_files(base.path) if rx.match(rel)]
+        budget = walk.Budget.start(
+            seconds=GLOB_TIMEOUT_S, cancelled=ctx.cancelled, max_entries=GLOB_MAX_SCANNED, what="Glob"
+        )
+        hits = []
+        for rel, mtime in walk.walk_files(base.path, budget):
+            budget.check()
+            if glob.match(rel):
+                hits.append((rel, mtime))
         hits.sort(key=lambda h: (-h[1], h[0]))  # newest first; equal times by path
         prefix = "" if not base.parts else base.rel + "/"
         lines = [prefix + rel for rel, _ in hits[:GLOB_LIMIT]]
-        if not lines:
-            return "No files found"
         more = len(hits) - GLOB_LIMIT
-        return "\n".join(lines) + (f"\n[{more} more files not shown; narrow the pattern]" if more > 0 else "")
+        text = "\n".join(lines) if lines else "No files found"
+        text += f"\n[{more} more files not shown; narrow the pattern]" if more > 0 else ""
+        return text + (f"\n[stopped after scanning {GLOB_MAX_SCANNED} files; narrow path]" if budget.capped else "")
 
     return run_file_tool(ctx, data, GLOB_FIELDS, body)
 

@@ -1,7 +1,8 @@
 """Volumes: where a run may touch the filesystem (SPEC 6.9, 5.2 VolumeDef).
 
 Three sources, one shape (`apps.core.tools.VolumeBinding` on the run row):
-- static: yaml `volumes: {name: {path, mode, default, dynamic_root}}`, shared by every tenant;
+- static: yaml `volumes: {name: {path, mode, default, dynamic_root}}`, shared by every tenant
+  (an entry marked dynamic_root is the volumes root, never bindable);
 - dynamic: a tenant's `VolumeDef` row, a directory under the volumes root;
 - ephemeral: an agent binding `{name, ephemeral: true}`, a directory per top-level
   run under `<root>/ephemeral/<root_run_id>/`, made on first use and purged when
@@ -19,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from dataclasses import dataclass, replace
@@ -80,12 +82,31 @@ def _static_entry(name: Any, raw: Any) -> StaticVolume:
 
 
 def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolume]:
-    """The yaml `volumes:` block (entries with `dynamic_root: true` included: their
-    path is also the root of dynamic and ephemeral volumes); raises Invalid(config_invalid)."""
-    block = (runtime_config() if config is None else config).get("volumes") or {}
+    """The bindable yaml `volumes:` entries; raises Invalid(config_invalid).
+    An entry marked `dynamic_root: true` is checked but never bindable: its directory
+    holds every tenant's dynamic volumes and every run's ephemeral ones. A bindable
+    entry whose path contains the volumes root or sits inside it is refused (it would
+    reach those directories too)."""
+    config = runtime_config() if config is None else config
+    block = config.get("volumes") or {}
     if not isinstance(block, dict):
         raise Invalid("`volumes:` must be a mapping of name -> {path, mode}", code="config_invalid")
-    return {str(name): _static_entry(name, raw) for name, raw in block.items()}
+    entries = {str(name): _static_entry(name, raw) for name, raw in block.items()}
+    bindable = {n: v for n, v in entries.items() if not (isinstance(block[n], dict) and block[n].get("dynamic_root"))}
+    root = volumes_root(config)
+    for volume in bindable.values() if root is not None else []:
+        _check_apart(volume, Path(os.path.realpath(root)))
+    return bindable
+
+
+def _check_apart(volume: StaticVolume, real_root: Path) -> None:
+    real = Path(os.path.realpath(volume.path))
+    if real == real_root or real_root in real.parents or real in real_root.parents:
+        raise Invalid(
+            f"volumes.{volume.name}: path {volume.path} overlaps the volumes root {real_root} "
+            "(dynamic and ephemeral volumes of every tenant live there)",
+            code="config_invalid",
+        )
 
 
 NO_ROOT = (
@@ -94,10 +115,10 @@ NO_ROOT = (
 )
 
 
-def volumes_root() -> Path | None:
+def volumes_root(config: dict[str, Any] | None = None) -> Path | None:
     """Where dynamic and ephemeral volumes live: a yaml entry marked `dynamic_root: true`,
     else LOOMCYCLE_VOLUMES_ROOT; None when neither is set (there are none then)."""
-    block = runtime_config().get("volumes") or {}
+    block = (runtime_config() if config is None else config).get("volumes") or {}
     for raw in block.values() if isinstance(block, dict) else []:
         if isinstance(raw, dict) and raw.get("dynamic_root") and isinstance(raw.get("path"), str):
             return Path(raw["path"])

@@ -26,7 +26,7 @@ from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools import services as volume_services
 from apps.tools.files import read_execute
-from apps.tools.volumes import bindings_resolve, dynamic_path, volumes_root
+from apps.tools.volumes import _bind_one, bindings_resolve, dynamic_path, static_volumes, volumes_root
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.tools.test_bash import gone
@@ -264,3 +264,29 @@ def test_without_a_volumes_root_there_are_no_dynamic_or_ephemeral_volumes(settin
     ctx = ctx_for(VolumeBinding(name="scratch", path="", mode="rw", ephemeral=True))
     result = read_execute(ctx, {"path": "a.txt"})
     assert result.is_error and "volume 'scratch': dynamic and ephemeral volumes are not configured" in result.text
+
+
+@pytest.mark.django_db
+def test_the_dynamic_root_is_never_bindable(tmp_path: Path) -> None:
+    pool = {"path": str(tmp_path / "pool"), "mode": "rw", "dynamic_root": True}
+    config = {"volumes": {"pool": pool, "docs": {"path": str(tmp_path / "docs")}}}
+    assert set(static_volumes(config)) == {"docs"}
+    assert volumes_root(config) == tmp_path / "pool"
+    with pytest.raises(Invalid, match="not configured"):
+        _bind_one("", {"name": "pool"}, static_volumes(config))
+
+
+@pytest.mark.parametrize("path", ["pool", "pool/tenants/acme", "."])
+def test_a_static_volume_overlapping_the_volumes_root_stops_the_boot(tmp_path: Path, path: str) -> None:
+    pool = {"path": str(tmp_path / "pool"), "mode": "ro", "dynamic_root": True}
+    config = {"volumes": {"pool": pool, "sneaky": {"path": str(tmp_path / path), "mode": "rw"}}}
+    with pytest.raises(Invalid, match="overlaps the volumes root") as caught:
+        static_volumes(config)
+    assert caught.value.code == "config_invalid"
+
+
+def test_a_static_volume_overlapping_lc_volumes_root_stops_the_boot() -> None:
+    root = volumes_root()
+    assert root is not None
+    with pytest.raises(Invalid, match="overlaps the volumes root"):
+        static_volumes({"volumes": {"sneaky": {"path": str(root / "ephemeral"), "mode": "ro"}}})

@@ -5,6 +5,8 @@ inside the volume. Refusals and failures are is_error results."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,7 +98,8 @@ def write_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         if len(payload) > WRITE_CAP:
             raise Refusal(f"content is {len(payload)} bytes; the cap is {WRITE_CAP}")
         loc = fs.locate(root, _path_arg(data))
-        fs.write_atomic(loc, payload)
+        with _path_lock(loc):
+            fs.write_atomic(loc, payload)
         return f"wrote {len(payload)} bytes to {fs.display(loc)}"
 
     return run_file_tool(ctx, data, WRITE_FIELDS, body)
@@ -118,6 +121,20 @@ def _edited(text: str, old: str, new: str, replace_all: bool, shown: str) -> tup
     return text.replace(old, new) if replace_all else text.replace(old, new, 1), count if replace_all else 1
 
 
+_EDIT_LOCKS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()  # dropped when unused
+_EDIT_LOCKS_GUARD = threading.Lock()
+
+
+def _path_lock(loc: fs.Located) -> threading.Lock:
+    """One lock per resolved file in this process: parallel Edits (and Writes) of one
+    file in a batch apply one after the other. Across processes the last writer wins."""
+    with _EDIT_LOCKS_GUARD:
+        lock: threading.Lock | None = _EDIT_LOCKS.get(str(loc.path))
+        if lock is None:
+            lock = _EDIT_LOCKS[str(loc.path)] = threading.Lock()
+        return lock
+
+
 def edit_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     def body(root: Path, binding: VolumeBinding) -> str:
         _writable(binding)
@@ -125,21 +142,26 @@ def edit_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         if old == new:
             raise Refusal("old_string and new_string are the same")
         loc = fs.locate(root, _path_arg(data))
-        raw, size = fs.read_bytes(loc, WRITE_CAP + 1)
-        if size > WRITE_CAP:
-            raise Refusal(f"{fs.display(loc)} is {size} bytes; Edit works on files up to {WRITE_CAP}")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise Refusal(f"{fs.display(loc)} is not UTF-8 text") from exc
-        edited, n = _edited(text, old, new, bool(data.get("replace_all")), fs.display(loc))
-        payload = edited.encode()
-        if len(payload) > WRITE_CAP:
-            raise Refusal(f"the edited file would be {len(payload)} bytes; the cap is {WRITE_CAP}")
-        fs.write_atomic(loc, payload)
-        return f"edited {fs.display(loc)} ({n} replacement{'s' if n != 1 else ''})"
+        with _path_lock(loc):
+            return _edit_locked(loc, old, new, bool(data.get("replace_all")))
 
     return run_file_tool(ctx, data, EDIT_FIELDS, body)
+
+
+def _edit_locked(loc: fs.Located, old: str, new: str, replace_all: bool) -> str:
+    raw, size = fs.read_bytes(loc, WRITE_CAP + 1)
+    if size > WRITE_CAP:
+        raise Refusal(f"{fs.display(loc)} is {size} bytes; Edit works on files up to {WRITE_CAP}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal(f"{fs.display(loc)} is not UTF-8 text") from exc
+    edited, n = _edited(text, old, new, replace_all, fs.display(loc))
+    payload = edited.encode()
+    if len(payload) > WRITE_CAP:
+        raise Refusal(f"the edited file would be {len(payload)} bytes; the cap is {WRITE_CAP}")
+    fs.write_atomic(loc, payload)
+    return f"edited {fs.display(loc)} ({n} replacement{'s' if n != 1 else ''})"
 
 
 # --- Glob --------------------------------------------------------------------------

@@ -94,8 +94,9 @@ def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolu
     entries = {str(name): _static_entry(name, raw) for name, raw in block.items()}
     bindable = {n: v for n, v in entries.items() if not (isinstance(block[n], dict) and block[n].get("dynamic_root"))}
     root = volumes_root(config)
-    for volume in bindable.values() if root is not None else []:
-        _check_apart(volume, Path(os.path.realpath(root)))
+    if root is not None:
+        for volume in bindable.values():
+            _check_apart(volume, Path(os.path.realpath(root)))
     return bindable
 
 

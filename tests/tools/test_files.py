@@ -388,3 +388,64 @@ def test_grep_walk_honours_the_cancel(tree: Path) -> None:
     ctx = rw(tree)
     ctx.cancelled.set()
     assert "cancelled" in err(grep_execute(ctx, {"pattern": "alpha"}))
+
+
+def test_parallel_writes_into_a_new_directory_all_succeed(vol: Path) -> None:
+    results: list[ToolResult] = []
+    barrier = threading.Barrier(8)
+
+    def write(i: int) -> None:
+        barrier.wait()
+        results.append(write_execute(rw(vol), {"path": f"new/deep/f{i}.txt", "content": str(i)}))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.is_error for r in results] == [False] * 8
+    assert sorted(p.name for p in (vol / "new" / "deep").iterdir()) == [f"f{i}.txt" for i in range(8)]
+
+
+def test_a_mkdir_race_is_not_a_failure(vol: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)  # "another call" made it just now
+        raise FileExistsError(17, "File exists", path)
+
+    monkeypatch.setattr(os, "mkdir", racing_mkdir)
+    ok(write_execute(rw(vol), {"path": "made/by/someone/x.txt", "content": "x"}))
+    assert (vol / "made" / "by" / "someone" / "x.txt").read_text() == "x"
+
+
+def test_parallel_edits_of_one_file_keep_every_edit(vol: Path) -> None:
+    (vol / "f.txt").write_text("".join(f"line{i}\n" for i in range(16)))
+    barrier = threading.Barrier(16)
+    results: list[ToolResult] = []
+
+    def edit(i: int) -> None:
+        barrier.wait()
+        results.append(edit_execute(rw(vol), {"path": "f.txt", "old_string": f"line{i}\n", "new_string": f"EDIT{i}\n"}))
+
+    threads = [threading.Thread(target=edit, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.is_error for r in results] == [False] * 16
+    assert (vol / "f.txt").read_text() == "".join(f"EDIT{i}\n" for i in range(16))
+
+
+def test_write_handles_a_255_byte_name_and_keeps_permissions_exactly(vol: Path) -> None:
+    long = "n" * 255
+    ok(write_execute(rw(vol), {"path": long, "content": "x"}))
+    assert (vol / long).read_text() == "x"
+    (vol / "g.sh").write_text("old")
+    os.chmod(vol / "g.sh", 0o775)
+    old_umask = os.umask(0o077)
+    try:
+        ok(write_execute(rw(vol), {"path": "g.sh", "content": "new"}))
+    finally:
+        os.umask(old_umask)
+    assert (vol / "g.sh").stat().st_mode & 0o777 == 0o775

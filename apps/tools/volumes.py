@@ -152,9 +152,26 @@ def ephemeral_purge(run_id: str) -> bool:
     target = ephemeral_dir(run_id)
     if target is None or not target.is_dir():
         return False
-    shutil.rmtree(target)
-    log.info("run %s: ephemeral volumes purged (%s)", run_id, target)
+    _remove_tree(target, f"run {run_id}: ephemeral volumes")
     return True
+
+
+def _remove_tree(target: Path, what: str) -> None:
+    """rmtree, once more if a writer still running (a sub-agent's tool call) added an
+    entry meanwhile; what still remains after that is logged, not raised (the listener
+    must not fail the run's end). Such a writer cannot re-create the tree: see root_of."""
+    for attempt in (1, 2):
+        try:
+            shutil.rmtree(target)
+        except FileNotFoundError:
+            return  # gone meanwhile (a concurrent purge)
+        except OSError as exc:
+            if attempt == 2:
+                left = sum(1 for _ in target.rglob("*")) if target.exists() else 0
+                log.warning("%s: %s not fully removed (%s); %d entries remain", what, target, exc, left)
+            continue
+        log.info("%s purged (%s)", what, target)
+        return
 
 
 # --- binding resolution (registered with apps.runs.registry) ------------------------
@@ -257,18 +274,44 @@ def root_of(ctx: ToolContext, binding: VolumeBinding) -> Path:
     """The binding's directory on this worker. An ephemeral one is made on first use;
     any other must exist already (a multi-host deployment mounts it on every worker)."""
     if binding.ephemeral:
-        where = ephemeral_dir(binding.root_run_id or ctx.run_id)
-        if where is None:
-            raise VolumeUnavailable(f"volume {binding.name!r}: {NO_ROOT}")
-        path = where / binding.name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return _ephemeral_root(ctx, binding)
     path = Path(binding.path)
     if not path.is_dir():
         raise VolumeUnavailable(
             f"volume {binding.name!r}: directory {binding.path} does not exist on this worker "
             "(every worker needs the volume mounted at the same path)"
         )
+    return path
+
+
+EPHEMERAL_GONE = "the run's ephemeral volume is gone: its top-level run has ended"
+
+
+def _ephemeral_root(ctx: ToolContext, binding: VolumeBinding) -> Path:
+    """`ephemeral/<top-level run>/<name>`, made on first use while the top-level run is
+    live. A purge runs after the run's terminal status is committed, so: checked before
+    the mkdir, nothing is made for an ended run; checked again after it, a directory made
+    while the run ended (the purge may have passed already) is removed and refused.
+    Either way a sub-agent still running never leaves a purged tree re-created."""
+    from apps.runs.selectors import run_status
+    from apps.runs.statuses import TERMINAL
+
+    root_run = binding.root_run_id or ctx.run_id
+    where = ephemeral_dir(root_run)
+    if where is None:
+        raise VolumeUnavailable(f"volume {binding.name!r}: {NO_ROOT}")
+
+    def ended() -> bool:
+        status = run_status(run_id=root_run)
+        return status is None or status in TERMINAL
+
+    if ended():
+        raise VolumeUnavailable(f"volume {binding.name!r}: {EPHEMERAL_GONE}")
+    path = where / binding.name
+    path.mkdir(parents=True, exist_ok=True)
+    if ended():
+        _remove_tree(where, f"run {root_run}: ephemeral volumes re-made by a late call")
+        raise VolumeUnavailable(f"volume {binding.name!r}: {EPHEMERAL_GONE}")
     return path
 
 

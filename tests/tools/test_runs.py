@@ -25,8 +25,15 @@ from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools import services as volume_services
-from apps.tools.files import read_execute
-from apps.tools.volumes import _bind_one, bindings_resolve, dynamic_path, static_volumes, volumes_root
+from apps.tools.files import read_execute, write_execute
+from apps.tools.volumes import (
+    _bind_one,
+    _remove_tree,
+    bindings_resolve,
+    dynamic_path,
+    static_volumes,
+    volumes_root,
+)
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.tools.test_bash import gone
@@ -290,3 +297,39 @@ def test_a_static_volume_overlapping_lc_volumes_root_stops_the_boot() -> None:
     assert root is not None
     with pytest.raises(Invalid, match="overlaps the volumes root"):
         static_volumes({"volumes": {"sneaky": {"path": str(root / "ephemeral"), "mode": "ro"}}})
+
+
+@pytest.mark.usefixtures("agents", "work")
+def test_a_late_call_never_re_creates_a_purged_ephemeral_volume(stack: WorkerPool) -> None:
+    run = scripted("files-eph", [{"text": "waiting for you"}], interactive=True)
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)
+    scratch = Path(settings.LOOMCYCLE.volumes_root) / "ephemeral" / run.id
+    # a sub-agent's tool call: the binding names the top-level run
+    child = ctx_for(VolumeBinding(name="scratch", path="", mode="rw", ephemeral=True, root_run_id=run.id))
+    assert not write_execute(child, {"path": "a.txt", "content": "live"}).is_error
+    assert (scratch / "scratch" / "a.txt").read_text() == "live"
+    services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason="done")
+    wait_status(run.id, RunStatus.CANCELLED)
+    wait_for(lambda: not scratch.exists(), timeout=10)
+    late = write_execute(child, {"path": "b.txt", "content": "late"})
+    assert late.is_error and "the run's ephemeral volume is gone" in late.text
+    assert not scratch.exists()
+
+
+def test_a_purge_retries_when_a_writer_adds_an_entry_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "eph"
+    (target / "scratch").mkdir(parents=True)
+    real_rmtree = shutil.rmtree
+    calls: list[int] = []
+
+    def racing_rmtree(path: Any, *args: Any, **kw: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(39, "Directory not empty", str(path))  # a late write landed mid-removal
+        real_rmtree(path, *args, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", racing_rmtree)
+    _remove_tree(target, "test")
+    assert len(calls) == 2 and not target.exists()

@@ -19,7 +19,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from apps.core.errors import Conflict, Invalid
+from apps.core.errors import ApplicationError, Conflict, Invalid
 from apps.core.tools import VolumeBinding
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus
@@ -333,3 +333,31 @@ def test_a_purge_retries_when_a_writer_adds_an_entry_meanwhile(
     monkeypatch.setattr(shutil, "rmtree", racing_rmtree)
     _remove_tree(target, "test")
     assert len(calls) == 2 and not target.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("mode", [{}, [], 0, "", "RW"])
+def test_a_volumedef_mode_must_be_ro_or_rw(mode: Any) -> None:
+    with pytest.raises(Invalid, match="mode must be ro or rw") as refused:
+        volume_services.volume_def_create(tenant_id="acme", name="modes", mode=mode)
+    assert refused.value.code == "volume_mode_invalid"
+
+
+@pytest.mark.django_db
+def test_a_host_without_the_volumes_root_refuses_and_creates_nothing(settings: Any, tmp_path: Path) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, volumes_root=str(tmp_path / "not-mounted"))
+    with pytest.raises(ApplicationError, match="does not exist on this host") as refused:
+        volume_services.volume_def_create(tenant_id="acme", name="reports")
+    assert (refused.value.status, refused.value.code) == (503, "volumes_root_missing")
+    assert not (tmp_path / "not-mounted").exists()
+
+
+@pytest.mark.django_db
+def test_a_directory_that_cannot_be_made_is_a_503_with_a_code(settings: Any, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "tenants").mkdir(parents=True)
+    (root / "tenants" / "acme").write_text("a file where the tenant directory should be")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, volumes_root=str(root))
+    with pytest.raises(ApplicationError, match="cannot make the volume's directory") as refused:
+        volume_services.volume_def_create(tenant_id="acme", name="reports")
+    assert (refused.value.status, refused.value.code) == (503, "volume_dir_failed")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -171,3 +173,23 @@ def test_a_cancel_returns_although_an_escaped_child_holds_the_output(tmp_path: P
     assert not worker.is_alive() and time.monotonic() - t0 < 1.5
     assert err(result[0]).endswith("[killed: run cancelled]")  # type: ignore[arg-type]
     os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)
+
+
+_PROBE = """
+import ctypes, os, subprocess, sys
+from workers.signals import not_dumpable
+if os.geteuid() == 0:  # root reads any /proc/<pid>/environ: probe as an ordinary user, as the docs advise
+    os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as a process started as this user is
+if sys.argv[1] == "protected":
+    assert not_dumpable()
+child = subprocess.run(["/bin/sh", "-c", "cat /proc/$PPID/environ"], capture_output=True, env={"PATH": "/usr/bin:/bin"})
+print("LEAKED" if b"LC_PROBE_SECRET=s3cret" in child.stdout else "HIDDEN")
+"""
+
+
+@pytest.mark.parametrize(("mode", "seen"), [("unprotected", "LEAKED"), ("protected", "HIDDEN")])
+def test_a_non_dumpable_worker_hides_its_environment_from_a_same_uid_child(mode: str, seen: str) -> None:
+    env = {**os.environ, "LC_PROBE_SECRET": "s3cret"}
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == seen, out.stderr

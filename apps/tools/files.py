@@ -58,8 +58,13 @@ def run_file_tool(
         return ToolResult(f"no such file: {data.get('path')}", is_error=True)
     except IsADirectoryError:
         return ToolResult(f"{data.get('path')} is a directory", is_error=True)
-    except PermissionError as exc:
-        return ToolResult(f"permission denied: {exc.filename or data.get('path')}", is_error=True)
+    except OSError as exc:  # never str(exc): it names host paths; the model sees the path it gave
+        return ToolResult(f"{(exc.strerror or type(exc).__name__).lower()}: {_shown(data)}", is_error=True)
+
+
+def _shown(data: dict[str, Any]) -> str:
+    given = data.get("path", data.get("file_path"))
+    return given if isinstance(given, str) and given else "."
 
 
 def _writable(binding: VolumeBinding) -> None:

@@ -449,3 +449,11 @@ def test_write_handles_a_255_byte_name_and_keeps_permissions_exactly(vol: Path) 
     finally:
         os.umask(old_umask)
     assert (vol / "g.sh").stat().st_mode & 0o777 == 0o775
+
+
+def test_an_os_error_names_the_given_path_never_the_host_path(vol: Path) -> None:
+    name = "x" * 300  # ENAMETOOLONG
+    text = err(write_execute(rw(vol), {"path": f"sub/{name}", "content": "x"}))
+    assert text == f"file name too long: sub/{name}" and str(vol) not in text
+    text = err(read_execute(rw(vol), {"path": name}))
+    assert str(vol) not in text and text.endswith(name)

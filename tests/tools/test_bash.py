@@ -140,9 +140,13 @@ def test_the_cancel_event_kills_the_command_within_a_second(tmp_path: Path) -> N
     gone(int((tmp_path / "sh.pid").read_text()))
 
 
+# A child in its own session holding the output pipe; the shell goes on once it has left the group.
+ESCAPE = "setsid sh -c 'echo $$ > esc.pid; exec sleep 30' & while [ ! -s esc.pid ]; do :; done"
+
+
 @pytest.mark.usefixtures("bash_on")
 def test_the_timeout_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
-    command = "setsid sh -c 'echo $$ > esc.pid; sleep 30' & echo hi; sleep 30"
+    command = f"{ESCAPE}; echo hi; sleep 30"
     started = time.monotonic()
     text = err(bash_execute(ctx_for(*rw(tmp_path)), {"command": command, "timeout_seconds": 2}))
     assert time.monotonic() - started < 3.5
@@ -152,7 +156,7 @@ def test_the_timeout_returns_although_an_escaped_child_holds_the_output(tmp_path
 
 @pytest.mark.usefixtures("bash_on")
 def test_a_command_that_leaves_an_escaped_child_returns_after_a_short_grace(tmp_path: Path) -> None:
-    command = "setsid sh -c 'echo $$ > esc.pid; sleep 30' & echo hi"
+    command = f"{ESCAPE}; echo hi"
     started = time.monotonic()
     assert ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": command, "timeout_seconds": 2})) == "hi\n"
     assert time.monotonic() - started < 1.5
@@ -163,7 +167,7 @@ def test_a_command_that_leaves_an_escaped_child_returns_after_a_short_grace(tmp_
 def test_a_cancel_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
     ctx = ctx_for(*rw(tmp_path))
     result: list[object] = []
-    command = "setsid sh -c 'echo $$ > esc.pid; sleep 30' & echo $$ > sh.pid; sleep 30"
+    command = "setsid sh -c 'echo $$ > esc.pid; exec sleep 30' & echo $$ > sh.pid; sleep 30"
     worker = threading.Thread(target=lambda: result.append(bash_execute(ctx, {"command": command})))
     worker.start()
     wait_for(lambda: (tmp_path / "sh.pid").exists() and (tmp_path / "esc.pid").exists(), timeout=10)

@@ -35,6 +35,7 @@ _base = Path(__file__).resolve().parent.parent
 _data = Path(os.environ.get("LOOMCYCLE_DATA_DIR", str(_base / ".loomcycle"))) / "test"
 os.environ["LOOMCYCLE_DATA_DIR"] = str(_data)
 os.environ.setdefault("LOOMCYCLE_VOLUMES_ROOT", str(_data / "volumes"))  # dynamic and ephemeral volumes on
+Path(os.environ["LOOMCYCLE_VOLUMES_ROOT"]).mkdir(parents=True, exist_ok=True)  # "mounted" (create refuses without)
 _configs = [_base / "loomcycle.yaml", _base / "bench" / "circuit.yaml", _base / "tests" / "loomcycle.test.yaml"]
 os.environ.setdefault("LOOMCYCLE_CONFIG_FILES", ",".join(str(p) for p in _configs))
 _SERVICES: EmbeddedServices = ensure_services(_data)

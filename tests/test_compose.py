@@ -24,6 +24,7 @@ def test_compose_file_declares_every_process_on_real_postgres_and_redis() -> Non
     assert "FLOWER_BASIC_AUTH" in flower_env  # it listens on 0.0.0.0 in the network
     assert set(env) <= set(flower_env)  # and keeps every shared variable
     assert services["migrate"]["command"] == ["python", "manage.py", "boot"]
+    assert services["worker"]["init"] is True  # the worker runs Bash: PID 1 must reap orphans
     for name in ("worker", "beat", "flower"):
         command = services[name]["command"]
         module, _, attr = command[command.index("-A") + 1].partition(":")

@@ -1,15 +1,18 @@
 """Worker presence: each worker process keeps a Redis key alive, for /healthz and for
-the sweeper, which re-rings the doorbells of a worker whose key expired (workers/held.py)."""
+the sweeper, which re-rings the doorbells of a worker whose key expired (workers/held.py).
+Each worker process also makes itself non-dumpable (`not_dumpable`)."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import sys
 import threading
 import time
 from typing import Any
 
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_process_init, worker_ready
 from django.conf import settings
 from redis import RedisError
 
@@ -40,3 +43,31 @@ def _presence_loop(name: str) -> None:
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     _presence_set(WORKER_ID)  # before the thread: a sweep must not take this worker for dead
     threading.Thread(target=_presence_loop, args=(WORKER_ID,), name="lc-presence", daemon=True).start()
+
+
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0) on Linux: /proc/<pid>/environ, /proc/<pid>/mem and ptrace of
+    this process become root-only, so a Bash command running as the worker's (non-root) user
+    cannot read the worker's environment (DATABASE_URL, provider keys, SECRET_KEY) back.
+    It does nothing against root (CAP_SYS_PTRACE) and is reset in a process that execs.
+    Inherited by forked children. False where it is not available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
+        return False
+    return True
+
+
+@worker_init.connect
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    not_dumpable()  # the main process: the threads pool runs tools here
+
+
+@worker_process_init.connect
+def _on_worker_process_init(sender: Any = None, **_: Any) -> None:
+    not_dumpable()  # a prefork child (inherited already; set again in case a pool re-execs)

@@ -10,6 +10,9 @@ directory, environment, duration and output are limited.
   kill the whole process group (SIGKILL); so does the end of the command,
   so a background child does not outlive the call.
   Killed means SIGKILL: no grace period for cleanup.
+- A child that leaves the group (`setsid`) is not killed; once the shell has
+  exited, its output is read for DRAIN_GRACE_S more, then the pipe is closed, so
+  neither the timeout nor the cancel waits on it.
 - stdout and stderr combined, kept up to 1 MiB (the rest is read and dropped).
 - It holds no DB connection; the engine's tool batch gives its admission slot
   away after LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS.
@@ -21,9 +24,11 @@ directory, environment, duration and output are limited.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +42,7 @@ from apps.tools.volumes import VolumeUnavailable, pick, root_of
 DEFAULT_TIMEOUT_S = 30
 MAX_TIMEOUT_S = 300
 OUTPUT_CAP = 1024 * 1024
+DRAIN_GRACE_S = 0.5  # output read after the shell exited, for a child that left the group
 FIELDS = frozenset({"command", "timeout_seconds", "volume", "description"})
 
 
@@ -80,26 +86,49 @@ def _watchdog(watch: _Watch, cancelled: threading.Event, timeout_s: int) -> None
         _kill_group(watch, f"timed out after {timeout_s} s")
 
 
-def _read_capped(watch: _Watch) -> tuple[bytes, int]:
-    """All of the combined output up to OUTPUT_CAP, and how many bytes there were."""
+def _read_capped(watch: _Watch, wake_fd: int) -> tuple[bytes, int]:
+    """The combined output up to OUTPUT_CAP, and how many bytes there were. Reads until
+    EOF, or until DRAIN_GRACE_S after `wake_fd` turns readable (the shell exited and its
+    group was killed): a child that left the group (setsid) may hold the pipe open forever."""
     assert watch.proc.stdout is not None
     fd = watch.proc.stdout.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.register(wake_fd, select.POLLIN)
     kept, total = bytearray(), 0
-    while chunk := os.read(fd, 65536):
-        total += len(chunk)
-        if len(kept) < OUTPUT_CAP:
-            kept += chunk[: OUTPUT_CAP - len(kept)]
-    return bytes(kept), total
+    stop_at: float | None = None
+    while True:
+        wait_ms = None if stop_at is None else max(0, int((stop_at - time.monotonic()) * 1000))
+        if wait_ms == 0:
+            return bytes(kept), total
+        for ready, _ in poller.poll(wait_ms):
+            if ready == wake_fd:
+                poller.unregister(wake_fd)
+                stop_at = time.monotonic() + DRAIN_GRACE_S
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return bytes(kept), total
+            total += len(chunk)
+            if len(kept) < OUTPUT_CAP:
+                kept += chunk[: OUTPUT_CAP - len(kept)]
 
 
-def _finish(watch: _Watch) -> int:
-    """After the output ended: wait for the shell to exit WITHOUT reaping it (so its
-    process group id stays ours), kill what is left of the group, then reap."""
+def _on_exit(watch: _Watch, wake_w: int) -> None:
+    """Wait for the shell to exit WITHOUT reaping it (so its process group id stays
+    ours), kill what is left of the group, then wake the reader."""
     os.waitid(os.P_PID, watch.proc.pid, os.WEXITED | os.WNOWAIT)
     try:
         os.killpg(watch.proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still ours
     except ProcessLookupError:
         pass  # every member already exited
+    os.write(wake_w, b"x")
+
+
+def _finish(watch: _Watch, exited: threading.Thread) -> int:
+    """After the output ended (or the drain grace passed): wait for the exit thread
+    (it killed the group), then reap the shell."""
+    exited.join()
     with watch.lock:
         watch.finished = True
     return watch.proc.wait()
@@ -137,8 +166,18 @@ def run_command(command: str, cwd: str, env: dict[str, str], timeout_s: int, can
     )
     watch = _Watch(proc=proc, lock=threading.Lock())
     threading.Thread(target=_watchdog, args=(watch, cancelled, timeout_s), name="lc-bash-watch", daemon=True).start()
-    out, total = _read_capped(watch)
-    code = _finish(watch)
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+    exited = threading.Thread(target=_on_exit, args=(watch, wake_w), name="lc-bash-exit", daemon=True)
+    exited.start()
+    try:
+        out, total = _read_capped(watch, wake_r)
+        assert proc.stdout is not None
+        proc.stdout.close()  # an escaped child still writing gets EPIPE, not our memory
+        code = _finish(watch, exited)
+    finally:
+        exited.join()  # it writes to wake_w: close the pipe only after it is done
+        os.close(wake_r)
+        os.close(wake_w)
     return _result(out, total, code, watch)
 
 

@@ -5,19 +5,21 @@ inside the volume. Refusals and failures are is_error results."""
 
 from __future__ import annotations
 
-import os
-import re
+import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from apps.core.tools import Tool, ToolContext, ToolResult, VolumeBinding
-from apps.tools import fs
+from apps.tools import fs, walk
 from apps.tools.volumes import VolumeUnavailable, pick, root_of
 
 READ_CAP = 256 * 1024
 WRITE_CAP = 1024 * 1024
 GLOB_LIMIT = 100
+GLOB_TIMEOUT_S = 5.0  # the whole call: walk and match
+GLOB_MAX_SCANNED = 100_000  # files looked at before the listing stops
 
 
 class Refusal(Exception):
@@ -50,14 +52,19 @@ def run_file_tool(
         _fields(data, fields)
         binding = pick(ctx, data.get("volume"))
         return ToolResult(body(root_of(ctx, binding), binding))
-    except (Refusal, VolumeUnavailable, fs.PathRefused) as exc:
+    except (Refusal, VolumeUnavailable, fs.PathRefused, walk.BudgetExceeded) as exc:
         return ToolResult(str(exc), is_error=True)
     except FileNotFoundError:
         return ToolResult(f"no such file: {data.get('path')}", is_error=True)
     except IsADirectoryError:
         return ToolResult(f"{data.get('path')} is a directory", is_error=True)
-    except PermissionError as exc:
-        return ToolResult(f"permission denied: {exc.filename or data.get('path')}", is_error=True)
+    except OSError as exc:  # never str(exc): it names host paths; the model sees the path it gave
+        return ToolResult(f"{(exc.strerror or type(exc).__name__).lower()}: {_shown(data)}", is_error=True)
+
+
+def _shown(data: dict[str, Any]) -> str:
+    given = data.get("path", data.get("file_path"))
+    return given if isinstance(given, str) and given else "."
 
 
 def _writable(binding: VolumeBinding) -> None:
@@ -96,7 +103,8 @@ def write_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         if len(payload) > WRITE_CAP:
             raise Refusal(f"content is {len(payload)} bytes; the cap is {WRITE_CAP}")
         loc = fs.locate(root, _path_arg(data))
-        fs.write_atomic(loc, payload)
+        with _path_lock(loc):
+            fs.write_atomic(loc, payload)
         return f"wrote {len(payload)} bytes to {fs.display(loc)}"
 
     return run_file_tool(ctx, data, WRITE_FIELDS, body)
@@ -118,6 +126,20 @@ def _edited(text: str, old: str, new: str, replace_all: bool, shown: str) -> tup
     return text.replace(old, new) if replace_all else text.replace(old, new, 1), count if replace_all else 1
 
 
+_EDIT_LOCKS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()  # dropped when unused
+_EDIT_LOCKS_GUARD = threading.Lock()
+
+
+def _path_lock(loc: fs.Located) -> threading.Lock:
+    """One lock per resolved file in this process: parallel Edits (and Writes) of one
+    file in a batch apply one after the other. Across processes the last writer wins."""
+    with _EDIT_LOCKS_GUARD:
+        lock: threading.Lock | None = _EDIT_LOCKS.get(str(loc.path))
+        if lock is None:
+            lock = _EDIT_LOCKS[str(loc.path)] = threading.Lock()
+        return lock
+
+
 def edit_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     def body(root: Path, binding: VolumeBinding) -> str:
         _writable(binding)
@@ -125,21 +147,26 @@ def edit_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         if old == new:
             raise Refusal("old_string and new_string are the same")
         loc = fs.locate(root, _path_arg(data))
-        raw, size = fs.read_bytes(loc, WRITE_CAP + 1)
-        if size > WRITE_CAP:
-            raise Refusal(f"{fs.display(loc)} is {size} bytes; Edit works on files up to {WRITE_CAP}")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise Refusal(f"{fs.display(loc)} is not UTF-8 text") from exc
-        edited, n = _edited(text, old, new, bool(data.get("replace_all")), fs.display(loc))
-        payload = edited.encode()
-        if len(payload) > WRITE_CAP:
-            raise Refusal(f"the edited file would be {len(payload)} bytes; the cap is {WRITE_CAP}")
-        fs.write_atomic(loc, payload)
-        return f"edited {fs.display(loc)} ({n} replacement{'s' if n != 1 else ''})"
+        with _path_lock(loc):
+            return _edit_locked(loc, old, new, bool(data.get("replace_all")))
 
     return run_file_tool(ctx, data, EDIT_FIELDS, body)
+
+
+def _edit_locked(loc: fs.Located, old: str, new: str, replace_all: bool) -> str:
+    raw, size = fs.read_bytes(loc, WRITE_CAP + 1)
+    if size > WRITE_CAP:
+        raise Refusal(f"{fs.display(loc)} is {size} bytes; Edit works on files up to {WRITE_CAP}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal(f"{fs.display(loc)} is not UTF-8 text") from exc
+    edited, n = _edited(text, old, new, replace_all, fs.display(loc))
+    payload = edited.encode()
+    if len(payload) > WRITE_CAP:
+        raise Refusal(f"the edited file would be {len(payload)} bytes; the cap is {WRITE_CAP}")
+    fs.write_atomic(loc, payload)
+    return f"edited {fs.display(loc)} ({n} replacement{'s' if n != 1 else ''})"
 
 
 # --- Glob --------------------------------------------------------------------------
@@ -147,68 +174,30 @@ def edit_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
 GLOB_FIELDS = frozenset({"pattern", "path", "volume"})
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """`*` and `?` within one path segment, `[..]` classes, `**` any number of segments."""
-    out = []
-    segments = pattern.strip("/").split("/")
-    for i, seg in enumerate(segments):
-        last = i == len(segments) - 1
-        if seg == "**":
-            out.append(".*" if last else "(?:[^/]+/)*")
-        else:
-            out.append(segment_regex(seg) + ("" if last else "/"))
-    return re.compile("".join(out) + r"\Z", re.S)
-
-
-def segment_regex(seg: str) -> str:
-    """One path segment's glob as a regex that never crosses `/`."""
-    out, i = [], 0
-    while i < len(seg):
-        c = seg[i]
-        close = seg.find("]", i + 2) if c == "[" else -1
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif close > 0:
-            inner = seg[i + 1 : close]
-            inner = "^" + inner[1:] if inner.startswith("!") else inner
-            out.append("[" + inner.replace("\\", "\\\\") + "]")
-            i = close
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
-
-
-def walk_files(base: Path) -> list[tuple[str, float]]:
-    """(path relative to `base`, mtime) of every regular file below it; no symlink followed."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-        dirnames.sort()
-        for name in filenames:
-            full = Path(dirpath) / name
-            info = full.lstat()
-            if full.is_symlink() or not full.is_file():
-                continue
-            found.append((str(full.relative_to(base)), info.st_mtime))
-    return found
-
-
 def glob_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     def body(root: Path, binding: VolumeBinding) -> str:
-        rx = glob_regex(_text(data, "pattern"))
+        try:
+            glob = walk.Glob.compile(_text(data, "pattern"))
+        except walk.GlobInvalid as exc:
+            raise Refusal(f"invalid pattern: {exc}") from exc
         base = fs.locate(root, _text(data, "path", required=False) or ".")
         if not base.path.is_dir():
             raise Refusal(f"{base.rel} is not a directory")
-        hits = [(rel, mtime) for rel, mtime in walk_files(base.path) if rx.match(rel)]
+        budget = walk.Budget.start(
+            seconds=GLOB_TIMEOUT_S, cancelled=ctx.cancelled, max_entries=GLOB_MAX_SCANNED, what="Glob"
+        )
+        hits = []
+        for rel, mtime in walk.walk_files(base.path, budget):
+            budget.check()
+            if glob.match(rel):
+                hits.append((rel, mtime))
         hits.sort(key=lambda h: (-h[1], h[0]))  # newest first; equal times by path
         prefix = "" if not base.parts else base.rel + "/"
         lines = [prefix + rel for rel, _ in hits[:GLOB_LIMIT]]
-        if not lines:
-            return "No files found"
         more = len(hits) - GLOB_LIMIT
-        return "\n".join(lines) + (f"\n[{more} more files not shown; narrow the pattern]" if more > 0 else "")
+        text = "\n".join(lines) if lines else "No files found"
+        text += f"\n[{more} more files not shown; narrow the pattern]" if more > 0 else ""
+        return text + (f"\n[stopped after scanning {GLOB_MAX_SCANNED} files; narrow path]" if budget.capped else "")
 
     return run_file_tool(ctx, data, GLOB_FIELDS, body)
 

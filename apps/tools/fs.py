@@ -84,7 +84,10 @@ def _walk(root_fd: int, parts: tuple[str, ...], *, create: bool = False) -> int:
             except FileNotFoundError:
                 if not create:
                     raise
-                os.mkdir(part, 0o755, dir_fd=fd)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass  # a parallel call made it first: open what is there (still O_NOFOLLOW)
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -126,13 +129,14 @@ def write_atomic(loc: Located, data: bytes) -> None:
     if not loc.parts:
         raise IsADirectoryError(loc.rel)
     name = loc.parts[-1]
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    tmp = f".lc-{secrets.token_hex(6)}.tmp"  # short whatever the name: a 255-byte name still fits
     with _dir_fd(loc.root) as root_fd:
         dfd = _walk(root_fd, loc.parts[:-1], create=True)
         try:
             mode = _existing_mode(dfd, name)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
             try:
+                os.fchmod(fd, mode)  # exactly the old file's permissions, not reduced by the umask
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
                     f.flush()

@@ -10,22 +10,24 @@ is the guarantee. Binary files (a NUL in the first 8 KiB) and files over
 
 from __future__ import annotations
 
-import time
+import bisect
+import threading
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 import regex
 
 from apps.core.tools import Tool, ToolContext, ToolResult, VolumeBinding
-from apps.tools import fs
-from apps.tools.files import Refusal, file_tool_schema, run_file_tool, walk_files
+from apps.tools import fs, walk
+from apps.tools.files import Refusal, file_tool_schema, run_file_tool
 
 GREP_TIMEOUT_S = 5.0
 GREP_OUTPUT_CAP = 256 * 1024
 GREP_MAX_FILE = 8 * 1024 * 1024
 HEAD_LIMIT = 100
+MAX_CONTEXT = 100  # -A/-B/-C above this are clamped to it
+GREP_MAX_SCANNED = 100_000  # files listed before the search stops
 MODES = ("files_with_matches", "content", "count")
 FIELDS = frozenset(
     {"pattern", "path", "volume", "glob", "output_mode", "case_insensitive", "-i", "multiline", "head_limit"}
@@ -33,8 +35,7 @@ FIELDS = frozenset(
 )
 
 
-class GrepTimeout(Exception):
-    pass
+_TIMED_OUT = f"Grep took longer than {GREP_TIMEOUT_S:g} s and was stopped; simplify the pattern or narrow path"
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Query:
     before: int
     after: int
     head_limit: int
-    deadline: float
+    numbers: bool
+    budget: walk.Budget
     skipped: dict[str, int] = field(default_factory=lambda: {"binary": 0, "large": 0, "unreadable": 0})
 
 
@@ -56,7 +58,11 @@ def _int(data: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
-def _query(data: dict[str, Any]) -> Query:
+def _context(data: dict[str, Any], key: str, default: int) -> int:
+    return min(_int(data, key, default), MAX_CONTEXT)
+
+
+def _query(data: dict[str, Any], cancelled: threading.Event) -> Query:
     pattern = data.get("pattern")
     if not isinstance(pattern, str) or not pattern:
         raise Refusal("pattern must be a non-empty string")
@@ -70,23 +76,26 @@ def _query(data: dict[str, Any]) -> Query:
         rx = regex.compile(pattern, flags)
     except regex.error as exc:
         raise Refusal(f"invalid pattern: {exc}") from exc
-    context = _int(data, "-C", 0)
+    numbers = data.get("-n", True)
+    if not isinstance(numbers, bool):
+        raise Refusal("-n must be a boolean")
+    context = _context(data, "-C", 0)
     return Query(
         rx=rx,
         mode=mode,
         multiline=multiline,
-        before=_int(data, "-B", context),
-        after=_int(data, "-A", context),
+        before=_context(data, "-B", context),
+        after=_context(data, "-A", context),
         head_limit=_int(data, "head_limit", HEAD_LIMIT) or HEAD_LIMIT,
-        deadline=time.monotonic() + GREP_TIMEOUT_S,
+        numbers=numbers,
+        budget=walk.Budget.start(
+            seconds=GREP_TIMEOUT_S, cancelled=cancelled, max_entries=GREP_MAX_SCANNED, what="Grep"
+        ),
     )
 
 
 def _left(q: Query) -> float:
-    left = q.deadline - time.monotonic()
-    if left <= 0:
-        raise GrepTimeout()
-    return left
+    return q.budget.left()
 
 
 def _matching_lines(q: Query, text: str) -> list[int]:
@@ -94,25 +103,34 @@ def _matching_lines(q: Query, text: str) -> list[int]:
     try:
         if not q.multiline:
             return [i for i, line in enumerate(text.split("\n")) if q.rx.search(line, timeout=_left(q))]
+        starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]
         hit: set[int] = set()
         for m in q.rx.finditer(text, timeout=_left(q)):
-            first = text.count("\n", 0, m.start())
-            hit.update(range(first, first + text.count("\n", m.start(), max(m.end(), m.start())) + 1))
+            _left(q)
+            first = bisect.bisect_right(starts, m.start()) - 1
+            last = bisect.bisect_right(starts, max(m.end() - 1, m.start())) - 1
+            hit.update(range(first, last + 1))
         return sorted(hit)
     except TimeoutError as exc:
-        raise GrepTimeout() from exc
+        raise walk.BudgetExceeded(_TIMED_OUT) from exc
 
 
-def _content_lines(shown: str, text: str, hits: list[int], q: Query) -> list[str]:
+def _content_lines(shown: str, text: str, hits: list[int], q: Query, room: int) -> list[str]:
+    """At most `room` output lines: each hit with its context, overlapping ranges merged
+    (every line is visited once, whatever -A/-B/-C are)."""
     lines = text.split("\n")
-    wanted: dict[int, bool] = {}
+    hit_set = set(hits)
+    out: list[str] = []
+    done = -1  # the last line already emitted
     for h in hits:
-        for i in range(max(0, h - q.before), min(len(lines), h + q.after + 1)):
-            wanted[i] = wanted.get(i, False) or i == h
-    return [
-        f"{shown}{':' if is_hit else '-'}{i + 1}{':' if is_hit else '-'}{lines[i]}"
-        for i, is_hit in sorted(wanted.items())
-    ]
+        for i in range(max(done + 1, h - q.before), min(len(lines), h + q.after + 1)):
+            if len(out) >= room:
+                return out
+            _left(q)
+            sep = ":" if i in hit_set else "-"
+            out.append(f"{shown}{sep}{i + 1}{sep}{lines[i]}" if q.numbers else f"{shown}{sep}{lines[i]}")
+            done = i
+    return out
 
 
 def _file_text(loc: fs.Located, q: Query) -> str | None:
@@ -132,16 +150,16 @@ def _file_text(loc: fs.Located, q: Query) -> str | None:
     return raw.decode("utf-8", errors="replace")
 
 
-def _targets(base: fs.Located, glob: str) -> list[tuple[str, fs.Located]]:
+def _targets(base: fs.Located, glob: str, q: Query) -> list[tuple[str, fs.Located]]:
     """(shown path relative to the volume root, where it is) of the files to search."""
     if base.path.is_file():
         return [(base.rel, base)]
     prefix = "" if not base.parts else base.rel + "/"
-    files = sorted(rel for rel, _ in walk_files(base.path))
+    files = sorted(rel for rel, _ in walk.walk_files(base.path, q.budget))
     return [
         (prefix + rel, fs.Located(root=base.root, parts=base.parts + Path(rel).parts))
         for rel in files
-        if not glob or fnmatchcase(Path(rel).name, glob)
+        if not glob or walk.name_matches(glob, Path(rel).name)
     ]
 
 
@@ -150,6 +168,7 @@ def _search(q: Query, targets: list[tuple[str, fs.Located]]) -> list[str]:
     for shown, loc in targets:
         if len(out) >= q.head_limit:
             break
+        _left(q)
         text = _file_text(loc, q)
         hits = _matching_lines(q, text) if text is not None else []
         if not hits:
@@ -159,13 +178,15 @@ def _search(q: Query, targets: list[tuple[str, fs.Located]]) -> list[str]:
         elif q.mode == "count":
             out.append(f"{shown}:{len(hits)}")
         else:
-            out.extend(_content_lines(shown, text or "", hits, q))
+            out.extend(_content_lines(shown, text or "", hits, q, q.head_limit - len(out)))
     return out[: q.head_limit]
 
 
 def _render(q: Query, lines: list[str]) -> str:
     text = "\n".join(lines) if lines else "No matches found"
     notes = [f"{n} {kind} file(s) skipped" for kind, n in q.skipped.items() if n]
+    if q.budget.capped:
+        notes.append(f"stopped after listing {GREP_MAX_SCANNED} files; narrow path or glob")
     if notes:
         text += "\n[" + "; ".join(notes) + "]"
     data = text.encode()
@@ -178,17 +199,18 @@ def _render(q: Query, lines: list[str]) -> str:
 
 def grep_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     def body(root: Path, binding: VolumeBinding) -> str:
-        q = _query(data)
+        q = _query(data, ctx.cancelled)
         glob = data.get("glob") or ""
         if not isinstance(glob, str) or "/" in glob:
             raise Refusal("glob must be a single path segment such as *.py")
+        try:
+            walk.segment_tokens(glob)
+        except walk.GlobInvalid as exc:
+            raise Refusal(f"invalid glob: {exc}") from exc
         base = fs.locate(root, data.get("path") or ".")
         if not base.path.exists():
             raise FileNotFoundError(base.rel)
-        try:
-            return _render(q, _search(q, _targets(base, glob)))
-        except GrepTimeout as exc:
-            raise Refusal(f"pattern took longer than {GREP_TIMEOUT_S:g} s and was stopped; simplify it") from exc
+        return _render(q, _search(q, _targets(base, glob, q)))
 
     return run_file_tool(ctx, data, FIELDS, body)
 
@@ -196,7 +218,8 @@ def grep_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
 GREP_TOOL = Tool(
     name="Grep",
     description="Search file contents in a bound volume with a regular expression. output_mode "
-    "files_with_matches (default), content (path:line:text, with -A/-B/-C context) or count.",
+    f"files_with_matches (default), content (path:line:text, with -A/-B/-C context up to {MAX_CONTEXT}; "
+    "-n false drops the line numbers) or count.",
     input_schema=file_tool_schema(
         {
             "pattern": {"type": "string"},
@@ -209,6 +232,7 @@ GREP_TOOL = Tool(
             "-A": {"type": "integer"},
             "-B": {"type": "integer"},
             "-C": {"type": "integer"},
+            "-n": {"type": "boolean", "default": True, "description": "line numbers in content mode"},
         },
         ["pattern"],
     ),

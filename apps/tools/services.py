@@ -19,7 +19,7 @@ from apps.core.errors import Conflict, NotFound
 from apps.tools import errors
 from apps.tools.models import VolumeDef
 from apps.tools.selectors import volume_def_find
-from apps.tools.volumes import check_mode, check_name, dynamic_path, static_volumes
+from apps.tools.volumes import check_mode, check_name, dynamic_path, static_volumes, volumes_root
 
 
 def volume_def_out(row: VolumeDef, **extra: Any) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def volume_def_out(row: VolumeDef, **extra: Any) -> dict[str, Any]:
 
 
 def volume_def_create(*, tenant_id: str, name: Any, mode: Any = "rw") -> dict[str, Any]:
-    name, mode = check_name(name), check_mode(mode or "rw")
+    name, mode = check_name(name), check_mode("rw" if mode is None else mode)
     path = dynamic_path(tenant_id, name)  # refuses first when this runtime has no volumes root
     if name in static_volumes():
         raise Conflict(f"volume {name!r} is a static (yaml) volume", code=errors.VOLUME_STATIC)
@@ -43,13 +43,29 @@ def volume_def_create(*, tenant_id: str, name: Any, mode: Any = "rw") -> dict[st
         if existing.mode != mode:
             raise Conflict(f"volume {name!r} exists with mode {existing.mode}", code="volume_exists")
         return volume_def_out(existing, deduplicated=True)
-    path.mkdir(parents=True, exist_ok=True)
+    _make_dir(path)
     try:
         with transaction.atomic():
             row = VolumeDef.objects.create(tenant_id=tenant_id, name=name, mode=mode, path=str(path))
     except IntegrityError:  # a concurrent create of the same name won: answer as the second call would
         return volume_def_create(tenant_id=tenant_id, name=name, mode=mode)
     return volume_def_out(row, deduplicated=False)
+
+
+def _make_dir(path: Path) -> None:
+    """The volume's directory below an existing volumes root: a host where the root is
+    not mounted refuses (503) instead of making a local directory nobody else sees."""
+    root = volumes_root()
+    if root is None or not root.is_dir():
+        raise errors.VolumesUnavailable(
+            f"the volumes root {root} does not exist on this host (mount it at the same path as on the workers)"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise errors.VolumesUnavailable(
+            f"cannot make the volume's directory: {exc.strerror}", code=errors.VOLUME_DIR_FAILED
+        ) from exc
 
 
 def _found(tenant_id: str, name: Any) -> VolumeDef:

@@ -1,7 +1,8 @@
 """Volumes: where a run may touch the filesystem (SPEC 6.9, 5.2 VolumeDef).
 
 Three sources, one shape (`apps.core.tools.VolumeBinding` on the run row):
-- static: yaml `volumes: {name: {path, mode, default, dynamic_root}}`, shared by every tenant;
+- static: yaml `volumes: {name: {path, mode, default, dynamic_root}}`, shared by every tenant
+  (an entry marked dynamic_root is the volumes root, never bindable);
 - dynamic: a tenant's `VolumeDef` row, a directory under the volumes root;
 - ephemeral: an agent binding `{name, ephemeral: true}`, a directory per top-level
   run under `<root>/ephemeral/<root_run_id>/`, made on first use and purged when
@@ -19,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from dataclasses import dataclass, replace
@@ -80,12 +82,32 @@ def _static_entry(name: Any, raw: Any) -> StaticVolume:
 
 
 def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolume]:
-    """The yaml `volumes:` block (entries with `dynamic_root: true` included: their
-    path is also the root of dynamic and ephemeral volumes); raises Invalid(config_invalid)."""
-    block = (runtime_config() if config is None else config).get("volumes") or {}
+    """The bindable yaml `volumes:` entries; raises Invalid(config_invalid).
+    An entry marked `dynamic_root: true` is checked but never bindable: its directory
+    holds every tenant's dynamic volumes and every run's ephemeral ones. A bindable
+    entry whose path contains the volumes root or sits inside it is refused (it would
+    reach those directories too)."""
+    config = runtime_config() if config is None else config
+    block = config.get("volumes") or {}
     if not isinstance(block, dict):
         raise Invalid("`volumes:` must be a mapping of name -> {path, mode}", code="config_invalid")
-    return {str(name): _static_entry(name, raw) for name, raw in block.items()}
+    entries = {str(name): _static_entry(name, raw) for name, raw in block.items()}
+    bindable = {n: v for n, v in entries.items() if not (isinstance(block[n], dict) and block[n].get("dynamic_root"))}
+    root = volumes_root(config)
+    if root is not None:
+        for volume in bindable.values():
+            _check_apart(volume, Path(os.path.realpath(root)))
+    return bindable
+
+
+def _check_apart(volume: StaticVolume, real_root: Path) -> None:
+    real = Path(os.path.realpath(volume.path))
+    if real == real_root or real_root in real.parents or real in real_root.parents:
+        raise Invalid(
+            f"volumes.{volume.name}: path {volume.path} overlaps the volumes root {real_root} "
+            "(dynamic and ephemeral volumes of every tenant live there)",
+            code="config_invalid",
+        )
 
 
 NO_ROOT = (
@@ -94,10 +116,10 @@ NO_ROOT = (
 )
 
 
-def volumes_root() -> Path | None:
+def volumes_root(config: dict[str, Any] | None = None) -> Path | None:
     """Where dynamic and ephemeral volumes live: a yaml entry marked `dynamic_root: true`,
     else LOOMCYCLE_VOLUMES_ROOT; None when neither is set (there are none then)."""
-    block = runtime_config().get("volumes") or {}
+    block = (runtime_config() if config is None else config).get("volumes") or {}
     for raw in block.values() if isinstance(block, dict) else []:
         if isinstance(raw, dict) and raw.get("dynamic_root") and isinstance(raw.get("path"), str):
             return Path(raw["path"])
@@ -130,9 +152,26 @@ def ephemeral_purge(run_id: str) -> bool:
     target = ephemeral_dir(run_id)
     if target is None or not target.is_dir():
         return False
-    shutil.rmtree(target)
-    log.info("run %s: ephemeral volumes purged (%s)", run_id, target)
+    _remove_tree(target, f"run {run_id}: ephemeral volumes")
     return True
+
+
+def _remove_tree(target: Path, what: str) -> None:
+    """rmtree, once more if a writer still running (a sub-agent's tool call) added an
+    entry meanwhile; what still remains after that is logged, not raised (the listener
+    must not fail the run's end). Such a writer cannot re-create the tree: see root_of."""
+    for attempt in (1, 2):
+        try:
+            shutil.rmtree(target)
+        except FileNotFoundError:
+            return  # gone meanwhile (a concurrent purge)
+        except OSError as exc:
+            if attempt == 2:
+                left = sum(1 for _ in target.rglob("*")) if target.exists() else 0
+                log.warning("%s: %s not fully removed (%s); %d entries remain", what, target, exc, left)
+            continue
+        log.info("%s purged (%s)", what, target)
+        return
 
 
 # --- binding resolution (registered with apps.runs.registry) ------------------------
@@ -235,18 +274,44 @@ def root_of(ctx: ToolContext, binding: VolumeBinding) -> Path:
     """The binding's directory on this worker. An ephemeral one is made on first use;
     any other must exist already (a multi-host deployment mounts it on every worker)."""
     if binding.ephemeral:
-        where = ephemeral_dir(binding.root_run_id or ctx.run_id)
-        if where is None:
-            raise VolumeUnavailable(f"volume {binding.name!r}: {NO_ROOT}")
-        path = where / binding.name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return _ephemeral_root(ctx, binding)
     path = Path(binding.path)
     if not path.is_dir():
         raise VolumeUnavailable(
             f"volume {binding.name!r}: directory {binding.path} does not exist on this worker "
             "(every worker needs the volume mounted at the same path)"
         )
+    return path
+
+
+EPHEMERAL_GONE = "the run's ephemeral volume is gone: its top-level run has ended"
+
+
+def _ephemeral_root(ctx: ToolContext, binding: VolumeBinding) -> Path:
+    """`ephemeral/<top-level run>/<name>`, made on first use while the top-level run is
+    live. A purge runs after the run's terminal status is committed, so: checked before
+    the mkdir, nothing is made for an ended run; checked again after it, a directory made
+    while the run ended (the purge may have passed already) is removed and refused.
+    Either way a sub-agent still running never leaves a purged tree re-created."""
+    from apps.runs.selectors import run_status
+    from apps.runs.statuses import TERMINAL
+
+    root_run = binding.root_run_id or ctx.run_id
+    where = ephemeral_dir(root_run)
+    if where is None:
+        raise VolumeUnavailable(f"volume {binding.name!r}: {NO_ROOT}")
+
+    def ended() -> bool:
+        status = run_status(run_id=root_run)
+        return status is None or status in TERMINAL
+
+    if ended():
+        raise VolumeUnavailable(f"volume {binding.name!r}: {EPHEMERAL_GONE}")
+    path = where / binding.name
+    path.mkdir(parents=True, exist_ok=True)
+    if ended():
+        _remove_tree(where, f"run {root_run}: ephemeral volumes re-made by a late call")
+        raise VolumeUnavailable(f"volume {binding.name!r}: {EPHEMERAL_GONE}")
     return path
 
 

@@ -5,6 +5,10 @@ the whole process group. The cancel of a real run is in test_runs.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -134,3 +138,62 @@ def test_the_cancel_event_kills_the_command_within_a_second(tmp_path: Path) -> N
     assert not worker.is_alive() and time.monotonic() - t0 < 1.0
     assert err(result[0]).endswith("[killed: run cancelled]")  # type: ignore[arg-type]
     gone(int((tmp_path / "sh.pid").read_text()))
+
+
+# A child in its own session holding the output pipe; the shell goes on once it has left the group.
+ESCAPE = "setsid sh -c 'echo $$ > esc.pid; exec sleep 30' & while [ ! -s esc.pid ]; do :; done"
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_the_timeout_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
+    command = f"{ESCAPE}; echo hi; sleep 30"
+    started = time.monotonic()
+    text = err(bash_execute(ctx_for(*rw(tmp_path)), {"command": command, "timeout_seconds": 2}))
+    assert time.monotonic() - started < 3.5
+    assert text.startswith("hi") and text.endswith("[killed: timed out after 2 s]")
+    os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)  # it left the group: ours to clean up
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_a_command_that_leaves_an_escaped_child_returns_after_a_short_grace(tmp_path: Path) -> None:
+    command = f"{ESCAPE}; echo hi"
+    started = time.monotonic()
+    assert ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": command, "timeout_seconds": 2})) == "hi\n"
+    assert time.monotonic() - started < 1.5
+    os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)
+
+
+@pytest.mark.usefixtures("bash_on")
+def test_a_cancel_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
+    ctx = ctx_for(*rw(tmp_path))
+    result: list[object] = []
+    command = "setsid sh -c 'echo $$ > esc.pid; exec sleep 30' & echo $$ > sh.pid; sleep 30"
+    worker = threading.Thread(target=lambda: result.append(bash_execute(ctx, {"command": command})))
+    worker.start()
+    wait_for(lambda: (tmp_path / "sh.pid").exists() and (tmp_path / "esc.pid").exists(), timeout=10)
+    t0 = time.monotonic()
+    ctx.cancelled.set()
+    worker.join(5)
+    assert not worker.is_alive() and time.monotonic() - t0 < 1.5
+    assert err(result[0]).endswith("[killed: run cancelled]")  # type: ignore[arg-type]
+    os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)
+
+
+_PROBE = """
+import ctypes, os, subprocess, sys
+from workers.signals import not_dumpable
+if os.geteuid() == 0:  # root reads any /proc/<pid>/environ: probe as an ordinary user, as the docs advise
+    os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as a process started as this user is
+if sys.argv[1] == "protected":
+    assert not_dumpable()
+child = subprocess.run(["/bin/sh", "-c", "cat /proc/$PPID/environ"], capture_output=True, env={"PATH": "/usr/bin:/bin"})
+print("LEAKED" if b"LC_PROBE_SECRET=s3cret" in child.stdout else "HIDDEN")
+"""
+
+
+@pytest.mark.parametrize(("mode", "seen"), [("unprotected", "LEAKED"), ("protected", "HIDDEN")])
+def test_a_non_dumpable_worker_hides_its_environment_from_a_same_uid_child(mode: str, seen: str) -> None:
+    env = {**os.environ, "LC_PROBE_SECRET": "s3cret"}
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == seen, out.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pytest
 
 from apps.core.tools import ToolContext, ToolResult, VolumeBinding
 from apps.runs.tools import context_execute
-from apps.tools import fs
+from apps.tools import files, fs
+from apps.tools import grep as grep_module
 from apps.tools.files import READ_CAP, WRITE_CAP, edit_execute, glob_execute, read_execute, write_execute
 from apps.tools.grep import GREP_TIMEOUT_S, grep_execute
 
@@ -311,3 +313,147 @@ def test_context_self_reports_the_bindings_without_host_paths(tmp_path: Path) ->
         {"name": "scratch", "mode": "rw", "default": True, "ephemeral": True},
     ]
     assert str(tmp_path) not in json.dumps(seen)
+
+
+def test_glob_does_not_backtrack_on_a_pathological_pattern(vol: Path) -> None:
+    _touch(vol / ("a" * 60), 1_000)
+    started = time.monotonic()
+    assert ok(glob_execute(rw(vol), {"pattern": "*a" * 8 + "b"})) == "No files found"
+    assert ok(glob_execute(rw(vol), {"pattern": "**/" + "*a" * 8})) == "a" * 60
+    assert time.monotonic() - started < 1
+
+
+def test_glob_refuses_a_bad_character_class(vol: Path) -> None:
+    assert "invalid pattern" in err(glob_execute(rw(vol), {"pattern": "[z-a]*"}))
+
+
+def test_glob_stops_at_its_deadline_and_on_cancel(vol: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(3):
+        _touch(vol / f"d{i}" / "f.txt", 1_000)
+    monkeypatch.setattr(files, "GLOB_TIMEOUT_S", 0.0)
+    assert "took longer than 0 s" in err(glob_execute(rw(vol), {"pattern": "**/*.txt"}))
+    monkeypatch.setattr(files, "GLOB_TIMEOUT_S", 5.0)
+    ctx = rw(vol)
+    ctx.cancelled.set()
+    assert "cancelled" in err(glob_execute(ctx, {"pattern": "**/*.txt"}))
+
+
+def test_glob_stops_scanning_at_the_cap(vol: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(5):
+        _touch(vol / f"f{i}.txt", 1_000 + i)
+    monkeypatch.setattr(files, "GLOB_MAX_SCANNED", 3)
+    lines = ok(glob_execute(rw(vol), {"pattern": "*.txt"})).split("\n")
+    assert len(lines) == 4 and lines[-1] == "[stopped after scanning 3 files; narrow path]"
+
+
+def test_glob_lists_nothing_through_a_directory_swapped_for_a_symlink(vol: Path) -> None:
+    _touch(vol / "d" / "mine.txt", 1_000)
+    os.symlink(vol.parent / "outside", vol / "link")
+    assert ok(glob_execute(rw(vol), {"pattern": "**/*.txt"})) == "d/mine.txt"
+
+
+def test_grep_context_is_clamped_and_merged_and_stops_at_head_limit(vol: Path) -> None:
+    (vol / "many.txt").write_text("x\n" * 5_000)
+    text = grep(vol, pattern="x", output_mode="content", head_limit=250, **{"-C": 10_000})
+    lines = text.split("\n")
+    assert len(lines) == 250 and lines[0] == "many.txt:1:x" and lines[-1] == "many.txt:250:x"
+    text = grep(vol, pattern="^$", output_mode="content", **{"-B": 10_000})
+    assert text.split("\n")[0] == "many.txt-4901-x"  # -B clamped to 100 before the empty last line
+
+
+def test_grep_context_step_is_inside_the_deadline(vol: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (vol / "many.txt").write_text("x\n" * 50)
+    monkeypatch.setattr(grep_module, "MAX_CONTEXT", 10**9)
+    slow_calls = []
+
+    def slow_left(q: Any) -> float:
+        slow_calls.append(1)
+        if len(slow_calls) > 60:
+            q.budget.deadline = 0.0
+        return q.budget.left()
+
+    monkeypatch.setattr(grep_module, "_left", slow_left)
+    result = grep_execute(rw(vol), {"pattern": "x", "output_mode": "content", "head_limit": 10**6, "-C": 10**6})
+    assert "took longer than" in err(result)
+
+
+def test_grep_line_numbers_can_be_turned_off(tree: Path) -> None:
+    assert grep(tree, pattern="^def", output_mode="content", path="src/b.py", **{"-n": False}) == (
+        "src/b.py:def beta():\nsrc/b.py:def Alpha_two():"
+    )
+    assert "-n must be a boolean" in err(grep_execute(rw(tree), {"pattern": "a", "-n": "yes"}))
+
+
+def test_grep_walk_honours_the_cancel(tree: Path) -> None:
+    ctx = rw(tree)
+    ctx.cancelled.set()
+    assert "cancelled" in err(grep_execute(ctx, {"pattern": "alpha"}))
+
+
+def test_parallel_writes_into_a_new_directory_all_succeed(vol: Path) -> None:
+    results: list[ToolResult] = []
+    barrier = threading.Barrier(8)
+
+    def write(i: int) -> None:
+        barrier.wait()
+        results.append(write_execute(rw(vol), {"path": f"new/deep/f{i}.txt", "content": str(i)}))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.is_error for r in results] == [False] * 8
+    assert sorted(p.name for p in (vol / "new" / "deep").iterdir()) == [f"f{i}.txt" for i in range(8)]
+
+
+def test_a_mkdir_race_is_not_a_failure(vol: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)  # "another call" made it just now
+        raise FileExistsError(17, "File exists", path)
+
+    monkeypatch.setattr(os, "mkdir", racing_mkdir)
+    ok(write_execute(rw(vol), {"path": "made/by/someone/x.txt", "content": "x"}))
+    assert (vol / "made" / "by" / "someone" / "x.txt").read_text() == "x"
+
+
+def test_parallel_edits_of_one_file_keep_every_edit(vol: Path) -> None:
+    (vol / "f.txt").write_text("".join(f"line{i}\n" for i in range(16)))
+    barrier = threading.Barrier(16)
+    results: list[ToolResult] = []
+
+    def edit(i: int) -> None:
+        barrier.wait()
+        results.append(edit_execute(rw(vol), {"path": "f.txt", "old_string": f"line{i}\n", "new_string": f"EDIT{i}\n"}))
+
+    threads = [threading.Thread(target=edit, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.is_error for r in results] == [False] * 16
+    assert (vol / "f.txt").read_text() == "".join(f"EDIT{i}\n" for i in range(16))
+
+
+def test_write_handles_a_255_byte_name_and_keeps_permissions_exactly(vol: Path) -> None:
+    long = "n" * 255
+    ok(write_execute(rw(vol), {"path": long, "content": "x"}))
+    assert (vol / long).read_text() == "x"
+    (vol / "g.sh").write_text("old")
+    os.chmod(vol / "g.sh", 0o775)
+    old_umask = os.umask(0o077)
+    try:
+        ok(write_execute(rw(vol), {"path": "g.sh", "content": "new"}))
+    finally:
+        os.umask(old_umask)
+    assert (vol / "g.sh").stat().st_mode & 0o777 == 0o775
+
+
+def test_an_os_error_names_the_given_path_never_the_host_path(vol: Path) -> None:
+    name = "x" * 300  # ENAMETOOLONG
+    text = err(write_execute(rw(vol), {"path": f"sub/{name}", "content": "x"}))
+    assert text == f"file name too long: sub/{name}" and str(vol) not in text
+    text = err(read_execute(rw(vol), {"path": name}))
+    assert str(vol) not in text and text.endswith(name)

@@ -19,14 +19,21 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from apps.core.errors import Conflict, Invalid
+from apps.core.errors import ApplicationError, Conflict, Invalid
 from apps.core.tools import VolumeBinding
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools import services as volume_services
-from apps.tools.files import read_execute
-from apps.tools.volumes import bindings_resolve, dynamic_path, volumes_root
+from apps.tools.files import read_execute, write_execute
+from apps.tools.volumes import (
+    _bind_one,
+    _remove_tree,
+    bindings_resolve,
+    dynamic_path,
+    static_volumes,
+    volumes_root,
+)
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.tools.test_bash import gone
@@ -264,3 +271,93 @@ def test_without_a_volumes_root_there_are_no_dynamic_or_ephemeral_volumes(settin
     ctx = ctx_for(VolumeBinding(name="scratch", path="", mode="rw", ephemeral=True))
     result = read_execute(ctx, {"path": "a.txt"})
     assert result.is_error and "volume 'scratch': dynamic and ephemeral volumes are not configured" in result.text
+
+
+@pytest.mark.django_db
+def test_the_dynamic_root_is_never_bindable(tmp_path: Path) -> None:
+    pool = {"path": str(tmp_path / "pool"), "mode": "rw", "dynamic_root": True}
+    config = {"volumes": {"pool": pool, "docs": {"path": str(tmp_path / "docs")}}}
+    assert set(static_volumes(config)) == {"docs"}
+    assert volumes_root(config) == tmp_path / "pool"
+    with pytest.raises(Invalid, match="not configured"):
+        _bind_one("", {"name": "pool"}, static_volumes(config))
+
+
+@pytest.mark.parametrize("path", ["pool", "pool/tenants/acme", "."])
+def test_a_static_volume_overlapping_the_volumes_root_stops_the_boot(tmp_path: Path, path: str) -> None:
+    pool = {"path": str(tmp_path / "pool"), "mode": "ro", "dynamic_root": True}
+    config = {"volumes": {"pool": pool, "sneaky": {"path": str(tmp_path / path), "mode": "rw"}}}
+    with pytest.raises(Invalid, match="overlaps the volumes root") as caught:
+        static_volumes(config)
+    assert caught.value.code == "config_invalid"
+
+
+def test_a_static_volume_overlapping_lc_volumes_root_stops_the_boot() -> None:
+    root = volumes_root()
+    assert root is not None
+    with pytest.raises(Invalid, match="overlaps the volumes root"):
+        static_volumes({"volumes": {"sneaky": {"path": str(root / "ephemeral"), "mode": "ro"}}})
+
+
+@pytest.mark.usefixtures("agents", "work")
+def test_a_late_call_never_re_creates_a_purged_ephemeral_volume(stack: WorkerPool) -> None:
+    run = scripted("files-eph", [{"text": "waiting for you"}], interactive=True)
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)
+    scratch = Path(settings.LOOMCYCLE.volumes_root) / "ephemeral" / run.id
+    # a sub-agent's tool call: the binding names the top-level run
+    child = ctx_for(VolumeBinding(name="scratch", path="", mode="rw", ephemeral=True, root_run_id=run.id))
+    assert not write_execute(child, {"path": "a.txt", "content": "live"}).is_error
+    assert (scratch / "scratch" / "a.txt").read_text() == "live"
+    services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason="done")
+    wait_status(run.id, RunStatus.CANCELLED)
+    wait_for(lambda: not scratch.exists(), timeout=10)
+    late = write_execute(child, {"path": "b.txt", "content": "late"})
+    assert late.is_error and "the run's ephemeral volume is gone" in late.text
+    assert not scratch.exists()
+
+
+def test_a_purge_retries_when_a_writer_adds_an_entry_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "eph"
+    (target / "scratch").mkdir(parents=True)
+    real_rmtree = shutil.rmtree
+    calls: list[int] = []
+
+    def racing_rmtree(path: Any, *args: Any, **kw: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(39, "Directory not empty", str(path))  # a late write landed mid-removal
+        real_rmtree(path, *args, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", racing_rmtree)
+    _remove_tree(target, "test")
+    assert len(calls) == 2 and not target.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("mode", [{}, [], 0, "", "RW"])
+def test_a_volumedef_mode_must_be_ro_or_rw(mode: Any) -> None:
+    with pytest.raises(Invalid, match="mode must be ro or rw") as refused:
+        volume_services.volume_def_create(tenant_id="acme", name="modes", mode=mode)
+    assert refused.value.code == "volume_mode_invalid"
+
+
+@pytest.mark.django_db
+def test_a_host_without_the_volumes_root_refuses_and_creates_nothing(settings: Any, tmp_path: Path) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, volumes_root=str(tmp_path / "not-mounted"))
+    with pytest.raises(ApplicationError, match="does not exist on this host") as refused:
+        volume_services.volume_def_create(tenant_id="acme", name="reports")
+    assert (refused.value.status, refused.value.code) == (503, "volumes_root_missing")
+    assert not (tmp_path / "not-mounted").exists()
+
+
+@pytest.mark.django_db
+def test_a_directory_that_cannot_be_made_is_a_503_with_a_code(settings: Any, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "tenants").mkdir(parents=True)
+    (root / "tenants" / "acme").write_text("a file where the tenant directory should be")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, volumes_root=str(root))
+    with pytest.raises(ApplicationError, match="cannot make the volume's directory") as refused:
+        volume_services.volume_def_create(tenant_id="acme", name="reports")
+    assert (refused.value.status, refused.value.code) == (503, "volume_dir_failed")

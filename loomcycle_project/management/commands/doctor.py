@@ -162,8 +162,12 @@ def check_tools() -> list[Check]:
     from apps.tools.posture import posture, stances
 
     floor = list(settings.LOOMCYCLE.tools_enabled)
-    described = {s.tool: s.allows for s in stances()}
-    out: list[Check] = [("PASS", "posture", f"{posture().value} (docs/tools.md#policy-and-postures)")]
+    try:  # the file tools' stances read yaml `volumes:`; a broken config is check_config's FAIL
+        described = {s.tool: s.allows for s in stances()}
+        current = posture().value
+    except ApplicationError as exc:
+        return [("FAIL", "posture", f"cannot tell: {exc.message}")]
+    out: list[Check] = [("PASS", "posture", f"{current} (docs/tools.md#policy-and-postures)")]
     for name in registry.names():
         if not registry.allowed(floor, name):
             out.append(("PASS", f"tool {name}", "off: not in LOOMCYCLE_TOOLS_ENABLED"))

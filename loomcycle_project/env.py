@@ -276,6 +276,8 @@ BASH_ALLOWED_CREDS: str = env.str("LOOMCYCLE_BASH_ALLOWED_CREDS", default="")
 # Scheduler (SPEC 9.1): off unless set; how often beat sends the tick that fires due ScheduleDefs.
 SCHEDULER_ENABLED: bool = env.bool("LOOMCYCLE_SCHEDULER_ENABLED", default=False)
 SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", default=30.0)
+# Variables a ScheduleDef's user_credentials_from_env may read besides LOOMCYCLE_* ones (never infra secrets).
+SCHEDULER_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_SCHEDULER_ENV_ALLOWLIST", [])
 # Fire rows and finished on_complete jobs older than this are deleted by the finished sweep.
 TRIGGERS_RETENTION_DAYS: int = env.int("LOOMCYCLE_TRIGGERS_RETENTION_DAYS", default=30)
 
@@ -388,4 +390,5 @@ class RuntimeSettings:
     # Scheduler (apps.triggers).
     scheduler_enabled: bool
     scheduler_tick_seconds: float
+    scheduler_env_allowlist: tuple[str, ...] = ()
     triggers_retention_days: int

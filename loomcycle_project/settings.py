@@ -248,6 +248,7 @@ LOOMCYCLE = E.RuntimeSettings(
     bash_allowed_creds=E.BASH_ALLOWED_CREDS,
     scheduler_enabled=E.SCHEDULER_ENABLED,
     scheduler_tick_seconds=E.SCHEDULER_TICK_SECONDS,
+    scheduler_env_allowlist=tuple(E.SCHEDULER_ENV_ALLOWLIST),
     triggers_retention_days=E.TRIGGERS_RETENTION_DAYS,
 )
 

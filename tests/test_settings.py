@@ -27,6 +27,7 @@ _NOT_ONE_VARIABLE = {
     "http_private_host_allowlist",
     "hooks_permit_host_widen",
     "webhooks_env_allowlist",
+    "scheduler_env_allowlist",
 }
 
 _PROBE = """

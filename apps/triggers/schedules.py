@@ -50,6 +50,7 @@ from apps.substrate.kinds import get_kind
 from apps.substrate.models import ScheduleDef
 from apps.substrate.selectors import active_defs
 from apps.substrate.services import def_retire_auto
+from apps.triggers.credentials import CredentialMissing, schedule_credentials
 from apps.triggers.cron import DROPPED_COUNT_CAP, cron_of, due_slots, next_after
 from apps.triggers.models import FireOutcome, ScheduleFire, SchedulerTick, ScheduleState
 from apps.triggers.oncomplete import oncomplete_record
@@ -70,6 +71,7 @@ def late_tick_window() -> timedelta:
 
 
 PROMPT_REFUSED = "prompt_invalid"
+CREDENTIALS_MISSING = "credentials_unresolvable"
 
 
 class InfraUnavailable(Exception):
@@ -377,6 +379,10 @@ def _start_run(row: ScheduleDef, fire: ScheduleFire) -> None:
     d = row.definition
     try:
         data = schedule_run_input(row, fire.fire_time)
+    except CredentialMissing as exc:  # an operator's missing variable: not counted, the next slot tries again
+        fire.outcome, fire.error = FireOutcome.FAILED, f"{CREDENTIALS_MISSING}: {exc}"
+        fire.save(update_fields=["outcome", "error", "counted", "run_id"])
+        return
     except (KeyError, TypeError, ValueError) as exc:  # a stored prompt no run can start from: fails every fire
         fire.outcome, fire.error = FireOutcome.FAILED, f"{PROMPT_REFUSED}: {exc}"
         fire.save(update_fields=["outcome", "error", "counted", "run_id"])
@@ -432,6 +438,7 @@ def schedule_run_input(row: ScheduleDef, slot: datetime) -> RunCreate:
         metadata=d.get("metadata") or None,
         user_tier=d.get("user_tier") or None,
         tenant_id=row.tenant_id,
+        credentials=schedule_credentials(d),
         notify_finished=True,
     )
 

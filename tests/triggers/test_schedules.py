@@ -232,3 +232,42 @@ def test_django_admin_shows_next_fire_last_run_and_fire_history(admin_client: Cl
         reverse("admin:triggers_schedulefire_changelist"), {"schedule_def__id__exact": row.id}
     )
     assert fires_page.status_code == 200 and fires_page.content.decode().count("/v1/runs/r_") == 2
+
+
+def test_credentials_from_env_reach_the_run_sealed_and_only_from_allowlisted_variables(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    import dataclasses
+
+    from apps.runs.credentials import unseal
+
+    monkeypatch.setenv("LOOMCYCLE_SCHED_GH", "gh-token-1234567890")
+    monkeypatch.setenv("PARTNER_KEY", "partner-secret-abcdef")
+    monkeypatch.setenv("OTHER_KEY", "never-read-0123456789")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, scheduler_env_allowlist=("PARTNER_KEY",))
+    creds = {"gh": "LOOMCYCLE_SCHED_GH", "partner": "PARTNER_KEY", "other": "OTHER_KEY"}
+    row = schedule("with-creds", user_credentials_from_env=creds)
+    schedules_tick(now=T0)
+    schedules_tick(now=minute(1))
+    [fire] = fires(row)
+    run = Run.objects.get(id=fire.run_id)
+    assert unseal(run_id=run.id, sealed=run.credentials_sealed) == {
+        "gh": "gh-token-1234567890",
+        "partner": "partner-secret-abcdef",
+    }  # OTHER_KEY is neither LOOMCYCLE_* nor allowlisted: left out
+
+
+def test_a_required_credential_that_does_not_resolve_fails_the_fire_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOOMCYCLE_SCHED_MISSING", raising=False)
+    row = schedule(
+        "needs-creds",
+        user_credentials_from_env={"gh": "LOOMCYCLE_SCHED_MISSING"},
+        required_credentials=["gh"],
+        max_fires=1,
+    )
+    schedules_tick(now=T0)
+    schedules_tick(now=minute(1))
+    [fire] = fires(row)
+    assert (fire.outcome, fire.counted, fire.run_id) == (FireOutcome.FAILED, False, "")
+    assert fire.error.startswith("credentials_unresolvable: required credentials not resolvable: gh")
+    assert not ScheduleDef.objects.get(id=row.id).retired  # a one-shot is not used up by a missing variable

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, QuerySet
+from django.db.models import Count
 
 from apps.core.errors import Conflict, NotFound
 from apps.runs.models import PARKED, RUNNABLE, TERMINAL, Run, RunEvent, RunStatus, RuntimeStateValue
@@ -65,11 +65,6 @@ def run_status(*, run_id: str) -> str | None:
 def run_statuses(*, run_ids: list[str]) -> dict[str, str]:
     """The status of each run of `run_ids` that exists (one query)."""
     return dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))
-
-
-def ended_run_ids() -> QuerySet[Run, Any]:
-    """Ids of the runs in a terminal status, as a lazy subquery (`run_id__in=`)."""
-    return Run.objects.filter(status__in=TERMINAL).values("id")
 
 
 def paused_runs_count() -> int:

@@ -19,12 +19,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from apps.core.errors import Conflict
 from apps.core.types import Principal
-from apps.runs.selectors import ended_run_ids, run_statuses
+from apps.runs.selectors import run_statuses
 from apps.runs.statuses import TERMINAL
 from apps.substrate.kinds import get_kind
 from apps.substrate.models import ScheduleDef
@@ -140,30 +140,41 @@ def schedule_run_finished(*, run_id: str, status: str, hook_results: list[dict[s
     )
 
 
-def triggers_finished_sweep(*, grace_seconds: float, batch: int = 500) -> int:
+def triggers_finished_sweep(*, grace_seconds: float, batch: int = 500, max_scanned: int = 20_000) -> int:
     """Trigger runs that ended without the engine's announcement reaching us
     (its process died after the commit, or the run ended outside the engine:
-    a cancel): announce them now, oldest first. Only runs already ended are
-    selected (a subquery of apps.runs' terminal ids), so runs still going
-    never fill a batch. Each call handles up to `batch` of each table.
-    Returns how many were handled."""
+    a cancel): announce them now. Candidates are read in pages
+    of `batch` (at most `max_scanned` per call) and only the ones whose run
+    has ended are handled, so runs still going never fill a batch. Every
+    statement reads one table: a statement holding a lock on one table while
+    waiting for another could deadlock with a TRUNCATE of both. Returns how
+    many were handled."""
     cutoff = timezone.now() - timedelta(seconds=grace_seconds)
-    ended_ids = ended_run_ids()
-    waiting = set(
-        OnCompleteJob.objects.filter(state=JobState.PENDING, created_at__lt=cutoff, run_id__in=ended_ids)
-        .order_by("created_at")
-        .values_list("run_id", flat=True)[:batch]
-    )
-    waiting |= set(
-        ScheduleFire.objects.filter(outcome=FireOutcome.STARTED, run_status="", fired_at__lt=cutoff)
-        .filter(run_id__in=ended_ids)
-        .order_by("fired_at")
-        .values_list("run_id", flat=True)[:batch]
-    )
-    ended = {run_id: status for run_id, status in run_statuses(run_ids=list(waiting)).items() if status in TERMINAL}
+    jobs = OnCompleteJob.objects.filter(state=JobState.PENDING, created_at__lt=cutoff)
+    fires = ScheduleFire.objects.filter(outcome=FireOutcome.STARTED, run_status="", fired_at__lt=cutoff)
+    ended = _ended_runs(jobs, batch, max_scanned) | _ended_runs(fires, batch, max_scanned)
     for run_id, status in ended.items():
         trigger_run_finished(run_id, status)
     return len(ended)
+
+
+def _ended_runs(candidates: QuerySet[Any, Any], batch: int, max_scanned: int) -> dict[str, str]:
+    """{run_id: terminal status} of up to `batch` candidates whose run ended,
+    read in primary-key pages (every candidate is reached, however many runs
+    are still going)."""
+    found: dict[str, str] = {}
+    after: Any = None
+    scanned = 0
+    while len(found) < batch and scanned < max_scanned:
+        page = candidates if after is None else candidates.filter(pk__gt=after)
+        rows = list(page.order_by("pk").values_list("run_id", "pk")[:batch])
+        if not rows:
+            break
+        scanned += len(rows)
+        after = rows[-1][1]
+        statuses = run_statuses(run_ids=[run_id for run_id, _ in rows if run_id])
+        found.update({r: st for r, st in statuses.items() if st in TERMINAL})
+    return dict(list(found.items())[:batch])
 
 
 def triggers_prune(*, retention_days: int) -> tuple[int, int]:

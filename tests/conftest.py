@@ -101,6 +101,14 @@ def workers(stack_env: dict[str, str], logdir: Path) -> Iterator[procs.WorkerPoo
 
 
 @pytest.fixture
+def no_workers(workers: procs.WorkerPool) -> None:
+    """For tests that run the engine in this process: the session's workers are
+    stopped so none claims their runs first (the next test that needs them tops
+    the pool up again, `stack`)."""
+    workers.stop()
+
+
+@pytest.fixture
 def stack(workers: procs.WorkerPool) -> procs.WorkerPool:
     """The worker pool, topped up to full size for this test."""
     workers.ensure()

@@ -109,6 +109,7 @@ def test_sealed_credentials_open_only_for_their_run() -> None:
     assert seal(run_id="r_1", credentials={}) == "" and unseal(run_id="r_1", sealed="") == {}
 
 
+@pytest.mark.usefixtures("no_workers")
 def test_the_engine_opens_the_sealed_credentials_into_the_tool_context() -> None:
     run = _create()
     row = Run.objects.get(id=run.id)
@@ -121,6 +122,7 @@ def test_the_engine_opens_the_sealed_credentials_into_the_tool_context() -> None
     services.run_cancel(principal=ALICE, agent_id=run.agent_id)
 
 
+@pytest.mark.usefixtures("no_workers")
 def test_sub_agents_inherit_exactly_the_parents_credentials() -> None:
     parent = _create()
     call = ToolCall(id="c1", name="Agent", input={"name": "echo", "prompt": "child"})

@@ -26,7 +26,6 @@ from apps.triggers.oncomplete import oncomplete_run
 from apps.triggers.schedules import schedules_tick
 from apps.triggers.services import triggers_finished_sweep
 from tests.conftest import ALICE
-from tests.procs import WorkerPool
 
 KIND = get_kind("schedule")
 ACME = substrate.Author(tenant_id="acme", subject="ops")
@@ -35,14 +34,6 @@ T0 = datetime(2026, 11, 24, 12, 0, 30, tzinfo=UTC)
 SLOT = datetime(2026, 11, 24, 12, 1, tzinfo=UTC)
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
-
-
-@pytest.fixture
-def no_workers(workers: WorkerPool) -> None:
-    """These tests run the engine in this process: the session's workers are
-    stopped so none claims a fired run first (the next test that needs them
-    tops the pool up again, `stack`)."""
-    workers.stop()
 
 
 @pytest.fixture

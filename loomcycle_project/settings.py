@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "apps.channels",
     "apps.triggers",
     "apps.tools",
+    "apps.mcp",
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",

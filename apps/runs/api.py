@@ -186,6 +186,16 @@ def users_agents(request: HttpRequest, user_id: str, status: str = "running") ->
     return {"agents": [agent_out(r) for r in runs]}
 
 
+@router.get("/runs", summary="Runs of the caller's tenant (?status=running|all|<list>, ?agent=, admins: ?tenant=)")
+def runs_list(request: HttpRequest, status: str = "running", agent: str = "", tenant: str = "") -> dict[str, Any]:
+    if agent:
+        _check_ident(agent, "agent")
+    who = request_principal(request)
+    tenant_id = tenant if who.read_tenant is None and tenant else who.read_tenant  # `tenant` focuses an admin only
+    runs = selectors.runs_list(tenant_id=tenant_id, status=status, agent=agent, reader=who.read_user)
+    return {"runs": [{**agent_out(r), "tenant_id": r.tenant_id} for r in runs]}
+
+
 @router.get("/runs/{run_id}/events", response=EventsOut, summary="Persisted events with seq > from_seq")
 def runs_events(request: HttpRequest, run_id: str, from_seq: int = 0, limit: int = 500) -> dict[str, Any]:
     _check_ident(run_id, "run_id")

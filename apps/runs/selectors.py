@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from apps.core.errors import Conflict, NotFound
 from apps.runs.models import PARKED, RUNNABLE, TERMINAL, Run, RunEvent, RunStatus, RuntimeStateValue
@@ -43,14 +43,36 @@ def runs_for_user(
     qs = Run.objects.select_related("parent").filter(user_id=user_id).order_by("-created_at")
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
-    if status == "running":  # loomcycle's "running" is every live state
-        qs = qs.filter(status__in=[*RUNNABLE, *PARKED])
-    elif status != "all":
-        wanted: set[str] = set()
-        for item in (s.strip() for s in status.split(",")):
-            wanted.update([*RUNNABLE, *PARKED] if item == "running" else [item])
-        qs = qs.filter(status__in=wanted)
-    return list(qs[:1000])
+    return list(_with_status(qs, status)[:1000])
+
+
+def _with_status(qs: QuerySet[Run], status: str) -> QuerySet[Run]:
+    """`running` = every live state (loomcycle's "running"), `all` = no filter, else a
+    comma-separated list of states (`running` in it also meaning every live state)."""
+    if status == "running":
+        return qs.filter(status__in=[*RUNNABLE, *PARKED])
+    if status == "all":
+        return qs
+    wanted: set[str] = set()
+    for item in (s.strip() for s in status.split(",")):
+        wanted.update([*RUNNABLE, *PARKED] if item == "running" else [item])
+    return qs.filter(status__in=wanted)
+
+
+def runs_list(
+    *, tenant_id: str | None, status: str = "running", agent: str = "", reader: str | None = None
+) -> list[Run]:
+    """The runs a principal may see, newest first, at most 1000: its tenant's (`tenant_id`
+    None: every tenant, for admins), only its own user's for an isolated member (`reader`),
+    of one agent name when `agent` is given."""
+    qs = Run.objects.select_related("parent").order_by("-created_at")
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
+    if reader is not None:
+        qs = qs.filter(user_id=reader)
+    if agent:
+        qs = qs.filter(agent_name=agent)
+    return list(_with_status(qs, status)[:1000])
 
 
 def run_events_since(*, run_id: str, from_seq: int, limit: int = 500) -> list[dict[str, Any]]:

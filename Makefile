@@ -12,6 +12,9 @@ venv: $(STAMP)
 $(STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root
+	# project: that would register the pytest11 plugin and shadow this checkout's apps.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e ./loomcycle
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -30,7 +33,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing
+	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing loomcycle
 
 bench: $(STAMP)
 	$(PY) bench/loop.py

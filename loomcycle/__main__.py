@@ -1,0 +1,5 @@
+"""`python -m loomcycle`: the command line."""
+
+from loomcycle.cli import main
+
+main()

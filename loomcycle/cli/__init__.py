@@ -1,0 +1,51 @@
+"""The `loomcycle` command line (docs/cli.md), on top of `loomcycle.client`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from loomcycle import __version__
+from loomcycle.cli import output
+from loomcycle.cli.context import EXIT_REFUSED, EXIT_UNREACHABLE, Ctx
+from loomcycle.cli.defs import agent, agents, channel, memory
+from loomcycle.cli.run import run
+from loomcycle.cli.runs import cancel, logs, pause, ps, resume, send
+from loomcycle.client import ApiError, ConnectionFailed
+
+
+class _Group(click.Group):
+    """Shows a LoomcycleError as one line on stderr with its code, and exits 4 (refused) or 5 (unreachable)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ApiError as exc:
+            output.fail(f"{exc.code}: {exc.message}")
+            sys.exit(EXIT_REFUSED)
+        except ConnectionFailed as exc:
+            output.fail(f"cannot reach the runtime: {exc.message}")
+            sys.exit(EXIT_UNREACHABLE)
+        finally:
+            if isinstance(ctx.obj, Ctx):
+                ctx.obj.close()
+
+
+@click.group(cls=_Group)
+@click.option("--url", envvar="LOOMCYCLE_URL", help="the runtime (LOOMCYCLE_URL; default http://127.0.0.1:8787)")
+@click.option("--token", envvar="LOOMCYCLE_TOKEN", help="a bearer token (LOOMCYCLE_TOKEN; none in open mode)")
+@click.version_option(__version__, prog_name="loomcycle")
+@click.pass_context
+def cli(ctx: click.Context, url: str | None, token: str | None) -> None:
+    """Drive a loomcycle runtime from the shell."""
+    ctx.obj = Ctx(url=url, token=token)
+
+
+for command in (run, ps, logs, send, cancel, pause, resume, agents, agent, memory, channel):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli(prog_name="loomcycle")

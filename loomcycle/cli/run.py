@@ -1,0 +1,169 @@
+"""`loomcycle run`: start a run and stream it (answer on stdout, the rest on stderr).
+
+Invariants:
+- The run gets a client-made agent_id before the request leaves, so Ctrl-C can always
+  cancel it (POST /v1/agents/{id}/cancel) and then exit 130, whatever the stream did.
+- The exit code is the run's outcome, read from the runtime once the stream has ended:
+  0 completed, 1 failed, 3 cancelled; a refused request is 4, an unreachable runtime 5.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.status import Status
+
+from loomcycle.cli import output
+from loomcycle.cli.adhoc import ensure_agent
+from loomcycle.cli.context import EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Ctx, pass_ctx
+from loomcycle.client import Client, Event
+from loomcycle.client._base import new_agent_id
+
+_QUIET = frozenset({"session", "started", "text", "awaiting_input"})
+
+
+@dataclass
+class Follower:
+    """Shows a run's events as they come and remembers how it ended."""
+
+    agent: str
+    as_json: bool
+    status: Status | None = None
+    run_id: str = ""
+    step: int = 0
+    last: Event | None = None
+
+    def show(self, event: Event) -> None:
+        self.last = event if event.is_terminal else self.last
+        if event.type == "agent":
+            self.run_id = str(event.data.get("run_id") or "")
+        if event.type == "usage":
+            self.step += 1
+        if self.status is not None:
+            self.status.update(f"{self.agent} {self.run_id}: {event.type}, step {self.step}")
+        if self.as_json:
+            output.write_out(event.to_json())
+        elif event.type == "text":
+            output.write_out(event.text)
+        if event.type == "error":
+            output.fail(event.error)
+        elif not self.as_json and event.type not in _QUIET:
+            output.note(output.summary(event))
+
+
+def _agent_and_prompt(args: tuple[str, ...], model: str | None) -> tuple[str | None, str | None]:
+    wanted = 1 if model else 2
+    if len(args) > wanted:
+        raise click.UsageError("too many arguments: quote the prompt" + (" (with --model, no AGENT)" if model else ""))
+    if model:
+        return None, args[0] if args else None
+    if not args:
+        raise click.UsageError("missing AGENT (or --model PROVIDER/MODEL)")
+    return args[0], args[1] if len(args) > 1 else None
+
+
+def _read_prompt(prompt: str | None, interactive: bool) -> str:
+    if prompt is None and not sys.stdin.isatty():
+        prompt = sys.stdin.read()
+    if prompt is None and interactive:
+        prompt = _read_turn()
+    if not prompt or not prompt.strip():
+        raise click.UsageError("no prompt: give PROMPT, or pipe it on stdin")
+    return prompt
+
+
+def _read_turn() -> str | None:
+    """One line from the terminal; None at end of input."""
+    sys.stderr.write("> ")
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    return line.rstrip("\n") if line else None
+
+
+def _outcome(client: Client, follower: Follower, agent_id: str) -> int:
+    run = client.runs.get_by_agent_id(agent_id)
+    state = str(run.get("state") or "")
+    if state == "completed":
+        return EXIT_OK
+    if state == "cancelled":
+        output.fail(f"run {run['run_id']} was cancelled: {run.get('stop_reason') or ''}")
+        return EXIT_CANCELLED
+    if follower.last is None or follower.last.type != "error":  # an error event has already been shown
+        output.fail(f"run {run['run_id']} {state}: {run.get('error') or run.get('stop_reason') or ''}")
+    return EXIT_FAILED
+
+
+def _stream(client: Client, follower: Follower, agent: str, prompt: str, fields: dict[str, Any]) -> None:
+    interactive = bool(fields.get("interactive"))
+    for event in client.runs.start(agent, prompt, **fields):
+        follower.show(event)
+        if interactive and event.type == "awaiting_input":
+            text = _read_turn()
+            if text is None:  # end of input ends the conversation
+                client.runs.cancel(str(fields["agent_id"]), reason="conversation ended (end of input)")
+                continue
+            if text.strip():
+                client.runs.input(follower.run_id, text)
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1)
+@click.option("--model", help="ad hoc: PROVIDER/MODEL (e.g. ollama/qwen3:8b) instead of AGENT")
+@click.option("--system", default="", help="ad hoc: the system prompt")
+@click.option("--system-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="ad hoc: from a file")
+@click.option("--tool", "tools", multiple=True, help="ad hoc: a tool the agent may use (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="print every event as a JSON line on stdout")
+@click.option("--background", is_flag=True, help="start the run and print its ids (JSON) without waiting")
+@click.option("--interactive", "-i", is_flag=True, help="keep the conversation going: each line is a turn")
+@click.option("--user-id", help="the run's user")
+@click.option("--agent-id", help="your handle for the run (default: a new a_<16hex>)")
+@click.option("--max-iterations", type=int, help="lower the agent's iteration cap")
+@pass_ctx
+def run(
+    ctx: Ctx,
+    args: tuple[str, ...],
+    model: str | None,
+    system: str,
+    system_file: Path | None,
+    tools: tuple[str, ...],
+    as_json: bool,
+    background: bool,
+    interactive: bool,
+    user_id: str | None,
+    agent_id: str | None,
+    max_iterations: int | None,
+) -> None:
+    """Run AGENT with PROMPT (or the prompt on stdin) and stream the answer to stdout.
+
+    \b
+      loomcycle run echo "hello"
+      cat report.txt | loomcycle run summarize > summary.txt
+      loomcycle run a "draft it" | loomcycle run b
+      loomcycle run --model ollama/qwen3:8b --system "Be terse." "why is the sky blue?"
+    """
+    name, prompt = _agent_and_prompt(args, model)
+    if model:
+        text = system_file.read_text() if system_file else system
+        name = str(ensure_agent(ctx.client, model, text, list(tools))["name"])
+    assert name is not None  # _agent_and_prompt demands AGENT without --model
+    prompt = _read_prompt(prompt, interactive)
+    fields = {"user_id": user_id, "max_iterations": max_iterations, "interactive": interactive or None}
+    if background:
+        ref = ctx.client.runs.create(name, prompt, agent_id=agent_id, **fields)
+        output.print_json(ref.__dict__)
+        return
+    handle = agent_id or new_agent_id()
+    follower = Follower(agent=name, as_json=as_json)
+    try:
+        with output.spinner(f"{name}: starting", enabled=not as_json) as status:
+            follower.status = status
+            _stream(ctx.client, follower, name, prompt, {**fields, "agent_id": handle})
+    except KeyboardInterrupt:
+        ctx.client.runs.cancel(handle, reason="interrupted (Ctrl-C)")
+        output.fail(f"interrupted: run {follower.run_id or handle} cancelled")
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(_outcome(ctx.client, follower, handle))

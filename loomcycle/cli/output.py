@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
-from rich.status import Status
+from rich.spinner import Spinner as RichSpinner
 
 from loomcycle.client import Event
 
@@ -92,12 +93,25 @@ def summary(event: Event) -> str:
     return f"{kind} {clip(rest)}" if rest else kind
 
 
+class Spinner:
+    """A one-line spinner on stderr (rich Live); `update` changes its text."""
+
+    def __init__(self, live: Live, spin: RichSpinner) -> None:
+        self._live, self._spin = live, spin
+
+    def update(self, text: str) -> None:
+        self._spin.update(text=text)
+        self._live.refresh()
+
+
 @contextmanager
-def spinner(label: str, enabled: bool) -> Iterator[Status | None]:
-    """A spinner on stderr when `enabled` and stderr is a terminal; None otherwise."""
+def spinner(label: str, enabled: bool) -> Iterator[Spinner | None]:
+    """A spinner on stderr when `enabled` and stderr is a terminal; None otherwise.
+    stdout is redirected through the live display only when it is that terminal too:
+    a piped or redirected stdout keeps getting the answer, never the spinner's stream."""
     if not (enabled and err.is_terminal):
-        with nullcontext():
-            yield None
+        yield None
         return
-    with err.status(label) as status:
-        yield status
+    spin = RichSpinner("dots", text=label)
+    with Live(spin, console=err, transient=True, redirect_stdout=sys.stdout.isatty(), redirect_stderr=False) as live:
+        yield Spinner(live, spin)

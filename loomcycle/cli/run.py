@@ -4,7 +4,8 @@ Invariants:
 - The run gets a client-made agent_id before the request leaves, so Ctrl-C can always
   cancel it (POST /v1/agents/{id}/cancel) and then exit 130, whatever the stream did.
 - The exit code is the run's outcome, read from the runtime once the stream has ended:
-  0 completed, 1 failed, 3 cancelled; a refused request is 4, an unreachable runtime 5.
+  0 completed (or an interactive conversation ended by end of input), 1 failed,
+  3 cancelled; a refused request is 4, an unreachable runtime 5.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.status import Status
 
 from loomcycle.cli import output
 from loomcycle.cli.adhoc import ensure_agent
@@ -32,10 +32,11 @@ class Follower:
 
     agent: str
     as_json: bool
-    status: Status | None = None
+    status: output.Spinner | None = None
     run_id: str = ""
     step: int = 0
     last: Event | None = None
+    ended_by_input: bool = False  # an interactive conversation the user ended (end of input)
 
     def show(self, event: Event) -> None:
         self.last = event if event.is_terminal else self.last
@@ -67,10 +68,10 @@ def _agent_and_prompt(args: tuple[str, ...], model: str | None) -> tuple[str | N
 
 
 def _read_prompt(prompt: str | None, interactive: bool) -> str:
-    if prompt is None and not sys.stdin.isatty():
-        prompt = sys.stdin.read()
     if prompt is None and interactive:
-        prompt = _read_turn()
+        prompt = _read_turn()  # the first line is the first turn; the rest come turn by turn
+    elif prompt is None and not sys.stdin.isatty():
+        prompt = sys.stdin.read()
     if not prompt or not prompt.strip():
         raise click.UsageError("no prompt: give PROMPT, or pipe it on stdin")
     return prompt
@@ -78,8 +79,9 @@ def _read_prompt(prompt: str | None, interactive: bool) -> str:
 
 def _read_turn() -> str | None:
     """One line from the terminal; None at end of input."""
-    sys.stderr.write("> ")
-    sys.stderr.flush()
+    if sys.stdin.isatty():
+        sys.stderr.write("> ")
+        sys.stderr.flush()
     line = sys.stdin.readline()
     return line.rstrip("\n") if line else None
 
@@ -88,6 +90,8 @@ def _outcome(client: Client, follower: Follower, agent_id: str) -> int:
     run = client.runs.get_by_agent_id(agent_id)
     state = str(run.get("state") or "")
     if state == "completed":
+        return EXIT_OK
+    if state == "cancelled" and follower.ended_by_input:
         return EXIT_OK
     if state == "cancelled":
         output.fail(f"run {run['run_id']} was cancelled: {run.get('stop_reason') or ''}")
@@ -104,6 +108,7 @@ def _stream(client: Client, follower: Follower, agent: str, prompt: str, fields:
         if interactive and event.type == "awaiting_input":
             text = _read_turn()
             if text is None:  # end of input ends the conversation
+                follower.ended_by_input = True
                 client.runs.cancel(str(fields["agent_id"]), reason="conversation ended (end of input)")
                 continue
             if text.strip():

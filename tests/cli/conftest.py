@@ -1,5 +1,5 @@
-"""The CLI as a subprocess (`python -m loomcycle`) against a real web process (one per
-module, restartable on its port) and the session's workers."""
+"""The CLI as a subprocess (`python -m loomcycle`) and the client against a real web process
+(one for the package, restartable on its port) and the session's workers."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Web:
             self.proc = None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")  # one web process for every module here
 def web_proc(stack_env: dict[str, str], logdir: Path) -> Iterator[Web]:
     web = Web(stack_env, logdir)
     web.start()

@@ -5,6 +5,8 @@ agent apply, the ad-hoc --model form, memory, channels, pause, and Ctrl-C."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import queue
 import secrets
 import signal
@@ -231,3 +233,34 @@ def test_ctrl_c_cancels_the_run_within_a_second(web_proc: Web) -> None:
     assert proc.returncode == 130
     assert "interrupted" in err and out == ""
     assert done.stop_reason == "interrupted (Ctrl-C)"
+
+
+def test_interactive_takes_each_line_as_a_turn_and_ends_at_end_of_input(web_proc: Web) -> None:
+    steps = script({"text": "first answer"}, {"echo": True})
+    talk = cli(web_proc, "run", "--interactive", "scripted", steps, stdin="the second turn\n")
+    assert talk.returncode == 0, talk.stderr
+    first, echoed = talk.stdout.splitlines()
+    assert first == "first answer"
+    assert json.loads(echoed)["messages"][-1]["text"] == "the second turn"
+
+
+def test_the_spinner_shows_on_a_terminal_stderr_and_never_on_stdout(web_proc: Web) -> None:
+    main, child = pty.openpty()
+    argv = cli_argv("run", "scripted", script({"sleep_ms": 300, "text": "spun"}))
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=child, text=True, cwd=ROOT, env=cli_env(web_proc, TERM="xterm")
+    )
+    os.close(child)
+    shown = bytearray()
+    while True:  # the terminal's output, until the process closes it (EIO)
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    out, _ = proc.communicate(timeout=30)
+    os.close(main)
+    assert (proc.returncode, out) == (0, "spun\n")
+    assert b"scripted" in shown and b"step" in shown

@@ -20,7 +20,7 @@ import click
 from loomcycle.cli import output
 from loomcycle.cli.adhoc import ensure_agent
 from loomcycle.cli.context import EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Ctx, pass_ctx
-from loomcycle.client import Client, Event
+from loomcycle.client import Client, Event, NotFound
 from loomcycle.client._base import new_agent_id
 
 _QUIET = frozenset({"session", "started", "text", "awaiting_input"})
@@ -168,7 +168,15 @@ def run(
             follower.status = status
             _stream(ctx.client, follower, name, prompt, {**fields, "agent_id": handle})
     except KeyboardInterrupt:
-        ctx.client.runs.cancel(handle, reason="interrupted (Ctrl-C)")
-        output.fail(f"interrupted: run {follower.run_id or handle} cancelled")
-        sys.exit(EXIT_INTERRUPTED)
+        _interrupted(ctx.client, follower, handle)
     sys.exit(_outcome(ctx.client, follower, handle))
+
+
+def _interrupted(client: Client, follower: Follower, handle: str) -> None:
+    """Ctrl-C: cancel the run (if the request made one), then exit 130."""
+    try:
+        client.runs.cancel(handle, reason="interrupted (Ctrl-C)")
+        output.fail(f"interrupted: run {follower.run_id or handle} cancelled")
+    except NotFound:  # interrupted before the runtime made the run
+        output.fail("interrupted: no run was started")
+    sys.exit(EXIT_INTERRUPTED)

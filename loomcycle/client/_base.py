@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -69,7 +69,6 @@ class Cursor:
     last_seq: int = 0
     finished: bool = False
     opened: int = 0  # streams opened so far: every one after the first re-sends `agent`
-    seen: set[str] = field(default_factory=set)
 
     def accept(self, event: Event) -> bool:
         """Whether to hand `event` to the caller (and note it)."""

@@ -264,3 +264,17 @@ def test_the_spinner_shows_on_a_terminal_stderr_and_never_on_stdout(web_proc: We
     os.close(main)
     assert (proc.returncode, out) == (0, "spun\n")
     assert b"scripted" in shown and b"step" in shown
+
+
+def test_the_token_comes_from_loomcycle_token_and_scopes_what_ps_sees(
+    web_proc: Web, people: dict[str, dict[str, str]]
+) -> None:
+    alice, charlie = (people[who]["authorization"].removeprefix("Bearer ") for who in ("alice", "charlie"))
+    started = cli(web_proc, "run", "--background", "scripted", script({"text": "hi"}), LOOMCYCLE_TOKEN=alice)
+    run_id = json.loads(started.stdout)["run_id"]
+    assert [r["run_id"] for r in json_lines(cli(web_proc, "ps", "--all", "--json", LOOMCYCLE_TOKEN=alice).stdout)] == [
+        run_id
+    ]
+    assert cli(web_proc, "--token", charlie, "ps", "--all", "--json").stdout == ""  # another tenant's run is unseen
+    anonymous = cli(web_proc, "ps")
+    assert anonymous.returncode == 4 and "unauthorized" in anonymous.stderr

@@ -100,8 +100,14 @@ class Runs:
         """A run by its run_id, else by its agent_id."""
         try:
             return await self.get(ref)
-        except NotFound:
+        except NotFound:  # not a run_id: try it as an agent_id
+            return await self._by_agent_id_or_404(ref)
+
+    async def _by_agent_id_or_404(self, ref: str) -> dict[str, Any]:
+        try:
             return await self.get_by_agent_id(ref)
+        except NotFound as exc:
+            raise NotFound(404, "not_found", f"no run with run_id or agent_id {ref!r}", {}, None) from exc
 
     async def list(self, *, status: str = "running", agent: str | None = None, tenant: str | None = None) -> JsonList:
         """Runs of the caller's tenant (GET /v1/runs), newest first."""

@@ -9,7 +9,7 @@ import click
 
 from loomcycle import __version__
 from loomcycle.cli import output
-from loomcycle.cli.context import EXIT_REFUSED, EXIT_UNREACHABLE, Ctx
+from loomcycle.cli.context import EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_UNREACHABLE, Ctx
 from loomcycle.cli.defs import agent, agents, channel, memory
 from loomcycle.cli.run import run
 from loomcycle.cli.runs import cancel, logs, pause, ps, resume, send
@@ -17,7 +17,8 @@ from loomcycle.client import ApiError, ConnectionFailed
 
 
 class _Group(click.Group):
-    """Shows a LoomcycleError as one line on stderr with its code, and exits 4 (refused) or 5 (unreachable)."""
+    """Shows a LoomcycleError as one line on stderr with its code, and exits 4 (refused) or
+    5 (unreachable); Ctrl-C exits 130."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -28,6 +29,8 @@ class _Group(click.Group):
         except ConnectionFailed as exc:
             output.fail(f"cannot reach the runtime: {exc.message}")
             sys.exit(EXIT_UNREACHABLE)
+        except KeyboardInterrupt:  # Ctrl-C in `logs -f`, `channel tail -f`, ...: nothing to undo
+            sys.exit(EXIT_INTERRUPTED)
         finally:
             if isinstance(ctx.obj, Ctx):
                 ctx.obj.close()

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
+from typing import IO
 
 import pytest
 from django.db import connection
@@ -80,13 +81,13 @@ def test_json_prints_every_event_and_background_prints_the_ids(web_proc: Web) ->
     assert "text" in stored.stdout and "later" in stored.stdout
 
 
-def _lines(proc: subprocess.Popen[str]) -> tuple[queue.Queue[str], threading.Thread]:
-    """The process's stdout lines, read by a thread (so waiting for one is bounded)."""
+def _lines(stream: IO[str] | None) -> tuple[queue.Queue[str], threading.Thread]:
+    """A process's output lines, read by a thread (so waiting for one is bounded)."""
     found: queue.Queue[str] = queue.Queue()
+    assert stream is not None
 
     def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+        for line in stream:
             found.put(line)
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -112,7 +113,7 @@ def test_logs_follow_reattaches_after_the_web_process_restarts(web_proc: Web) ->
         cwd=ROOT,
         env=cli_env(web_proc),
     )
-    lines, reader = _lines(follow)
+    lines, reader = _lines(follow.stdout)
     first = json.loads(lines.get(timeout=30))  # the stream is open
     web_proc.stop()  # the connection drops while the run sleeps
     web_proc.start()
@@ -124,6 +125,23 @@ def test_logs_follow_reattaches_after_the_web_process_restarts(web_proc: Web) ->
     assert seqs == sorted(stored)  # every persisted event once, in order, across the reconnect
     assert events[-1]["type"] == "done"
     assert [e["data"]["text"] for e in events if e["type"] == "text"] == ["after the restart"]
+
+
+def test_run_streams_on_across_a_web_restart(web_proc: Web) -> None:
+    argv = cli_argv("run", "scripted", script({"sleep_ms": 3000, "text": "still here"}))
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env(web_proc)
+    )
+    notes, reader = _lines(proc.stderr)
+    assert notes.get(timeout=30).startswith("run r_")  # the POST's stream named the run
+    web_proc.stop()  # the POST's connection drops while the run sleeps: the CLI re-attaches by GET
+    web_proc.start()
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    code = proc.wait(timeout=60)
+    reader.join(timeout=10)
+    assert code == 0, "".join(drain(notes))
+    assert out == "still here\n"
 
 
 def test_send_ps_and_cancel_drive_an_interactive_run(web_proc: Web) -> None:

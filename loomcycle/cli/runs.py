@@ -89,7 +89,9 @@ def cancel(ctx: Ctx, run_ref: str, reason: str) -> None:
 @pass_ctx
 def pause(ctx: Ctx, timeout_ms: int | None) -> None:
     """Pause the runtime: every run parks at its next boundary; new runs are refused."""
-    output.print_json(ctx.client.runtime.pause(timeout_ms))
+    with output.spinner("pausing: waiting for runs to park", enabled=True):
+        answer = ctx.client.runtime.pause(timeout_ms)
+    output.print_json(answer)
 
 
 @click.command()

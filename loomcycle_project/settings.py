@@ -234,6 +234,7 @@ LOOMCYCLE = E.RuntimeSettings(
     channels_longpoll_cap_ms=E.CHANNELS_LONGPOLL_CAP_MS,
     channels_sweep_ms=E.CHANNELS_SWEEP_MS,
     channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
+    mcp_wait_cap_ms=E.MCP_WAIT_CAP_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
     redact_secrets=E.REDACT_SECRETS,

@@ -248,7 +248,7 @@ CHANNELS_SWEEP_MS: int = env.int("LOOMCYCLE_CHANNELS_SWEEP_MS", default=900_000)
 CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=1000)
 # MCP server (apps.mcp.server): the longest a `spawn_run` call with `wait` may hold its request
 # open for the run's result (a longer `wait_seconds` is cut to it).
-MCP_WAIT_CAP_MS: int = _at_least("LOOMCYCLE_MCP_WAIT_CAP_MS", 120_000, 1000)
+MCP_WAIT_CAP_MS: int = _at_least("LOOMCYCLE_MCP_WAIT_CAP_MS", 120_000, 1)
 # Evaluation caps (SPEC 6.6): UTF-8 bytes of one evaluation's judgement and rationale.
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)

@@ -141,15 +141,28 @@ def test_a_missing_or_wrong_bearer_is_refused_before_mcp(web: str, people: dict[
     assert member.headers["www-authenticate"] == 'Bearer scope="substrate:tenant"'
     ok = httpx.post(web + "/v1/_mcp", json=init, headers={**accept, **people["alice"]}, timeout=10)
     assert ok.status_code == 200 and ok.json()["result"]["serverInfo"]["name"] == "loomcycle"
+    # Stateless: a handshake-era client's next request stands on its own, with the same principal.
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    legacy = {**accept, **people["alice"], "mcp-protocol-version": "2025-06-18"}
+    names = {t["name"] for t in httpx.post(web + "/v1/_mcp", json=listing, headers=legacy).json()["result"]["tools"]}
+    assert "spawn_run" in names and names.isdisjoint(ADMIN_TOOLS)
+
+
+def over_stdio(argv: list[str], env: dict[str, str], work: Work[T]) -> T:
+    """Run `work` with an SDK stdio client of `manage.py <argv>`."""
+    params = StdioServerParameters(command=sys.executable, args=["manage.py", *argv], env=env, cwd=str(procs.ROOT))
+
+    async def session() -> T:
+        async with Client(params, cache=None) as client:
+            return await work(client)
+
+    return asyncio.run(session())
 
 
 def test_manage_py_mcp_serves_the_tools_over_stdio(
     stack_env: dict[str, str], people: dict[str, dict[str, str]]
 ) -> None:
     token = people["alice"]["authorization"].removeprefix("Bearer ")
-    params = StdioServerParameters(
-        command=sys.executable, args=["manage.py", "mcp", "--token", token], env=stack_env, cwd=str(procs.ROOT)
-    )
 
     async def work(client: Client) -> tuple[set[str], tuple[bool, dict[str, Any]], tuple[bool, dict[str, Any]]]:
         listed = {t.name for t in (await client.list_tools()).tools}
@@ -157,11 +170,21 @@ def test_manage_py_mcp_serves_the_tools_over_stdio(
         got = await call(client, "memory_get", {"scope": "tenant", "key": "from-stdio"})
         return listed, put, got
 
-    async def session() -> Any:
-        async with Client(params, cache=None) as client:
-            return await work(client)
-
-    listed, put, got = asyncio.run(session())
+    listed, put, got = over_stdio(["mcp", "--token", token], stack_env, work)
     assert "memory_get" in listed and listed.isdisjoint(ADMIN_TOOLS)
-    assert put[0] is False and got == (False, {**got[1], "scope": "tenant", "scope_id": ""})
-    assert got[1]["entry"]["value"] == [1, 2]
+    assert put[0] is False and got[0] is False
+    assert got[1]["scope"] == "tenant" and got[1]["entry"]["value"] == [1, 2]
+
+
+def test_manage_py_mcp_with_a_url_proxies_a_remote_runtime(
+    web: str, stack_env: dict[str, str], people: dict[str, dict[str, str]]
+) -> None:
+    env = {**stack_env, "LOOMCYCLE_TOKEN": people["charlie"]["authorization"].removeprefix("Bearer ")}
+
+    async def work(client: Client) -> tuple[set[str], tuple[bool, dict[str, Any]]]:
+        listed = {t.name for t in (await client.list_tools()).tools}
+        return listed, await call(client, "get_run", {"run_id": "r_0000000000000000"})
+
+    listed, (error, body) = over_stdio(["mcp", "--url", web + "/v1/_mcp"], env, work)
+    assert "spawn_run" in listed and listed.isdisjoint(ADMIN_TOOLS)  # the remote's list for charlie's token
+    assert error and body["code"] == "not_found"

@@ -20,8 +20,10 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from apps.runs.models import RunStatus
 from apps.substrate import tokens
 from tests import procs
+from tests.conftest import wait_status
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 
@@ -86,6 +88,23 @@ def test_spawn_run_waits_for_its_result_and_its_events_and_transcript_are_readab
 
     for error, body in over_http(web, people["charlie"], other_tenant):  # beta: acme's run does not exist
         assert error and body["code"] == "not_found" and body["status"] == 404
+
+
+def test_a_wait_is_bounded_and_the_waiting_run_can_be_cancelled(web: str, people: dict[str, dict[str, str]]) -> None:
+    park = {"op": "subscribe", "channel": "handoff", "wait_ms": 60_000, "max_messages": 1}
+    spawn = {"agent": "scripted", "prompt": script({"tool": "Channel", "input": park}), "wait": True, "wait_seconds": 1}
+
+    async def work(client: Client) -> tuple[tuple[bool, dict[str, Any]], ...]:
+        _, spawned = await call(client, "spawn_run", spawn)
+        cancelled = await call(client, "cancel_run", {"run_id": spawned["run_id"], "reason": "test"})
+        bad = await call(client, "get_run", {"run_id": "not an id!"})
+        return (False, spawned), cancelled, bad
+
+    (_, spawned), (error, cancelled), (bad_error, bad) = over_http(web, people["alice"], work)
+    assert spawned["timed_out"] is True and spawned["status"] == "running" and spawned["result"] is None
+    assert not error, cancelled
+    assert wait_status(spawned["run_id"], RunStatus.CANCELLED, timeout=30)
+    assert bad_error and bad["code"] == "invalid_body" and bad["details"]["errors"][0]["loc"] == ["run_id"]
 
 
 def test_memory_round_trip_stays_in_the_callers_tenant(web: str, people: dict[str, dict[str, str]]) -> None:

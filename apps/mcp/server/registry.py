@@ -10,11 +10,13 @@ use with `insufficient_scope`, so hiding is not the only gate.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
+from django.db import DataError
 from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
@@ -22,6 +24,8 @@ from apps.core.errors import ApplicationError, Forbidden, Invalid, NotFound
 from apps.core.http import check_storable
 from apps.core.types import Principal
 from apps.substrate.auth import has_scope
+
+log = logging.getLogger("loomcycle.mcp.server")
 
 ToolCall = Callable[[Principal, Any], Awaitable[dict[str, Any]]]
 
@@ -94,3 +98,7 @@ async def invoke(principal: Principal, name: str, arguments: dict[str, Any] | No
         return result_of(await tool.call(principal, _parse(tool, arguments or {})))
     except ApplicationError as exc:
         return result_of({**exc.body(), "status": exc.status}, is_error=True)
+    except DataError as exc:  # as the REST handler: a value the store refused is the caller's 400
+        log.warning("MCP tool %s: the store refused a value: %s", name, exc)
+        message = "a value in the arguments cannot be stored (too long or out of range)"
+        return result_of({"code": "invalid_value", "error": message, "details": {}, "status": 400}, is_error=True)

@@ -127,6 +127,19 @@ def test_memory_round_trip_stays_in_the_callers_tenant(web: str, people: dict[st
     assert error and body["code"] == "not_found"
 
 
+def test_channel_and_agentdef_tools_reach_the_rest_services(web: str, people: dict[str, dict[str, str]]) -> None:
+    async def work(client: Client) -> tuple[tuple[bool, dict[str, Any]], ...]:
+        published = await call(client, "channel_publish", {"channel": "per-user", "user_id": "u1", "payload": {"x": 1}})
+        read = await call(client, "channel_subscribe", {"channel": "per-user", "user_id": "u1", "wait_ms": 5000})
+        unknown = await call(client, "agentdef", {"op": "get", "def_id": "def_0000000000000000"})
+        return published, read, unknown
+
+    (pub_error, published), (read_error, read), (def_error, unknown) = over_http(web, people["alice"], work)
+    assert not pub_error and published["channel"] == "per-user"
+    assert not read_error and [m["value"] for m in read["messages"]] == [{"x": 1}]
+    assert def_error and unknown["code"] == "not_found" and unknown["details"] == {"tool": "AgentDef"}
+
+
 def test_a_tenant_token_neither_sees_nor_calls_admin_tools(web: str, people: dict[str, dict[str, str]]) -> None:
     admin = {"authorization": "Bearer " + tokens.token_create(name="mcp-admin", tenant_id="ops")["token"]}
 

@@ -180,6 +180,18 @@ def test_a_missing_or_wrong_bearer_is_refused_before_mcp(web: str, people: dict[
     assert "spawn_run" in names and names.isdisjoint(ADMIN_TOOLS)
 
 
+def test_open_mode_serves_loopback_hosts_and_same_site_clients_only(web: str) -> None:
+    """No token exists: the open-mode admin, with REST's DNS-rebinding and cross-site refusals."""
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    base = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-06-18"}
+    rebound = httpx.post(web + "/v1/_mcp", json=listing, headers={**base, "host": "evil.example"}, timeout=10)
+    assert rebound.status_code == 400 and rebound.json()["code"] == "open_mode_host"
+    page = httpx.post(web + "/v1/_mcp", json=listing, headers={**base, "origin": "http://evil.example"}, timeout=10)
+    assert page.status_code == 403 and page.json()["code"] == "cross_site_request"
+    ok = httpx.post(web + "/v1/_mcp", json=listing, headers=base, timeout=10)
+    assert ok.status_code == 200 and ADMIN_TOOLS <= {t["name"] for t in ok.json()["result"]["tools"]}
+
+
 def over_stdio(argv: list[str], env: dict[str, str], work: Work[T]) -> T:
     """Run `work` with an SDK stdio client of `manage.py <argv>`."""
     params = StdioServerParameters(command=sys.executable, args=["manage.py", *argv], env=env, cwd=str(procs.ROOT))

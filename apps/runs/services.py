@@ -83,7 +83,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     and `user_input`/`system_prompt` events, enqueue step 0 on commit. The one
     way to start a run: the API, schedules and webhooks pass their credentials
     in `data.credentials` (checked here: 400 `invalid_credentials`; sealed on
-    the run, apps.runs.credentials)."""
+    the run, apps.runs.credentials). Called inside a transaction, the run exists
+    iff it commits: doorbell and `run_created` on commit, the fairness slot given
+    back on rollback (apps.runs.rollback)."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
     acting_tenant_id(principal, data.tenant_id)  # the run's tenant is always the principal's
@@ -93,6 +95,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
+        # Inside the caller's transaction: given back if it rolls back (apps.runs.rollback). Watched
+        # before the doorbell's on_commit, so a failing doorbell cannot make a committed run lose it.
+        release_slot_unless_committed(run_id)
     limit = backpressure.limits()
     gated = data.parent_id is None and limit.max_concurrent_runs > 0
     inserted = False
@@ -113,8 +118,6 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     finally:
         if not inserted:
             fairness.run_slot_release(run_id)
-    if data.parent_id is None:
-        release_slot_unless_committed(run_id)
     signals.send_on_commit(
         signals.run_created, run_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, parent_id=run.parent_id
     )

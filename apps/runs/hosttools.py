@@ -29,7 +29,7 @@ import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import pydantic_core
 from django.db import close_old_connections, connection
@@ -39,6 +39,8 @@ from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.runs import registry
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -65,34 +67,44 @@ class ToolError(Exception):
 
 
 @dataclass(frozen=True)
-class HostTool:
-    """What `@tool` made: the registered tool, and the function, still callable as it was."""
+class HostTool(Generic[P, R]):
+    """What `@tool` made: the registered tool, and the function, still callable (and typed) as it was."""
 
     tool: Tool
-    fn: Callable[..., Any]
+    fn: Callable[P, R]
     model: type[BaseModel]
     context_param: str | None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+@overload
+def tool(fn: Callable[P, R], /) -> HostTool[P, R]: ...
+
+
+@overload
+def tool(*, name: str | None = None, description: str | None = None) -> Callable[[Callable[P, R]], HostTool[P, R]]: ...
+
+
+def tool(
+    fn: Callable[P, R] | None = None, /, *, name: str | None = None, description: str | None = None
+) -> HostTool[P, R] | Callable[[Callable[P, R]], HostTool[P, R]]:
     """Decorate a typed, synchronous function to register it as an agent tool (`@tool` or
     `@tool(name=..., description=...)`). The name defaults to the function's name, the
     description to its docstring (required: the model reads it). Raises TypeError at
     import for what cannot be a tool (async, untyped or positional-only parameters, no
     description, a bad name); ValueError if the name is taken."""
 
-    def wrap(func: Callable[..., Any]) -> HostTool:
-        host = build(func, name=name or func.__name__, description=description)
+    def wrap(func: Callable[P, R]) -> HostTool[P, R]:
+        host = build(func, name=name or str(getattr(func, "__name__", "")), description=description)
         registry.register(host.tool)
         return host
 
     return wrap(fn) if fn is not None else wrap
 
 
-def build(func: Callable[..., Any], *, name: str, description: str | None) -> HostTool:
+def build(func: Callable[P, R], *, name: str, description: str | None) -> HostTool[P, R]:
     """The HostTool for `func`, not registered (`tool` registers it)."""
     if inspect.iscoroutinefunction(func):
         raise TypeError(f"host tool {name!r}: async functions are not supported; write a sync function")

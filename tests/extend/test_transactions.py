@@ -17,6 +17,7 @@ import pytest
 from django.db import transaction
 
 from apps.core.redis import sync_client
+from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.fairness.config import RUNS_KEY
 from apps.runs import engine, services
@@ -73,7 +74,7 @@ def test_a_rolled_back_savepoint_gives_its_slot_back_and_the_outer_commit_keeps_
         assert not holds_slot(dropped.id)  # the savepoint's rollback released it, before the outer commit
     assert nothing_left(dropped.id)
     assert Run.objects.filter(id=kept.id).exists() and holds_slot(kept.id)
-    services.run_cancel(principal=services.Principal("", "t", frozenset({"substrate:admin"})), agent_id=kept.agent_id)
+    services.run_cancel(principal=Principal("", "t", frozenset({"substrate:admin"})), agent_id=kept.agent_id)
     assert not holds_slot(kept.id)
 
 
@@ -136,7 +137,7 @@ def test_parking_and_resuming_are_signalled(received: list[tuple[str, dict[str, 
     run = run_create(agent="chat-slow", prompt="hello")
     engine.run_iterate(run_id=run.id, step=0)
     assert received[-1] == ("run_parked", {"run_id": run.id, "status": RunStatus.AWAITING_INPUT})
-    principal = services.Principal("", "t", frozenset({"substrate:admin"}))
+    principal = Principal("", "t", frozenset({"substrate:admin"}))
     services.run_input(principal=principal, run_id=run.id, text="more")
     assert received[-1] == ("run_resumed", {"run_id": run.id})
     services.run_cancel(principal=principal, agent_id=run.agent_id)

@@ -47,6 +47,9 @@ INSTALLED_APPS = [
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",
+    # The user's own apps (LOOMCYCLE_EXTRA_APPS), last: they extend the runtime and never
+    # shadow its management commands or templates (an earlier app wins those).
+    *E.checked_apps(E.EXTRA_APPS),
 ]
 
 # The browser middleware serves the admin; API paths (/v1/, /healthz) skip it

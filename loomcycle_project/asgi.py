@@ -1,6 +1,8 @@
-"""ASGI entry point (Daphne): HTTP to Django, WebSockets to Channels consumers."""
+"""ASGI entry point (Daphne): HTTP to Django (but `/v1/_mcp` to the MCP SDK's
+transport, apps.mcp.server.http), WebSockets to Channels consumers."""
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -12,6 +14,7 @@ from django.conf import settings  # noqa: E402
 
 from apps.channels.routing import websocket_urlpatterns as channel_urlpatterns  # noqa: E402
 from apps.core.request_guard import RequestGuard  # noqa: E402
+from apps.mcp.server.http import McpHttpApp, is_mcp_path  # noqa: E402
 from apps.runs.routing import websocket_urlpatterns as run_urlpatterns  # noqa: E402
 from apps.substrate.websocket import browser_origin_validator  # noqa: E402
 from loomcycle_project import daphne_limits  # noqa: E402
@@ -19,12 +22,22 @@ from loomcycle_project import daphne_limits  # noqa: E402
 # Daphne reads request bodies before any of this runs: cap them while they are read.
 daphne_limits.install(settings.LOOMCYCLE.max_request_bytes)
 
+_mcp_app = McpHttpApp()
+
+
+async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """`/v1/_mcp` is the MCP SDK's ASGI app (it authenticates as the REST API does); the rest is Django."""
+    if is_mcp_path(scope["path"]):
+        return await _mcp_app(scope, receive, send)
+    return await django_asgi_app(scope, receive, send)
+
+
 # Browsers send Origin: a page from another site cannot open a socket to us
 # (cross-site WebSocket hijacking); clients without an Origin header pass.
 application = RequestGuard(
     ProtocolTypeRouter(
         {
-            "http": django_asgi_app,
+            "http": http_app,
             "websocket": browser_origin_validator(URLRouter(run_urlpatterns + channel_urlpatterns)),
         }
     )

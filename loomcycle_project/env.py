@@ -14,6 +14,7 @@ apps.core.secrets reads where it is used.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -119,6 +120,34 @@ REQUEUE_GRACE_SECONDS: float = env.float("LOOMCYCLE_REQUEUE_GRACE_SECONDS", defa
 MAX_ATTEMPTS: int = env.int("LOOMCYCLE_MAX_ATTEMPTS", default=3)
 STEER_QUEUE_CAP: int = env.int("LOOMCYCLE_STEER_QUEUE_CAP", default=16)
 PG_POOL_MAX: int = env.int("LOOMCYCLE_PG_POOL_MAX", default=16)
+
+# The user's own Django apps (dotted module or AppConfig paths), appended to INSTALLED_APPS in
+# every process that loads the settings: web, workers, beat, manage.py (docs/extending.md).
+EXTRA_APPS: list[str] = _list("LOOMCYCLE_EXTRA_APPS", [])
+
+
+def checked_apps(paths: list[str]) -> list[str]:
+    """`paths` unchanged when each names an importable module (an app package, or the
+    module of an AppConfig class path); otherwise start-up fails naming the bad entry.
+    Only the module is located here (find_spec): importing an app before Django is set
+    up could touch its models too early."""
+    for path in paths:
+        if not _module_found(path) and not _module_found(path.rpartition(".")[0]):
+            raise ImproperlyConfigured(
+                f"LOOMCYCLE_EXTRA_APPS: no module {path!r} (expected a dotted path to a Django app "
+                "package or to its AppConfig class, importable from the runtime's directory or PYTHONPATH)"
+            )
+    return paths
+
+
+def _module_found(path: str) -> bool:
+    if not path or not all(part.isidentifier() for part in path.split(".")):
+        return False
+    try:
+        return importlib.util.find_spec(path) is not None
+    except ImportError:  # a missing parent package
+        return False
+
 
 # Processes started by `manage.py up`.
 WORKER_PROCESSES: int = env.int("LOOMCYCLE_WORKER_PROCESSES", default=2)
@@ -246,6 +275,9 @@ CHANNELS_MAX_VALUE_BYTES: int = env.int("LOOMCYCLE_CHANNELS_MAX_VALUE_BYTES", de
 CHANNELS_LONGPOLL_CAP_MS: int = env.int("LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS", default=30_000)
 CHANNELS_SWEEP_MS: int = env.int("LOOMCYCLE_CHANNELS_SWEEP_MS", default=900_000)
 CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=1000)
+# MCP server (apps.mcp.server): the longest a `spawn_run` call with `wait` may hold its request
+# open for the run's result (a longer `wait_seconds` is cut to it).
+MCP_WAIT_CAP_MS: int = _at_least("LOOMCYCLE_MCP_WAIT_CAP_MS", 120_000, 1)
 # Evaluation caps (SPEC 6.6): UTF-8 bytes of one evaluation's judgement and rationale.
 EVALUATION_MAX_JUDGEMENT_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_JUDGEMENT_BYTES", default=4096)
 EVALUATION_MAX_RATIONALE_BYTES: int = env.int("LOOMCYCLE_EVALUATION_MAX_RATIONALE_BYTES", default=16_384)
@@ -369,6 +401,8 @@ class RuntimeSettings:
     channels_longpoll_cap_ms: int
     channels_sweep_ms: int
     channels_wake_tick_ms: int
+    # MCP server.
+    mcp_wait_cap_ms: int
     # Evaluations.
     evaluation_max_judgement_bytes: int
     evaluation_max_rationale_bytes: int

@@ -47,6 +47,9 @@ INSTALLED_APPS = [
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",
+    # The user's own apps (LOOMCYCLE_EXTRA_APPS), last: they extend the runtime and never
+    # shadow its management commands or templates (an earlier app wins those).
+    *E.checked_apps(E.EXTRA_APPS),
 ]
 
 # The browser middleware serves the admin; API paths (/v1/, /healthz) skip it
@@ -234,6 +237,7 @@ LOOMCYCLE = E.RuntimeSettings(
     channels_longpoll_cap_ms=E.CHANNELS_LONGPOLL_CAP_MS,
     channels_sweep_ms=E.CHANNELS_SWEEP_MS,
     channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
+    mcp_wait_cap_ms=E.MCP_WAIT_CAP_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
     redact_secrets=E.REDACT_SECRETS,

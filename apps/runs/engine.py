@@ -52,7 +52,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import registry, store
+from apps.runs import registry, signals, store
 from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
@@ -591,6 +591,7 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
+    _signal(run, write)
     if write.next == Next.FINISH and run.notify_finished:  # registry.on_run_finished listeners
         _announce_finished(run.id, write.status)
     if write.next == Next.FINISH and run.parent_id:
@@ -598,6 +599,24 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
         fairness.run_slot_release(run.id)
         _slot_freed(run.id)
+
+
+def _signal(run: ClaimedRun, write: StepWrite) -> None:
+    """The lifecycle signals of this committed step (apps.runs.signals; after the commit, at most once)."""
+    for event in write.events:
+        if event.get("type") == "tool_result":
+            use = event["tool_use"]
+            signals.send_on_commit(
+                signals.tool_called, run_id=run.id, call_id=use["id"], tool=use["name"], is_error=event["is_error"]
+            )
+    for child_id in write.child_ids:
+        signals.send_on_commit(
+            signals.run_created, run_id=child_id, tenant_id=run.tenant_id, user_id=run.user_id, parent_id=run.id
+        )
+    if write.next == Next.PARK:
+        signals.send_on_commit(signals.run_parked, run_id=run.id, status=write.status)
+    elif write.next == Next.FINISH:
+        signals.send_on_commit(signals.run_finished, run_id=run.id, status=write.status)
 
 
 def _announce_finished(run_id: str, status: str) -> None:

@@ -29,7 +29,7 @@ from apps.core.redact import Redactor, run_redactor, runtime_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import backpressure, registry, store
+from apps.runs import backpressure, registry, signals, store
 from apps.runs.credentials import credentials_check, run_redactor_of, seal
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
@@ -43,6 +43,7 @@ from apps.runs.models import (
     RuntimeStateValue,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
+from apps.runs.rollback import release_slot_unless_committed
 from apps.runs.selectors import paused_runs_count, run_get, run_notifies_finished, runs_liveness, runtime_state
 from apps.runs.subruns import run_child_finished
 from apps.runs.wake import ring_promoted, run_slot_freed
@@ -82,7 +83,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     and `user_input`/`system_prompt` events, enqueue step 0 on commit. The one
     way to start a run: the API, schedules and webhooks pass their credentials
     in `data.credentials` (checked here: 400 `invalid_credentials`; sealed on
-    the run, apps.runs.credentials)."""
+    the run, apps.runs.credentials). Called inside a transaction, the run exists
+    iff it commits: doorbell and `run_created` on commit, the fairness slot given
+    back on rollback (apps.runs.rollback)."""
     if runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
     acting_tenant_id(principal, data.tenant_id)  # the run's tenant is always the principal's
@@ -92,6 +95,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
+        # Inside the caller's transaction: given back if it rolls back (apps.runs.rollback). Watched
+        # before the doorbell's on_commit, so a failing doorbell cannot make a committed run lose it.
+        release_slot_unless_committed(run_id)
     limit = backpressure.limits()
     gated = data.parent_id is None and limit.max_concurrent_runs > 0
     inserted = False
@@ -112,6 +118,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     finally:
         if not inserted:
             fairness.run_slot_release(run_id)
+    signals.send_on_commit(
+        signals.run_created, run_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, parent_id=run.parent_id
+    )
     return run
 
 
@@ -296,6 +305,7 @@ def _finish_unleased(run_id: str, reason: str, redactor: Redactor) -> bool:
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
         transaction.on_commit(lambda: run_slot_freed(run_id))  # its admission slot (or queue place) is free
         transaction.on_commit(lambda: _announce_if_notified(run_id, RunStatus.CANCELLED))
+        signals.send_on_commit(signals.run_finished, run_id=run_id, status=RunStatus.CANCELLED)
     return True
 
 
@@ -318,6 +328,7 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
         raise QuotaExhausted(f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"})
     if queued.woke:
         transaction.on_commit(lambda: enqueue_iteration(run.id, queued.step))
+        signals.send_on_commit(signals.run_resumed, run_id=run.id)
     return {"run_id": run.id, "delivered": True}
 
 
@@ -379,6 +390,8 @@ def runtime_resume() -> dict[str, Any]:
         store.runtime_state_set(RuntimeStateValue.RUNNING)
         resumed = store.runs_resume_paused()
         transaction.on_commit(lambda: _enqueue_all(resumed))
+        for run_id, _step in resumed:
+            signals.send_on_commit(signals.run_resumed, run_id=run_id)
     return {"state": "running", "resumed_runs_count": len(resumed), "warnings": []}
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from apps.runs import backpressure, store
+from apps.runs import backpressure, signals, store
 from apps.runs.dispatch import enqueue_iteration, notify_events, wake_and_enqueue
 from apps.runs.statuses import ANSWERABLE as ANSWERABLE
 
@@ -52,9 +52,11 @@ def run_answer(
     block = {"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}
     woke, seq = store.answer_append(run_id=run_id, target=target, events=payloads, block=block, is_error=is_error)
     transaction.on_commit(lambda: notify_events(run_id, seq))
+    signals.send_on_commit(signals.tool_called, run_id=run_id, call_id=call_id, tool=tool_name, is_error=is_error)
     # Exactly the last answer flips the run back to running (pending_calls was 1 under the row lock).
     if woke:
         transaction.on_commit(lambda: enqueue_iteration(run_id, target.run_step))
+        signals.send_on_commit(signals.run_resumed, run_id=run_id)
     return True
 
 

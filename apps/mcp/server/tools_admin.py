@@ -1,0 +1,100 @@
+"""Definition and admin tools: `agentdef` and `skilldef` run the def tools'
+op-dispatch as `POST /v1/_agentdef` / `/v1/_skilldef` do (the operator
+plane: the caller's tenant, every name scope; substrate:tenant), and
+`pause` / `resume` / `state` are the runtime's `/v1/_pause`, `/v1/_resume`,
+`/v1/_state` (substrate:admin, so hidden from tenant principals).
+
+A refused op is an error result with code `tool_refused` (or `not_found` for
+an unknown or another tenant's def_id) naming the def tool, as over REST.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from apps.core.errors import ApplicationError
+from apps.core.http import db_call
+from apps.core.types import Principal
+from apps.mcp.server.registry import Args, McpTool, register
+from apps.runs import selectors as run_selectors
+from apps.runs import services as run_services
+from apps.substrate import services as substrate
+from apps.substrate.auth import ADMIN, TENANT
+from apps.substrate.kinds import Kind, Refused, RefusedNotFound, get_kind
+
+
+class DefOpArgs(Args):
+    """The def tools' common input (SPEC 6.5); each op reads what it needs, others pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    op: str = Field(description="create | fork | get | list | retire | promote | verify")
+    name: Any = None
+    def_id: Any = None
+    parent_def_id: Any = None
+    overlay: Any = None
+    description: Any = None
+    promote: Any = None
+    retired: Any = None
+    content_sha256: Any = None
+
+
+class DefRefused(ApplicationError):
+    """A def op's refusal: 422 `tool_refused`, or 404 `not_found`, naming the tool."""
+
+    def __init__(self, exc: Refused, tool: str) -> None:
+        not_found = isinstance(exc, RefusedNotFound)
+        super().__init__(exc.message, code="not_found" if not_found else "tool_refused", details={"tool": tool})
+        self.status = 404 if not_found else 422
+
+
+def _def_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return substrate.def_dispatch(kind, substrate.operator_author(principal), data)
+    except Refused as exc:
+        raise DefRefused(exc, kind.tool) from exc
+
+
+def _def_tool(key: str, name: str) -> McpTool:
+    kind = get_kind(key)
+
+    async def call(principal: Principal, args: DefOpArgs) -> dict[str, Any]:
+        return await db_call(_def_op)(kind, principal, args.model_dump(exclude_unset=True))
+
+    ops = ", ".join(sorted(kind.ops))
+    return McpTool(name, f"{kind.tool} op-dispatch ({ops}) in your tenant.", TENANT, DefOpArgs, call)
+
+
+class PauseArgs(Args):
+    timeout_ms: int = Field(default=30_000, ge=0, le=300_000, description="wait for in-flight iterations")
+
+
+class NoArgs(Args):
+    pass
+
+
+async def pause(principal: Principal, args: PauseArgs) -> dict[str, Any]:
+    return await run_services.runtime_pause(timeout_ms=args.timeout_ms)
+
+
+async def resume(principal: Principal, args: NoArgs) -> dict[str, Any]:
+    return await db_call(run_services.runtime_resume)()
+
+
+def _state() -> dict[str, Any]:
+    return {"state": run_services.runtime_state_get(), "paused_runs_count": run_selectors.paused_runs_count()}
+
+
+async def state(principal: Principal, args: NoArgs) -> dict[str, Any]:
+    return await db_call(_state)()
+
+
+register(
+    _def_tool("agent", "agentdef"),
+    _def_tool("skill", "skilldef"),
+    McpTool("pause", "Park every run at its next boundary (runtime-wide).", ADMIN, PauseArgs, pause),
+    McpTool("resume", "Resume parked runs after a pause (runtime-wide).", ADMIN, NoArgs, resume),
+    McpTool("state", "The runtime's pause state and its paused runs count.", ADMIN, NoArgs, state),
+)

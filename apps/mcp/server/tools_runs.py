@@ -1,0 +1,176 @@
+"""Run tools: spawn_run (optionally waiting for the result), get_run,
+run_events, cancel_run, send_input. Each mirrors a REST route of
+apps/runs/api.py and calls the same services/selectors with the caller's
+principal; the run a principal may see is the one `selectors.run_get` returns
+for its read tenant and read user (another tenant's run is `not_found`).
+
+The wait of `spawn_run` holds no thread: it follows the run's events as the
+SSE stream does (`apps.runs.streams.run_frames`: Redis doorbells, Postgres
+reads in pages), holds a stream slot as SSE does, and ends at the run's end or
+at `wait_seconds`, cut to LOOMCYCLE_MCP_WAIT_CAP_MS (then `timed_out: true`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from typing import Any
+
+from django.conf import settings
+from pydantic import Field, ValidationError
+
+from apps.core.errors import Invalid
+from apps.core.http import db_call
+from apps.core.ids import IDENT_RE
+from apps.core.timefmt import ts
+from apps.core.types import Principal
+from apps.gateway.fairness.streams import astream_slot
+from apps.mcp.server.registry import Args, McpTool, register
+from apps.runs import selectors, services
+from apps.runs.models import Run
+from apps.runs.presenters import agent_out
+from apps.runs.schemas import RunCreateIn
+from apps.runs.streams import run_frames
+from apps.substrate.auth import RUNS_CREATE, RUNS_READ
+
+
+def _run_id() -> Any:
+    return Field(pattern=f"^{IDENT_RE.pattern}$", description="the run's id (r_...)")
+
+
+class SpawnRunArgs(Args):
+    agent: str = Field(min_length=1, max_length=128, description="agent name (yaml or AgentDef)")
+    prompt: str = Field(description="the user prompt")
+    user_id: str | None = Field(default=None, description="end user the run acts for")
+    metadata: dict[str, Any] | None = None
+    tools: list[str] | None = Field(default=None, description="narrow the agent's tools to these")
+    max_iterations: int | None = Field(default=None, ge=1, le=2**20)
+    wait: bool = Field(default=False, description="hold the call until the run ends (bounded by wait_seconds)")
+    wait_seconds: int = Field(default=60, ge=1, le=86_400, description="longest wait; cut to the server's cap")
+
+
+class RunArgs(Args):
+    run_id: str = _run_id()
+
+
+class RunEventsArgs(Args):
+    run_id: str = _run_id()
+    from_seq: int = Field(default=0, ge=0, description="events with seq > from_seq")
+    limit: int = Field(default=500, ge=1, le=5000)
+
+
+class CancelRunArgs(Args):
+    run_id: str = _run_id()
+    reason: str = Field(default="", max_length=1024)
+
+
+class SendInputArgs(Args):
+    run_id: str = _run_id()
+    text: str = Field(min_length=1, max_length=1024 * 1024, description="steering text, or the next turn")
+
+
+def _create(principal: Principal, args: SpawnRunArgs) -> dict[str, Any]:
+    wire = args.model_dump(include={"agent", "prompt", "user_id", "metadata", "tools", "max_iterations"})
+    try:
+        data = RunCreateIn.model_validate(wire)  # the REST body's checks (identifiers)
+    except ValidationError as exc:
+        raise Invalid(f"{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}", code="invalid_body") from exc
+    run = services.run_create(
+        principal=principal,
+        data=services.RunCreate(
+            agent=data.agent,
+            segments=data.segment_list(),
+            tools=data.tools,
+            user_id=data.user_id or "",
+            metadata=data.metadata,
+            max_iterations=data.max_iterations,
+        ),
+    )
+    return {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
+
+
+def _visible(principal: Principal, run_id: str) -> Run:
+    return selectors.run_get(tenant_id=principal.read_tenant, run_id=run_id, owner=principal.read_user)
+
+
+def _run_out(principal: Principal, run_id: str) -> dict[str, Any]:
+    return agent_out(_visible(principal, run_id))
+
+
+async def _final_text(run_id: str, seconds: float) -> tuple[str | None, bool]:
+    """The last `text` event's text once the run ends, and whether the wait timed out first."""
+    text: str | None = None
+    try:
+        async with asyncio.timeout(seconds):
+            async with aclosing(run_frames(run_id, 0, keepalive_s=seconds + 60)) as frames:
+                async for frame in frames:
+                    if frame.event == "text":
+                        text = str(frame.data.get("text", ""))
+    except TimeoutError:
+        return text, True
+    return text, False
+
+
+async def spawn_run(principal: Principal, args: SpawnRunArgs) -> dict[str, Any]:
+    if not args.wait:
+        return await db_call(_create)(principal, args)
+    slot = await astream_slot(principal)  # before the run exists: a 429 here starts nothing
+    async with slot.held():
+        out = await db_call(_create)(principal, args)
+        seconds = min(args.wait_seconds, settings.LOOMCYCLE.mcp_wait_cap_ms / 1000)
+        text, timed_out = await _final_text(out["run_id"], seconds)
+    run = await db_call(_run_out)(principal, out["run_id"])
+    return {**out, "status": run["status"], "result": text, "timed_out": timed_out, "run": run}
+
+
+async def get_run(principal: Principal, args: RunArgs) -> dict[str, Any]:
+    return await db_call(_run_out)(principal, args.run_id)
+
+
+def _events(principal: Principal, args: RunEventsArgs) -> dict[str, Any]:
+    run = _visible(principal, args.run_id)
+    rows = selectors.run_events_since(run_id=run.id, from_seq=args.from_seq, limit=args.limit)
+    events = [{**r, "created_at": ts(r["created_at"])} for r in rows]
+    status = agent_out(run)["status"]
+    return {"run_id": run.id, "events": events, "last_seq": run.last_seq, "status": status, "state": run.status}
+
+
+async def run_events(principal: Principal, args: RunEventsArgs) -> dict[str, Any]:
+    return await db_call(_events)(principal, args)
+
+
+def _cancel(principal: Principal, args: CancelRunArgs) -> dict[str, Any]:
+    run = _visible(principal, args.run_id)
+    return services.run_cancel(principal=principal, agent_id=run.agent_id, reason=args.reason)
+
+
+async def cancel_run(principal: Principal, args: CancelRunArgs) -> dict[str, Any]:
+    return await db_call(_cancel)(principal, args)
+
+
+async def send_input(principal: Principal, args: SendInputArgs) -> dict[str, Any]:
+    return await db_call(services.run_input)(principal=principal, run_id=args.run_id, text=args.text)
+
+
+register(
+    McpTool(
+        "spawn_run",
+        "Start a run of an agent; returns its ids. With wait=true, holds until the run ends (at most "
+        "wait_seconds) and returns its final text as `result` and its status.",
+        RUNS_CREATE,
+        SpawnRunArgs,
+        spawn_run,
+    ),
+    McpTool("get_run", "A run's status, usage and stop reason.", RUNS_READ, RunArgs, get_run),
+    McpTool(
+        "run_events", "A run's persisted events with seq > from_seq (paged).", RUNS_READ, RunEventsArgs, run_events
+    ),
+    McpTool("cancel_run", "Cancel a run and its live sub-runs.", RUNS_CREATE, CancelRunArgs, cancel_run),
+    McpTool(
+        "send_input",
+        "Steer a running run, or continue a parked interactive run, with text.",
+        RUNS_CREATE,
+        SendInputArgs,
+        send_input,
+    ),
+)

@@ -24,17 +24,21 @@ def _free_port() -> int:
 
 
 class Recorder:
-    """ASGI middleware keeping the Authorization header of each HTTP request."""
+    """ASGI middleware keeping (Host, Authorization) of each HTTP request."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.authorizations: list[str] = []
+        self.seen: list[tuple[str, str]] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
-            self.authorizations.append(headers.get(b"authorization", b"").decode())
+            self.seen.append((headers.get(b"host", b"").decode(), headers.get(b"authorization", b"").decode()))
         await self.app(scope, receive, send)
+
+    def authorizations(self, host: str) -> set[str]:
+        """The Authorization values of the requests addressed to `host` (any port)."""
+        return {auth for seen_host, auth in self.seen if seen_host.rsplit(":", 1)[0] == host}
 
 
 def build() -> MCPServer:
@@ -70,7 +74,9 @@ def serving() -> Iterator[tuple[int, Recorder]]:
     """The server on a free loopback port until the block ends: (port, recorder)."""
     port = _free_port()
     recorder = Recorder(build().streamable_http_app())
-    config = uvicorn.Config(recorder, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        recorder, host="127.0.0.1", port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="mcp-test-server", daemon=True)
     thread.start()
@@ -82,5 +88,5 @@ def serving() -> Iterator[tuple[int, Recorder]]:
     try:
         yield port, recorder
     finally:
-        server.should_exit = True
+        server.should_exit = server.force_exit = True  # workers may still hold a session stream open
         thread.join(timeout=10)

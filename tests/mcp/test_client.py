@@ -81,9 +81,7 @@ def test_a_tenant_is_offered_its_own_and_shared_servers_tools_under_the_policy()
         "mcp__shared__common",
     ]  # the yaml `time` server offers nothing until it is discovered
     assert _tools("acme", ["mcp__alpha__*"]) == ["mcp__alpha__one", "mcp__alpha__two"]
-    assert _tools("acme", ["mcp__alpha__*"], caller=["mcp__alpha__two", "mcp__shared__common"]) == [
-        "mcp__alpha__two"
-    ]
+    assert _tools("acme", ["mcp__alpha__*"], caller=["mcp__alpha__two", "mcp__shared__common"]) == ["mcp__alpha__two"]
     assert _tools("beta", ["mcp__*"]) == ["mcp__beta-only__secret", "mcp__shared__common"]
     assert registry.get("mcp__beta-only__secret", tenant_id="acme") is None
     assert registry.get("mcp__alpha__one") is None  # without a tenant, only registered tools
@@ -103,4 +101,8 @@ def test_on_complete_mcp_call_hooks_call_the_tool_and_record_failures() -> None:
     assert results[0] == {"kind": "mcp.call", "ok": True}
     assert not results[1]["ok"] and results[1]["error"].startswith("mcp_call_failed: ")
     assert "Invalid timezone" in results[1]["error"]
-    assert results[2] == {"kind": "mcp.call", "ok": False, "error": "hook_target_missing: mcp server 'nowhere' not found"}
+    assert results[2] == {
+        "kind": "mcp.call",
+        "ok": False,
+        "error": "hook_target_missing: mcp server 'nowhere' not found",
+    }

@@ -53,7 +53,9 @@ def test_an_agent_gets_the_time_from_the_stdio_server(stack: WorkerPool) -> None
     assert not got["mcp__time__get_current_time"]["error"]
     assert json.loads(got["mcp__time__get_current_time"]["text"])["timezone"] == "Europe/Paris"
     converted = json.loads(got["mcp__time__convert_time"]["text"])
-    assert converted["target"]["timezone"] == "Asia/Tokyo" and converted["target"]["datetime"].endswith("T21:00:00+09:00")
+    assert converted["target"]["timezone"] == "Asia/Tokyo" and converted["target"]["datetime"].endswith(
+        "T21:00:00+09:00"
+    )
 
 
 def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cached(

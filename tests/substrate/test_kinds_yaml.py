@@ -104,7 +104,9 @@ def test_mcpserver_refusals(overlay: dict[str, Any], match: str) -> None:
 @pytest.mark.django_db
 def test_mcpserver_url_host_must_pass_the_allowlist(settings: Any) -> None:
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("example.com.",))
-    ok = op("mcpserver", {"op": "create", "name": "ok", "overlay": {**MCP, "url": "https://API.example.com./mcp"}, **QUIET})
+    ok = op(
+        "mcpserver", {"op": "create", "name": "ok", "overlay": {**MCP, "url": "https://API.example.com./mcp"}, **QUIET}
+    )
     assert ok["version"] == 1
     for host in ("evilexample.com", "example.com.evil.net"):
         overlay = {**MCP, "url": f"https://{host}/mcp"}

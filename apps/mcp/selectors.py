@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from apps.mcp.models import DiscoveredTools
 from apps.substrate.kinds import get_kind
-from apps.substrate.models import VersionedDef
+from apps.substrate.models import DefSource, VersionedDef
 from apps.substrate.selectors import def_resolve, defs_visible
 
 
@@ -26,6 +26,6 @@ def discovered_for(*, def_ids: list[str]) -> dict[str, DiscoveredTools]:
 
 def static_servers_undiscovered() -> list[VersionedDef]:
     """The shared yaml servers whose current version has no cache row yet."""
-    rows = [row for row in servers_visible(tenant_id="").values() if row.source == "yaml"]
+    rows = [row for row in servers_visible(tenant_id="").values() if row.source == DefSource.YAML]
     known = discovered_for(def_ids=[row.id for row in rows])
     return [row for row in rows if row.id not in known]

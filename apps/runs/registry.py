@@ -13,9 +13,10 @@ outermost first, with the call that runs the tool as the innermost step. The
 engine does not know what they do (tool-use hooks, apps/triggers).
 
 Tools that exist per tenant and change at runtime (MCP servers' tools, apps/mcp)
-come from a tool provider (`register_provider`, at ready()): `tools_for(tenant_id)`
-answers the tenant's current tools; a provider's names never shadow a registered
-tool's. Every lookup that can see a provider's tools takes the run's tenant.
+come from a tool provider (`register_provider`, at ready(), with the prefix of its names),
+which answers a tenant's current tools; it is asked only when the run's patterns can match
+its prefix, and its names never shadow a registered tool's. Every lookup that can see a
+provider's tools takes the run's tenant.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ _INTERCEPTORS: list[Interceptor] = []
 ToolProvider = Callable[[str], list[Tool]]
 """(tenant_id) -> the tenant's dynamic tools now (a database read; no network)."""
 
-_PROVIDERS: list[ToolProvider] = []
+_PROVIDERS: dict[str, list[ToolProvider]] = {}  # name prefix -> providers of tools named with it
 
 
 def register(tool: Tool) -> None:
@@ -58,23 +59,40 @@ def get(name: str, *, tenant_id: str | None = None) -> Tool | None:
     found = _REGISTRY.get(name)
     if found is not None or tenant_id is None:
         return found
-    return next((t for t in provided(tenant_id) if t.name == name), None)
+    return next((t for t in provided(tenant_id, [name]) if t.name == name), None)
 
 
-def register_provider(provider: ToolProvider) -> None:
-    """Idempotent: ready() may run more than once in a process (tests)."""
-    if provider not in _PROVIDERS:
-        _PROVIDERS.append(provider)
+def register_provider(provider: ToolProvider, *, prefix: str) -> None:
+    """Every tool `provider` gives is named `prefix...` (a run whose patterns cannot
+    match the prefix never asks it). Idempotent: ready() may run more than once (tests)."""
+    providers = _PROVIDERS.setdefault(prefix, [])
+    if provider not in providers:
+        providers.append(provider)
 
 
-def provided(tenant_id: str) -> list[Tool]:
-    """The providers' tools for the tenant, minus any that would shadow a registered tool."""
-    return [t for p in _PROVIDERS for t in p(tenant_id) if t.name not in _REGISTRY]
+def _may_match_prefix(pattern: str, prefix: str) -> bool:
+    """Whether `pattern` can match some name that starts with `prefix`."""
+    if pattern.endswith("*"):
+        stem = pattern[:-1]
+        return stem.startswith(prefix) or prefix.startswith(stem)
+    return pattern.startswith(prefix)
+
+
+def provided(tenant_id: str, *pattern_sets: list[str]) -> list[Tool]:
+    """The providers' tools for the tenant, minus any that would shadow a registered tool;
+    only from providers whose prefix some pattern of every one of `pattern_sets` can match."""
+    out = []
+    for prefix, providers in _PROVIDERS.items():
+        if not all(any(_may_match_prefix(p, prefix) for p in patterns) for patterns in pattern_sets):
+            continue
+        out += [t for p in providers for t in p(tenant_id) if t.name not in _REGISTRY]
+    return out
 
 
 def resolve(wanted: list[str], *, tenant_id: str) -> list[Tool]:
     """The tools of `wanted` (in that order) that exist now for the tenant; one provider read."""
-    dynamic = {t.name: t for t in provided(tenant_id)} if any(n not in _REGISTRY for n in wanted) else {}
+    unregistered = [n for n in wanted if n not in _REGISTRY]
+    dynamic = {t.name: t for t in provided(tenant_id, unregistered)} if unregistered else {}
     return [t for n in wanted if (t := _REGISTRY.get(n) or dynamic.get(n)) is not None]
 
 
@@ -134,7 +152,8 @@ def effective_tools(
         agent_patterns.append("Context")
     if skills and may_use_skills(skills) and "Skill" not in agent_patterns:
         agent_patterns.append("Skill")
-    dynamic = [t.name for t in provided(tenant_id)] if tenant_id is not None else []
+    layers = [operator, agent_patterns] + ([caller] if caller is not None else [])
+    dynamic = [t.name for t in provided(tenant_id, *layers)] if tenant_id is not None else []
     out = []
     for name in names() + dynamic:
         if not allowed(operator, name) or not allowed(agent_patterns, name):

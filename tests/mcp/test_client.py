@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.mcp import selectors, services
 from apps.mcp.client import calls
 from apps.mcp.client.servers import server_spec
@@ -106,3 +107,23 @@ def test_on_complete_mcp_call_hooks_call_the_tool_and_record_failures() -> None:
         "ok": False,
         "error": "hook_target_missing: mcp server 'nowhere' not found",
     }
+
+
+def test_a_provider_is_asked_only_when_every_layer_can_match_its_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def provider(tenant_id: str) -> list[Tool]:
+        asked.append(tenant_id)
+        return [Tool(name="zz__one", description="one", input_schema={"type": "object"}, execute=_never)]
+
+    monkeypatch.setitem(registry._PROVIDERS, "zz__", [provider])
+    assert _tools("acme", ["Read", "mcp__*"]) == ["Read"]
+    assert _tools("acme", ["z*"], caller=["Read"]) == []
+    assert asked == []
+    assert _tools("acme", ["zz__*"]) == ["zz__one"]
+    assert _tools("acme", ["*"], caller=["zz__one"]) == ["zz__one"]
+    assert asked == ["acme", "acme"]
+
+
+def _never(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    raise AssertionError("not called")

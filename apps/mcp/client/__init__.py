@@ -15,11 +15,11 @@ def install() -> None:
     """Wire the client into the runtime (from McpConfig.ready(); idempotent)."""
     from apps.mcp import services
     from apps.mcp.client import calls
-    from apps.mcp.tools import mcp_tools
+    from apps.mcp.tools import PREFIX, mcp_tools
     from apps.runs import registry
     from apps.substrate import services as substrate_services
 
-    registry.register_provider(mcp_tools)
+    registry.register_provider(mcp_tools, prefix=PREFIX)
     calls.set_tools_listener(services.tools_relisted)
     substrate_services.EXTRA_OPS.setdefault("mcpserver", {}).update(
         {

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.urls import reverse
 
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.mcp import selectors, services
@@ -127,3 +128,9 @@ def test_a_provider_is_asked_only_when_every_layer_can_match_its_prefix(monkeypa
 
 def _never(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     raise AssertionError("not called")
+
+
+def test_the_admin_lists_each_servers_discovered_tools(admin_client: Any) -> None:
+    _server("acme", "alpha", ["one", "two"])
+    page = admin_client.get(reverse("admin:mcp_discoveredtools_changelist")).content.decode()
+    assert "alpha" in page and "one, two" in page

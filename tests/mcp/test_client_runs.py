@@ -9,6 +9,7 @@ import dataclasses
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from apps.core.types import Principal
@@ -122,3 +123,19 @@ def test_a_server_at_a_private_address_is_refused_unless_allowlisted(
     refused = results(done.id)["mcp__private__echo"]
     assert refused["error"] and refusal in refused["text"]
     assert recorder.authorizations("127.0.0.1") == set()
+
+
+def test_rest_registration_discovers_and_rediscover_is_tenant_scoped(
+    loopback: tuple[int, Recorder], http: httpx.Client, people: dict[str, dict[str, str]]
+) -> None:
+    port, _ = loopback
+    overlay = {"transport": "streamable-http", "url": f"http://localhost:{port}/mcp"}
+    body = {"op": "create", "name": "rest-loopback", "overlay": overlay}
+    created = http.post("/v1/_mcpserverdef", headers=people["alice"], json=body)
+    assert created.status_code == 200, created.text
+    assert created.json()["discovery"]["ok"] and "echo" in created.json()["discovery"]["tools"]
+    rediscover = {"op": "rediscover", "name": "rest-loopback"}
+    again = http.post("/v1/_mcpserverdef", headers=people["alice"], json=rediscover)
+    assert again.status_code == 200 and again.json()["def_id"] == created.json()["def_id"]
+    other = http.post("/v1/_mcpserverdef", headers=people["charlie"], json=rediscover)
+    assert other.status_code == 404 and other.json()["code"] == "not_found"

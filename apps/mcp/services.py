@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,9 +124,17 @@ class CallOutcome:
     is_error: bool
 
 
-def mcp_call(*, row: VersionedDef, tool: str, args: dict[str, Any], credentials: dict[str, str]) -> CallOutcome:
+def mcp_call(
+    *,
+    row: VersionedDef,
+    tool: str,
+    args: dict[str, Any],
+    credentials: dict[str, str],
+    cancel: threading.Event | None = None,
+) -> CallOutcome:
     """Call `tool` of the server of `row` with the caller's credentials filled into its
-    headers. Never raises for the server's or the network's failures."""
+    headers; `cancel` (the run's) set abandons the call. Never raises for the server's
+    or the network's failures."""
     try:
         spec = server_spec(row, credentials=credentials)
     except (Refused, ToolRefusal) as exc:
@@ -133,7 +142,7 @@ def mcp_call(*, row: VersionedDef, tool: str, args: dict[str, Any], credentials:
     if not connection.in_atomic_block:
         connection.close()  # no DB connection is held while the server works
     try:
-        result = calls.call_tool(spec, tool, args)
+        result = calls.call_tool(spec, tool, args, cancel)
     except calls.McpCallFailed as exc:
         text = f"mcp server {row.name!r}: tool {tool!r} failed: {exc}"
         return CallOutcome(redact_credentials(text, credentials), True)

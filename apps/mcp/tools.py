@@ -56,5 +56,5 @@ def _tool(row: VersionedDef, listed: dict[str, Any]) -> Tool:
 
 
 def _execute(row: VersionedDef, tool: str, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    outcome = services.mcp_call(row=row, tool=tool, args=data, credentials=dict(ctx.credentials))
+    outcome = services.mcp_call(row=row, tool=tool, args=data, credentials=dict(ctx.credentials), cancel=ctx.cancelled)
     return ToolResult(outcome.text, is_error=outcome.is_error)

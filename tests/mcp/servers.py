@@ -1,7 +1,8 @@
 """A streamable-HTTP MCP server for the tests, built with the official SDK
 (`MCPServer`) and served by uvicorn on a loopback port in a thread of the test
 process. It records the Authorization header of every request it gets, and its
-`grow` tool adds a tool and tells the caller its list changed."""
+`grow` tool adds a tool and tells the caller its list changed; `wait` sets `WAITING`
+and sleeps (the cancel test)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
@@ -41,6 +43,9 @@ class Recorder:
         return {auth for seen_host, auth in self.seen if seen_host.rsplit(":", 1)[0] == host}
 
 
+WAITING = threading.Event()  # set when a `wait` call has started
+
+
 def build() -> MCPServer:
     server = MCPServer("loopback")
 
@@ -53,6 +58,13 @@ def build() -> MCPServer:
     def fail(reason: str) -> str:
         """Always fails."""
         raise ValueError(f"failed on purpose: {reason}")
+
+    @server.tool()
+    async def wait(seconds: float) -> str:
+        """Sleep, then say so."""
+        WAITING.set()
+        await anyio.sleep(seconds)
+        return "waited"
 
     @server.tool()
     async def grow(ctx: Context) -> str:

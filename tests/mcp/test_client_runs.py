@@ -20,7 +20,7 @@ from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from tests.conftest import wait_for, wait_status
 from tests.mcp.conftest import mcpserver_op
-from tests.mcp.servers import Recorder
+from tests.mcp.servers import WAITING, Recorder
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "mcp_net")
@@ -73,7 +73,7 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
         "def_id": created["def_id"],
         "name": "loopback",
         "ok": True,
-        "tools": ["echo", "fail", "grow"],
+        "tools": ["echo", "fail", "wait", "grow"],
     }
     assert recorder.authorizations("localhost") == {""}  # discovery has no run: the templated header is left out
     recorder.seen.clear()
@@ -93,7 +93,7 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
     assert recorder.authorizations("localhost") == {f"Bearer {BEARER}"}
 
     # `grow` announced a new tool: the worker's session re-listed and the cache has it.
-    assert wait_for(lambda: _cached_names(created["def_id"]) == ["echo", "fail", "grow", "shout"])
+    assert wait_for(lambda: _cached_names(created["def_id"]) == ["echo", "fail", "wait", "grow", "shout"])
 
 
 def _cached_names(def_id: str) -> list[str]:
@@ -139,3 +139,15 @@ def test_rest_registration_discovers_and_rediscover_is_tenant_scoped(
     assert again.status_code == 200 and again.json()["def_id"] == created.json()["def_id"]
     other = http.post("/v1/_mcpserverdef", headers=people["charlie"], json=rediscover)
     assert other.status_code == 404 and other.json()["code"] == "not_found"
+
+
+def test_cancelling_a_run_abandons_its_mcp_call(stack: WorkerPool, loopback: tuple[int, Recorder]) -> None:
+    port, _ = loopback
+    overlay = {"transport": "streamable-http", "url": f"http://localhost:{port}/mcp"}
+    assert mcpserver_op("acme", {"op": "create", "name": "slow", "overlay": overlay})["discovery"]["ok"]
+    WAITING.clear()
+    started = run([{"tool": "mcp__slow__wait", "input": {"seconds": 120}}, {"text": "never"}])
+    assert WAITING.wait(60)
+    run_services.run_cancel(principal=ACME, agent_id=started.agent_id, reason="test cancel")
+    done = wait_status(started.id, RunStatus.CANCELLED, timeout=15)  # far below the call's 120 s
+    assert "waited" not in json.dumps(list(results(done.id).values()))

@@ -42,6 +42,10 @@ class McpCallFailed(Exception):
     """A call or discovery that did not get an answer; the message is for the model or operator."""
 
 
+class McpCancelled(McpCallFailed):
+    """The caller's cancel event was set while the call was running."""
+
+
 class _Runner:
     def __init__(self, on_tools: ToolsListener) -> None:
         self.pid = os.getpid()
@@ -53,13 +57,26 @@ class _Runner:
         self.thread = threading.Thread(target=self.loop.run_forever, name="lc-mcp", daemon=True)
         self.thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float, cancel: threading.Event | None = None) -> T:
+        """The coroutine's result; `cancel` set first cancels it (McpCancelled)."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if cancel is not None:  # a watchdog thread, as Bash's, woken by the run's cancel event
+            threading.Thread(target=_cancel_on, args=(future, cancel), name="lc-mcp-cancel", daemon=True).start()
         try:
             return future.result(timeout + _GRACE_S)
+        except concurrent.futures.CancelledError as exc:
+            raise McpCancelled("cancelled with the run") from exc
         except concurrent.futures.TimeoutError as exc:
             future.cancel()
             raise TimeoutError(f"no answer within {timeout:g} s") from exc
+
+
+def _cancel_on(future: concurrent.futures.Future[Any], cancel: threading.Event) -> None:
+    """Cancel the call's task as soon as `cancel` is set; end within a second of the call's end."""
+    while not future.done():
+        if cancel.wait(1.0):
+            future.cancel()  # cancels the coroutine's task on the loop (the SDK tells the server)
+            return
 
 
 _LOCK = threading.Lock()
@@ -107,8 +124,11 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def call_tool(spec: ServerSpec, tool: str, args: dict[str, Any]) -> types.CallToolResult:
-    """Call one tool on a (pooled) session; raises McpCallFailed with the reason."""
+def call_tool(
+    spec: ServerSpec, tool: str, args: dict[str, Any], cancel: threading.Event | None = None
+) -> types.CallToolResult:
+    """Call one tool on a (pooled) session; raises McpCallFailed with the reason
+    (McpCancelled when `cancel` is set first)."""
     timeout = settings.LOOMCYCLE.mcp_call_timeout_seconds
     runner = _runner()
 
@@ -118,7 +138,9 @@ def call_tool(spec: ServerSpec, tool: str, args: dict[str, Any]) -> types.CallTo
 
     try:
         check_reachable(spec)
-        return runner.run(bounded(), timeout)
+        return runner.run(bounded(), timeout, cancel)
+    except McpCallFailed:
+        raise
     except TimeoutError as exc:
         raise McpCallFailed(f"no answer within {timeout:g} s (LOOMCYCLE_MCP_CALL_TIMEOUT_SECONDS)") from exc
     except Exception as exc:  # the server's or the transport's error, the model's is_error result

@@ -4,6 +4,7 @@ and on_complete `mcp.call` hooks call tools. No worker runs here."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -134,3 +135,17 @@ def test_the_admin_lists_each_servers_discovered_tools(admin_client: Any) -> Non
     _server("acme", "alpha", ["one", "two"])
     page = admin_client.get(reverse("admin:mcp_discoveredtools_changelist")).content.decode()
     assert "alpha" in page and "one, two" in page
+
+
+def test_past_the_stdio_bound_the_least_recently_used_idle_server_is_stopped(mcp_net: Any) -> None:
+    mcp_net.LOOMCYCLE = dataclasses.replace(mcp_net.LOOMCYCLE, mcp_max_stdio_processes=1)
+    calls.shutdown()  # the next call starts this process's loop afresh, with the bound of 1
+    row = selectors.server_resolve(tenant_id="", name="time")
+    assert row is not None
+    first = server_spec(row, credentials={})
+    second = dataclasses.replace(first, def_id="def_another_version")
+    assert not calls.call_tool(first, "get_current_time", {"timezone": "UTC"}).is_error
+    [old] = time_servers()
+    assert not calls.call_tool(second, "get_current_time", {"timezone": "UTC"}).is_error
+    [new] = wait_for(lambda: (pids := time_servers()) and len(pids) == 1 and old not in pids and pids)
+    assert new != old

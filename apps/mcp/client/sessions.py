@@ -45,7 +45,7 @@ _GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndO
 
 
 class McpBusy(Exception):
-    """Every stdio server process this process may keep is busy with a call."""
+    """Every session of the kind asked for that this process may keep is busy with a call."""
 
 
 def gone(exc: BaseException) -> bool:
@@ -125,11 +125,10 @@ class Sessions:
     async def call(self, spec: ServerSpec, tool: str, args: dict[str, Any]) -> types.CallToolResult:
         """Call `tool`; a session found gone is replaced and the call sent once more."""
         for attempt in (1, 2):
-            live = await self._session(spec)
-            live.busy += 1
+            live = self._reserve(spec)
             try:
-                assert live.session is not None
-                return await live.session.call_tool(tool, args)
+                session = await asyncio.shield(live.ready)
+                return await session.call_tool(tool, args)
             except Exception as exc:
                 if not gone(exc) or attempt == 2:
                     raise
@@ -139,7 +138,9 @@ class Sessions:
                 live.busy -= 1
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def _session(self, spec: ServerSpec) -> _Live:
+    def _reserve(self, spec: ServerSpec) -> _Live:
+        """The live session for `spec` (opening one if needed), counted busy until released;
+        a busy session is never stopped to make room, even while it is still opening."""
         live = self._live.get(spec.key)
         if live is not None and live.dead:
             self._drop(live)
@@ -150,7 +151,7 @@ class Sessions:
             self._live[spec.key] = live
             live.task = asyncio.create_task(self._own(live), name=f"mcp:{spec.name}")
         self._live.move_to_end(spec.key)
-        await asyncio.shield(live.ready)
+        live.busy += 1
         return live
 
     def _make_room(self, spec: ServerSpec) -> None:
@@ -160,7 +161,8 @@ class Sessions:
             return
         idle = next((v for v in same if v.busy == 0), None)  # least recently used first
         if idle is None:
-            raise McpBusy(f"all {limit} MCP stdio server processes of this worker are busy; try again later")
+            what = "stdio server processes" if spec.is_stdio else "HTTP sessions"
+            raise McpBusy(f"all {limit} MCP {what} of this process are busy; try again later")
         self._drop(idle)
 
     def _drop(self, live: _Live) -> None:

@@ -1,4 +1,5 @@
-"""Boot steps shared by `manage.py up` and the test setup: migrate, load yaml."""
+"""Boot steps shared by `manage.py up` and the test setup: migrate, load yaml (and, on
+`boot`, list the tools of the yaml MCP servers not yet discovered)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.core.management import call_command
 from django.db import transaction
 
 from apps.core.config import runtime_config
+from apps.mcp.services import mcp_static_servers_discover
 from apps.memory.seed import memory_entries_seed
 from apps.substrate.config import channel_defs_sync_yaml
 from apps.substrate.models import AgentDef
@@ -35,4 +37,6 @@ def boot(*, migrate: bool = True, verbosity: int = 0) -> list[AgentDef]:
     config = runtime_config(reload=True)
     if migrate:
         call_command("migrate", interactive=False, verbosity=verbosity)
-    return load_yaml_config(config)
+    agents = load_yaml_config(config)
+    mcp_static_servers_discover()  # yaml MCP servers' tools/list; a failure is logged and kept on the cache row
+    return agents

@@ -312,6 +312,11 @@ SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", de
 SCHEDULER_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_SCHEDULER_ENV_ALLOWLIST", [])
 # Fire rows and finished on_complete jobs older than this are deleted by the finished sweep.
 TRIGGERS_RETENTION_DAYS: int = env.int("LOOMCYCLE_TRIGGERS_RETENTION_DAYS", default=30)
+# MCP client (docs/mcp.md): how long one tool call or one discovery may take, and how many stdio
+# server processes one process keeps (the least recently used is stopped past it).
+MCP_CALL_TIMEOUT_SECONDS: float = env.float("LOOMCYCLE_MCP_CALL_TIMEOUT_SECONDS", default=60.0)
+MCP_DISCOVERY_TIMEOUT_SECONDS: float = env.float("LOOMCYCLE_MCP_DISCOVERY_TIMEOUT_SECONDS", default=30.0)
+MCP_MAX_STDIO_PROCESSES: int = _at_least("LOOMCYCLE_MCP_MAX_STDIO_PROCESSES", 8, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,3 +431,7 @@ class RuntimeSettings:
     scheduler_tick_seconds: float
     scheduler_env_allowlist: tuple[str, ...] = ()
     triggers_retention_days: int
+    # MCP client (apps.mcp.client).
+    mcp_call_timeout_seconds: float
+    mcp_discovery_timeout_seconds: float
+    mcp_max_stdio_processes: int

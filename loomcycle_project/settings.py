@@ -255,6 +255,9 @@ LOOMCYCLE = E.RuntimeSettings(
     scheduler_tick_seconds=E.SCHEDULER_TICK_SECONDS,
     scheduler_env_allowlist=tuple(E.SCHEDULER_ENV_ALLOWLIST),
     triggers_retention_days=E.TRIGGERS_RETENTION_DAYS,
+    mcp_call_timeout_seconds=E.MCP_CALL_TIMEOUT_SECONDS,
+    mcp_discovery_timeout_seconds=E.MCP_DISCOVERY_TIMEOUT_SECONDS,
+    mcp_max_stdio_processes=E.MCP_MAX_STDIO_PROCESSES,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

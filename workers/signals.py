@@ -1,6 +1,7 @@
 """Worker presence: each worker process keeps a Redis key alive, for /healthz and for
 the sweeper, which re-rings the doorbells of a worker whose key expired (workers/held.py).
-Each worker process also makes itself non-dumpable (`not_dumpable`)."""
+Each worker process also makes itself non-dumpable (`not_dumpable`), and stops the MCP
+sessions it opened (stdio server processes included) when it shuts down."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from celery.signals import worker_init, worker_process_init, worker_ready
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
 from django.conf import settings
 from redis import RedisError
 
@@ -71,3 +72,12 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 @worker_process_init.connect
 def _on_worker_process_init(sender: Any = None, **_: Any) -> None:
     not_dumpable()  # a prefork child (inherited already; set again in case a pool re-execs)
+
+
+@worker_shutdown.connect
+@worker_process_shutdown.connect
+def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    """Stop this process's MCP sessions: its stdio servers exit with it, not after it."""
+    from apps.mcp.client.calls import shutdown
+
+    shutdown()

@@ -334,9 +334,7 @@ class AsyncGuardedTransport(httpx.AsyncBaseTransport):
         verify: Verify = True,
     ) -> None:
         self._policy = policy
-        guarded = _AsyncGuardedBackend(policy, resolver or system_resolver, backend or httpcore.AnyIOBackend())
-        ssl_context = httpx.create_ssl_context(verify=verify)
-        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=guarded)
+        self._pool = async_pool(policy, resolver=resolver, backend=backend, verify=verify)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         check_url(request.url, self._policy)
@@ -349,6 +347,21 @@ class AsyncGuardedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+
+
+def async_pool(
+    policy: HostPolicy,
+    *,
+    resolver: Resolver | None = None,
+    backend: httpcore.AsyncNetworkBackend | None = None,
+    verify: Verify = True,
+) -> httpcore.AsyncConnectionPool:
+    """httpcore's async pool over the guarded backend: every connection it opens is
+    resolved, checked and dialled as the module docstring says. For HTTP stacks that
+    sit on httpcore but are not httpx (the MCP SDK's httpx2); the caller still runs
+    `check_url` on each request's URL before handing it to the pool."""
+    guarded = _AsyncGuardedBackend(policy, resolver or system_resolver, backend or httpcore.AnyIOBackend())
+    return httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(verify=verify), network_backend=guarded)
 
 
 def _client_kwargs(timeout: float, max_redirects: int, kw: dict[str, Any]) -> dict[str, Any]:

@@ -12,3 +12,8 @@ class McpConfig(AppConfig):
     name = "apps.mcp"
     label = "mcp"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.mcp.client import install
+
+        install()  # the client: a tool provider, MCPServerDef ops, the list_changed listener

@@ -214,7 +214,8 @@ def _call_model(
     routing = run.routing or {}
     candidates = [Candidate(**c) for c in routing.get("candidates") or []] or [Candidate(run.provider, run.model)]
     policy = Policy(**routing.get("policy") or {})
-    tools = [ToolSpec(t.name, t.description, t.input_schema) for n in run.tools if (t := registry.get(n))]
+    offered = registry.resolve(run.tools, tenant_id=run.tenant_id)
+    tools = [ToolSpec(t.name, t.description, t.input_schema) for t in offered]
     idx = min(run.candidate_idx, len(candidates) - 1)
     fallbacks = run.fallbacks
     while True:

@@ -11,6 +11,12 @@ An app may also register a tool-call interceptor (`register_interceptor`, at
 ready()): apps/runs/toolrun.py hands every allowed call to the interceptors,
 outermost first, with the call that runs the tool as the innermost step. The
 engine does not know what they do (tool-use hooks, apps/triggers).
+
+Tools that exist per tenant and change at runtime (MCP servers' tools, apps/mcp)
+come from a tool provider (`register_provider`, at ready(), with the prefix of its names),
+which answers a tenant's current tools; it is asked only when the run's patterns can match
+its prefix, and its names never shadow a registered tool's. Every lookup that can see a
+provider's tools takes the run's tenant.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ It must not raise for expected failures (they become is_error results)."""
 
 _INTERCEPTORS: list[Interceptor] = []
 
+ToolProvider = Callable[[str], list[Tool]]
+"""(tenant_id) -> the tenant's dynamic tools now (a database read; no network)."""
+
+_PROVIDERS: dict[str, list[ToolProvider]] = {}  # name prefix -> providers of tools named with it
+
 
 def register(tool: Tool) -> None:
     existing = _REGISTRY.get(tool.name)
@@ -43,8 +54,46 @@ def register(tool: Tool) -> None:
     _REGISTRY[tool.name] = tool
 
 
-def get(name: str) -> Tool | None:
-    return _REGISTRY.get(name)
+def get(name: str, *, tenant_id: str | None = None) -> Tool | None:
+    """The registered tool `name`, else (given a tenant) the providers' tool of that name."""
+    found = _REGISTRY.get(name)
+    if found is not None or tenant_id is None:
+        return found
+    return next((t for t in provided(tenant_id, [name]) if t.name == name), None)
+
+
+def register_provider(provider: ToolProvider, *, prefix: str) -> None:
+    """Every tool `provider` gives is named `prefix...` (a run whose patterns cannot
+    match the prefix never asks it). Idempotent: ready() may run more than once (tests)."""
+    providers = _PROVIDERS.setdefault(prefix, [])
+    if provider not in providers:
+        providers.append(provider)
+
+
+def _may_match_prefix(pattern: str, prefix: str) -> bool:
+    """Whether `pattern` can match some name that starts with `prefix`."""
+    if pattern.endswith("*"):
+        stem = pattern[:-1]
+        return stem.startswith(prefix) or prefix.startswith(stem)
+    return pattern.startswith(prefix)
+
+
+def provided(tenant_id: str, *pattern_sets: list[str]) -> list[Tool]:
+    """The providers' tools for the tenant, minus any that would shadow a registered tool;
+    only from providers whose prefix some pattern of every one of `pattern_sets` can match."""
+    out = []
+    for prefix, providers in _PROVIDERS.items():
+        if not all(any(_may_match_prefix(p, prefix) for p in patterns) for patterns in pattern_sets):
+            continue
+        out += [t for p in providers for t in p(tenant_id) if t.name not in _REGISTRY]
+    return out
+
+
+def resolve(wanted: list[str], *, tenant_id: str) -> list[Tool]:
+    """The tools of `wanted` (in that order) that exist now for the tenant; one provider read."""
+    unregistered = [n for n in wanted if n not in _REGISTRY]
+    dynamic = {t.name: t for t in provided(tenant_id, unregistered)} if unregistered else {}
+    return [t for n in wanted if (t := _REGISTRY.get(n) or dynamic.get(n)) is not None]
 
 
 def register_interceptor(interceptor: Interceptor) -> None:
@@ -94,15 +143,19 @@ def effective_tools(
     caller: list[str] | None,
     disable_context: bool = False,
     skills: list[str] | None = None,
+    tenant_id: str | None = None,
 ) -> list[str]:
-    """Registered tool names allowed by all three layers, in registry order."""
+    """Tool names allowed by all three layers: registered ones in registry order,
+    then (given a tenant) the providers' tools for it, in their order."""
     agent_patterns = list(agent)
     if not disable_context and "Context" not in agent_patterns:
         agent_patterns.append("Context")
     if skills and may_use_skills(skills) and "Skill" not in agent_patterns:
         agent_patterns.append("Skill")
+    layers = [operator, agent_patterns] + ([caller] if caller is not None else [])
+    dynamic = [t.name for t in provided(tenant_id, *layers)] if tenant_id is not None else []
     out = []
-    for name in names():
+    for name in names() + dynamic:
         if not allowed(operator, name) or not allowed(agent_patterns, name):
             continue
         if caller is not None and not allowed(caller, name):

@@ -144,6 +144,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         caller=data.tools,
         disable_context=bool(d.get("disable_context", False)),
         skills=[str(p) for p in d.get("skills") or []],
+        tenant_id=tenant_id,
     )
     volumes = registry.resolve_volumes(tenant_id=tenant_id, definition=d, parent_id=data.parent_id)
     return Resolved(

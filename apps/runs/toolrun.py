@@ -53,7 +53,7 @@ def _storable(result: ToolResult) -> ToolResult:
 def _execute_checked(ctx: ToolContext, call: ToolCall) -> ToolResult:
     if call.name not in ctx.tools:
         return ToolResult(f"tool {call.name!r} is not allowed for this run", is_error=True)
-    tool = registry.get(call.name)
+    tool = registry.get(call.name, tenant_id=ctx.tenant_id)
     if tool is None:
         return ToolResult(f"tool {call.name!r} is not available on this runtime", is_error=True)
     if not isinstance(call.input, dict):

@@ -115,7 +115,8 @@ def context_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
             ],
         }
     elif op == "tools":
-        out = {"tools": [{"name": n, "description": t.description} for n in ctx.tools if (t := registry.get(n))]}
+        offered = registry.resolve(list(ctx.tools), tenant_id=ctx.tenant_id)
+        out = {"tools": [{"name": t.name, "description": t.description} for t in offered]}
     elif op == "time":
         now = datetime.now(UTC)
         out = {"now": iso_z(now), "unix": int(now.timestamp()), "timezone": "UTC"}

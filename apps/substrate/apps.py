@@ -12,7 +12,7 @@ class SubstrateConfig(AppConfig):
         from apps.substrate.skills import make_skill_tool
         from apps.substrate.tools import AGENT_DEF_TOOL, SKILL_DEF_TOOL
 
-        install_ops()  # kind-specific ops (ScheduleDef add_hook/remove_hook, MCPServerDef rediscover)
+        install_ops()  # kind-specific ops (ScheduleDef add_hook/remove_hook; apps.mcp adds MCPServerDef ones)
         registry.register(AGENT_DEF_TOOL)
         registry.register(SKILL_DEF_TOOL)
         registry.register(make_skill_tool(registry.names))

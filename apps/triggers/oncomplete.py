@@ -3,6 +3,9 @@
 trigger (schedules now, webhooks later) records the hooks with
 `oncomplete_record` in the transaction that creates its run (created with
 `notify_finished`), and `oncomplete_run` runs them when the run ends.
+`mcp.call` calls a tool of an MCP server the trigger's tenant can see (apps.mcp);
+the run's credentials are gone by then (its terminal commit clears them), so a
+`${run.*}` header template of that server takes its fallback or refuses the hook.
 
 Invariants:
 - a job runs its hooks at most once: the run is claimed by a conditional
@@ -14,8 +17,6 @@ Invariants:
   does not stop the hooks after it, and the job ends `done`;
 - a channel.publish carries an idempotency key per (run, hook), so even a
   publish whose commit raced a crash cannot appear twice.
-What it gives up: `mcp.call` hooks are validated by substrate but not run
-(there is no MCP client yet); they are recorded as failed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from apps.channels import services as channel_services
 from apps.channels.selectors import channel_get
 from apps.channels.streams import Stream
 from apps.core.errors import ApplicationError, Invalid
+from apps.mcp import selectors as mcp_selectors
+from apps.mcp import services as mcp_services
 from apps.memory import services as memory_services
 from apps.memory.models import MemoryScope
 from apps.runs.statuses import RunStatus
@@ -140,6 +143,16 @@ def _memory_set(job: OnCompleteJob, index: int, hook: dict[str, Any]) -> None:
     memory_services.memory_set(slot=slot, key=str(hook["key"]), value=hook.get("payload"))
 
 
+def _mcp_call(job: OnCompleteJob, index: int, hook: dict[str, Any]) -> None:
+    name = str(hook["server"])
+    row = mcp_selectors.server_resolve(tenant_id=job.tenant_id, name=name)
+    if row is None:
+        raise Invalid(f"mcp server {name!r} not found", code="hook_target_missing")
+    outcome = mcp_services.mcp_call(row=row, tool=str(hook["tool"]), args=dict(hook.get("args") or {}), credentials={})
+    if outcome.is_error:
+        raise Invalid(outcome.text, code="mcp_call_failed")
+
+
 def _needed(value: str, message: str) -> str:
     if not value:
         raise Invalid(message, code="hook_target_missing")
@@ -149,4 +162,5 @@ def _needed(value: str, message: str) -> str:
 _RUNNERS: dict[str, Callable[[OnCompleteJob, int, dict[str, Any]], None]] = {
     "channel.publish": _publish,
     "memory.set": _memory_set,
+    "mcp.call": _mcp_call,
 }

@@ -45,6 +45,7 @@ def refused(kind: str, body: dict[str, Any], match: str, author: Author = OPS) -
 
 
 MCP = {"transport": "streamable-http", "url": "https://mcp.example.com/v1", "headers": {"X-Team": "core"}}
+QUIET = {"discover": False}  # these servers are never reached (tests/mcp connects to real ones)
 SCHEDULE = {"agent": "echo", "schedule": "*/15 * * * *", "prompt": "Summarise the night."}
 WEBHOOK = {"agent": "echo", "auth": {"signing_secret_env": "LOOMCYCLE_GH_SECRET"}}
 
@@ -54,13 +55,13 @@ WEBHOOK = {"agent": "echo", "auth": {"signing_secret_env": "LOOMCYCLE_GH_SECRET"
 
 @pytest.mark.django_db
 def test_mcpserver_lifecycle_with_hash_verify_and_dedup() -> None:
-    v1 = op("mcpserver", {"op": "create", "name": "tracker", "overlay": MCP, "description": "first"})
+    v1 = op("mcpserver", {"op": "create", "name": "tracker", "overlay": MCP, "description": "first", **QUIET})
     assert (v1["version"], v1["promoted"], v1["source"]) == (1, True, "runtime")
     assert v1["content_sha256"] == mcp_content_sha256("tracker", MCP)
-    again = op("mcpserver", {"op": "create", "name": "tracker", "overlay": MCP})
+    again = op("mcpserver", {"op": "create", "name": "tracker", "overlay": MCP, **QUIET})
     assert again["deduplicated"] is True and again["def_id"] == v1["def_id"]
 
-    v2 = op("mcpserver", {"op": "fork", "name": "tracker", "overlay": {"description": "Issues"}})
+    v2 = op("mcpserver", {"op": "fork", "name": "tracker", "overlay": {"description": "Issues"}, **QUIET})
     assert (v2["version"], v2["promoted"], v2["parent_def_id"]) == (2, False, v1["def_id"])
     assert v2["definition"]["url"] == MCP["url"] and v2["content_sha256"] != v1["content_sha256"]
     assert op("mcpserver", {"op": "promote", "def_id": v2["def_id"]})["promoted"] is True
@@ -73,9 +74,10 @@ def test_mcpserver_lifecycle_with_hash_verify_and_dedup() -> None:
 
 
 @pytest.mark.django_db
-def test_mcpserver_rediscover_is_known_but_absent() -> None:
-    op("mcpserver", {"op": "create", "name": "tracker", "overlay": MCP})
-    refused("mcpserver", {"op": "rediscover", "name": "tracker"}, "^rediscover: MCP discovery is not available")
+def test_mcpserver_rediscover_is_known_and_needs_a_visible_name() -> None:
+    op("mcpserver", {"op": "create", "name": "tracker", "overlay": MCP, **QUIET})
+    refused("mcpserver", {"op": "rediscover", "name": "elsewhere"}, "^rediscover: mcp server 'elsewhere' not found")
+    refused("mcpserver", {"op": "rediscover"}, "^rediscover: missing required field: name")
     refused("mcpserver", {"op": "bogus"}, "must be one of: create, fork, get, list, promote, rediscover")
 
 
@@ -102,7 +104,9 @@ def test_mcpserver_refusals(overlay: dict[str, Any], match: str) -> None:
 @pytest.mark.django_db
 def test_mcpserver_url_host_must_pass_the_allowlist(settings: Any) -> None:
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("example.com.",))
-    ok = op("mcpserver", {"op": "create", "name": "ok", "overlay": {**MCP, "url": "https://API.example.com./mcp"}})
+    ok = op(
+        "mcpserver", {"op": "create", "name": "ok", "overlay": {**MCP, "url": "https://API.example.com./mcp"}, **QUIET}
+    )
     assert ok["version"] == 1
     for host in ("evilexample.com", "example.com.evil.net"):
         overlay = {**MCP, "url": f"https://{host}/mcp"}

@@ -87,11 +87,15 @@ def test_tenant_reads_the_reference_of_a_shared_mcp_server_never_the_value(
     assert SECRET not in got.text and "literal-operator-value" not in got.text
 
     # A fork by the tenant starts from the masked copy and may not keep the reference.
-    fork = http.post("/v1/_mcpserverdef", headers=people["alice"], json={"op": "fork", "name": "tracker"})
+    fork = http.post(
+        "/v1/_mcpserverdef", headers=people["alice"], json={"op": "fork", "name": "tracker", "discover": False}
+    )
     assert fork.status_code == 422 and "may not reference environment variables" in fork.json()["error"]
     own = {"headers": {"Authorization": "Bearer acme-own"}}
     fork = http.post(
-        "/v1/_mcpserverdef", headers=people["alice"], json={"op": "fork", "name": "tracker", "overlay": own}
+        "/v1/_mcpserverdef",
+        headers=people["alice"],
+        json={"op": "fork", "name": "tracker", "overlay": own, "discover": False},
     )
     assert fork.status_code == 200, fork.text
     assert fork.json()["definition"]["headers"] == {"Authorization": "Bearer acme-own"}  # overlay replaces the map
@@ -171,7 +175,10 @@ def test_operator_runtime_reference_is_stored_as_written_and_resolved_only_on_co
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("LOOMCYCLE_TEST_MCP_TOKEN", SECRET)
-    out = op("mcpserver", {"op": "create", "name": "t", "overlay": {**MCP, "headers": {"Authorization": REF}}})
+    out = op(
+        "mcpserver",
+        {"op": "create", "name": "t", "overlay": {**MCP, "headers": {"Authorization": REF}}, "discover": False},
+    )
     assert out["definition"]["headers"] == {"Authorization": REF}
     assert out["content_sha256"] == mcp_content_sha256("t", {**MCP, "headers": {"Authorization": REF}})
     row = MCPServerDef.objects.get(id=out["def_id"])

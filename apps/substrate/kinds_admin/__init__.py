@@ -4,7 +4,8 @@ agent-callable (SPEC 6.5), authored over REST, admin or yaml only.
 Each normaliser follows kinds.py: `strict` is True for runtime writes (unknown
 fields refused) and False for yaml (unknown fields dropped with a warning).
 Only validation lives here: the scheduler that fires a ScheduleDef, the
-receiver behind a WebhookDef and the MCP client are other parts of the build.
+receiver behind a WebhookDef and the MCP client (apps.mcp, which adds the
+MCPServerDef ops `rediscover` and discovery on create/fork) are other parts of the build.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from apps.substrate import hashing
 from apps.substrate.kinds import Kind, register
-from apps.substrate.kinds_admin.mcp import mcpserver_rediscover, normalise_mcpserver
+from apps.substrate.kinds_admin.mcp import normalise_mcpserver
 from apps.substrate.kinds_admin.schedule import normalise_schedule, schedule_add_hook, schedule_remove_hook
 from apps.substrate.kinds_admin.webhook import normalise_webhook
 from apps.substrate.models import (
@@ -69,7 +70,6 @@ register(
 )
 
 EXTRA_OPS: dict[str, dict[str, Callable[..., dict[str, Any]]]] = {
-    "mcpserver": {"rediscover": mcpserver_rediscover},
     "schedule": {"add_hook": schedule_add_hook, "remove_hook": schedule_remove_hook},
 }
 

@@ -1,5 +1,5 @@
 """MCPServerDef (SPEC 5.2): http/streamable-http servers at runtime, stdio only from yaml.
-There is no MCP client in this build, so `rediscover` refuses.
+The MCP client (apps.mcp) adds `rediscover` and discovery on create/fork.
 
 `headers` and `env` are secret-bearing: they are stored with their `${NAME}`
 references as written (yaml expansion skips them), so rows, hashes and every
@@ -17,24 +17,15 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from apps.core.config import runtime_config
+from apps.core.hosts import host_matches
 from apps.core.secrets import config_secret_names, resolve_references
-from apps.substrate.kinds import Kind, Refused, _drop_unknown, string_list
+from apps.substrate.kinds import Refused, _drop_unknown, string_list
 from apps.substrate.kinds_admin.fields import get_secret_map, get_text, put
 from apps.substrate.models import DefSource, VersionedDef
 from apps.substrate.secretrefs import check_tenant_refs
 
 MCP_FIELDS = frozenset({"transport", "url", "headers", "description", "command", "args", "env", "tools"})
 HTTP_TRANSPORTS = ("http", "streamable-http")
-
-
-def host_allowed(host: str, allowlist: tuple[str, ...] | list[str]) -> bool:
-    """SPEC 8: suffix match at a dot boundary, trailing dots ignored, `*` = any."""
-    host = host.lower().rstrip(".")
-    for entry in allowlist:
-        entry = entry.strip().lower().rstrip(".").lstrip(".")
-        if entry == "*" or host == entry or (entry and host.endswith("." + entry)):
-            return True
-    return False
 
 
 def _check_url(url: str, what: str, strict: bool) -> str:
@@ -49,7 +40,7 @@ def _check_url(url: str, what: str, strict: bool) -> str:
         raise Refused(f"{what}: url {url!r} has no host")
     allowlist = settings.LOOMCYCLE.http_host_allowlist
     # The SSRF gate is for runtime registration; operator yaml is trusted (SPEC 8).
-    if strict and allowlist and not host_allowed(host, allowlist):
+    if strict and allowlist and not host_matches(host, allowlist):
         raise Refused(f"{what}: url host {host!r} is not in LOOMCYCLE_HTTP_HOST_ALLOWLIST")
     return url
 
@@ -82,10 +73,6 @@ def normalise_mcpserver(name: str, raw: dict[str, Any], strict: bool) -> dict[st
     put(out, "description", get_text(d, "description", what))
     put(out, "tools", string_list(d.get("tools"), f"{what}: tools") or None)
     return out
-
-
-def mcpserver_rediscover(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
-    raise Refused("rediscover: MCP discovery is not available in this build")
 
 
 @dataclass(frozen=True)

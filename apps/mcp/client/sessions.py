@@ -1,0 +1,212 @@
+"""Open MCP sessions, owned by one event loop per process (see `calls` for the thread).
+
+Invariants:
+- every session is opened and closed by its own owner task (`_own`), because the
+  SDK's transports are anyio context managers that must exit in the task that
+  entered them; other tasks only send requests on it;
+- a stdio server is one process per (process, def version), started on first use;
+  at most `max_stdio` are open (the least recently used idle one is stopped to make
+  room; when all are busy the call is refused); HTTP sessions are bounded likewise;
+- a session whose server died or whose HTTP session expired is dropped; the call
+  that found it so is sent once more on a fresh session (so a call the server was
+  running when it died may run twice: said in docs/mcp.md);
+- a `notifications/tools/list_changed` re-lists the server's tools and hands them
+  to `on_tools` (run on a thread: it writes the cache through Django).
+Nothing here touches Django or the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from functools import partial
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp.client._transport import TransportStreams
+from mcp.client.session import ClientSession, IncomingMessage, MessageHandlerFnT
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from apps.mcp.client.servers import ServerSpec
+from apps.mcp.client.transport import guarded_client
+
+log = logging.getLogger("loomcycle.mcp")
+
+MAX_HTTP_SESSIONS = 64
+ToolsListener = Callable[[ServerSpec, list[dict[str, Any]]], None]
+_GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
+
+
+class McpBusy(Exception):
+    """Every session of the kind asked for that this process may keep is busy with a call."""
+
+
+def gone(exc: BaseException) -> bool:
+    """Whether `exc` says the session is unusable (server died, session expired or closed)."""
+    if isinstance(exc, MCPError):
+        return exc.code == types.CONNECTION_CLOSED or "session" in exc.message.lower()
+    return isinstance(exc, _GONE_ERRORS)
+
+
+def tool_dicts(result: types.ListToolsResult) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "description": t.description or "", "input_schema": dict(t.input_schema or {})}
+        for t in result.tools
+    ]
+
+
+async def list_all(session: ClientSession) -> list[dict[str, Any]]:
+    """Every page of tools/list."""
+    page = await session.list_tools()
+    out = tool_dicts(page)
+    while page.next_cursor:
+        page = await session.list_tools(params=types.PaginatedRequestParams(cursor=page.next_cursor))
+        out += tool_dicts(page)
+    return out
+
+
+@asynccontextmanager
+async def _streams(spec: ServerSpec, timeout: float) -> AsyncIterator[TransportStreams]:
+    if spec.is_stdio:
+        params = StdioServerParameters(command=spec.command, args=list(spec.args), env=dict(spec.env) or None)
+        async with stdio_client(params) as streams:
+            yield streams
+        return
+    assert spec.policy is not None
+    async with guarded_client(spec.policy, dict(spec.headers), timeout) as client:
+        async with streamable_http_client(spec.url, http_client=client) as streams:
+            yield streams
+
+
+def open_session(
+    spec: ServerSpec, timeout: float, handler: MessageHandlerFnT | None = None
+) -> AbstractAsyncContextManager[ClientSession]:
+    """A one-off initialised session (discovery), closed on exit."""
+
+    @asynccontextmanager
+    async def opened() -> AsyncIterator[ClientSession]:
+        async with AsyncExitStack() as stack:
+            read, write = await stack.enter_async_context(_streams(spec, timeout))
+            session = await stack.enter_async_context(ClientSession(read, write, message_handler=handler))
+            await session.initialize()
+            yield session
+
+    return opened()
+
+
+class _Live:
+    """One open session and the task that owns it."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.session: ClientSession | None = None
+        self.stop = asyncio.Event()
+        self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self.busy = 0
+        self.dead = False
+        self.task: asyncio.Task[None] | None = None
+
+
+class Sessions:
+    """The process's open sessions. Used only from the loop's thread (no locks)."""
+
+    def __init__(self, *, max_stdio: int, timeout: float, on_tools: ToolsListener) -> None:
+        self._max_stdio, self._timeout, self._on_tools = max_stdio, timeout, on_tools
+        self._live: OrderedDict[str, _Live] = OrderedDict()
+        self._refreshes: set[asyncio.Task[None]] = set()  # referenced until done (asyncio keeps weak refs)
+
+    async def call(self, spec: ServerSpec, tool: str, args: dict[str, Any]) -> types.CallToolResult:
+        """Call `tool`; a session found gone is replaced and the call sent once more."""
+        for attempt in (1, 2):
+            live = self._reserve(spec)
+            try:
+                session = await asyncio.shield(live.ready)
+                return await session.call_tool(tool, args)
+            except Exception as exc:
+                if not gone(exc) or attempt == 2:
+                    raise
+                log.warning("mcp server %r: session gone (%s); reconnecting once", spec.name, exc)
+                self._drop(live)
+            finally:
+                live.busy -= 1
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _reserve(self, spec: ServerSpec) -> _Live:
+        """The live session for `spec` (opening one if needed), counted busy until released;
+        a busy session is never stopped to make room, even while it is still opening."""
+        live = self._live.get(spec.key)
+        if live is not None and live.dead:
+            self._drop(live)
+            live = None
+        if live is None:
+            self._make_room(spec)
+            live = _Live(spec)
+            self._live[spec.key] = live
+            live.task = asyncio.create_task(self._own(live), name=f"mcp:{spec.name}")
+        self._live.move_to_end(spec.key)
+        live.busy += 1
+        return live
+
+    def _make_room(self, spec: ServerSpec) -> None:
+        same = [v for v in self._live.values() if v.spec.is_stdio == spec.is_stdio]
+        limit = self._max_stdio if spec.is_stdio else MAX_HTTP_SESSIONS
+        if len(same) < limit:
+            return
+        idle = next((v for v in same if v.busy == 0), None)  # least recently used first
+        if idle is None:
+            what = "stdio server processes" if spec.is_stdio else "HTTP sessions"
+            raise McpBusy(f"all {limit} MCP {what} of this process are busy; try again later")
+        self._drop(idle)
+
+    def _drop(self, live: _Live) -> None:
+        live.dead = True
+        live.stop.set()
+        if self._live.get(live.spec.key) is live:
+            del self._live[live.spec.key]
+
+    async def _own(self, live: _Live) -> None:
+        handler: MessageHandlerFnT = partial(self._on_message, live)
+        try:
+            async with open_session(live.spec, self._timeout, handler) as session:
+                live.session = session
+                live.ready.set_result(session)
+                await live.stop.wait()
+        except Exception as exc:  # the opener's error, or (logged) how an open session ended
+            if not live.ready.done():
+                live.ready.set_exception(exc)
+            else:
+                log.warning("mcp server %r: session ended", live.spec.name, exc_info=True)
+        finally:
+            self._drop(live)
+
+    async def _on_message(self, live: _Live, message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            task = asyncio.create_task(self._refresh(live), name=f"mcp-list:{live.spec.name}")
+            self._refreshes.add(task)
+            task.add_done_callback(self._refreshes.discard)
+        elif isinstance(message, Exception):
+            log.warning("mcp server %r: transport error: %r", live.spec.name, message)
+
+    async def _refresh(self, live: _Live) -> None:
+        try:
+            assert live.session is not None
+            tools = await list_all(live.session)
+            await asyncio.to_thread(self._on_tools, live.spec, tools)
+        except Exception:  # logged: the cache keeps the previous list; the next list_changed retries
+            log.exception("mcp server %r: re-listing tools after list_changed failed", live.spec.name)
+
+    async def close_all(self) -> None:
+        """Stop every session (their owner tasks close them: a stdio server is shut down)."""
+        lives = list(self._live.values())
+        for live in lives:
+            self._drop(live)
+        tasks = [t for t in (live.task for live in lives) if t is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)

@@ -1,0 +1,151 @@
+"""The MCP client in this process: the stdio pool restarts a killed server, the
+registry offers a tenant exactly its servers' cached tools under the usual policy,
+and on_complete `mcp.call` hooks call tools. No worker runs here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from apps.core.tools import Tool, ToolContext, ToolResult
+from apps.mcp import selectors, services
+from apps.mcp.client import calls
+from apps.mcp.client.servers import server_spec
+from apps.runs import registry
+from apps.triggers.models import OnCompleteJob
+from apps.triggers.oncomplete import oncomplete_run
+from tests.conftest import wait_for
+from tests.mcp.conftest import mcpserver_op
+
+pytestmark = pytest.mark.usefixtures("agents", "mcp_net")
+
+
+def time_servers() -> list[int]:
+    """The pids of this process's live mcp_server_time children."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or b"mcp_server_time" not in (proc / "cmdline").read_bytes():
+                continue
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # it ended while we looked
+            continue
+        if ppid == os.getpid():
+            out.append(int(proc.name))
+    return out
+
+
+def test_a_killed_stdio_server_is_restarted_on_the_next_call() -> None:
+    row = selectors.server_resolve(tenant_id="", name="time")
+    assert row is not None
+    spec = server_spec(row, credentials={})
+    first = calls.call_tool(spec, "get_current_time", {"timezone": "UTC"})
+    assert not first.is_error and '"timezone": "UTC"' in calls.result_text(first)
+    [pid] = time_servers()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: pid not in time_servers())
+    again = calls.call_tool(spec, "convert_time", {"source_timezone": "UTC", "time": "08:30", "target_timezone": "UTC"})
+    assert not again.is_error and '"datetime": ' in calls.result_text(again)
+    [restarted] = time_servers()
+    assert restarted != pid
+
+
+def _server(tenant_id: str, name: str, listed: list[str], **extra: Any) -> None:
+    """A server row (never reached) whose cache lists `listed`."""
+    overlay = {"transport": "streamable-http", "url": "http://localhost:9/mcp", **extra}
+    out = mcpserver_op(tenant_id, {"op": "create", "name": name, "overlay": overlay, "discover": False})
+    row = selectors.server_resolve(tenant_id=tenant_id, name=name)
+    assert row is not None and row.id == out["def_id"]
+    tools = [{"name": t, "description": f"{t} tool", "input_schema": {"type": "object"}} for t in listed]
+    services.discovered_tools_store(row=row, tools=tools)
+
+
+def _tools(tenant_id: str, agent: list[str], caller: list[str] | None = None) -> list[str]:
+    return registry.effective_tools(
+        operator=["*"], agent=agent, caller=caller, disable_context=True, tenant_id=tenant_id
+    )
+
+
+def test_a_tenant_is_offered_its_own_and_shared_servers_tools_under_the_policy() -> None:
+    _server("acme", "alpha", ["one", "two"])
+    _server("acme", "narrow", ["keep", "drop"], tools=["keep"])
+    _server("beta", "beta-only", ["secret"])
+    _server("", "shared", ["common"])
+    assert _tools("acme", ["mcp__*"]) == [
+        "mcp__alpha__one",
+        "mcp__alpha__two",
+        "mcp__narrow__keep",
+        "mcp__shared__common",
+    ]  # the yaml `time` server offers nothing until it is discovered
+    assert _tools("acme", ["mcp__alpha__*"]) == ["mcp__alpha__one", "mcp__alpha__two"]
+    assert _tools("acme", ["mcp__alpha__*"], caller=["mcp__alpha__two", "mcp__shared__common"]) == ["mcp__alpha__two"]
+    assert _tools("beta", ["mcp__*"]) == ["mcp__beta-only__secret", "mcp__shared__common"]
+    assert registry.get("mcp__beta-only__secret", tenant_id="acme") is None
+    assert registry.get("mcp__alpha__one") is None  # without a tenant, only registered tools
+    tool = registry.get("mcp__alpha__one", tenant_id="acme")
+    assert tool is not None and tool.description == "one tool"
+
+
+def test_on_complete_mcp_call_hooks_call_the_tool_and_record_failures() -> None:
+    hooks = [
+        {"kind": "mcp.call", "server": "time", "tool": "get_current_time", "args": {"timezone": "UTC"}},
+        {"kind": "mcp.call", "server": "time", "tool": "get_current_time", "args": {"timezone": "Nowhere/X"}},
+        {"kind": "mcp.call", "server": "nowhere", "tool": "x"},
+    ]
+    OnCompleteJob.objects.create(run_id="run_mcp_hooks", tenant_id="acme", hooks=hooks)
+    results = oncomplete_run("run_mcp_hooks", "completed")
+    assert results is not None
+    assert results[0] == {"kind": "mcp.call", "ok": True}
+    assert not results[1]["ok"] and results[1]["error"].startswith("mcp_call_failed: ")
+    assert "Invalid timezone" in results[1]["error"]
+    assert results[2] == {
+        "kind": "mcp.call",
+        "ok": False,
+        "error": "hook_target_missing: mcp server 'nowhere' not found",
+    }
+
+
+def test_a_provider_is_asked_only_when_every_layer_can_match_its_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def provider(tenant_id: str) -> list[Tool]:
+        asked.append(tenant_id)
+        return [Tool(name="zz__one", description="one", input_schema={"type": "object"}, execute=_never)]
+
+    monkeypatch.setitem(registry._PROVIDERS, "zz__", [provider])
+    assert _tools("acme", ["Read", "mcp__*"]) == ["Read"]
+    assert _tools("acme", ["z*"], caller=["Read"]) == []
+    assert asked == []
+    assert _tools("acme", ["zz__*"]) == ["zz__one"]
+    assert _tools("acme", ["*"], caller=["zz__one"]) == ["zz__one"]
+    assert asked == ["acme", "acme"]
+
+
+def _never(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    raise AssertionError("not called")
+
+
+def test_the_admin_lists_each_servers_discovered_tools(admin_client: Any) -> None:
+    _server("acme", "alpha", ["one", "two"])
+    page = admin_client.get(reverse("admin:mcp_discoveredtools_changelist")).content.decode()
+    assert "alpha" in page and "one, two" in page
+
+
+def test_past_the_stdio_bound_the_least_recently_used_idle_server_is_stopped(mcp_net: Any) -> None:
+    mcp_net.LOOMCYCLE = dataclasses.replace(mcp_net.LOOMCYCLE, mcp_max_stdio_processes=1)
+    calls.shutdown()  # the next call starts this process's loop afresh, with the bound of 1
+    row = selectors.server_resolve(tenant_id="", name="time")
+    assert row is not None
+    first = server_spec(row, credentials={})
+    second = dataclasses.replace(first, def_id="def_another_version")
+    assert not calls.call_tool(first, "get_current_time", {"timezone": "UTC"}).is_error
+    [old] = time_servers()
+    assert not calls.call_tool(second, "get_current_time", {"timezone": "UTC"}).is_error
+    [new] = wait_for(lambda: (pids := time_servers()) and len(pids) == 1 and old not in pids and pids)
+    assert new != old

@@ -560,8 +560,8 @@ def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
         redactor=run_redactor(run.credentials),
     )
     try:
-        if not write.spawns and not write.parks and not signals.listening():
-            return commit()  # one autocommit statement: the hot path when no signal has a receiver
+        if not write.spawns and not write.parks and not _signalled(write):
+            return commit()  # one autocommit statement: the hot path when no signal of this step has a receiver
         # Children, waits and the signals' outbox rows exist iff the parent's fenced step commits.
         with transaction.atomic():
             status = commit()
@@ -602,6 +602,16 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
         fairness.run_slot_release(run.id)
         _slot_freed(run.id)
+
+
+def _signalled(write: StepWrite) -> bool:
+    """Whether this step may send a lifecycle signal that has a receiver (then its commit is a transaction
+    holding the outbox rows). A spawning step is a transaction anyway; no receiver: False, no query."""
+    return (
+        (signals.tool_called.has_listeners(Run) and any(e.get("type") == "tool_result" for e in write.events))
+        or (write.next == Next.PARK and signals.run_parked.has_listeners(Run))
+        or (write.next == Next.FINISH and signals.run_finished.has_listeners(Run))
+    )
 
 
 def _record_signals(run: ClaimedRun, write: StepWrite, *, final: bool) -> list[signals.Delivery]:

@@ -117,6 +117,8 @@ LEASE_SECONDS: float = env.float("LOOMCYCLE_LEASE_SECONDS", default=30.0)
 HEARTBEAT_SECONDS: float = env.float("LOOMCYCLE_HEARTBEAT_SECONDS", default=10.0)
 SWEEP_SECONDS: float = env.float("LOOMCYCLE_SWEEP_SECONDS", default=15.0)
 REQUEUE_GRACE_SECONDS: float = env.float("LOOMCYCLE_REQUEUE_GRACE_SECONDS", default=120.0)
+# A lifecycle signal's outbox row older than this is re-sent by the lease sweep (apps.runs.signals).
+SIGNAL_RESEND_SECONDS: float = env.float("LOOMCYCLE_SIGNAL_RESEND_SECONDS", default=30.0)
 MAX_ATTEMPTS: int = env.int("LOOMCYCLE_MAX_ATTEMPTS", default=3)
 STEER_QUEUE_CAP: int = env.int("LOOMCYCLE_STEER_QUEUE_CAP", default=16)
 PG_POOL_MAX: int = env.int("LOOMCYCLE_PG_POOL_MAX", default=16)
@@ -341,6 +343,7 @@ class RuntimeSettings:
     heartbeat_seconds: float
     sweep_seconds: float
     requeue_grace_seconds: float
+    signal_resend_seconds: float
     max_attempts: int
     steer_queue_cap: int
     agent_def_max_definition_bytes: int = 262_144

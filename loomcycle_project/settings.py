@@ -183,6 +183,7 @@ LOOMCYCLE = E.RuntimeSettings(
     heartbeat_seconds=E.HEARTBEAT_SECONDS,
     sweep_seconds=E.SWEEP_SECONDS,
     requeue_grace_seconds=E.REQUEUE_GRACE_SECONDS,
+    signal_resend_seconds=E.SIGNAL_RESEND_SECONDS,
     max_attempts=E.MAX_ATTEMPTS,
     steer_queue_cap=E.STEER_QUEUE_CAP,
     agent_def_max_definition_bytes=E.AGENT_DEF_MAX_DEFINITION_BYTES,

@@ -106,6 +106,7 @@ class StepWrite:
     parks: list[tuple[str, Park]] = field(default_factory=list)  # (call_id, park): calls answered later
     child_ids: list[str] = field(default_factory=list)
     switched: Switched | None = None  # the candidate a provider fallback moved to
+    deliveries: list[signals.Delivery] = field(default_factory=list)  # lifecycle signals recorded with the commit
 
 
 def run_iterate(*, run_id: str, step: int) -> Outcome:
@@ -560,19 +561,21 @@ def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
         redactor=run_redactor(run.credentials),
     )
     try:
-        if not write.spawns and not write.parks:
-            return commit()
-        with transaction.atomic():  # children and waits exist iff the parent's fenced step commits
+        if not write.spawns and not write.parks and not _signalled(write):
+            return commit()  # one autocommit statement: the hot path when no signal of this step has a receiver
+        # Children, waits and the signals' outbox rows exist iff the parent's fenced step commits.
+        with transaction.atomic():
             status = commit()
             if status != write.status:  # fence lost, or a cancel turned the park into a doorbell
                 write.spawns, write.parks = [], []
-                return status
             if write.spawns:
                 write.child_ids = children_insert(
                     parent_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, depth=run.depth, spawns=write.spawns
                 )
             for call_id, park in write.parks:
                 park.record(run.id, run.step, call_id)
+            if status is not None:
+                write.deliveries = _record_signals(run, write, final=status == write.status)
             return status
     finally:
         connection.close()
@@ -592,7 +595,7 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
-    _signal(run, write)
+    signals.deliver_all(write.deliveries)
     if write.next == Next.FINISH and run.notify_finished:  # registry.on_run_finished listeners
         _announce_finished(run.id, write.status)
     if write.next == Next.FINISH and run.parent_id:
@@ -602,22 +605,40 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
         _slot_freed(run.id)
 
 
-def _signal(run: ClaimedRun, write: StepWrite) -> None:
-    """The lifecycle signals of this committed step (apps.runs.signals; after the commit, at most once)."""
+def _signalled(write: StepWrite) -> bool:
+    """Whether this step may send a lifecycle signal that has a receiver (then its commit is a transaction
+    holding the outbox rows). A spawning step is a transaction anyway; no receiver: False, no query."""
+    return (
+        (signals.tool_called.has_listeners(Run) and any(e.get("type") == "tool_result" for e in write.events))
+        or (write.next == Next.PARK and signals.run_parked.has_listeners(Run))
+        or (write.next == Next.FINISH and signals.run_finished.has_listeners(Run))
+    )
+
+
+def _record_signals(run: ClaimedRun, write: StepWrite, *, final: bool) -> list[signals.Delivery]:
+    """The outbox rows of this step's lifecycle signals (apps.runs.signals), inside the step's transaction;
+    only those with a receiver. `final`: the step committed the status it meant (not a park or finish
+    turned into a doorbell), so its park or finish is signalled."""
+    recorded: list[signals.Delivery | None] = []
     for event in write.events:
         if event.get("type") == "tool_result":
             use = event["tool_use"]
-            signals.send_on_commit(
-                signals.tool_called, run_id=run.id, call_id=use["id"], tool=use["name"], is_error=event["is_error"]
+            recorded.append(
+                signals.record(
+                    signals.tool_called, run_id=run.id, call_id=use["id"], tool=use["name"], is_error=event["is_error"]
+                )
             )
     for child_id in write.child_ids:
-        signals.send_on_commit(
-            signals.run_created, run_id=child_id, tenant_id=run.tenant_id, user_id=run.user_id, parent_id=run.id
+        recorded.append(
+            signals.record(
+                signals.run_created, run_id=child_id, tenant_id=run.tenant_id, user_id=run.user_id, parent_id=run.id
+            )
         )
-    if write.next == Next.PARK:
-        signals.send_on_commit(signals.run_parked, run_id=run.id, status=write.status)
-    elif write.next == Next.FINISH:
-        signals.send_on_commit(signals.run_finished, run_id=run.id, status=write.status)
+    if final and write.next == Next.PARK:
+        recorded.append(signals.record(signals.run_parked, run_id=run.id, status=write.status))
+    elif final and write.next == Next.FINISH:
+        recorded.append(signals.record(signals.run_finished, run_id=run.id, status=write.status))
+    return [delivery for delivery in recorded if delivery is not None]
 
 
 def _announce_finished(run_id: str, status: str) -> None:

@@ -197,3 +197,19 @@ class RuntimeState(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     state = models.CharField(max_length=16, choices=RuntimeStateValue.choices, default=RuntimeStateValue.RUNNING)
     updated_at = models.DateTimeField(auto_now=True)
+
+
+class SignalOutbox(models.Model):
+    """A lifecycle signal (apps.runs.signals) recorded in its transition's
+    transaction and not yet delivered: inserted only when the signal has a
+    receiver, deleted after its receivers ran. A row older than
+    `LOOMCYCLE_SIGNAL_RESEND_SECONDS` was lost with its process (or is slow):
+    the beat sweep sends it again. `claimed_at` is when a sweep last took it.
+    Written only by apps.runs.store.outbox."""
+
+    id = models.BigAutoField(primary_key=True)  # the receivers' `delivery_id`
+    signal = models.CharField(max_length=32)  # run_created, run_parked, ... (apps.runs.signals.SIGNALS)
+    run_id = models.CharField(max_length=32)
+    kwargs = models.JSONField()  # the keyword arguments sent, without delivery_id
+    created_at = models.DateTimeField(db_index=True)  # Postgres's clock, as the sweep compares it
+    claimed_at = models.DateTimeField(null=True, blank=True)

@@ -105,22 +105,28 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # One statement (autocommit) unless the caller holds a transaction: then a savepoint,
         # so that a duplicate agent_id leaves the caller's transaction usable. With admission
         # on, the admission lock and the insert share one transaction (apps.runs.backpressure).
-        with transaction.atomic() if gated or connection.in_atomic_block else contextlib.nullcontext():
+        # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run.
+        listened = signals.run_created.has_listeners(Run)
+        with transaction.atomic() if gated or listened or connection.in_atomic_block else contextlib.nullcontext():
             status, promoted = backpressure.admission_status(limit) if gated else (RunStatus.QUEUED, [])
             run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id, status=status)
             if promoted:
                 transaction.on_commit(lambda: ring_promoted(promoted))
-        if status == RunStatus.QUEUED:
-            transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+            if status == RunStatus.QUEUED:
+                transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
+            signals.send_on_commit(
+                signals.run_created,
+                run_id=run.id,
+                tenant_id=run.tenant_id,
+                user_id=run.user_id,
+                parent_id=run.parent_id,
+            )
         inserted = True
     except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
         raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
     finally:
         if not inserted:
             fairness.run_slot_release(run_id)
-    signals.send_on_commit(
-        signals.run_created, run_id=run.id, tenant_id=run.tenant_id, user_id=run.user_id, parent_id=run.parent_id
-    )
     return run
 
 
@@ -324,12 +330,13 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     if run.status in TERMINAL:
         raise NotFound(f"run {run_id} is not in flight", code="not_in_flight")
     cap = settings.LOOMCYCLE.steer_queue_cap
-    queued = store.input_queue(run_id=run.id, text=text, cap=cap)
+    with signals.atomic_if_listened(signals.run_resumed):  # its outbox row commits with the wake
+        queued = store.input_queue(run_id=run.id, text=text, cap=cap)
+        if queued.woke:
+            transaction.on_commit(lambda: enqueue_iteration(run.id, queued.step))
+            signals.send_on_commit(signals.run_resumed, run_id=run.id)
     if not queued.accepted:
         raise QuotaExhausted(f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"})
-    if queued.woke:
-        transaction.on_commit(lambda: enqueue_iteration(run.id, queued.step))
-        signals.send_on_commit(signals.run_resumed, run_id=run.id)
     return {"run_id": run.id, "delivered": True}
 
 

@@ -1,30 +1,49 @@
 """Django signals for the run lifecycle, for the deployment's own Python code (docs/extending.md).
 
 Each is sent with `sender=Run` and keyword arguments only, after the transaction
-that recorded the transition commits (`transaction.on_commit`; at once when no
-transaction is open), in the process that committed it: the web process for
-creations, cancels and steering, a worker for everything the engine does.
+that recorded the transition commits, in the process that committed it: the web
+process for creations, cancels and steering, a worker for everything the engine
+does. Besides the kwargs each signal lists, every send carries `delivery_id`
+(an int, the outbox row's id): the same id on a re-send of the same transition.
 
-Delivery is AT MOST ONCE per transition: the send is an in-memory callback after
-the commit, so a process that dies between its commit and the send loses that
-signal, and nothing re-sends it (there is no outbox). A receiver that needs every
-transition reads the run's durable state (its status, its events) to catch up.
-Receivers run synchronously on the committing thread, after the commit: a
-receiver that raises is logged with its exception and changes nothing (the
-transition is already committed; the other receivers still run). Keep them short
-(they delay the run's next step on a worker) and put slow work on your own queue.
+Delivery is AT LEAST ONCE per transition. When a signal has a receiver in the
+committing process, the transition's own transaction inserts an outbox row
+(`runs_signaloutbox`: signal name, kwargs, run id, created_at); after the commit
+the receivers run, then the row is deleted (send first, then delete: a crash
+between the two re-sends, never loses). A row older than
+`LOOMCYCLE_SIGNAL_RESEND_SECONDS` (its process died between the commit and the
+delete, or its receivers are still running) is claimed by the beat sweep
+(`resend_due`, from the lease sweep task) with `FOR UPDATE SKIP LOCKED`, sent
+in the sweeping worker with the same `delivery_id`, and deleted. So a receiver
+may see one transition twice (after a crash, or when a send outlasts the
+grace), must be idempotent (dedupe on `delivery_id`), and must not rely on order
+across runs (a re-sent signal arrives after later ones).
 
-A signal with no receiver costs nothing: it is not even scheduled.
+A receiver that raises is logged with its exception and changes nothing: the
+transition is already committed, the other receivers still run, and the row is
+deleted all the same (a receiver's failure is not the runtime's to retry; a
+receiver that needs retries records its work and retries it itself). A row whose
+signal has no receiver in the sweeping process (its app was removed from that
+process) is deleted with a warning, not retried forever. Receivers run on the
+committing thread, outside any transaction: keep them short (they delay the
+run's next step on a worker) and put slow work on your own queue.
+
+A signal with no receiver costs nothing: no outbox row, no extra query, no
+transaction the engine would not otherwise open.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
 from django.dispatch import Signal
 
+from apps.runs import store
 from apps.runs.models import Run
 
 log = logging.getLogger("loomcycle.runs.signals")
@@ -48,25 +67,107 @@ tool_called = Signal()
 kwargs: run_id, call_id, tool, is_error. The input and result text are not sent: read the run's
 events (stored redacted) if a receiver needs them."""
 
+SIGNALS: dict[str, Signal] = {
+    "run_created": run_created,
+    "run_parked": run_parked,
+    "run_resumed": run_resumed,
+    "run_finished": run_finished,
+    "tool_called": tool_called,
+}
+"""The outbox's `signal` column names one of these."""
+
+RESEND_BATCH = 500
+"""Rows one sweep claims at most; the rest wait for the next sweep."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A signal recorded in the outbox (row `delivery_id`) and not yet sent."""
+
+    signal: Signal
+    delivery_id: int
+    kwargs: dict[str, Any]
+
+
+def listening() -> bool:
+    """Whether any lifecycle signal has a receiver in this process (the engine opens a transaction only then)."""
+    return any(signal.has_listeners(Run) for signal in SIGNALS.values())
+
+
+def atomic_if_listened(signal: Signal) -> contextlib.AbstractContextManager[Any]:
+    """A transaction (joining the caller's, without a savepoint) when `signal` has a receiver, so its
+    outbox row commits with the transition; nothing otherwise (the unlistened path stays as it was)."""
+    return transaction.atomic(savepoint=False) if signal.has_listeners(Run) else contextlib.nullcontext()
+
+
+def record(signal: Signal, **kwargs: Any) -> Delivery | None:
+    """Insert `signal`'s outbox row in the current transaction; None (nothing written) without a receiver.
+    `kwargs` must be JSON values and name the run (`run_id`)."""
+    if not signal.has_listeners(Run):
+        return None
+    name = next(n for n, s in SIGNALS.items() if s is signal)
+    delivery_id = store.outbox_insert(signal=name, run_id=kwargs["run_id"], kwargs=kwargs)
+    return Delivery(signal, delivery_id, kwargs)
+
 
 def send_on_commit(signal: Signal, **kwargs: Any) -> None:
-    """Send `signal` after the current transaction commits (at once outside one); nothing if no receiver."""
-    if not signal.has_listeners(Run):
-        return
-    transaction.on_commit(lambda: _send(signal, kwargs))
+    """Record `signal` in the outbox and send it after the current transaction commits; nothing if no receiver.
+    Call it inside the transition's transaction: outside one (autocommit) the transition has already
+    committed, so the row, committed at once, covers only a crash during the send itself."""
+    delivery = record(signal, **kwargs)
+    if delivery is not None:
+        transaction.on_commit(lambda: deliver(delivery))
 
 
-def _send(signal: Signal, kwargs: dict[str, Any]) -> None:
-    """Every receiver runs; one that raises is logged with its exception, and the others still run."""
+def deliver(delivery: Delivery) -> None:
+    """Every receiver runs (one that raises is logged with its exception, the others still run), then the
+    row is deleted. A failed delete is logged: the sweep re-sends the row after the grace."""
+    kwargs = {**delivery.kwargs, "delivery_id": delivery.delivery_id}
     try:
-        for receiver, result in signal.send_robust(sender=Run, **kwargs):
+        for receiver, result in delivery.signal.send_robust(sender=Run, **kwargs):
             if isinstance(result, Exception):
                 log.error(
-                    "receiver %s of a run signal failed (run %s)",
+                    "receiver %s of a run signal failed (run %s, delivery %s); not retried",
                     getattr(receiver, "__qualname__", receiver),
                     kwargs.get("run_id"),
+                    delivery.delivery_id,
                     exc_info=result,
                 )
+        _delete(delivery.delivery_id)
     finally:
         if not connection.in_atomic_block:
             connection.close()  # a receiver's queries hand their connection back, as the engine's own do
+
+
+def deliver_all(deliveries: list[Delivery]) -> None:
+    for delivery in deliveries:
+        deliver(delivery)
+
+
+def _delete(delivery_id: int) -> None:
+    try:
+        store.outbox_delete(delivery_id=delivery_id)
+    except DatabaseError:  # the receivers ran; the sweep sends it again (at least once, not exactly once)
+        log.exception("signal outbox row %s not deleted after its send; the sweep will re-send it", delivery_id)
+
+
+def resend_due() -> int:
+    """Beat: send again the outbox rows older than the grace (their process died before deleting them,
+    or is still sending), in this process, then delete them. Rows of a signal with no receiver here
+    are deleted with a warning. Returns the rows claimed."""
+    grace = settings.LOOMCYCLE.signal_resend_seconds
+    claimed = store.outbox_claim_due(grace_seconds=grace, limit=RESEND_BATCH)
+    for delivery_id, name, kwargs in claimed:
+        signal = SIGNALS.get(name)
+        if signal is None or not signal.has_listeners(Run):
+            log.warning(
+                "signal outbox row %s (%s, run %s): no receiver in this process; deleted unsent",
+                delivery_id,
+                name,
+                kwargs.get("run_id"),
+            )
+            _delete(delivery_id)
+            continue
+        log.info("re-sending %s of run %s (delivery %s)", name, kwargs.get("run_id"), delivery_id)
+        deliver(Delivery(signal, delivery_id, kwargs))
+    return len(claimed)

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.runs import engine, services, subruns, wake
+from apps.runs import engine, services, signals, subruns, wake
 from workers import held
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
@@ -25,11 +25,18 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 def run_leases_sweep_task(**_: Any) -> int:
     """Requeue runs whose lease expired or whose doorbell was lost, and the
     doorbells dead workers held; finish parked runs whose cancel had not landed;
-    settle a pause once every run has parked.
+    settle a pause once every run has parked; re-send lifecycle signals whose
+    outbox row outlived the grace (apps.runs.signals.resend_due).
     Each sweep runs even if another failed (a Redis error must not stop the
     Postgres sweeps); the first failure is raised once all have run."""
     total, failure = 0, None
-    for sweep in (held.recover, services.run_leases_sweep, services.run_parked_cancels_finish, _pause_settle):
+    for sweep in (
+        held.recover,
+        services.run_leases_sweep,
+        services.run_parked_cancels_finish,
+        _pause_settle,
+        signals.resend_due,
+    ):
         try:
             total += sweep()
         except Exception as exc:

@@ -13,8 +13,10 @@ class Note(models.Model):
 
 
 class FinishedRun(models.Model):
-    """One row per `run_finished` signal the receiver got (at most once per run)."""
+    """One row per `run_finished` transition: the signal is at least once, so the receiver
+    dedupes on its `delivery_id` (unique here)."""
 
+    delivery_id = models.BigIntegerField(unique=True, null=True)  # null only on rows recorded before 0002
     run_id = models.CharField(max_length=64)
     status = models.CharField(max_length=32)
     recorded_at = models.DateTimeField(auto_now_add=True)

@@ -91,6 +91,31 @@ def test_the_host_tool_answers_each_run_with_its_users_notes_and_the_receiver_re
     assert sorted(finished) == sorted([(ann, "completed"), (ben, "completed")])
 
 
+def test_a_run_finished_sent_again_by_the_sweep_is_recorded_once_by_the_example_receiver(hostapp_web: str) -> None:
+    """A worker that died after its commit: its outbox row (same id, past the grace) is re-sent by the
+    lease sweep on a real worker. Lost before the send, the receiver records it; lost after the send
+    (the receiver ran, the delete did not), the receiver's get_or_create on delivery_id adds nothing."""
+    sql("DELETE FROM hostapp_finishedrun")
+    run_id = start(hostapp_web, "u-again")
+    wait_status(run_id, RunStatus.COMPLETED, timeout=60)
+    recorded = wait_for(lambda: sql("SELECT delivery_id, status FROM hostapp_finishedrun WHERE run_id = %s", run_id))
+    assert wait_for(lambda: not sql("SELECT 1 FROM runs_signaloutbox WHERE run_id = %s", run_id))
+    ((delivery_id, status),) = recorded
+    assert status == "completed"
+    sql("DELETE FROM hostapp_finishedrun")  # died before the send: the receiver never saw it
+    for _crash in ("before the send", "after the send"):
+        sql(
+            "INSERT INTO runs_signaloutbox (id, signal, run_id, kwargs, created_at) "
+            "VALUES (%s, 'run_finished', %s, %s::jsonb, now() - interval '1 hour')",
+            delivery_id,
+            run_id,
+            json.dumps({"run_id": run_id, "status": status}),
+        )
+        current_app.send_task("maintenance.run_leases_sweep")  # what beat sends every LOOMCYCLE_SWEEP_SECONDS
+        assert wait_for(lambda: not sql("SELECT 1 FROM runs_signaloutbox WHERE id = %s", delivery_id))
+        assert sql("SELECT delivery_id, run_id, status FROM hostapp_finishedrun") == [(delivery_id, run_id, status)]
+
+
 def test_a_bad_extra_app_path_fails_at_start_naming_it() -> None:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "loomcycle_project.settings", "LOOMCYCLE_EXTRA_APPS": "nope.app"}
     probe = [sys.executable, "-c", "import django; django.setup()"]

@@ -3,7 +3,8 @@
 The run exists iff the caller's transaction commits: a rollback (of the transaction,
 or of a savepoint around the create) leaves no row, no event and no fairness slot; a
 commit rings the doorbell and a real worker runs it. Signals go out after commit only,
-and a receiver that raises is logged without touching the run."""
+and a receiver that raises is logged without touching the run (tests/extend/test_outbox.py:
+the outbox that makes them at-least-once)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_a_committed_transaction_rings_the_doorbell_and_a_worker_runs_it(stack: 
 
 @pytest.fixture
 def received() -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    """Every lifecycle signal this process sends, with a raising receiver connected first."""
+    """Every lifecycle signal this process sends (kwargs without the `delivery_id` each carries, an
+    int), with a raising receiver connected first."""
     got: list[tuple[str, dict[str, Any]]] = []
     names = ("run_created", "run_parked", "run_resumed", "run_finished", "tool_called")
     receivers = {}
@@ -99,7 +101,8 @@ def received() -> Iterator[list[tuple[str, dict[str, Any]]]]:
             raise RuntimeError("a broken receiver")
 
         def record(sender: Any, _name: str = name, **kwargs: Any) -> None:
-            got.append((_name, {k: v for k, v in kwargs.items() if k != "signal"}))
+            assert isinstance(kwargs["delivery_id"], int)
+            got.append((_name, {k: v for k, v in kwargs.items() if k not in ("signal", "delivery_id")}))
 
         receivers[name] = (boom, record)
         getattr(signals, name).connect(boom)

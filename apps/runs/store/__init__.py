@@ -13,6 +13,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `control`: run creation, heartbeat, answers, cancel, input, pause/resume,
   sweeps, the child report.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
+- `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -48,6 +49,7 @@ from apps.runs.store.hot import (
     pool_purge,
     record_tool_starts,
 )
+from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
 
 __all__ = [
     "PARKED_STATUSES",
@@ -68,6 +70,9 @@ __all__ = [
     "input_queue",
     "insert_run",
     "leases_extend",
+    "outbox_claim_due",
+    "outbox_delete",
+    "outbox_insert",
     "pending_inputs",
     "pool_purge",
     "record_tool_starts",

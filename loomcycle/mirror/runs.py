@@ -6,6 +6,7 @@ Invariants:
   even after SIGKILL, neither repeats nor skips a line; the API is the source of truth.
 - `events.ndjson` is appended last and `status` written after it: a run whose status
   file is current has every event on disk.
+- Files deleted under a running mirror are written again on its next pass.
 """
 
 from __future__ import annotations
@@ -94,9 +95,9 @@ class RunMirror:
 
     def _sync_run(self, row: dict[str, Any]) -> None:
         run_id, key = str(row["run_id"]), (int(row.get("last_seq") or 0), str(row["state"]))
-        if self._seen.get(run_id) == key:
-            return
         run_dir = agent_dir(self.root, str(row["agent"])) / "runs" / run_id
+        if self._seen.get(run_id) == key and (run_dir / "status").exists():  # unchanged and not deleted
+            return
         events_path = run_dir / "events.ndjson"
         from_seq = files.last_seq(events_path)
         if from_seq < key[0]:
@@ -127,7 +128,7 @@ class RunMirror:
         files.append_lines(events, (files.dumps_line(r) for r in rows if r["seq"] > after))
 
     def _logged_seq(self, path: Path, run_id: str) -> int:
-        if path not in self._logged:
+        if path not in self._logged or not path.exists():  # first use, or deleted under the mirror
             index: dict[str, int] = {}
             for line in files.read_lines(path):
                 index[line["run_id"]] = max(index.get(line["run_id"], 0), int(line["seq"]))

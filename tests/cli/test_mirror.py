@@ -118,13 +118,14 @@ def test_the_running_mirror_follows_a_live_run_and_delivers_an_inbox_file(
 
 
 class HoldingProxy:
-    """A loopback HTTP proxy to the web process that, for the first request matching
-    `hold`, forwards it, then holds the answer until `release` (so the mirror can be
-    killed after the runtime acted but before the mirror heard)."""
+    """A loopback HTTP proxy to the web process that holds the first request matching
+    `hold` until `release`: forwarded first (`forward`: the runtime acted, the mirror never
+    hears) or not at all (the delivery never left)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = httpx.Client(base_url=upstream, timeout=30)
         self.hold: tuple[str, str] | None = None  # (method, path suffix)
+        self.forward = True
         self.held, self.release = threading.Event(), threading.Event()
         proxy = self
 
@@ -132,12 +133,14 @@ class HoldingProxy:
             def _any(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                resp = proxy.upstream.request(self.command, self.path, content=body, headers=headers)
                 if proxy.hold and self.command == proxy.hold[0] and self.path.endswith(proxy.hold[1]):
                     proxy.hold = None
+                    if proxy.forward:
+                        proxy.upstream.request(self.command, self.path, content=body, headers=headers)
                     proxy.held.set()
                     proxy.release.wait(30)
-                    return  # the answer never reaches the (killed) mirror
+                    return  # no answer reaches the (killed) mirror
+                resp = proxy.upstream.request(self.command, self.path, content=body, headers=headers)
                 self.send_response(resp.status_code)
                 for key in ("content-type", "retry-after"):
                     if key in resp.headers:
@@ -172,10 +175,12 @@ def proxy(web_proc: Web) -> Iterator[HoldingProxy]:
         p.close()
 
 
-def kill_mid_delivery(web: Web, proxy: HoldingProxy, root: Path, logdir: Path, hold: tuple[str, str]) -> None:
-    """Start the mirror through `proxy`, let its delivery reach the runtime, SIGKILL it."""
+def kill_mid_delivery(
+    web: Web, proxy: HoldingProxy, root: Path, logdir: Path, hold: tuple[str, str], *, forward: bool = True
+) -> None:
+    """Start the mirror through `proxy`, hold its delivery (forwarded or not), SIGKILL it."""
     proxy.held.clear()
-    proxy.hold = hold
+    proxy.hold, proxy.forward = hold, forward
     mirror = start_mirror(web, proxy.url, root, logdir, "mirror-killed")
     try:
         assert proxy.held.wait(30), "the mirror never sent the delivery"
@@ -192,7 +197,7 @@ def test_an_inbox_file_is_delivered_once_when_the_mirror_is_killed_mid_delivery(
     root = tmp_path / "m"
     inbox = root / "agents" / "scripted" / "inbox"
     inbox.mkdir(parents=True)
-    (inbox / "a.txt").write_text(script({"text": "one"}, {"echo": True}))
+    (inbox / "a.txt").write_text(script({"text": "one"}, {"echo": True}, {"text": "three"}))
 
     kill_mid_delivery(web_proc, proxy, root, logdir, ("POST", "/v1/runs"))
     assert (inbox / ".processing" / "a.txt").exists()  # claimed, started, not settled
@@ -215,5 +220,19 @@ def test_an_inbox_file_is_delivered_once_when_the_mirror_is_killed_mid_delivery(
         if e.payload.get("source") == "api"
     ]
     assert steered == ["the second turn"]
+
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)
+    (inbox / "c.txt").write_text("the third turn")
+    kill_mid_delivery(web_proc, proxy, root, logdir, ("POST", f"/v1/runs/{run.id}/input"), forward=False)
+    assert (inbox / ".processing" / "c.txt").exists()  # claimed and planned; nothing reached the runtime
+    assert cli(web_proc, "mirror", "--once", str(root)).returncode == 0
+    wait_for(lambda: RunEvent.objects.filter(run_id=run.id, type="awaiting_input").count() == 3, timeout=30)
+    assert sorted(p.name for p in (inbox / ".processed").iterdir()) == ["a.txt", "b.txt", "c.txt"]
+    steered = [
+        e.payload["segments"][0]["text"]
+        for e in RunEvent.objects.filter(run_id=run.id, type="user_input").order_by("seq")
+        if e.payload.get("source") == "api"
+    ]
+    assert steered == ["the second turn", "the third turn"]
     assert Run.objects.filter(agent_name="scripted").count() == 1
     cli(web_proc, "cancel", run.id)

@@ -6,7 +6,7 @@ Invariants:
   even after SIGKILL, neither repeats nor skips a line; the API is the source of truth.
 - `events.ndjson` is appended last and `status` written after it: a run whose status
   file is current has every event on disk.
-- Files deleted under a running mirror are written again on its next pass.
+- A run's files or a log file deleted under a running mirror are written again on its next pass.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class RunMirror:
     def _sync_run(self, row: dict[str, Any]) -> None:
         run_id, key = str(row["run_id"]), (int(row.get("last_seq") or 0), str(row["state"]))
         run_dir = agent_dir(self.root, str(row["agent"])) / "runs" / run_id
-        if self._seen.get(run_id) == key and (run_dir / "status").exists():  # unchanged and not deleted
+        if self._seen.get(run_id) == key and self._on_disk(run_dir, key[0]):
             return
         events_path = run_dir / "events.ndjson"
         from_seq = files.last_seq(events_path)
@@ -109,6 +109,12 @@ class RunMirror:
         files.write_json_atomic(run_dir / "status", row)
         self._seen[run_id] = key
 
+    @staticmethod
+    def _on_disk(run_dir: Path, last: int) -> bool:
+        """Whether the run's files are still there (nobody deleted them under the mirror)."""
+        names = ("status", "events.ndjson", "transcript.ndjson") if last else ("status",)
+        return all((run_dir / name).exists() for name in names)
+
     def _append(self, run_dir: Path, agent: str, run_id: str, rows: list[dict[str, Any]]) -> None:
         """Logs, then the transcript, then events: each skips the seqs it already holds."""
         by_day: dict[Path, list[dict[str, Any]]] = defaultdict(list)
@@ -120,6 +126,8 @@ class RunMirror:
             files.append_lines(path, (files.dumps_line(log_line(run_id, r)) for r in day))
             self._logged[path][run_id] = int(day[-1]["seq"])
         transcript = run_dir / "transcript.ndjson"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        transcript.touch()  # present even before the first conversation line
         after = files.last_seq(transcript)
         lines = [t for r in rows if r["seq"] > after and (t := transcript_line(r)) is not None]
         files.append_lines(transcript, (files.dumps_line(t) for t in lines))

@@ -31,12 +31,9 @@ pytestmark = pytest.mark.usefixtures("agents", "stack")
 
 
 def tree(root: Path) -> dict[str, str]:
-    """Every file under `root` (but the lock) and its content."""
-    return {
-        str(p.relative_to(root)): p.read_text()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != ".mirror.lock"
-    }
+    """Every file under `root` and its content (but the lock and the mirror's temporary files)."""
+    found = (p for p in sorted(root.rglob("*")) if not p.name.startswith(".") and p.is_file())
+    return {str(p.relative_to(root)): p.read_text() for p in found}
 
 
 def run_dir(root: Path, run_id: str, agent: str = "scripted") -> Path:
@@ -110,6 +107,14 @@ def test_the_running_mirror_follows_a_live_run_and_delivers_an_inbox_file(
         assert json.loads(replies[0])["messages"][-1]["text"] == "from the inbox"
         users = [t for t in transcript(root, ref["run_id"]) if t["role"] == "user"]
         assert [(u["text"], u["source"]) for u in users][-1] == ("from the inbox", "api")
+
+        parked = wait_status(ref["run_id"], RunStatus.AWAITING_INPUT, timeout=30)
+        status = run_dir(root, ref["run_id"]) / "status"
+        wait_for(lambda: json.loads(status.read_text())["last_seq"] == parked.last_seq, timeout=30)
+        before = tree(run_dir(root, ref["run_id"]))
+        shutil.rmtree(run_dir(root, ref["run_id"]))  # deleted under the running mirror
+        wait_for(lambda: tree(run_dir(root, ref["run_id"])) == before, timeout=30)
+
         mirror.send_signal(signal.SIGTERM)
         assert mirror.wait(15) == 0
     finally:

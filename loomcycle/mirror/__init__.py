@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loomcycle.client import Client, ConnectionFailed
+from loomcycle.client import Client, ConnectionFailed, RateLimited, ServerError
 from loomcycle.mirror.inbox import Inbox
 from loomcycle.mirror.runs import RunMirror, agent_dir
 
@@ -50,6 +50,7 @@ class Mirror:
     def __init__(self, client: Client, root: Path, *, log: Callable[[str], None] = lambda _: None) -> None:
         self.client, self.root, self.log = client, root, log
         self.runs = RunMirror(client, root)
+        self._waiting: dict[str, str] = {}  # agent → the wait last reported (each is said once)
 
     def sync_once(self) -> int:
         """One pass; how many inbox files were settled."""
@@ -60,10 +61,18 @@ class Mirror:
         settled = 0
         for name in self._inbox_agents(by_agent):
             done = Inbox(self.client, name, agent_dir(self.root, name)).step(by_agent[name])
-            if done is not None:
+            if done is None:
+                continue
+            file, how = done
+            line = f"{name}/inbox/{file}: {how.outcome}{f' ({how.reason})' if how.reason else ''}"
+            if how.outcome != "wait":
                 settled += 1
-                file, how = done
-                self.log(f"{name}/inbox/{file}: {how.outcome}{f' ({how.reason})' if how.reason else ''}")
+                self._waiting.pop(name, None)
+            elif self._waiting.get(name) == line:
+                continue
+            else:
+                self._waiting[name] = line
+            self.log(line)
         return settled
 
     def sync_until_settled(self) -> None:
@@ -78,12 +87,16 @@ class Mirror:
         return sorted(on_disk | set(by_agent))
 
     def run_until(self, stop: threading.Event, interval: float) -> None:
-        """Pass after pass until `stop` is set; an unreachable runtime is retried next pass."""
+        """Pass after pass until `stop` is set; an unreachable runtime, a 429 or a 5xx is
+        reported on the log and retried next pass (other refusals end the mirror)."""
         while not stop.is_set():
             try:
                 settled = self.sync_once()
             except ConnectionFailed as exc:
                 self.log(f"cannot reach the runtime ({exc.message}); retrying in {interval:g} s")
+                settled = 0
+            except (RateLimited, ServerError) as exc:
+                self.log(f"the runtime refused for now ({exc.code}: {exc.message}); retrying in {interval:g} s")
                 settled = 0
             if not settled:  # a settled file may have a successor waiting: go again at once
                 stop.wait(interval)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from loomcycle.client import ApiError, Client, Conflict, ConnectionFailed, NotFound, RateLimited
+from loomcycle.client import ApiError, Client, Conflict, ConnectionFailed, NotFound, RateLimited, ServerError
 from loomcycle.mirror import files
 
 Outcome = Literal["processed", "failed", "wait"]
@@ -76,7 +76,8 @@ class Inbox:
 
     def step(self, runs: list[dict[str, Any]]) -> tuple[str, Settled] | None:
         """Finish a claimed file, else claim and deliver the oldest waiting one. `runs` are
-        the agent's runs, newest first. The file settled and how, or None."""
+        the agent's runs, newest first. The file settled and how (or still waiting, with a
+        reason, after a transient refusal), or None."""
         claimed = pending(self.processing)
         if claimed:
             return self._run(claimed[0])
@@ -121,7 +122,7 @@ class Inbox:
         plan = json.loads(plan_path.read_text(encoding="utf-8"))
         settled = self._settle(path, plan)
         if settled.outcome == "wait":
-            return None
+            return (path.name, settled) if settled.reason else None
         if settled.outcome == "failed":
             failed = self.inbox / ".failed"
             failed.mkdir(exist_ok=True)
@@ -145,8 +146,10 @@ class Inbox:
             if plan["kind"] == "start":
                 return self._start(plan, text)
             return self._input(plan, text, path)
-        except ConnectionFailed:
-            return Settled("wait")
+        except ConnectionFailed as exc:
+            return Settled("wait", f"unreachable: {exc.message}")
+        except (RateLimited, ServerError) as exc:  # while checking the run: transient
+            return Settled("wait", f"{exc.code}: {exc.message}")
 
     def _start(self, plan: dict[str, Any], text: str) -> Settled:
         try:
@@ -155,8 +158,8 @@ class Inbox:
             if exc.code == "agent_id_in_use":
                 return Settled("processed")  # an earlier attempt started it
             return Settled("failed", f"{exc.code}: {exc.message}")
-        except RateLimited:
-            return Settled("wait")
+        except (RateLimited, ServerError) as exc:
+            return Settled("wait", f"{exc.code}: {exc.message}")
         except ApiError as exc:
             return Settled("failed", f"{exc.code}: {exc.message}")
         return Settled("processed")
@@ -176,8 +179,8 @@ class Inbox:
         files.write_json_atomic(self._plan_path(path), {**plan, "after_seq": int(run["last_seq"])})
         try:
             self.client.runs.input(run_id, text)
-        except RateLimited:
-            return Settled("wait")
+        except (RateLimited, ServerError) as exc:
+            return Settled("wait", f"{exc.code}: {exc.message}")
         except ApiError as exc:
             return Settled("failed", f"{exc.code}: {exc.message}")
         return Settled("processed")

@@ -22,7 +22,7 @@ from typing import Any
 
 from loomcycle.client import Client, ConnectionFailed, RateLimited, ServerError
 from loomcycle.mirror.inbox import Inbox
-from loomcycle.mirror.runs import RunMirror, agent_dir
+from loomcycle.mirror.runs import AGENT_NAME_RE, RunMirror, agent_dir
 
 
 class MirrorBusy(Exception):
@@ -54,7 +54,7 @@ class Mirror:
 
     def sync_once(self) -> int:
         """One pass; how many inbox files were settled."""
-        rows = self.runs.sync()
+        rows = self.runs.sync()  # only runs whose names are safe paths
         by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in rows:
             by_agent[str(row["agent"])].append(row)
@@ -84,6 +84,7 @@ class Mirror:
         """Agents with runs, and every `agents/<name>/inbox` on disk (one path segment)."""
         agents_root = self.root / "agents"
         on_disk = {p.parent.name for p in agents_root.glob("*/inbox")} if agents_root.is_dir() else set()
+        on_disk = {name for name in on_disk if AGENT_NAME_RE.fullmatch(name)}
         return sorted(on_disk | set(by_agent))
 
     def run_until(self, stop: threading.Event, interval: float) -> None:

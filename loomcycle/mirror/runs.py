@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,21 @@ from loomcycle.mirror import files
 TRANSCRIPT_TYPES = frozenset({"user_input", "text", "thinking", "tool_call", "tool_result"})
 
 
+AGENT_NAME_RE = re.compile(r"[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*")  # the API's agent names ("/"-separated)
+RUN_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def agent_dir(root: Path, agent: str) -> Path:
+    """`root/agents/<agent>`; a name the API would never give (`..`, absolute) is refused."""
+    if not AGENT_NAME_RE.fullmatch(agent):
+        raise ValueError(f"not an agent name: {agent!r}")
     return root / "agents" / agent
+
+
+def placeable(row: dict[str, Any]) -> bool:
+    """Whether a listed run's names are safe as paths under DIR."""
+    return bool(AGENT_NAME_RE.fullmatch(str(row.get("agent")))) and bool(RUN_ID_RE.fullmatch(str(row.get("run_id"))))
 
 
 def transcript_line(row: dict[str, Any]) -> dict[str, Any] | None:
@@ -63,7 +77,7 @@ class RunMirror:
 
     def sync(self) -> list[dict[str, Any]]:
         """One pass: every run's files, then every agent's status; the runs listed (newest first)."""
-        rows = self.client.runs.list(status="all")
+        rows = [row for row in self.client.runs.list(status="all") if placeable(row)]
         by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for name in self._agent_names():
             by_agent[name] = []
@@ -77,7 +91,7 @@ class RunMirror:
     def _agent_names(self) -> list[str]:
         """The agents the caller may define (none when the token lacks substrate:tenant)."""
         try:
-            return [str(row["name"]) for row in self.client.agents.list()]
+            return [name for row in self.client.agents.list() if AGENT_NAME_RE.fullmatch(name := str(row["name"]))]
         except Forbidden:
             return []
 
@@ -119,7 +133,8 @@ class RunMirror:
         """Logs, then the transcript, then events: each skips the seqs it already holds."""
         by_day: dict[Path, list[dict[str, Any]]] = defaultdict(list)
         for row in rows:
-            path = agent_dir(self.root, agent) / "logs" / f"{str(row.get('created_at', ''))[:10] or 'undated'}.ndjson"
+            date = str(row.get("created_at", ""))[:10]
+            path = agent_dir(self.root, agent) / "logs" / f"{date if DATE_RE.fullmatch(date) else 'undated'}.ndjson"
             if row["seq"] > self._logged_seq(path, run_id):
                 by_day[path].append(row)
         for path, day in by_day.items():

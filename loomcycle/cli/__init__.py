@@ -11,6 +11,7 @@ from loomcycle import __version__
 from loomcycle.cli import output
 from loomcycle.cli.context import EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_UNREACHABLE, Ctx
 from loomcycle.cli.defs import agent, agents, channel, memory
+from loomcycle.cli.mirror import mirror
 from loomcycle.cli.run import run
 from loomcycle.cli.runs import cancel, logs, pause, ps, resume, send
 from loomcycle.client import ApiError, ConnectionFailed
@@ -48,6 +49,7 @@ def cli(ctx: click.Context, url: str | None, token: str | None) -> None:
 
 for command in (run, ps, logs, send, cancel, pause, resume, agents, agent, memory, channel):
     cli.add_command(command)
+cli.add_command(mirror)
 
 
 def main() -> None:

@@ -123,6 +123,17 @@ class Runs:
             if not page["events"] or from_seq >= int(page["last_seq"]):
                 return
 
+    async def event_rows(self, run_id: str, *, from_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """Every persisted event after `from_seq` as the API returns it (`seq`, `type`,
+        `payload`, `created_at`), paged; `events` is the same as `Event`s."""
+        while True:
+            page = await self._c.send(b.events_call(run_id, from_seq, 500))
+            for row in page["events"]:
+                from_seq = int(row["seq"])
+                yield dict(row)
+            if not page["events"] or from_seq >= int(page["last_seq"]):
+                return
+
     async def cancel(self, agent_id: str, reason: str | None = None) -> dict[str, Any]:
         """Cancel a run by its agent_id (and its live sub-runs); idempotent."""
         body = {"reason": reason} if reason else {}

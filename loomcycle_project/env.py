@@ -292,6 +292,11 @@ HOOKS_PERMIT_HOST_WIDEN: list[str] = _list("LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN", 
 # total time the pre and post chains of one tool call may spend in callbacks.
 HOOKS_MAX_PER_TENANT: int = _at_least("LOOMCYCLE_HOOKS_MAX_PER_TENANT", 32, 1)
 HOOKS_CHAIN_BUDGET_MS: int = _at_least("LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS", 60_000, 1)
+# Observability (docs/operations.md): GET /metrics is served only when enabled; the id this
+# process reports in /healthz (`replica_id`) and under which it heartbeats (`replicas[]`),
+# the host name when unset.
+METRICS_ENABLED: bool = env.bool("LOOMCYCLE_METRICS_ENABLED", default=True)
+REPLICA_ID: str = env.str("LOOMCYCLE_REPLICA_ID", default="")
 # Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
 # `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
 # definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
@@ -438,3 +443,6 @@ class RuntimeSettings:
     mcp_call_timeout_seconds: float
     mcp_discovery_timeout_seconds: float
     mcp_max_stdio_processes: int
+    # Observability (apps.core.metrics, loomcycle_project.health).
+    metrics_enabled: bool = True
+    replica_id: str = ""

@@ -1,16 +1,20 @@
-"""GET /healthz: liveness plus the state of Postgres, Redis and workers. Always 200."""
+"""GET /healthz: liveness plus the state of Postgres, Redis and workers, this
+replica's id and the live processes of the cluster (`replicas[]`). Always 200."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from redis import RedisError
 
 import loomcycle_project
 from apps.core.redis import sync_client
+from loomcycle_project.replicas import replicas, web_beat
+from workers.held import replica_id
 
 STARTED = time.time()
 
@@ -39,6 +43,15 @@ def _redis_and_workers() -> tuple[dict[str, Any], dict[str, Any]]:
         return {"ok": False, "error": str(exc)}, {"ok": False, "count": 0, "names": []}
 
 
+def _replicas() -> list[dict[str, Any]]:
+    """This process beats first, so the list always holds the replica answering."""
+    web_beat()
+    try:
+        return replicas()
+    except (RedisError, OSError):  # Redis is down: `redis.ok` is false in the same body
+        return []
+
+
 def healthz(request: HttpRequest) -> JsonResponse:
     pg = _postgres()
     redis, workers = _redis_and_workers()
@@ -50,5 +63,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
             "postgres": pg,
             "redis": redis,
             "workers": workers,
+            "metrics_enabled": settings.LOOMCYCLE.metrics_enabled,
+            "replica_id": replica_id(),
+            "replicas": _replicas() if redis["ok"] else [],
         }
     )

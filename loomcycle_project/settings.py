@@ -65,6 +65,7 @@ MIDDLEWARE = [
     "apps.core.middleware.MessageMiddleware",
     "apps.core.middleware.XFrameOptionsMiddleware",
     "apps.core.middleware.SecureCookiesMiddleware",
+    "loomcycle_project.replicas.WebPresenceMiddleware",
 ]
 X_FRAME_OPTIONS = "DENY"  # the admin is never framed (clickjacking)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = E.COOKIE_SECURE
@@ -259,6 +260,8 @@ LOOMCYCLE = E.RuntimeSettings(
     mcp_call_timeout_seconds=E.MCP_CALL_TIMEOUT_SECONDS,
     mcp_discovery_timeout_seconds=E.MCP_DISCOVERY_TIMEOUT_SECONDS,
     mcp_max_stdio_processes=E.MCP_MAX_STDIO_PROCESSES,
+    metrics_enabled=E.METRICS_ENABLED,
+    replica_id=E.REPLICA_ID,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

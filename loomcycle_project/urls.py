@@ -10,9 +10,11 @@ from apps.core.middleware import API_PREFIXES
 from apps.triggers.webhooks.urls import webhook_urlpatterns
 from loomcycle_project.api import api, error_response
 from loomcycle_project.health import healthz
+from loomcycle_project.metrics import metrics_view
 
 urlpatterns = [
     path("healthz", healthz),
+    path("metrics", metrics_view),
     path("admin/", admin.site.urls),
     path("v1/", api.urls),
 ]

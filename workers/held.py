@@ -34,22 +34,49 @@ tests/core/test_kombu_seams.py pins it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
 import socket
+import time
 from typing import Any
 
+from django.conf import settings
 from kombu.utils.json import dumps, loads
 
 log = logging.getLogger("loomcycle.transport")
 
 HELD_PREFIX = "lc:held:"
 PRESENCE_PREFIX = "lc:worker:"
+WEB_PRESENCE_PREFIX = "lc:web:"  # a web process's presence (loomcycle_project.replicas): /healthz only
+STARTED_AT = time.time()
 # One id per worker process: its leases (apps.runs.live), its presence key and its held hash.
 # The random part makes a restarted process another worker even when its host name and pid
 # repeat (a container's PID 1 after a restart), so its predecessor's hash is still recovered.
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def replica_id() -> str:
+    """LOOMCYCLE_REPLICA_ID, else the host name: the replica this process belongs to."""
+    return settings.LOOMCYCLE.replica_id or socket.gethostname()
+
+
+def presence_value(*, kind: str, process_id: str, version: str) -> str:
+    """What a presence key holds (JSON): the `replicas[]` entry of /healthz. No
+    secret: ids, host name, times and version only."""
+    return json.dumps(
+        {
+            "id": process_id,
+            "kind": kind,
+            "replica_id": replica_id(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": STARTED_AT,
+            "last_heartbeat_at": time.time(),
+            "version": version,
+        }
+    )
 
 
 def held_key(worker_id: str = WORKER_ID) -> str:

@@ -17,19 +17,23 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from django.conf import settings
 from redis import RedisError
 
-from workers.held import PRESENCE_PREFIX, WORKER_ID
+from workers.held import PRESENCE_PREFIX, WORKER_ID, presence_value
 
 log = logging.getLogger("loomcycle.worker")
 
 
 def _presence_set(name: str) -> None:
     """The key lives as long as a lease: when it expires, the sweeper re-rings
-    the doorbells this worker held (workers/held.py)."""
+    the doorbells this worker held (workers/held.py). Its value is the worker's
+    `replicas[]` entry in /healthz (`presence_value`)."""
     from apps.core.redis import sync_client
+    from loomcycle_project import __version__
 
     ttl = max(1, math.ceil(settings.LOOMCYCLE.lease_seconds))
     try:
-        sync_client().set(PRESENCE_PREFIX + name, str(time.time()), ex=ttl)
+        sync_client().set(
+            PRESENCE_PREFIX + name, presence_value(kind="worker", process_id=name, version=__version__), ex=ttl
+        )
     except (RedisError, OSError):  # retried next beat; a missed one costs duplicate doorbells at worst
         log.exception("worker presence update failed")
 

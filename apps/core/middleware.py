@@ -21,7 +21,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-API_PREFIXES = ("/v1/", "/healthz")
+API_PREFIXES = ("/v1/", "/healthz", "/metrics")
 
 
 def api_bypass(inner_path: str) -> type:

@@ -35,6 +35,7 @@ from django.db import OperationalError, connection, transaction
 
 from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.errors import ApplicationError
+from apps.core.metrics import Batch
 from apps.core.redact import run_redactor
 from apps.core.tools import Park, ToolContext, ToolResult, VolumeBinding
 from apps.gateway import fairness
@@ -52,7 +53,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import registry, signals, store
+from apps.runs import metrics, registry, signals, store
 from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
@@ -107,6 +108,7 @@ class StepWrite:
     child_ids: list[str] = field(default_factory=list)
     switched: Switched | None = None  # the candidate a provider fallback moved to
     deliveries: list[signals.Delivery] = field(default_factory=list)  # lifecycle signals recorded with the commit
+    metrics: Batch = field(default_factory=Batch)  # provider and tool calls made, flushed after the commit
 
 
 def run_iterate(*, run_id: str, step: int) -> Outcome:
@@ -129,12 +131,29 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
         committed = _commit(run, write)
     if committed is None:
         log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
+        _flush_metrics(write, Outcome.FENCE_LOST, None, 0.0)
         return Outcome.FENCE_LOST
     if committed != write.status:  # input or a cancel arrived during the step: it rang instead of parking
         write.next = Next.REQUEUE
     _after_commit(run, write)
-    record_timing(time.perf_counter() - started, write.provider_s, waited)
+    elapsed = time.perf_counter() - started
+    record_timing(elapsed, write.provider_s, waited)
+    _flush_metrics(write, Outcome(write.next.value), committed, elapsed)
     return Outcome(write.next.value)
+
+
+def _flush_metrics(write: StepWrite, outcome: Outcome, committed: str | None, elapsed: float) -> None:
+    """The iteration's counters, with the provider and tool calls it made, in one
+    Redis round trip (apps.core.metrics); nothing when metrics are off."""
+    if not settings.LOOMCYCLE.metrics_enabled:
+        return
+    batch = write.metrics
+    batch.inc(metrics.ITERATIONS, (outcome.value,))
+    if committed is not None:
+        batch.observe(metrics.ITERATION_SECONDS, (), elapsed)
+    if committed is not None and outcome == Outcome.FINISH:
+        batch.inc(metrics.RUNS_FINISHED, (committed,))
+    batch.flush()
 
 
 def _claim(run_id: str, step: int) -> ClaimedRun | None:
@@ -323,12 +342,15 @@ def _call_with_retries(
     provider = get_provider(provider_id)
     for attempt in range(1, retries + 2):
         t0 = time.perf_counter()
+        result = "error"
         try:
             try:
                 # a remote call gives the engine to other iterations; provider_slot: its max_concurrent
                 with ADMISSION.outside() if provider.capabilities.remote else nullcontext():
                     with fairness.provider_slot(provider.id, cancel=cancel):
-                        return _consume(provider.stream(request, cancel))
+                        reply = _consume(provider.stream(request, cancel))
+                        result = "ok"
+                        return reply
             except fairness.SlotRefused as refused:  # queued too long: retry/fall back like a provider 429
                 raise ProviderError(provider.id, 429, refused.message, retry_after=5.0) from refused
         except ProviderError as exc:
@@ -340,8 +362,15 @@ def _call_with_retries(
             with ADMISSION.outside():
                 if cancel.wait(wait_s):
                     raise ProviderCancelled() from exc
+        except ProviderCancelled:
+            result = "cancelled"
+            raise
         finally:
-            write.provider_s += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            write.provider_s += seconds
+            labels = (provider.id, request.model)
+            write.metrics.inc(metrics.PROVIDER_CALLS, (*labels, result))
+            write.metrics.observe(metrics.PROVIDER_SECONDS, labels, seconds)
     raise AssertionError("unreachable: the loop returns or raises")
 
 
@@ -438,6 +467,7 @@ def _run_tools(
     )
     with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)
+    _count_tool_calls(run, ran, write)
     outcomes = _prepare_spawns(run, ran, write)
     if cancel.is_set():
         return cancelled_write(_cancel_reason(run))
@@ -468,6 +498,15 @@ def _run_tools(
     if run.step + 1 >= run.max_iterations:
         return _finish(write, "max_iterations")
     return write
+
+
+def _count_tool_calls(run: ClaimedRun, ran: list[CallOutcome], write: StepWrite) -> None:
+    """A tool label is a name of the run's effective tool set (bounded); any name
+    the model made up outside it counts under one label."""
+    for o in ran:
+        tool = o.call.name if o.call.name in run.tools else metrics.NOT_ALLOWED
+        write.metrics.inc(metrics.TOOL_CALLS, (tool, metrics.result_label(o.result.is_error)))
+        write.metrics.observe(metrics.TOOL_SECONDS, (tool,), o.seconds)
 
 
 def _prepare_spawns(run: ClaimedRun, outcomes: list[CallOutcome], write: StepWrite) -> list[CallOutcome]:

@@ -102,6 +102,32 @@ def runs_live_counts() -> dict[str, int]:
     return {"active": sum(by_status.values()), "queued": queued}
 
 
+def runs_live_by_status() -> dict[str, int]:
+    """Live (non-terminal) runs of every tenant by status, every live status present
+    (0 when none). Terminal runs are not counted here: their table grows without
+    bound; `loomcycle_runs_finished_total` counts them (apps.runs.metrics)."""
+    rows = Run.objects.filter(status__in=[*RUNNABLE, *PARKED]).values("status").annotate(n=Count("id"))
+    counts = {str(s): 0 for s in (*RUNNABLE, *PARKED)}
+    counts.update({row["status"]: row["n"] for row in rows})
+    return counts
+
+
+def runs_in_flight_by_tenant(*, limit: int) -> list[tuple[str, int]]:
+    """Top-level runs queued or running, per tenant: the `limit` busiest tenants,
+    then one ("_other", n) row for the rest when there are more."""
+    rows = (
+        Run.objects.filter(status__in=RUNNABLE, parent__isnull=True)
+        .values("tenant_id")
+        .annotate(n=Count("id"))
+        .order_by("-n", "tenant_id")
+    )
+    counted = [(row["tenant_id"], row["n"]) for row in rows]
+    top, rest = counted[:limit], counted[limit:]
+    if rest:
+        top.append(("_other", sum(n for _, n in rest)))
+    return top
+
+
 def runs_liveness(*, run_ids: list[str]) -> dict[str, bool]:
     """{run_id: is live} for the runs that exist; ids with no row are absent."""
     rows = Run.objects.filter(id__in=run_ids).values_list("id", "status")

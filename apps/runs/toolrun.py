@@ -15,6 +15,7 @@ step's commit (Postgres text and jsonb refuse them).
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from functools import partial
@@ -35,6 +36,13 @@ log = logging.getLogger("loomcycle.tools")
 class CallOutcome:
     call: ToolCall
     result: ToolResult
+    seconds: float = 0.0  # wall time of the call (policy checks, hooks and the tool), for metrics
+
+
+def _timed(ctx: ToolContext, call: ToolCall) -> CallOutcome:
+    t0 = time.perf_counter()
+    result = _execute_one(ctx, call)
+    return CallOutcome(call, result, time.perf_counter() - t0)
 
 
 def _execute_one(ctx: ToolContext, call: ToolCall) -> ToolResult:
@@ -70,10 +78,10 @@ def _run_tool(tool: Tool, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         return ToolResult(f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}", is_error=True)
 
 
-def _in_thread(ctx: ToolContext, call: ToolCall) -> ToolResult:
+def _in_thread(ctx: ToolContext, call: ToolCall) -> CallOutcome:
     close_old_connections()
     try:
-        return _execute_one(ctx, call)
+        return _timed(ctx, call)
     finally:
         connection.close()  # hand this thread's connection back to the pool
 
@@ -83,11 +91,11 @@ def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
     ctxs = {c.id: replace(base, call_id=c.id) for c in calls}
     if len(calls) == 1:
         call = calls[0]
-        return [CallOutcome(call, _execute_one(ctxs[call.id], call))]
+        return [_timed(ctxs[call.id], call)]
     parallel = max(1, min(settings.LOOMCYCLE.tool_parallelism, len(calls)))
     outcomes: list[CallOutcome] = []
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="lc-tool") as pool:
-        pending: dict[Future[ToolResult], ToolCall] = {}
+        pending: dict[Future[CallOutcome], ToolCall] = {}
         queue = list(calls)
         while queue or pending:
             while queue and len(pending) < parallel and not base.cancelled.is_set():
@@ -97,5 +105,6 @@ def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                outcomes.append(CallOutcome(pending.pop(fut), fut.result()))
+                pending.pop(fut)
+                outcomes.append(fut.result())
     return outcomes

@@ -21,6 +21,7 @@ import os
 import secrets
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -30,6 +31,7 @@ from redis import RedisError
 import loomcycle_project
 from apps.core.middleware import HybridMiddleware
 from apps.core.redis import sync_client
+from apps.core.timefmt import iso_z
 from workers.held import PRESENCE_PREFIX, WEB_PRESENCE_PREFIX, presence_value, replica_id
 
 log = logging.getLogger("loomcycle.replicas")
@@ -99,8 +101,17 @@ def _entry(key: str, raw: bytes | str | None) -> dict[str, Any] | None:
         value = {"last_heartbeat_at": value}
     kind = "web" if key.startswith(WEB_PRESENCE_PREFIX) else "worker"
     process_id = key.removeprefix(WEB_PRESENCE_PREFIX).removeprefix(PRESENCE_PREFIX)
-    fields = ("replica_id", "hostname", "pid", "started_at", "last_heartbeat_at", "version")
-    return {"id": process_id, "kind": kind, **{f: value.get(f) for f in fields}}
+    fields = ("replica_id", "hostname", "pid", "version")
+    times = {f: _rfc3339(value.get(f)) for f in ("started_at", "last_heartbeat_at")}
+    return {"id": process_id, "kind": kind, **{f: value.get(f) for f in fields}, **times}
+
+
+def _rfc3339(epoch: Any) -> str | None:
+    """Unix seconds (as the keys hold them) on the wire as RFC 3339 UTC, None when absent."""
+    try:
+        return iso_z(datetime.fromtimestamp(float(epoch), tz=UTC))
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def replicas() -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -153,18 +154,23 @@ def test_metrics_disabled_is_a_404_and_healthz_says_so(db: None, client: Client,
 
 
 def test_healthz_names_this_replica_and_lists_the_live_processes(metrics_web: str, stack: WorkerPool) -> None:
-    resp = httpx.get(metrics_web + "/healthz", timeout=30)
+    def listed() -> httpx.Response | None:  # workers just (re)started write their key once ready
+        resp = httpx.get(metrics_web + "/healthz", timeout=30)
+        pids = {r["pid"] for r in resp.json()["replicas"] if r["kind"] == "worker"}
+        return resp if set(stack.pids()) <= pids else None
+
+    resp = wait_for(listed, timeout=60, interval=0.2)
     assert resp.status_code == 200
     body = resp.json()
     assert body["metrics_enabled"] is True and body["replica_id"] == REPLICA
     replicas = body["replicas"]
     webs = [r for r in replicas if r["kind"] == "web" and r["replica_id"] == REPLICA]
     assert len(webs) == 1 and webs[0]["id"].startswith(REPLICA + ":")
-    workers = {r["pid"] for r in replicas if r["kind"] == "worker"}
-    assert set(stack.pids()) <= workers
     fields = {"id", "kind", "replica_id", "hostname", "pid", "started_at", "last_heartbeat_at", "version"}
     assert all(set(r) == fields for r in replicas)
-    assert all(r["started_at"] <= r["last_heartbeat_at"] for r in replicas)
+    for r in replicas:  # RFC 3339 UTC
+        assert r["started_at"].endswith("Z") and r["last_heartbeat_at"].endswith("Z")
+        assert datetime.fromisoformat(r["started_at"]) <= datetime.fromisoformat(r["last_heartbeat_at"])
     db_password = django_settings.DATABASES["default"].get("PASSWORD")
     secrets = [str(v) for v in (django_settings.SECRET_KEY, db_password, django_settings.REDIS_URL) if v]
     assert not [v for v in secrets if v in resp.text]

@@ -1,8 +1,9 @@
 """GET /metrics: Prometheus text for the whole cluster (docs/operations.md lists every metric).
 
 Two sources, both cluster-wide, so any web replica answers for all of them:
-- work done (iterations, provider calls, tool calls, finished runs): counters
-  and histograms every worker adds to in Redis (apps.core.metrics);
+- work done (iterations, provider calls, tool calls, finished runs, schedule
+  fires, webhook deliveries): counters and histograms every process adds to
+  in Redis (apps.core.metrics);
 - state (live runs by status, in-flight runs per tenant, queue depth,
   fairness slots, database connections): read from Postgres and Redis at
   scrape time, with bounded queries (live runs only; a tenant label only on
@@ -25,7 +26,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-import apps.runs.metrics  # noqa: F401  (declares the engine's metrics)
+import apps.runs.metrics
+import apps.triggers.metrics  # noqa: F401  (declares the schedule and webhook counters)
 from apps.core import metrics as core_metrics
 from apps.core.errors import ApplicationError, NotFound
 from apps.gateway.fairness import FairnessUnavailable, slots_stats

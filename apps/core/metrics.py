@@ -26,6 +26,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from django.conf import settings
+from django.db import transaction
 from redis import RedisError
 
 from apps.core.redis import sync_client
@@ -121,6 +123,17 @@ class Batch:
             log.warning("metrics: %d increment(s) lost, Redis refused them: %s", len(self.deltas), exc)
         finally:
             self.deltas.clear()
+
+
+def count_on_commit(metric: Counter, values: tuple[str, ...] = ()) -> None:
+    """+1 once the current transaction commits (at once outside one); nothing
+    when LOOMCYCLE_METRICS_ENABLED is off. For writes outside the engine's step
+    (schedule fires, webhook deliveries), so a rolled-back write counts nothing."""
+    if not settings.LOOMCYCLE.metrics_enabled:
+        return
+    batch = Batch()
+    batch.inc(metric, values)
+    transaction.on_commit(batch.flush)
 
 
 @dataclass

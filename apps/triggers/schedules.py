@@ -41,6 +41,7 @@ from redis.exceptions import RedisError
 
 from apps.core.errors import ApplicationError, QuotaExhausted, RuntimePaused
 from apps.core.identity import ACT_AS_USER_SCOPE
+from apps.core.metrics import count_on_commit
 from apps.core.types import TENANT_SCOPE, Principal
 from apps.runs.models import RuntimeStateValue
 from apps.runs.prompt import Segment
@@ -52,6 +53,7 @@ from apps.substrate.selectors import active_defs
 from apps.substrate.services import def_retire_auto
 from apps.triggers.credentials import CredentialMissing, schedule_credentials
 from apps.triggers.cron import DROPPED_COUNT_CAP, cron_of, due_slots, next_after
+from apps.triggers.metrics import SCHEDULE_FIRES
 from apps.triggers.models import FireOutcome, ScheduleFire, SchedulerTick, ScheduleState
 from apps.triggers.oncomplete import oncomplete_record
 
@@ -324,6 +326,7 @@ def _fire_schedule(state: ScheduleState, plan: _Plan) -> int:
             continue  # already fired (the UNIQUE backstop)
         fires += 1
         _record(state, fire)
+        count_on_commit(SCHEDULE_FIRES, (str(fire.outcome),))
     state.next_run_at = plan.next_run_at
     if plan.max_fires and state.fire_count >= plan.max_fires:
         def_retire_auto(get_kind("schedule"), def_id=row.id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,13 @@ from apps.core import metrics as core_metrics
 from apps.runs import services
 from apps.runs.models import RunStatus
 from apps.runs.prompt import Segment
+from apps.substrate import services as substrate
 from apps.substrate import tokens
+from apps.substrate.kinds import get_kind
+from apps.triggers.schedules import schedules_tick
+from apps.triggers.webhooks.models import Verdict
+from apps.triggers.webhooks.services import delivery_record
+from loomcycle_project.bootstrap import load_yaml_config
 from tests.conftest import ALICE, daphne, wait_for, wait_status
 from tests.procs import WorkerPool
 
@@ -183,3 +189,37 @@ def test_a_histogram_observation_lands_in_its_bucket_and_the_exposition_cumulate
     cumulative = dict(series.cumulative())
     assert cumulative["0.005"] == 1 and cumulative["0.25"] == 1 and cumulative["0.5"] == 3
     assert cumulative["300.0"] == 3 and cumulative["+Inf"] == 4
+
+
+def _count(name: str, *values: str) -> float:
+    return sum(s.total for s in core_metrics.read_all().get(name, []) if s.values == values)
+
+
+def test_schedule_fires_are_counted_by_outcome_once_committed(
+    db: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    load_yaml_config()
+    for name, overlay in (("off", {"enabled": False}), ("ghost", {"agent": "no-such-agent"})):
+        fields = {"agent": "scripted", "schedule": "* * * * *", "prompt": "x", "user_id": name, **overlay}
+        substrate.def_create(
+            get_kind("schedule"), substrate.Author(tenant_id="acme", subject="ops"), {"name": name, "overlay": fields}
+        )
+    t0 = datetime(2026, 11, 24, 12, 0, 30, tzinfo=UTC)
+    schedules_tick(now=t0)  # seeds the first slots
+    before = {o: _count("loomcycle_schedule_fires", o) for o in ("skipped_disabled", "failed")}
+    with django_capture_on_commit_callbacks(execute=False) as pending:
+        schedules_tick(now=datetime(2026, 11, 24, 12, 1, 1, tzinfo=UTC))
+    assert {o: _count("loomcycle_schedule_fires", o) for o in before} == before  # nothing before the commit
+    for callback in pending:
+        callback()
+    assert {o: _count("loomcycle_schedule_fires", o) - n for o, n in before.items()} == {
+        "skipped_disabled": 1,
+        "failed": 1,
+    }
+
+
+def test_webhook_delivery_records_are_counted_by_verdict(db: None, django_capture_on_commit_callbacks: Any) -> None:
+    before = _count("loomcycle_webhook_deliveries", "rejected_sig")
+    with django_capture_on_commit_callbacks(execute=True):
+        delivery_record(owner="acme", name="github", delivery_id="d-1", verdict=Verdict.REJECTED_SIG)
+    assert _count("loomcycle_webhook_deliveries", "rejected_sig") == before + 1

@@ -34,10 +34,12 @@ from apps.channels.services import publish
 from apps.core.errors import ApplicationError, QuotaExhausted, RuntimePaused
 from apps.core.http import loads_checked
 from apps.core.identity import ACT_AS_USER_SCOPE
+from apps.core.metrics import count_on_commit
 from apps.core.redis import sync_client
 from apps.core.types import ADMIN_SCOPE, Principal
 from apps.runs.prompt import Segment
 from apps.runs.services import RunCreate, run_create
+from apps.triggers.metrics import WEBHOOK_DELIVERIES
 from apps.triggers.oncomplete import oncomplete_record
 from apps.triggers.webhooks.errors import BadBody, ChannelUnavailable, InvalidRun, RuntimeUnavailable, WebhookRefused
 from apps.triggers.webhooks.mapping import Mapped
@@ -75,6 +77,7 @@ def delivery_record(
         run_id=run_id,
         channel=channel,
     )
+    count_on_commit(WEBHOOK_DELIVERIES, (str(verdict),))
     deliveries_prune_maybe()
 
 
@@ -175,6 +178,7 @@ def delivery_spawn(*, hook: Hook, delivery_id: str, mapped: Mapped) -> Delivered
         return replay
     except ApplicationError as exc:
         raise spawn_refusal(exc) from exc
+    count_on_commit(WEBHOOK_DELIVERIES, (Verdict.ACCEPTED.value,))
     deliveries_prune_maybe()
     return Delivered(delivery_id=delivery_id, run_id=run.id, agent_id=run.agent_id)
 
@@ -220,5 +224,6 @@ def delivery_publish(*, hook: Hook, delivery_id: str, body: bytes) -> Delivered:
         raise BadBody(exc.message) from exc
     except ApplicationError as exc:
         raise ChannelUnavailable(f'channel "{channel}" is unavailable').with_detail(exc.message) from exc
+    count_on_commit(WEBHOOK_DELIVERIES, (Verdict.ACCEPTED.value,))
     deliveries_prune_maybe()
     return Delivered(delivery_id=delivery_id, channel=channel)

@@ -23,12 +23,11 @@ doctor: $(STAMP)
 
 # TEST_WORKERS pytest-xdist workers (0: one process), each with its own embedded Postgres,
 # Redis, Celery workers and web (docs/architecture.md, "The test suite"); --dist loadfile
-# keeps each module, and the processes its module-scoped fixtures start, on one worker, and
-# --no-loadscope-reorder hands out modules in the order tests/conftest.py sorts them (slowest first).
+# keeps each module, and the processes its module-scoped fixtures start, on one worker.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -47,44 +46,6 @@ def _fresh_auth_caches() -> Iterator[None]:
     auth_cache.forget_local()
     yield
     auth_cache.bump()
-
-
-# pytest's cache key: seconds per test module (setup + call + teardown) in the last whole run.
-_MODULE_SECONDS = "loomcycle/module_seconds"
-_this_run: dict[str, float] = {}
-
-
-def _module(nodeid: str) -> str:
-    return nodeid.partition("::")[0]
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slowest modules first, by their seconds in the last whole run; a module without a
-    record (a new one) goes first of all. `make test` hands whole modules to its xdist
-    workers in this order (--dist loadfile --no-loadscope-reorder), so no long module
-    starts last and runs alone at the end. The sort is stable: a module's tests keep
-    their order (every process reads the same record, so every worker collects the same list)."""
-    if config.cache is None:
-        return
-    last: dict[str, float] = config.cache.get(_MODULE_SECONDS, {})
-    items.sort(key=lambda item: -last.get(_module(item.nodeid), math.inf))
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Adds each phase's seconds to its module (in the process that reports: xdist's controller)."""
-    _this_run[_module(report.nodeid)] = _this_run.get(_module(report.nodeid), 0.0) + report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Records the modules' seconds, only from a whole run (the testpaths, no -k or -m), in the
-    process that saw every report (not an xdist worker); a module that did not run keeps its record."""
-    config = session.config
-    whole = config.args_source is pytest.Config.ArgsSource.TESTPATHS and not (
-        config.option.keyword or config.option.markexpr
-    )
-    if config.cache is None or hasattr(config, "workerinput") or not whole or not _this_run:
-        return
-    config.cache.set(_MODULE_SECONDS, {**config.cache.get(_MODULE_SECONDS, {}), **_this_run})
 
 
 # Static rows from migrations that a test's flush keeps (post_migrate would only write them back).

@@ -24,8 +24,13 @@ run: $(STAMP)
 doctor: $(STAMP)
 	$(PY) manage.py doctor
 
+# TEST_WORKERS pytest-xdist workers (0: one process), each with its own embedded Postgres,
+# Redis, Celery workers and web (docs/architecture.md, "The test suite"); --dist loadfile
+# keeps each module, and the processes its module-scoped fixtures start, on one worker.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
+from django.db.backends.postgresql.operations import DatabaseOperations
 from django.db.models import Q
 
 from apps.core.types import Principal
@@ -45,6 +46,43 @@ def _fresh_auth_caches() -> Iterator[None]:
     auth_cache.forget_local()
     yield
     auth_cache.bump()
+
+
+# Static rows from migrations that a test's flush keeps (post_migrate would only write them back).
+_KEPT_BY_FLUSH = frozenset({"django_content_type", "auth_permission"})
+
+
+def _flush_by_delete(
+    ops: DatabaseOperations,
+    style: Any,
+    tables: list[str],
+    *,
+    reset_sequences: bool = False,
+    allow_cascade: bool = False,
+) -> list[str]:
+    """The flush that ends each transactional test: lock every table as TRUNCATE
+    would (ACCESS EXCLUSIVE, in the same order, in the flush's one transaction), then
+    DELETE their rows. A TRUNCATE gives each table and index a new file; on the ~40
+    small tables of a test it cost ~10x the DELETEs (docs/architecture.md, "The test
+    suite"). Django's foreign keys are DEFERRABLE INITIALLY DEFERRED, so the order of
+    the DELETEs does not matter; with the locks held, no worker writes in between."""
+    if reset_sequences or allow_cascade:
+        return _TRUNCATE_FLUSH(ops, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+    names = [ops.quote_name(table) for table in tables if table not in _KEPT_BY_FLUSH]
+    if not names:
+        return []
+    return [f"LOCK TABLE {', '.join(names)} IN ACCESS EXCLUSIVE MODE;", *(f"DELETE FROM {name};" for name in names)]
+
+
+_TRUNCATE_FLUSH = DatabaseOperations.sql_flush
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_deletes_rows() -> Iterator[None]:
+    """Every test's flush in this process deletes rows instead of truncating (`_flush_by_delete`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", _flush_by_delete)
+        yield
 
 
 @pytest.fixture
@@ -155,7 +193,7 @@ def _quiesce(timeout: float = 10.0) -> None:
     """Before the flush that ends a transactional test: wait (bounded) until no
     run is queued or inside an iteration, and no finished child is still being
     reported to its parent (a worker's report, after the child's commit, locks
-    the parent), so no worker's transaction races the flush's TRUNCATE into a
+    the parent), so no worker's transaction races the flush's table locks into a
     deadlock. Parked and finished runs hold no lock."""
     deadline = time.monotonic() + timeout
     busy = Run.objects.filter(

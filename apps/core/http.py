@@ -121,7 +121,11 @@ def storable(data: Any) -> Any:
 
 
 def openapi_body(schema: type[BaseModel]) -> dict[str, object]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+    """The request body of a route that parses it itself. Nested models are
+    referenced under components/schemas; their definitions ride along in `$defs`,
+    which loomcycle_project.openapi moves there (the one NinjaAPI's schema)."""
+    json_schema = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
 
 
 def request_principal(request: HttpRequest) -> Principal:

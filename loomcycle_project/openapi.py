@@ -17,6 +17,9 @@ from typing import Any
 from ninja import NinjaAPI
 from ninja.openapi.schema import OpenAPISchema
 
+from apps.core.ids import IDENT_RE
+from apps.memory.models import MemoryScope
+
 COMPONENTS = "#/components/schemas/"
 EVENT_STREAM = "text/event-stream"
 
@@ -56,6 +59,18 @@ SSE_OPERATIONS: dict[str, str] = {
 # Of those, the ones whose 200 is never JSON (POST /v1/runs answers JSON with 202).
 SSE_ONLY = frozenset({"apps_runs_api_runs_stream", "apps_runs_api_runs_create"})
 
+# Path parameters that routes take as plain `str` and check in their service
+# (apps.core.ids.is_ident, the memory scope, a schedule's def_id): the same
+# rule, documented. The services' checks stay what decides.
+IDENT = f"^{IDENT_RE.pattern}$"
+PATH_PARAMS: dict[str, dict[str, Any]] = {
+    "run_id": {"type": "string", "pattern": IDENT},
+    "agent_id": {"type": "string", "pattern": IDENT},
+    "user_id": {"type": "string", "pattern": IDENT},
+    "def_id": {"type": "string", "pattern": "^def_[A-Za-z0-9_-]{1,124}$"},
+    "scope": {"type": "string", "enum": list(MemoryScope.values)},
+}
+
 ANY_JSON: dict[str, Any] = {"type": "object", "additionalProperties": True}
 
 
@@ -78,6 +93,7 @@ def complete_schema(schema: dict[str, Any]) -> None:
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():
             _hoist_body_defs(operation, schemas)
+            _constrain_path_params(operation)
             _complete_responses(operation)
 
 
@@ -90,6 +106,13 @@ def _hoist_body_defs(operation: dict[str, Any], schemas: dict[str, Any]) -> None
             if name in schemas and schemas[name] != definition:
                 raise ValueError(f"OpenAPI: two different schemas are named {name}")
             schemas[name] = definition
+
+
+def _constrain_path_params(operation: dict[str, Any]) -> None:
+    for parameter in operation.get("parameters", []):
+        rule = PATH_PARAMS.get(parameter["name"])
+        if parameter.get("in") == "path" and rule:
+            parameter["schema"] = {**parameter.get("schema", {}), **rule}
 
 
 def _complete_responses(operation: dict[str, Any]) -> None:

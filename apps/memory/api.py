@@ -148,7 +148,7 @@ async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key
     "/_memory/search",
     operation_id="memory_search",
     summary="Vector search {query, scope, scope_id, top_k, rank, dedup}",
-    openapi_extra=openapi_body(MemorySearchIn),
+    openapi_extra=openapi_body(MemorySearchIn, enums={"scope": MemoryScope.values}),
 )
 async def memory_search(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, MemorySearchIn, max_bytes=ADMIN_BODY_BYTES)

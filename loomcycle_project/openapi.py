@@ -71,6 +71,12 @@ PATH_PARAMS: dict[str, dict[str, Any]] = {
     "scope": {"type": "string", "enum": list(MemoryScope.values)},
 }
 
+# Query parameters with a range their route checks itself, by operationId.
+QUERY_PARAMS: dict[tuple[str, str], dict[str, Any]] = {
+    ("apps_runs_api_runs_events", "from_seq"): {"minimum": 0},
+    ("apps_runs_api_runs_events", "limit"): {"minimum": 1, "maximum": 5000},
+}
+
 ANY_JSON: dict[str, Any] = {"type": "object", "additionalProperties": True}
 
 
@@ -93,7 +99,7 @@ def complete_schema(schema: dict[str, Any]) -> None:
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():
             _hoist_body_defs(operation, schemas)
-            _constrain_path_params(operation)
+            _constrain_params(operation)
             _complete_responses(operation)
 
 
@@ -108,10 +114,13 @@ def _hoist_body_defs(operation: dict[str, Any], schemas: dict[str, Any]) -> None
             schemas[name] = definition
 
 
-def _constrain_path_params(operation: dict[str, Any]) -> None:
+def _constrain_params(operation: dict[str, Any]) -> None:
     for parameter in operation.get("parameters", []):
-        rule = PATH_PARAMS.get(parameter["name"])
-        if parameter.get("in") == "path" and rule:
+        if parameter.get("in") == "path":
+            rule = PATH_PARAMS.get(parameter["name"], {})
+        else:
+            rule = QUERY_PARAMS.get((operation.get("operationId", ""), parameter["name"]), {})
+        if rule:
             parameter["schema"] = {**parameter.get("schema", {}), **rule}
 
 

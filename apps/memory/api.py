@@ -36,7 +36,14 @@ class MemoryPutIn(BaseModel):
 
 
 class MemorySearchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Documented as selectors.slot_for checks it: agent and user scopes need a scope_id.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"scope": {"enum": ["agent", "user"]}}, "required": ["scope"]},
+            "then": {"properties": {"scope_id": {"minLength": 1}}, "required": ["scope_id"]},
+        },
+    )
 
     query: str
     scope: str

@@ -17,7 +17,11 @@ class _In(BaseModel):
 
 
 # What kinds_admin.fields.check_channel_name accepts (it also refuses `.`/`..` segments).
-CHANNEL_NAME_DOC: dict[str, Any] = {"minLength": 1, "maxLength": 256, "pattern": r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$"}
+CHANNEL_NAME_DOC: dict[str, Any] = {
+    "minLength": 1,
+    "maxLength": 256,
+    "pattern": r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+}
 
 
 class ChannelCreateIn(_In):

@@ -12,6 +12,7 @@ none. Invariant: after it, every `$ref` resolves inside the document.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ninja import NinjaAPI
@@ -86,7 +87,9 @@ class LoomcycleAPI(NinjaAPI):
     def get_openapi_schema(
         self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
     ) -> OpenAPISchema:
-        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        # A deep copy: ninja's schema shares dicts with the routes' openapi_extra,
+        # which completing it must not change (the next build would lose the $defs).
+        schema = copy.deepcopy(super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params))
         complete_schema(schema)
         return schema
 

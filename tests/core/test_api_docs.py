@@ -95,6 +95,12 @@ def test_streams_are_documented_as_event_streams(schema: dict[str, Any]) -> None
         assert set(paths[path]["post"]["responses"]["200"]["content"]) == {"text/event-stream", "application/json"}
 
 
+def test_building_the_schema_twice_gives_the_same_document(schema: dict[str, Any]) -> None:
+    assert json.dumps(dict(api.get_openapi_schema(path_prefix="/v1/")), sort_keys=True) == json.dumps(
+        schema, sort_keys=True
+    )
+
+
 def test_nested_body_models_are_components(schema: dict[str, Any]) -> None:
     body = schema["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     messages = body["properties"]["messages"]["items"]

@@ -6,17 +6,17 @@ import logging
 
 from django.db import DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from apps.core.errors import ApplicationError
 from apps.runs.api import router as runs_router
 from apps.substrate.api import mount as substrate_routes
 from apps.substrate.auth import BearerAuth
+from loomcycle_project.openapi import LoomcycleAPI
 
 log = logging.getLogger("loomcycle.api")
 
-api = NinjaAPI(
+api = LoomcycleAPI(
     title="loomcycle",
     version="1",
     urls_namespace="v1",

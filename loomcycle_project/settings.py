@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # /v1/docs renders with its bundled swagger-ui files (served by WhiteNoise), not a CDN
     "channels",
     "apps.core",  # its migration creates the pgvector extension
     "apps.substrate",

@@ -16,8 +16,16 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# What kinds_admin.fields.check_channel_name accepts (it also refuses `.`/`..` segments).
+CHANNEL_NAME_DOC: dict[str, Any] = {
+    "minLength": 1,
+    "maxLength": 256,
+    "pattern": r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+}
+
+
 class ChannelCreateIn(_In):
-    name: StrictStr
+    name: StrictStr = Field(json_schema_extra=CHANNEL_NAME_DOC)
     description: StrictStr = ""
     scope: Literal["global", "agent", "user", "tenant"] = "global"
     semantic: Literal["queue", "broadcast", "topic"] = "queue"
@@ -34,9 +42,17 @@ class ChannelUpdateIn(_In):
     max_messages: Count | None = None
 
 
+# Documented as the services check them: a payload is required and not null,
+# deliver_at is an RFC 3339 time (absent or null: now).
+PAYLOAD_DOC: dict[str, Any] = {"not": {"type": "null"}}
+DELIVER_AT_DOC: dict[str, Any] = {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "null"}]}
+
+
 class ChannelPublishIn(_In):
-    payload: Any = None  # required; any JSON value but null
-    deliver_at: Any = None  # RFC 3339; past or absent: visible now
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["payload"]})
+
+    payload: Any = Field(default=None, json_schema_extra=PAYLOAD_DOC)  # required; any JSON value but null
+    deliver_at: Any = Field(default=None, json_schema_extra=DELIVER_AT_DOC)  # past or absent: visible now
     ttl: Count | None = None  # seconds; 0 or absent: the channel's default_ttl
 
 
@@ -46,12 +62,23 @@ class ChannelSubscribeIn(_In):
     wait_ms: Count | None = None  # long-poll; cut to LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS
 
 
+CURSOR_PATTERN = r"^(cur_0|cur_[0-9a-f]{16}_msg_[0-9a-f]{24})$"  # what streams.decode_cursor accepts
+
+
 class ChannelAckIn(_In):
-    cursor: Any = None
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["cursor"]})
+
+    cursor: Any = Field(default=None, json_schema_extra={"type": "string", "pattern": CURSOR_PATTERN})
 
 
 class _Fanout(_In):
-    channels: Any = None  # 1..32 names, checked by access.fanout_names
+    # 1..32 names, checked by access.fanout_names (400 missing_channels when absent).
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["channels"]})
+
+    channels: Any = Field(
+        default=None,
+        json_schema_extra={"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 32},
+    )
     scope: Literal["", "global", "tenant", "user", "agent"] = ""  # "": each channel's declared scope
     scope_id: StrictStr = ""  # the user id (user) or agent name (agent)
 
@@ -65,6 +92,8 @@ class ChannelAwaitIn(_Fanout):
 
 
 class ChannelBroadcastIn(_Fanout):
-    payload: Any = None
-    deliver_at: Any = None
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["channels", "payload"]})
+
+    payload: Any = Field(default=None, json_schema_extra=PAYLOAD_DOC)
+    deliver_at: Any = Field(default=None, json_schema_extra=DELIVER_AT_DOC)
     ttl: Count | None = None

@@ -11,7 +11,7 @@ hashing, redaction, jsonb)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -120,8 +120,16 @@ def storable(data: Any) -> Any:
     return data
 
 
-def openapi_body(schema: type[BaseModel]) -> dict[str, object]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+def openapi_body(schema: type[BaseModel], *, enums: dict[str, Sequence[str]] | None = None) -> dict[str, object]:
+    """The request body of a route that parses it itself. Nested models are
+    referenced under components/schemas; their definitions ride along in `$defs`,
+    which loomcycle_project.openapi moves there (the one NinjaAPI's schema).
+    `enums` documents the values a service accepts for a plain `str` field
+    (an `op`): the description only, the service's own check stays the rule."""
+    json_schema = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+    for field, values in (enums or {}).items():
+        json_schema["properties"][field]["enum"] = list(values)
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
 
 
 def request_principal(request: HttpRequest) -> Principal:

@@ -141,7 +141,15 @@ MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
 
 
 class EmbeddingsIn(_Lenient):
-    input: Any
+    # Documented as `_texts` checks it: a string or 1..MAX_EMBEDDING_INPUTS strings.
+    input: Any = Field(
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS},
+            ]
+        }
+    )
     model: str = ""
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None  # accepted, ignored: the embedder has one size

@@ -36,7 +36,14 @@ class MemoryPutIn(BaseModel):
 
 
 class MemorySearchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Documented as selectors.slot_for checks it: agent and user scopes need a scope_id.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"scope": {"enum": ["agent", "user"]}}, "required": ["scope"]},
+            "then": {"properties": {"scope_id": {"minLength": 1}}, "required": ["scope_id"]},
+        },
+    )
 
     query: str
     scope: str
@@ -148,7 +155,7 @@ async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key
     "/_memory/search",
     operation_id="memory_search",
     summary="Vector search {query, scope, scope_id, top_k, rank, dedup}",
-    openapi_extra=openapi_body(MemorySearchIn),
+    openapi_extra=openapi_body(MemorySearchIn, enums={"scope": MemoryScope.values}),
 )
 async def memory_search(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, MemorySearchIn, max_bytes=ADMIN_BODY_BYTES)

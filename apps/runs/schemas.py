@@ -88,7 +88,8 @@ class CancelIn(BaseModel):
 
 
 class InputIn(BaseModel):
-    text: str = Field(max_length=1024 * 1024)
+    # Documented non-empty: the route refuses "" itself (422 empty_input).
+    text: str = Field(max_length=1024 * 1024, json_schema_extra={"minLength": 1})
 
 
 class PauseIn(BaseModel):

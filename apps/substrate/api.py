@@ -90,7 +90,7 @@ def _add_routes(kind: Kind) -> None:
         op_dispatch,
         operation_id=f"{kind.key}def_op",
         summary=f"{kind.tool} op-dispatch ({', '.join(sorted(kind.ops))})",
-        openapi_extra=openapi_body(DefOpIn),
+        openapi_extra=openapi_body(DefOpIn, enums={"op": sorted(kind.ops)}),
     )
     router.add_api_operation(
         f"/_{kind.key}def/names",

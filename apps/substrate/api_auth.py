@@ -99,7 +99,7 @@ async def operator_token_names(request: HttpRequest) -> JsonResponse:
 @router.post(
     "/_operatortokendef",
     summary="OperatorTokenDef op-dispatch (create, rotate, retire, get, list); admin only",
-    openapi_extra=openapi_body(OperatorTokenOpIn),
+    openapi_extra=openapi_body(OperatorTokenOpIn, enums={"op": tokens.OPS}),
 )
 async def operator_token_op(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, OperatorTokenOpIn, max_bytes=ADMIN_BODY_BYTES).model_dump(exclude_unset=True)

@@ -296,6 +296,8 @@ class BearerAuth:
 
     openapi_type = "http"
     openapi_scheme = "bearer"
+    # ninja declares the scheme (Swagger's Authorize button) from this attribute.
+    openapi_security_schema = {"type": "http", "scheme": "bearer"}
     is_async = True
 
     async def __call__(self, request: HttpRequest) -> Principal:

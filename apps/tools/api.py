@@ -37,7 +37,7 @@ def _dispatch(principal: Principal, body: VolumeDefOpIn) -> dict[str, Any]:
     "/_volumedef",
     operation_id="volumedef_op",
     summary="VolumeDef op-dispatch (create, get, list, delete, purge) in the caller's tenant",
-    openapi_extra=openapi_body(VolumeDefOpIn),
+    openapi_extra=openapi_body(VolumeDefOpIn, enums={"op": OPS}),
 )
 async def volumedef_op(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, VolumeDefOpIn, max_bytes=64 * 1024)

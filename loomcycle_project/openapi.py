@@ -1,0 +1,151 @@
+"""The OpenAPI description of /v1, completed where ninja leaves gaps.
+
+Routes that parse their body themselves (`apps.core.http.parse_body`) declare
+it with `openapi_body`, whose JSON schema carries pydantic's local `$defs`;
+ninja copies it into the operation as is, so `#/$defs/X` would point at the
+document root, where nothing is. `complete_schema` moves those definitions to
+`components/schemas` (refs are generated against it) and adds what every
+route shares: the bearer scheme, the one error body of
+`ApplicationError.body()`, and a response schema for a route that declares
+none. Invariant: after it, every `$ref` resolves inside the document.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ninja import NinjaAPI
+from ninja.openapi.schema import OpenAPISchema
+
+from apps.core.ids import IDENT_RE
+from apps.memory.models import MemoryScope
+
+COMPONENTS = "#/components/schemas/"
+EVENT_STREAM = "text/event-stream"
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "description": "Every 4xx/5xx body of /v1: a machine-readable code, a human message, and details.",
+    "properties": {
+        "code": {"type": "string", "description": "machine-readable, e.g. invalid_request, not_found"},
+        "error": {"type": "string", "description": "a message for humans"},
+        "details": {"type": "object", "additionalProperties": True},
+    },
+    "required": ["code", "error"],
+}
+
+ERROR_RESPONSES: dict[str, str] = {
+    "400": "Invalid request (code invalid_request, invalid_value, ...)",
+    "401": "Missing or unknown bearer token (code unauthorized)",
+    "403": "The credential may not do this (code forbidden)",
+    "404": "No such object for this tenant (code not_found)",
+    "409": "Conflicts with the object's state (code conflict)",
+    "429": "Quota or rate limit exhausted (a Retry-After header may say when)",
+    "500": "A bug on the server, logged there (code internal_error)",
+    "503": "The runtime is paused or a dependency is unavailable",
+}
+
+# Operations that answer with Server-Sent Events, by operationId: the runs
+# stream always, the others unless their body asks for JSON (background:true,
+# stream:false), so both media types are documented for them.
+SSE_OPERATIONS: dict[str, str] = {
+    "apps_runs_api_runs_stream": "The run's events as SSE (id: seq, event: kind, data: JSON)",
+    "apps_runs_api_runs_create": "The run's events as SSE, unless background:true (then 202 JSON)",
+    "apps_gateway_api_chat_completions": "chat.completion.chunk frames as SSE when stream:true",
+    "apps_gateway_api_llm_chat": "named SSE events when stream:true",
+}
+
+# Of those, the ones whose 200 is never JSON (POST /v1/runs answers JSON with 202).
+SSE_ONLY = frozenset({"apps_runs_api_runs_stream", "apps_runs_api_runs_create"})
+
+# Path parameters that routes take as plain `str` and check in their service
+# (apps.core.ids.is_ident, the memory scope, a schedule's def_id): the same
+# rule, documented. The services' checks stay what decides.
+IDENT = f"^{IDENT_RE.pattern}$"
+PATH_PARAMS: dict[str, dict[str, Any]] = {
+    "run_id": {"type": "string", "pattern": IDENT},
+    "agent_id": {"type": "string", "pattern": IDENT},
+    "user_id": {"type": "string", "pattern": IDENT},
+    "def_id": {"type": "string", "pattern": "^def_[A-Za-z0-9_-]{1,124}$"},
+    "scope": {"type": "string", "enum": list(MemoryScope.values)},
+}
+
+# Query parameters with a range their route checks itself, by operationId.
+QUERY_PARAMS: dict[tuple[str, str], dict[str, Any]] = {
+    ("apps_runs_api_runs_events", "from_seq"): {"minimum": 0},
+    ("apps_runs_api_runs_events", "limit"): {"minimum": 1, "maximum": 5000},
+}
+
+ANY_JSON: dict[str, Any] = {"type": "object", "additionalProperties": True}
+
+
+class LoomcycleAPI(NinjaAPI):
+    """NinjaAPI whose OpenAPI schema is completed by `complete_schema`."""
+
+    def get_openapi_schema(
+        self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
+    ) -> OpenAPISchema:
+        # A deep copy: ninja's schema shares dicts with the routes' openapi_extra,
+        # which completing it must not change (the next build would lose the $defs).
+        schema = copy.deepcopy(super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params))
+        complete_schema(schema)
+        return schema
+
+
+def complete_schema(schema: dict[str, Any]) -> None:
+    """Complete `schema` in place (see the module docstring)."""
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas["Error"] = ERROR_SCHEMA
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            _hoist_body_defs(operation, schemas)
+            _constrain_params(operation)
+            _complete_responses(operation)
+
+
+def _hoist_body_defs(operation: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """Move the request body's `$defs` into components; a name defined twice
+    with different schemas is a bug in our models, so it raises."""
+    for media in operation.get("requestBody", {}).get("content", {}).values():
+        defs = media.get("schema", {}).pop("$defs", {})
+        for name, definition in defs.items():
+            if name in schemas and schemas[name] != definition:
+                raise ValueError(f"OpenAPI: two different schemas are named {name}")
+            schemas[name] = definition
+
+
+def _constrain_params(operation: dict[str, Any]) -> None:
+    for parameter in operation.get("parameters", []):
+        if parameter.get("in") == "path":
+            rule = PATH_PARAMS.get(parameter["name"], {})
+        else:
+            rule = QUERY_PARAMS.get((operation.get("operationId", ""), parameter["name"]), {})
+        if rule:
+            parameter["schema"] = {**parameter.get("schema", {}), **rule}
+
+
+def _complete_responses(operation: dict[str, Any]) -> None:
+    responses = {str(status): response for status, response in operation.get("responses", {}).items()}
+    operation["responses"] = responses
+    sse = SSE_OPERATIONS.get(operation.get("operationId", ""))
+    if sse:
+        responses.setdefault("200", {"description": sse})
+    for status, response in responses.items():
+        if not str(status).startswith("2"):
+            continue
+        content = response.setdefault("content", {})
+        if sse and str(status) == "200":
+            response["description"] = sse
+            content[EVENT_STREAM] = {"schema": {"type": "string"}}
+            if operation.get("operationId") in SSE_ONLY:
+                content.pop("application/json", None)
+                continue
+        content.setdefault("application/json", {"schema": ANY_JSON})
+    for status, description in ERROR_RESPONSES.items():
+        responses.setdefault(
+            status,
+            {"description": description, "content": {"application/json": {"schema": {"$ref": COMPONENTS + "Error"}}}},
+        )

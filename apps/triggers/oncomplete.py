@@ -2,7 +2,9 @@
 `memory.set`, in order, only when the run ends `completed`. Generic: any
 trigger (schedules now, webhooks later) records the hooks with
 `oncomplete_record` in the transaction that creates its run (created with
-`notify_finished`), and `oncomplete_run` runs them when the run ends.
+`notify_finished`), and `oncomplete_run` runs them when the run ends: in the
+hooks' own Celery task for a completed run (apps.triggers.services), never on
+the engine's path.
 `mcp.call` calls a tool of an MCP server the trigger's tenant can see (apps.mcp);
 the run's credentials are gone by then (its terminal commit clears them), so a
 `${run.*}` header template of that server takes its fallback or refuses the hook.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from django.urls import reverse
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.mcp import selectors, services
 from apps.mcp.client import calls
-from apps.mcp.client.servers import server_spec
+from apps.mcp.client.servers import ServerSpec, server_spec
 from apps.runs import registry
 from apps.triggers.models import OnCompleteJob
 from apps.triggers.oncomplete import oncomplete_run
@@ -149,3 +150,40 @@ def test_past_the_stdio_bound_the_least_recently_used_idle_server_is_stopped(mcp
     assert not calls.call_tool(second, "get_current_time", {"timezone": "UTC"}).is_error
     [new] = wait_for(lambda: (pids := time_servers()) and len(pids) == 1 and old not in pids and pids)
     assert new != old
+
+
+def _children(marker: bytes) -> list[int]:
+    """The pids of this process's live children whose command line holds `marker`."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or marker not in (proc / "cmdline").read_bytes():
+                continue
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # it ended while we looked
+            continue
+        if ppid == os.getpid():
+            out.append(int(proc.name))
+    return out
+
+
+def test_a_stdio_server_that_never_initializes_is_stopped_and_the_next_call_starts_afresh(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, mcp_call_timeout_seconds=1.0)
+    spec = ServerSpec(def_id="mute", tenant_id="", name="mute", transport="stdio", command="sleep", args=("1017",))
+    with pytest.raises(calls.McpCallFailed):
+        calls.call_tool(spec, "anything", {})
+    wait_for(lambda: not _children(b"1017"))  # its process is gone, not kept as a pooled session
+    failures: list[Exception] = []
+    second = threading.Thread(target=_call_into, args=(spec, failures))
+    second.start()
+    assert wait_for(lambda: _children(b"1017"))  # a fresh process for the next call
+    second.join()
+    assert [type(f) for f in failures] == [calls.McpCallFailed]
+    wait_for(lambda: not _children(b"1017"))
+
+
+def _call_into(spec: ServerSpec, failures: list[Exception]) -> None:
+    try:
+        calls.call_tool(spec, "anything", {})
+    except calls.McpCallFailed as exc:
+        failures.append(exc)

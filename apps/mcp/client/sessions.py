@@ -7,6 +7,10 @@ Invariants:
 - a stdio server is one process per (process, def version), started on first use;
   at most `max_stdio` are open (the least recently used idle one is stopped to make
   room; when all are busy the call is refused); HTTP sessions are bounded likewise;
+- opening a session (connect/spawn and `initialize`) is bounded by the call timeout:
+  a server that never finishes `initialize` fails the open, and its process is
+  stopped; a caller that gives up while the session is still opening drops it
+  (its owner task is cancelled), so the next call starts a fresh one;
 - a session whose server died or whose HTTP session expired is dropped; the call
   that found it so is sent once more on a fresh session (so a call the server was
   running when it died may run twice: said in docs/mcp.md);
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -42,6 +47,10 @@ log = logging.getLogger("loomcycle.mcp")
 MAX_HTTP_SESSIONS = 64
 ToolsListener = Callable[[ServerSpec, list[dict[str, Any]]], None]
 _GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
+
+
+class McpOpenFailed(Exception):
+    """A session could not be opened (the server did not finish `initialize` in time, or went away)."""
 
 
 class McpBusy(Exception):
@@ -127,7 +136,7 @@ class Sessions:
         for attempt in (1, 2):
             live = self._reserve(spec)
             try:
-                session = await asyncio.shield(live.ready)
+                session = await self._ready(live)
                 return await session.call_tool(tool, args)
             except Exception as exc:
                 if not gone(exc) or attempt == 2:
@@ -137,6 +146,16 @@ class Sessions:
             finally:
                 live.busy -= 1
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _ready(self, live: _Live) -> ClientSession:
+        """The session once open; a caller cancelled (its deadline) while it is still
+        opening drops it, so a server that never answers `initialize` is not kept."""
+        try:
+            return await asyncio.shield(live.ready)
+        except asyncio.CancelledError:
+            if not live.ready.done():
+                self._drop(live)
+            raise
 
     def _reserve(self, spec: ServerSpec) -> _Live:
         """The live session for `spec` (opening one if needed), counted busy until released;
@@ -166,24 +185,42 @@ class Sessions:
         self._drop(idle)
 
     def _drop(self, live: _Live) -> None:
+        """Forget `live` and stop it: an open session is closed by its owner; one still
+        opening has its owner task cancelled (which stops a stdio server it spawned)."""
         live.dead = True
         live.stop.set()
+        if live.task is not None and not live.ready.done() and live.task is not asyncio.current_task():
+            live.task.cancel()
         if self._live.get(live.spec.key) is live:
             del self._live[live.spec.key]
 
     async def _own(self, live: _Live) -> None:
         handler: MessageHandlerFnT = partial(self._on_message, live)
         try:
-            async with open_session(live.spec, self._timeout, handler) as session:
-                live.session = session
-                live.ready.set_result(session)
-                await live.stop.wait()
+            with anyio.fail_after(self._timeout) as opening:  # spawn/connect and initialize
+                async with open_session(live.spec, self._timeout, handler) as session:
+                    opening.deadline = math.inf  # open: it lives until stopped
+                    live.session = session
+                    live.ready.set_result(session)
+                    await live.stop.wait()
+        except TimeoutError:
+            if live.ready.done():
+                log.warning("mcp server %r: session ended", live.spec.name, exc_info=True)
+                return
+            why = f"the server did not finish initialize within {self._timeout:g} s"
+            log.warning("mcp server %r: %s; stopped", live.spec.name, why)
+            live.ready.set_exception(McpOpenFailed(why))
+            live.ready.exception()  # retrieved: a caller that gave up first does not leave it unread
         except Exception as exc:  # the opener's error, or (logged) how an open session ended
             if not live.ready.done():
                 live.ready.set_exception(exc)
+                live.ready.exception()
             else:
                 log.warning("mcp server %r: session ended", live.spec.name, exc_info=True)
         finally:
+            if not live.ready.done():  # cancelled while opening (a caller gave up, or shutdown)
+                live.ready.set_exception(McpOpenFailed("the session was stopped before it was open"))
+                live.ready.exception()
             self._drop(live)
 
     async def _on_message(self, live: _Live, message: IncomingMessage) -> None:

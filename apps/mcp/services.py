@@ -47,9 +47,16 @@ def discovered_tools_store(*, row: VersionedDef, tools: list[dict[str, Any]] | N
     DiscoveredTools.objects.update_or_create(def_id=row.id, defaults=defaults)
 
 
-def tools_relisted(spec: ServerSpec, tools: list[dict[str, Any]]) -> None:
-    """A server's list_changed answer (called on the MCP loop's helper thread)."""
+def tools_relisted(spec: ServerSpec, tools: list[dict[str, Any]] | None) -> None:
+    """A server said its list changed (called on the MCP loop's helper thread): store
+    `tools` (a stdio session's re-list), or with None re-discover the server without
+    any run's credentials (an HTTP session's headers may hold one run's)."""
     try:
+        if tools is None:
+            row = selectors.server_by_id(def_id=spec.def_id)
+            if row is not None and not row.retired:
+                mcp_server_discover(row=row)
+            return
         DiscoveredTools.objects.filter(def_id=spec.def_id).update(tools=tools, error="", discovered_at=timezone.now())
         log.info("mcp server %r: tools re-listed after list_changed (%d tools)", spec.name, len(tools))
     finally:

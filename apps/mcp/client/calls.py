@@ -89,7 +89,7 @@ def set_tools_listener(listener: ToolsListener) -> None:
     _TOOLS_LISTENER[:] = [listener]
 
 
-def _on_tools(spec: ServerSpec, tools: list[dict[str, Any]]) -> None:
+def _on_tools(spec: ServerSpec, tools: list[dict[str, Any]] | None) -> None:
     for listener in _TOOLS_LISTENER:
         listener(spec, tools)
 

@@ -14,8 +14,13 @@ Invariants:
 - a session whose server died or whose HTTP session expired is dropped; the call
   that found it so is sent once more on a fresh session (so a call the server was
   running when it died may run twice: said in docs/mcp.md);
-- a `notifications/tools/list_changed` re-lists the server's tools and hands them
-  to `on_tools` (run on a thread: it writes the cache through Django).
+- a `notifications/tools/list_changed` never re-lists on an HTTP session (it may
+  carry one run's credentials, and the cache is shared): `on_tools(spec, None)`
+  asks for a credential-less re-discovery instead; a stdio session (no run
+  credentials) re-lists on itself and hands the tools over. At most one per
+  server is under way. `on_tools` runs on a thread (it writes the cache through Django);
+- an HTTP session idle for `IDLE_HTTP_TTL_S` is closed (its headers may hold a
+  finished run's credentials).
 Nothing here touches Django or the database.
 """
 
@@ -45,7 +50,8 @@ from apps.mcp.client.transport import guarded_client
 log = logging.getLogger("loomcycle.mcp")
 
 MAX_HTTP_SESSIONS = 64
-ToolsListener = Callable[[ServerSpec, list[dict[str, Any]]], None]
+IDLE_HTTP_TTL_S = 300.0
+ToolsListener = Callable[[ServerSpec, list[dict[str, Any]] | None], None]
 _GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
 
 
@@ -119,6 +125,7 @@ class _Live:
         self.stop = asyncio.Event()
         self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.busy = 0
+        self.used_at = asyncio.get_running_loop().time()
         self.dead = False
         self.task: asyncio.Task[None] | None = None
 
@@ -130,6 +137,8 @@ class Sessions:
         self._max_stdio, self._timeout, self._on_tools = max_stdio, timeout, on_tools
         self._live: OrderedDict[str, _Live] = OrderedDict()
         self._refreshes: set[asyncio.Task[None]] = set()  # referenced until done (asyncio keeps weak refs)
+        self._relisting: set[str] = set()  # def ids with a re-list under way
+        self._reaper: asyncio.TimerHandle | None = None
 
     async def call(self, spec: ServerSpec, tool: str, args: dict[str, Any]) -> types.CallToolResult:
         """Call `tool`; a session found gone is replaced and the call sent once more."""
@@ -145,6 +154,7 @@ class Sessions:
                 self._drop(live)
             finally:
                 live.busy -= 1
+                live.used_at = asyncio.get_running_loop().time()
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _ready(self, live: _Live) -> ClientSession:
@@ -171,7 +181,20 @@ class Sessions:
             live.task = asyncio.create_task(self._own(live), name=f"mcp:{spec.name}")
         self._live.move_to_end(spec.key)
         live.busy += 1
+        if not spec.is_stdio and self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(IDLE_HTTP_TTL_S, self._reap_idle)
         return live
+
+    def _reap_idle(self) -> None:
+        """Close HTTP sessions idle for IDLE_HTTP_TTL_S; again later while any is open."""
+        self._reaper = None
+        now = asyncio.get_running_loop().time()
+        http = [v for v in self._live.values() if not v.spec.is_stdio]
+        for live in http:
+            if live.busy == 0 and now - live.used_at >= IDLE_HTTP_TTL_S:
+                self._drop(live)
+        if any(not v.spec.is_stdio for v in self._live.values()):
+            self._reaper = asyncio.get_running_loop().call_later(IDLE_HTTP_TTL_S, self._reap_idle)
 
     def _make_room(self, spec: ServerSpec) -> None:
         same = [v for v in self._live.values() if v.spec.is_stdio == spec.is_stdio]
@@ -225,6 +248,9 @@ class Sessions:
 
     async def _on_message(self, live: _Live, message: IncomingMessage) -> None:
         if isinstance(message, types.ToolListChangedNotification):
+            if live.spec.def_id in self._relisting:
+                return  # one re-list per server at a time; it reads the list as it is by then
+            self._relisting.add(live.spec.def_id)
             task = asyncio.create_task(self._refresh(live), name=f"mcp-list:{live.spec.name}")
             self._refreshes.add(task)
             task.add_done_callback(self._refreshes.discard)
@@ -232,15 +258,23 @@ class Sessions:
             log.warning("mcp server %r: transport error: %r", live.spec.name, message)
 
     async def _refresh(self, live: _Live) -> None:
+        """A stdio session re-lists on itself; an HTTP one asks for a credential-less discovery."""
         try:
-            assert live.session is not None
-            tools = await list_all(live.session)
+            tools = None
+            if live.spec.is_stdio:
+                assert live.session is not None
+                tools = await list_all(live.session)
             await asyncio.to_thread(self._on_tools, live.spec, tools)
         except Exception:  # logged: the cache keeps the previous list; the next list_changed retries
             log.exception("mcp server %r: re-listing tools after list_changed failed", live.spec.name)
+        finally:
+            self._relisting.discard(live.spec.def_id)
 
     async def close_all(self) -> None:
         """Stop every session (their owner tasks close them: a stdio server is shut down)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         lives = list(self._live.values())
         for live in lives:
             self._drop(live)

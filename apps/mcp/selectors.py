@@ -21,7 +21,8 @@ def server_resolve(*, tenant_id: str, name: str) -> VersionedDef | None:
 
 def server_by_id(*, def_id: str) -> VersionedDef | None:
     """The MCPServerDef version `def_id` (an id the client holds from a row it resolved)."""
-    return get_kind("mcpserver").model._default_manager.filter(id=def_id).first()
+    row: VersionedDef | None = get_kind("mcpserver").model._default_manager.filter(id=def_id).first()
+    return row
 
 
 def discovered_for(*, def_ids: list[str]) -> dict[str, DiscoveredTools]:

@@ -3,10 +3,12 @@
 Invariants:
 - `DiscoveredTools` is written only here, one row per MCPServerDef version;
   a failed re-discovery keeps the tools last listed and records the error;
+- `rediscover` reaches only the caller's own tenant's servers (a shared one: admins);
 - discovery runs at registration (MCPServerDef create/fork with `discover`, default
   true), on `rediscover`, for yaml servers at boot, and when a server says its
   list changed; runs never trigger it (a run offers what the cache holds);
-- an MCP call holds no DB connection while it waits for the server;
+- an MCP call or a discovery holds no DB connection while it waits for the server
+  (unless its caller is inside a transaction);
 - every failure of a call is the caller's error result, with run credentials redacted.
 """
 
@@ -67,6 +69,8 @@ def mcp_server_discover(*, row: VersionedDef) -> dict[str, Any]:
     """tools/list on the server of `row` and store the answer; the report of what happened."""
     try:
         spec = server_spec(row, credentials=None)
+        if not connection.in_atomic_block:
+            connection.close()  # no DB connection is held while the server answers (reopened to store)
         tools = calls.list_tools(spec)
     except (Refused, EgressRefused, calls.McpCallFailed) as exc:
         reason = exc.message if isinstance(exc, Refused) else str(exc)
@@ -119,6 +123,8 @@ def mcpserver_rediscover(kind: Kind, author: Any, data: dict[str, Any]) -> dict[
     row = selectors.server_resolve(tenant_id=author.tenant_id, name=name)
     if row is None:
         raise RefusedNotFound(f"rediscover: mcp server {name!r} not found")
+    if row.tenant_id != author.tenant_id and not author.is_admin:
+        raise Refused(f"rediscover: mcp server {name!r} is shared (the operator's); only an admin may rediscover it")
     return mcp_server_discover(row=row)
 
 

@@ -19,6 +19,8 @@ from apps.mcp import selectors, services
 from apps.mcp.client import calls
 from apps.mcp.client.servers import ServerSpec, server_spec
 from apps.runs import registry
+from apps.substrate.kinds import Refused, get_kind
+from apps.substrate.services import Author, def_dispatch
 from apps.triggers.models import OnCompleteJob
 from apps.triggers.oncomplete import oncomplete_run
 from tests.conftest import wait_for
@@ -187,3 +189,14 @@ def _call_into(spec: ServerSpec, failures: list[Exception]) -> None:
         calls.call_tool(spec, "anything", {})
     except calls.McpCallFailed as exc:
         failures.append(exc)
+
+
+def test_rediscover_reaches_only_the_callers_own_servers_and_shared_ones_need_an_admin() -> None:
+    with pytest.raises(Refused, match="only an admin may rediscover it"):
+        mcpserver_op("acme", {"op": "rediscover", "name": "time"})  # the operator's shared yaml server
+    admin = Author(tenant_id="acme", subject="root", is_admin=True)
+    out = def_dispatch(get_kind("mcpserver"), admin, {"op": "rediscover", "name": "time"})
+    assert out["ok"] and "get_current_time" in out["tools"]
+    _server("acme", "own", ["one"])
+    own = mcpserver_op("acme", {"op": "rediscover", "name": "own"})  # its own: allowed (port 9 refuses)
+    assert own["name"] == "own" and not own["ok"]

@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.core.egress import EgressRefused
+from apps.core.http import storable, storable_text
 from apps.core.tools import ToolRefusal
 from apps.mcp import selectors
 from apps.mcp.client import calls
@@ -36,16 +38,48 @@ from apps.tools.httpcall import redact_credentials
 log = logging.getLogger("loomcycle.mcp")
 
 
+MAX_TOOLS = 256  # tools kept of one server's list
+MAX_DESCRIPTION_CHARS = 8 * 1024
+MAX_SCHEMA_CHARS = 64 * 1024  # an input schema larger than this (as JSON) is replaced
+MAX_ERROR_CHARS = 4 * 1024
+OPEN_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+def tools_storable(server: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a server listed, made fit for the cache and for providers: at most MAX_TOOLS
+    tools; text storable in Postgres (no NUL, no lone surrogate: apps.core.http.storable);
+    descriptions capped; an input schema that is not a JSON object with `type: object`, or
+    is larger than MAX_SCHEMA_CHARS, replaced by `{"type": "object"}` (logged)."""
+    if len(tools) > MAX_TOOLS:
+        log.warning("mcp server %r listed %d tools; the first %d are kept", server, len(tools), MAX_TOOLS)
+    out = []
+    for tool in tools[:MAX_TOOLS]:
+        schema = tool.get("input_schema")
+        if not _object_schema(schema):
+            log.warning("mcp server %r: tool %r: input schema replaced by %s", server, tool.get("name"), OPEN_SCHEMA)
+            schema = OPEN_SCHEMA
+        description = str(tool.get("description") or "")[:MAX_DESCRIPTION_CHARS]
+        out.append(storable({"name": str(tool["name"]), "description": description, "input_schema": schema}))
+    return out
+
+
+def _object_schema(schema: Any) -> bool:
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return False
+    return len(json.dumps(schema, default=str)) <= MAX_SCHEMA_CHARS
+
+
 def discovered_tools_store(*, row: VersionedDef, tools: list[dict[str, Any]] | None, error: str = "") -> None:
-    """Record a discovery: `tools` None (it failed) keeps the previous list."""
+    """Record a discovery: `tools` None (it failed) keeps the previous list. What the
+    server said is made storable first (`tools_storable`, the error capped)."""
     defaults: dict[str, Any] = {
         "tenant_id": row.tenant_id,
         "server": row.name,
-        "error": error,
+        "error": storable_text(error[:MAX_ERROR_CHARS]),
         "discovered_at": timezone.now(),
     }
     if tools is not None:
-        defaults["tools"] = tools
+        defaults["tools"] = tools_storable(row.name, tools)
     DiscoveredTools.objects.update_or_create(def_id=row.id, defaults=defaults)
 
 
@@ -59,7 +93,8 @@ def tools_relisted(spec: ServerSpec, tools: list[dict[str, Any]] | None) -> None
             if row is not None and not row.retired:
                 mcp_server_discover(row=row)
             return
-        DiscoveredTools.objects.filter(def_id=spec.def_id).update(tools=tools, error="", discovered_at=timezone.now())
+        stored = tools_storable(spec.name, tools)
+        DiscoveredTools.objects.filter(def_id=spec.def_id).update(tools=stored, error="", discovered_at=timezone.now())
         log.info("mcp server %r: tools re-listed after list_changed (%d tools)", spec.name, len(tools))
     finally:
         connection.close()  # this thread's connection goes back; the thread is reused for other work
@@ -76,9 +111,10 @@ def mcp_server_discover(*, row: VersionedDef) -> dict[str, Any]:
         reason = exc.message if isinstance(exc, Refused) else str(exc)
         discovered_tools_store(row=row, tools=None, error=reason)
         log.warning("mcp server %r (%s): discovery failed: %s", row.name, row.id, reason)
-        return {"def_id": row.id, "name": row.name, "ok": False, "error": reason, "tools": []}
+        return {"def_id": row.id, "name": row.name, "ok": False, "error": storable_text(reason), "tools": []}
     discovered_tools_store(row=row, tools=tools)
-    return {"def_id": row.id, "name": row.name, "ok": True, "tools": [t["name"] for t in tools]}
+    names = [t["name"] for t in tools_storable(row.name, tools)]
+    return {"def_id": row.id, "name": row.name, "ok": True, "tools": names}
 
 
 def mcp_static_servers_discover() -> list[dict[str, Any]]:

@@ -46,7 +46,9 @@ def mcp_tools(tenant_id: str) -> list[Tool]:
 
 
 def _tool(row: VersionedDef, listed: dict[str, Any]) -> Tool:
-    schema = listed.get("input_schema") or {"type": "object"}
+    schema = listed.get("input_schema")
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        schema = {"type": "object"}  # a provider takes only object schemas (discovery replaces others too)
     return Tool(
         name=tool_name(row.name, listed["name"]),
         description=listed.get("description") or f"{listed['name']} (MCP server {row.name})",

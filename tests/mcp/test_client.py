@@ -25,6 +25,7 @@ from apps.triggers.models import OnCompleteJob
 from apps.triggers.oncomplete import oncomplete_run
 from tests.conftest import wait_for
 from tests.mcp.conftest import mcpserver_op
+from tests.mcp.servers import Recorder
 
 pytestmark = pytest.mark.usefixtures("agents", "mcp_net")
 
@@ -200,3 +201,40 @@ def test_rediscover_reaches_only_the_callers_own_servers_and_shared_ones_need_an
     _server("acme", "own", ["one"])
     own = mcpserver_op("acme", {"op": "rediscover", "name": "own"})  # its own: allowed (port 9 refuses)
     assert own["name"] == "own" and not own["ok"]
+
+
+def test_what_a_server_lists_is_made_storable_bounded_and_object_typed() -> None:
+    _server("acme", "odd", [])
+    row = selectors.server_resolve(tenant_id="acme", name="odd")
+    assert row is not None
+    listed = [
+        {"name": "nul\x00name", "description": "bad \ud800 text", "input_schema": {"type": "object", "x": "\x00"}},
+        {"name": "array", "description": "", "input_schema": {"type": "array"}},
+        {"name": "huge", "description": "d" * 100_000, "input_schema": {"type": "object", "p": "y" * 70_000}},
+        *({"name": f"t{i}", "description": "", "input_schema": {"type": "object"}} for i in range(300)),
+    ]
+    services.discovered_tools_store(row=row, tools=listed, error="refused \x00 \udfff")
+    cached = selectors.discovered_for(def_ids=[row.id])[row.id]
+    assert len(cached.tools) == services.MAX_TOOLS
+    first, array, huge = cached.tools[:3]
+    assert first == {
+        "name": "nul\ufffdname",
+        "description": "bad \\ud800 text",
+        "input_schema": {"type": "object", "x": "\ufffd"},
+    }
+    assert array["input_schema"] == huge["input_schema"] == {"type": "object"}
+    assert len(huge["description"]) == services.MAX_DESCRIPTION_CHARS
+    assert cached.error == "refused \ufffd \\udfff"
+
+
+def test_an_mcp_call_hook_whose_answer_is_not_storable_is_recorded_all_the_same(
+    loopback: tuple[int, Recorder],
+) -> None:
+    overlay = {"transport": "streamable-http", "url": f"http://localhost:{loopback[0]}/mcp"}
+    mcpserver_op("acme", {"op": "create", "name": "garbler", "overlay": overlay, "discover": False})
+    hooks = [{"kind": "mcp.call", "server": "garbler", "tool": "garble", "args": {}}]
+    OnCompleteJob.objects.create(run_id="run_mcp_nul", tenant_id="acme", hooks=hooks)
+    [result] = oncomplete_run("run_mcp_nul", "completed") or []
+    assert not result["ok"] and result["error"] == "mcp_call_failed: Error executing tool garble: garbled \ufffd answer"
+    job = OnCompleteJob.objects.get(run_id="run_mcp_nul")
+    assert job.state == "done" and job.results == [result]

@@ -73,7 +73,7 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
         "def_id": created["def_id"],
         "name": "loopback",
         "ok": True,
-        "tools": ["echo", "fail", "wait", "grow"],
+        "tools": ["echo", "fail", "garble", "wait", "grow"],
     }
     assert recorder.authorizations("localhost") == {""}  # discovery has no run: the templated header is left out
     recorder.seen.clear()
@@ -93,7 +93,7 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
 
     # `grow` announced a new tool: the worker re-discovered the server and the cache has it,
     # listed without the run's credentials (the cache is shared by every run of the tenant).
-    assert wait_for(lambda: _cached_names(created["def_id"]) == ["echo", "fail", "wait", "grow", "shout"])
+    assert wait_for(lambda: _cached_names(created["def_id"]) == ["echo", "fail", "garble", "wait", "grow", "shout"])
     assert recorder.authorizations("localhost") == {f"Bearer {BEARER}", ""}
 
 

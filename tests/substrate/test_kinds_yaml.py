@@ -101,6 +101,12 @@ def test_mcpserver_refusals(overlay: dict[str, Any], match: str) -> None:
     refused("mcpserver", {"op": "create", "name": "bad", "overlay": overlay}, match)
 
 
+@pytest.mark.parametrize("name", ["time__x", "_time", "time_", "team/_x", "team_/x"])
+@pytest.mark.django_db
+def test_mcpserver_names_that_could_fall_inside_another_servers_tool_glob_are_refused(name: str) -> None:
+    refused("mcpserver", {"op": "create", "name": name, "overlay": MCP, **QUIET}, "may not contain '__'")
+
+
 @pytest.mark.django_db
 def test_mcpserver_url_host_must_pass_the_allowlist(settings: Any) -> None:
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("example.com.",))
@@ -336,6 +342,7 @@ def test_yaml_admin_kinds_load_idempotently_and_version_changes() -> None:
         ({"scheduled_runs": {"x": {"agent": "echo", "schedule": "nope"}}}, "want 5 fields"),
         ({"webhooks": {"x": {"delivery": "channel"}}}, "missing required field: channel"),
         ({"mcp_servers": {"x": {"transport": "stdio"}}}, "missing required field: command"),
+        ({"mcp_servers": {"time__x": {"transport": "stdio", "command": "t"}}}, "may not contain '__'"),
     ],
 )
 @pytest.mark.django_db

@@ -10,6 +10,7 @@ has the rules every secret-bearing field follows).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,8 +46,21 @@ def _check_url(url: str, what: str, strict: bool) -> str:
     return url
 
 
+def _check_server_name(name: str, what: str) -> None:
+    """A server's tools are named `mcp__<name>__<tool>` (other characters as `_`), and agents
+    grant them by globs such as `mcp__<name>__*`: a name whose mapped form holds `__` or
+    starts or ends with `_` could fall inside another server's glob, so it is refused."""
+    mapped = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    if "__" in mapped or mapped.startswith("_") or mapped.endswith("_"):
+        raise Refused(
+            f"{what}: a server name may not contain '__' (a '/' counts as '_') nor start or end with '_': "
+            "its tools are named mcp__<server>__<tool>"
+        )
+
+
 def normalise_mcpserver(name: str, raw: dict[str, Any], strict: bool) -> dict[str, Any]:
     what = f"mcp server {name!r}"
+    _check_server_name(name, what)
     raw = dict(raw)
     raw.pop("name", None)
     d = _drop_unknown(name, "mcp server", raw, MCP_FIELDS, strict)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from apps.core.http import storable, storable_text
 from apps.core.tools import ToolRefusal
 from apps.mcp import selectors
 from apps.mcp.client import calls
-from apps.mcp.client.servers import ServerSpec, server_spec
+from apps.mcp.client.servers import ServerSpec, run_host_refusal, server_spec
 from apps.mcp.models import DiscoveredTools
 from apps.substrate import services as substrate_services
 from apps.substrate.kinds import Kind, Refused, RefusedNotFound
@@ -180,10 +181,15 @@ def mcp_call(
     args: dict[str, Any],
     credentials: dict[str, str],
     cancel: threading.Event | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> CallOutcome:
     """Call `tool` of the server of `row` with the caller's credentials filled into its
-    headers; `cancel` (the run's) set abandons the call. Never raises for the server's
-    or the network's failures."""
+    headers; `cancel` (the run's) set abandons the call; `allowed_hosts` (the run's
+    effective host list; None for a call made by no run) bounds a runtime-authored
+    HTTP server. Never raises for the server's or the network's failures."""
+    refusal = None if allowed_hosts is None else run_host_refusal(row, allowed_hosts)
+    if refusal is not None:
+        return CallOutcome(refusal, True)
     try:
         spec = server_spec(row, credentials=credentials)
     except (Refused, ToolRefusal) as exc:

@@ -58,5 +58,12 @@ def _tool(row: VersionedDef, listed: dict[str, Any]) -> Tool:
 
 
 def _execute(row: VersionedDef, tool: str, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    outcome = services.mcp_call(row=row, tool=tool, args=data, credentials=dict(ctx.credentials), cancel=ctx.cancelled)
+    outcome = services.mcp_call(
+        row=row,
+        tool=tool,
+        args=data,
+        credentials=dict(ctx.credentials),
+        cancel=ctx.cancelled,
+        allowed_hosts=ctx.allowed_hosts,
+    )
     return ToolResult(outcome.text, is_error=outcome.is_error)

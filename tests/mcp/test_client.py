@@ -238,3 +238,28 @@ def test_an_mcp_call_hook_whose_answer_is_not_storable_is_recorded_all_the_same(
     assert not result["ok"] and result["error"] == "mcp_call_failed: Error executing tool garble: garbled \ufffd answer"
     job = OnCompleteJob.objects.get(run_id="run_mcp_nul")
     assert job.state == "done" and job.results == [result]
+
+
+def test_a_tenants_http_server_obeys_the_network_floor_and_the_runs_allowed_hosts(
+    loopback: tuple[int, Recorder], mcp_net: Any
+) -> None:
+    port, recorder = loopback
+    overlay = {"transport": "streamable-http", "url": f"http://localhost:{port}/mcp"}
+    mcpserver_op("acme", {"op": "create", "name": "floor", "overlay": overlay, "discover": False})
+    row = selectors.server_resolve(tenant_id="acme", name="floor")
+    assert row is not None
+    recorder.seen.clear()
+    narrowed = services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={}, allowed_hosts=())
+    assert narrowed.is_error and "is not within this run's allowed_hosts" in narrowed.text
+    elsewhere = ("example.com",)
+    assert services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={}, allowed_hosts=elsewhere).is_error
+    allowed = services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={}, allowed_hosts=("localhost",))
+    assert (allowed.text, allowed.is_error) == ("echo: x", False)
+    recorder.seen.clear()
+
+    mcp_net.LOOMCYCLE = dataclasses.replace(mcp_net.LOOMCYCLE, http_host_allowlist=())  # network not configured
+    refused = services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={})
+    assert refused.is_error and "not reachable while the network is not configured" in refused.text
+    discovery = mcpserver_op("acme", {"op": "rediscover", "name": "floor"})
+    assert not discovery["ok"] and "LOOMCYCLE_HTTP_HOST_ALLOWLIST" in discovery["error"]
+    assert recorder.seen == []  # nothing was sent

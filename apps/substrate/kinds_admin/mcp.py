@@ -10,6 +10,7 @@ has the rules every secret-bearing field follows).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from apps.core import egress
 from apps.core.config import runtime_config
 from apps.core.hosts import host_matches
 from apps.core.secrets import config_secret_names, resolve_references
@@ -43,7 +45,23 @@ def _check_url(url: str, what: str, strict: bool) -> str:
     # The SSRF gate is for runtime registration; operator yaml is trusted (SPEC 8).
     if strict and allowlist and not host_matches(host, allowlist):
         raise Refused(f"{what}: url host {host!r} is not in LOOMCYCLE_HTTP_HOST_ALLOWLIST")
+    if strict:
+        _check_literal_address(host, what)
     return url
+
+
+def _check_literal_address(host: str, what: str) -> None:
+    """An IP-literal host is refused at registration when the egress guard would refuse
+    dialling it (a non-public address whose host is not privately allowlisted), even
+    with `discover: false`. A name is checked when it is resolved, at every connect."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return  # a name, not an address
+    try:
+        egress.check_addresses(host, [host], egress.operator_policy(None))
+    except egress.EgressRefused as exc:
+        raise Refused(f"{what}: {exc.reason}") from exc
 
 
 def _check_server_name(name: str, what: str) -> None:

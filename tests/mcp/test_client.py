@@ -4,6 +4,7 @@ and on_complete `mcp.call` hooks call tools. No worker runs here."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -18,6 +19,7 @@ from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.mcp import selectors, services
 from apps.mcp.client import calls
 from apps.mcp.client.servers import ServerSpec, server_spec
+from apps.mcp.server.http import _Manager
 from apps.runs import registry
 from apps.substrate.kinds import Refused, get_kind
 from apps.substrate.services import Author, def_dispatch
@@ -263,3 +265,17 @@ def test_a_tenants_http_server_obeys_the_network_floor_and_the_runs_allowed_host
     discovery = mcpserver_op("acme", {"op": "rediscover", "name": "floor"})
     assert not discovery["ok"] and "LOOMCYCLE_HTTP_HOST_ALLOWLIST" in discovery["error"]
     assert recorder.seen == []  # nothing was sent
+
+
+def test_the_mcp_endpoints_session_manager_is_started_again_after_its_task_ends() -> None:
+    async def restarted() -> bool:
+        manager = _Manager()
+        first = await manager.started()
+        task = manager._task
+        assert task is not None
+        task.cancel()  # its task group ended (as a failure would end it)
+        await asyncio.wait([task])
+        second = await manager.started()
+        return second is not first and manager._task is not None and not manager._task.done()
+
+    assert asyncio.run(restarted())

@@ -19,6 +19,12 @@ def server_resolve(*, tenant_id: str, name: str) -> VersionedDef | None:
     return def_resolve(get_kind("mcpserver"), tenant_id=tenant_id, name=name)
 
 
+def server_by_id(*, def_id: str) -> VersionedDef | None:
+    """The MCPServerDef version `def_id` (an id the client holds from a row it resolved)."""
+    row: VersionedDef | None = get_kind("mcpserver").model._default_manager.filter(id=def_id).first()
+    return row
+
+
 def discovered_for(*, def_ids: list[str]) -> dict[str, DiscoveredTools]:
     """def_id -> its cache row, for those that have one."""
     return {row.def_id: row for row in DiscoveredTools.objects.filter(def_id__in=def_ids)}

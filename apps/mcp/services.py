@@ -3,17 +3,21 @@
 Invariants:
 - `DiscoveredTools` is written only here, one row per MCPServerDef version;
   a failed re-discovery keeps the tools last listed and records the error;
+- `rediscover` reaches only the caller's own tenant's servers (a shared one: admins);
 - discovery runs at registration (MCPServerDef create/fork with `discover`, default
   true), on `rediscover`, for yaml servers at boot, and when a server says its
   list changed; runs never trigger it (a run offers what the cache holds);
-- an MCP call holds no DB connection while it waits for the server;
+- an MCP call or a discovery holds no DB connection while it waits for the server
+  (unless its caller is inside a transaction);
 - every failure of a call is the caller's error result, with run credentials redacted.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +25,11 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.core.egress import EgressRefused
+from apps.core.http import storable, storable_text
 from apps.core.tools import ToolRefusal
 from apps.mcp import selectors
 from apps.mcp.client import calls
-from apps.mcp.client.servers import ServerSpec, server_spec
+from apps.mcp.client.servers import ServerSpec, run_host_refusal, server_spec
 from apps.mcp.models import DiscoveredTools
 from apps.substrate import services as substrate_services
 from apps.substrate.kinds import Kind, Refused, RefusedNotFound
@@ -34,23 +39,63 @@ from apps.tools.httpcall import redact_credentials
 log = logging.getLogger("loomcycle.mcp")
 
 
+MAX_TOOLS = 256  # tools kept of one server's list
+MAX_DESCRIPTION_CHARS = 8 * 1024
+MAX_SCHEMA_CHARS = 64 * 1024  # an input schema larger than this (as JSON) is replaced
+MAX_ERROR_CHARS = 4 * 1024
+OPEN_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+def tools_storable(server: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a server listed, made fit for the cache and for providers: at most MAX_TOOLS
+    tools; text storable in Postgres (no NUL, no lone surrogate: apps.core.http.storable);
+    descriptions capped; an input schema that is not a JSON object with `type: object`, or
+    is larger than MAX_SCHEMA_CHARS, replaced by `{"type": "object"}` (logged)."""
+    if len(tools) > MAX_TOOLS:
+        log.warning("mcp server %r listed %d tools; the first %d are kept", server, len(tools), MAX_TOOLS)
+    out = []
+    for tool in tools[:MAX_TOOLS]:
+        schema = tool.get("input_schema")
+        if not _object_schema(schema):
+            log.warning("mcp server %r: tool %r: input schema replaced by %s", server, tool.get("name"), OPEN_SCHEMA)
+            schema = OPEN_SCHEMA
+        description = str(tool.get("description") or "")[:MAX_DESCRIPTION_CHARS]
+        out.append(storable({"name": str(tool["name"]), "description": description, "input_schema": schema}))
+    return out
+
+
+def _object_schema(schema: Any) -> bool:
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return False
+    return len(json.dumps(schema, default=str)) <= MAX_SCHEMA_CHARS
+
+
 def discovered_tools_store(*, row: VersionedDef, tools: list[dict[str, Any]] | None, error: str = "") -> None:
-    """Record a discovery: `tools` None (it failed) keeps the previous list."""
+    """Record a discovery: `tools` None (it failed) keeps the previous list. What the
+    server said is made storable first (`tools_storable`, the error capped)."""
     defaults: dict[str, Any] = {
         "tenant_id": row.tenant_id,
         "server": row.name,
-        "error": error,
+        "error": storable_text(error[:MAX_ERROR_CHARS]),
         "discovered_at": timezone.now(),
     }
     if tools is not None:
-        defaults["tools"] = tools
+        defaults["tools"] = tools_storable(row.name, tools)
     DiscoveredTools.objects.update_or_create(def_id=row.id, defaults=defaults)
 
 
-def tools_relisted(spec: ServerSpec, tools: list[dict[str, Any]]) -> None:
-    """A server's list_changed answer (called on the MCP loop's helper thread)."""
+def tools_relisted(spec: ServerSpec, tools: list[dict[str, Any]] | None) -> None:
+    """A server said its list changed (called on the MCP loop's helper thread): store
+    `tools` (a stdio session's re-list), or with None re-discover the server without
+    any run's credentials (an HTTP session's headers may hold one run's)."""
     try:
-        DiscoveredTools.objects.filter(def_id=spec.def_id).update(tools=tools, error="", discovered_at=timezone.now())
+        if tools is None:
+            row = selectors.server_by_id(def_id=spec.def_id)
+            if row is not None and not row.retired:
+                mcp_server_discover(row=row)
+            return
+        stored = tools_storable(spec.name, tools)
+        DiscoveredTools.objects.filter(def_id=spec.def_id).update(tools=stored, error="", discovered_at=timezone.now())
         log.info("mcp server %r: tools re-listed after list_changed (%d tools)", spec.name, len(tools))
     finally:
         connection.close()  # this thread's connection goes back; the thread is reused for other work
@@ -60,14 +105,17 @@ def mcp_server_discover(*, row: VersionedDef) -> dict[str, Any]:
     """tools/list on the server of `row` and store the answer; the report of what happened."""
     try:
         spec = server_spec(row, credentials=None)
+        if not connection.in_atomic_block:
+            connection.close()  # no DB connection is held while the server answers (reopened to store)
         tools = calls.list_tools(spec)
     except (Refused, EgressRefused, calls.McpCallFailed) as exc:
         reason = exc.message if isinstance(exc, Refused) else str(exc)
         discovered_tools_store(row=row, tools=None, error=reason)
         log.warning("mcp server %r (%s): discovery failed: %s", row.name, row.id, reason)
-        return {"def_id": row.id, "name": row.name, "ok": False, "error": reason, "tools": []}
+        return {"def_id": row.id, "name": row.name, "ok": False, "error": storable_text(reason), "tools": []}
     discovered_tools_store(row=row, tools=tools)
-    return {"def_id": row.id, "name": row.name, "ok": True, "tools": [t["name"] for t in tools]}
+    names = [t["name"] for t in tools_storable(row.name, tools)]
+    return {"def_id": row.id, "name": row.name, "ok": True, "tools": names}
 
 
 def mcp_static_servers_discover() -> list[dict[str, Any]]:
@@ -112,6 +160,8 @@ def mcpserver_rediscover(kind: Kind, author: Any, data: dict[str, Any]) -> dict[
     row = selectors.server_resolve(tenant_id=author.tenant_id, name=name)
     if row is None:
         raise RefusedNotFound(f"rediscover: mcp server {name!r} not found")
+    if row.tenant_id != author.tenant_id and not author.is_admin:
+        raise Refused(f"rediscover: mcp server {name!r} is shared (the operator's); only an admin may rediscover it")
     return mcp_server_discover(row=row)
 
 
@@ -131,10 +181,15 @@ def mcp_call(
     args: dict[str, Any],
     credentials: dict[str, str],
     cancel: threading.Event | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> CallOutcome:
     """Call `tool` of the server of `row` with the caller's credentials filled into its
-    headers; `cancel` (the run's) set abandons the call. Never raises for the server's
-    or the network's failures."""
+    headers; `cancel` (the run's) set abandons the call; `allowed_hosts` (the run's
+    effective host list; None for a call made by no run) bounds a runtime-authored
+    HTTP server. Never raises for the server's or the network's failures."""
+    refusal = None if allowed_hosts is None else run_host_refusal(row, allowed_hosts)
+    if refusal is not None:
+        return CallOutcome(refusal, True)
     try:
         spec = server_spec(row, credentials=credentials)
     except (Refused, ToolRefusal) as exc:

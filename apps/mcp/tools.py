@@ -46,7 +46,9 @@ def mcp_tools(tenant_id: str) -> list[Tool]:
 
 
 def _tool(row: VersionedDef, listed: dict[str, Any]) -> Tool:
-    schema = listed.get("input_schema") or {"type": "object"}
+    schema = listed.get("input_schema")
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        schema = {"type": "object"}  # a provider takes only object schemas (discovery replaces others too)
     return Tool(
         name=tool_name(row.name, listed["name"]),
         description=listed.get("description") or f"{listed['name']} (MCP server {row.name})",
@@ -56,5 +58,12 @@ def _tool(row: VersionedDef, listed: dict[str, Any]) -> Tool:
 
 
 def _execute(row: VersionedDef, tool: str, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    outcome = services.mcp_call(row=row, tool=tool, args=data, credentials=dict(ctx.credentials), cancel=ctx.cancelled)
+    outcome = services.mcp_call(
+        row=row,
+        tool=tool,
+        args=data,
+        credentials=dict(ctx.credentials),
+        cancel=ctx.cancelled,
+        allowed_hosts=ctx.allowed_hosts,
+    )
     return ToolResult(outcome.text, is_error=outcome.is_error)

@@ -2,7 +2,9 @@
 `memory.set`, in order, only when the run ends `completed`. Generic: any
 trigger (schedules now, webhooks later) records the hooks with
 `oncomplete_record` in the transaction that creates its run (created with
-`notify_finished`), and `oncomplete_run` runs them when the run ends.
+`notify_finished`), and `oncomplete_run` runs them when the run ends: in the
+hooks' own Celery task for a completed run (apps.triggers.services), never on
+the engine's path.
 `mcp.call` calls a tool of an MCP server the trigger's tenant can see (apps.mcp);
 the run's credentials are gone by then (its terminal commit clears them), so a
 `${run.*}` header template of that server takes its fallback or refuses the hook.
@@ -12,7 +14,8 @@ Invariants:
   UPDATE (pending -> running); a redelivered or late second call updates no
   row and does nothing (a crash mid-hooks leaves the job `running`, never
   re-run into duplicates);
-- every hook's outcome is recorded in order ({kind, ok, error?}); a failure
+- every hook's outcome is recorded in order ({kind, ok, error?}; the error
+  storable and at most MAX_ERROR_CHARS, whatever a server answered); a failure
   of any kind (a refusal, a DB or Redis error) is logged and recorded and
   does not stop the hooks after it, and the job ends `done`;
 - a channel.publish carries an idempotency key per (run, hook), so even a
@@ -31,6 +34,7 @@ from apps.channels import services as channel_services
 from apps.channels.selectors import channel_get
 from apps.channels.streams import Stream
 from apps.core.errors import ApplicationError, Invalid
+from apps.core.http import storable_text
 from apps.mcp import selectors as mcp_selectors
 from apps.mcp import services as mcp_services
 from apps.memory import services as memory_services
@@ -42,6 +46,7 @@ from apps.triggers.models import JobState, OnCompleteJob
 log = logging.getLogger("loomcycle.triggers")
 
 PUBLISHER = "_trigger"  # published_by of hook messages
+MAX_ERROR_CHARS = 4 * 1024  # a hook's recorded error (results, the schedule's last_error)
 
 
 def oncomplete_record(
@@ -103,10 +108,12 @@ def _run_hook(job: OnCompleteJob, index: int, hook: dict[str, Any]) -> dict[str,
         runner(job, index, hook)
     except ApplicationError as exc:
         log.warning("run %s: on_complete[%d] %s failed: %s: %s", job.run_id, index, kind, exc.code, exc.message)
-        return {"kind": kind, "ok": False, "error": f"{exc.code}: {exc.message}"}
+        # The message may quote a server's answer (mcp.call): storable and bounded before it is recorded.
+        error = storable_text(f"{exc.code}: {exc.message}"[:MAX_ERROR_CHARS])
+        return {"kind": kind, "ok": False, "error": error}
     except Exception as exc:  # a DB or Redis error: logged with its traceback, recorded, the next hook still runs
         log.exception("run %s: on_complete[%d] %s raised", job.run_id, index, kind)
-        return {"kind": kind, "ok": False, "error": f"internal: {exc!r}"}
+        return {"kind": kind, "ok": False, "error": storable_text(f"internal: {exc!r}"[:MAX_ERROR_CHARS])}
     return {"kind": kind, "ok": True}
 
 

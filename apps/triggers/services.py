@@ -18,6 +18,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery import current_app
 from django.db import transaction
 from django.db.models import Max, QuerySet
 from django.utils import timezone
@@ -25,7 +26,7 @@ from django.utils import timezone
 from apps.core.errors import Conflict
 from apps.core.types import Principal
 from apps.runs.selectors import run_statuses
-from apps.runs.statuses import TERMINAL
+from apps.runs.statuses import TERMINAL, RunStatus
 from apps.substrate.kinds import get_kind
 from apps.substrate.models import ScheduleDef
 from apps.substrate.selectors import active_defs
@@ -116,8 +117,23 @@ def schedule_activated(sender: str, *, def_id: str, previous_def_id: str | None,
 # --- the end of a trigger's run -----------------------------------------------------
 
 
+HOOKS_TASK = "maintenance.triggers_run_finished"
+
+
 def trigger_run_finished(run_id: str, status: str) -> None:
-    """The apps.runs.registry.on_run_finished listener: hooks first, then the fire's record."""
+    """The apps.runs.registry.on_run_finished listener (called on the engine's path, inside
+    its admission slot and before the run's fairness slot is freed): a completed run with
+    hooks pending gets its own Celery task (`HOOKS_TASK`), so a hook waiting on an MCP
+    server holds neither slot; anything else (no hook to run) is recorded here at once.
+    A lost message is made up by `triggers_finished_sweep`; a duplicate finds the claim gone."""
+    if status == RunStatus.COMPLETED and OnCompleteJob.objects.filter(run_id=run_id, state=JobState.PENDING).exists():
+        current_app.send_task(HOOKS_TASK, kwargs={"run_id": run_id, "status": status})
+        return
+    trigger_run_finished_now(run_id, status)
+
+
+def trigger_run_finished_now(run_id: str, status: str) -> None:
+    """Hooks first (apps.triggers.oncomplete: at most once per run), then the fire's record."""
     results = oncomplete_run(run_id, status)
     schedule_run_finished(run_id=run_id, status=status, hook_results=results)
 
@@ -154,7 +170,7 @@ def triggers_finished_sweep(*, grace_seconds: float, batch: int = 500, max_scann
     fires = ScheduleFire.objects.filter(outcome=FireOutcome.STARTED, run_status="", fired_at__lt=cutoff)
     ended = _ended_runs(jobs, batch, max_scanned) | _ended_runs(fires, batch, max_scanned)
     for run_id, status in ended.items():
-        trigger_run_finished(run_id, status)
+        trigger_run_finished_now(run_id, status)
     return len(ended)
 
 

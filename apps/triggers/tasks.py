@@ -29,6 +29,12 @@ def schedules_tick_task(helper: bool = False, **_: Any) -> int:
     return schedules.schedules_tick(budget_s=TICK_BUDGET_S).fires
 
 
+@shared_task(base=AgentTask, name=services.HOOKS_TASK)
+def triggers_run_finished_task(run_id: str, status: str, **_: Any) -> None:
+    """Run the on_complete hooks of a completed trigger run off the engine's path (a duplicate is a no-op)."""
+    services.trigger_run_finished_now(run_id, status)
+
+
 @shared_task(base=AgentTask, name="maintenance.triggers_finished_sweep")
 def triggers_finished_sweep_task(**_: Any) -> int:
     """Announce trigger runs whose end the engine could not announce; prune old fire rows and jobs."""

@@ -1,6 +1,7 @@
 """A streamable-HTTP MCP server for the tests, built with the official SDK
 (`MCPServer`) and served by uvicorn on a loopback port in a thread of the test
-process. It records the Authorization header of every request it gets, and its
+process. It records the Authorization header of every request it gets; `garble` fails
+with a NUL in its error; its
 `grow` tool adds a tool and tells the caller its list changed; `wait` sets `WAITING`
 and sleeps (the cancel test)."""
 
@@ -16,6 +17,7 @@ from typing import Any
 import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 
 def _free_port() -> int:
@@ -58,6 +60,11 @@ def build() -> MCPServer:
     def fail(reason: str) -> str:
         """Always fails."""
         raise ValueError(f"failed on purpose: {reason}")
+
+    @server.tool()
+    def garble() -> str:
+        """Fails with a NUL character in its error (not storable in Postgres as is)."""
+        raise ToolError("garbled \x00 answer")
 
     @server.tool()
     async def wait(seconds: float) -> str:

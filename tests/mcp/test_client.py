@@ -4,9 +4,11 @@ and on_complete `mcp.call` hooks call tools. No worker runs here."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,16 @@ from django.urls import reverse
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.mcp import selectors, services
 from apps.mcp.client import calls
-from apps.mcp.client.servers import server_spec
+from apps.mcp.client.servers import ServerSpec, server_spec
+from apps.mcp.server.http import _Manager
 from apps.runs import registry
+from apps.substrate.kinds import Refused, get_kind
+from apps.substrate.services import Author, def_dispatch
 from apps.triggers.models import OnCompleteJob
 from apps.triggers.oncomplete import oncomplete_run
 from tests.conftest import wait_for
 from tests.mcp.conftest import mcpserver_op
+from tests.mcp.servers import Recorder
 
 pytestmark = pytest.mark.usefixtures("agents", "mcp_net")
 
@@ -149,3 +155,127 @@ def test_past_the_stdio_bound_the_least_recently_used_idle_server_is_stopped(mcp
     assert not calls.call_tool(second, "get_current_time", {"timezone": "UTC"}).is_error
     [new] = wait_for(lambda: (pids := time_servers()) and len(pids) == 1 and old not in pids and pids)
     assert new != old
+
+
+def _children(marker: bytes) -> list[int]:
+    """The pids of this process's live children whose command line holds `marker`."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or marker not in (proc / "cmdline").read_bytes():
+                continue
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # it ended while we looked
+            continue
+        if ppid == os.getpid():
+            out.append(int(proc.name))
+    return out
+
+
+def test_a_stdio_server_that_never_initializes_is_stopped_and_the_next_call_starts_afresh(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, mcp_call_timeout_seconds=1.0)
+    spec = ServerSpec(def_id="mute", tenant_id="", name="mute", transport="stdio", command="sleep", args=("1017",))
+    with pytest.raises(calls.McpCallFailed):
+        calls.call_tool(spec, "anything", {})
+    wait_for(lambda: not _children(b"1017"))  # its process is gone, not kept as a pooled session
+    failures: list[Exception] = []
+    second = threading.Thread(target=_call_into, args=(spec, failures))
+    second.start()
+    assert wait_for(lambda: _children(b"1017"))  # a fresh process for the next call
+    second.join()
+    assert [type(f) for f in failures] == [calls.McpCallFailed]
+    wait_for(lambda: not _children(b"1017"))
+
+
+def _call_into(spec: ServerSpec, failures: list[Exception]) -> None:
+    try:
+        calls.call_tool(spec, "anything", {})
+    except calls.McpCallFailed as exc:
+        failures.append(exc)
+
+
+def test_rediscover_reaches_only_the_callers_own_servers_and_shared_ones_need_an_admin() -> None:
+    with pytest.raises(Refused, match="only an admin may rediscover it"):
+        mcpserver_op("acme", {"op": "rediscover", "name": "time"})  # the operator's shared yaml server
+    admin = Author(tenant_id="acme", subject="root", is_admin=True)
+    out = def_dispatch(get_kind("mcpserver"), admin, {"op": "rediscover", "name": "time"})
+    assert out["ok"] and "get_current_time" in out["tools"]
+    _server("acme", "own", ["one"])
+    own = mcpserver_op("acme", {"op": "rediscover", "name": "own"})  # its own: allowed (port 9 refuses)
+    assert own["name"] == "own" and not own["ok"]
+
+
+def test_what_a_server_lists_is_made_storable_bounded_and_object_typed() -> None:
+    _server("acme", "odd", [])
+    row = selectors.server_resolve(tenant_id="acme", name="odd")
+    assert row is not None
+    listed = [
+        {"name": "nul\x00name", "description": "bad \ud800 text", "input_schema": {"type": "object", "x": "\x00"}},
+        {"name": "array", "description": "", "input_schema": {"type": "array"}},
+        {"name": "huge", "description": "d" * 100_000, "input_schema": {"type": "object", "p": "y" * 70_000}},
+        *({"name": f"t{i}", "description": "", "input_schema": {"type": "object"}} for i in range(300)),
+    ]
+    services.discovered_tools_store(row=row, tools=listed, error="refused \x00 \udfff")
+    cached = selectors.discovered_for(def_ids=[row.id])[row.id]
+    assert len(cached.tools) == services.MAX_TOOLS
+    first, array, huge = cached.tools[:3]
+    assert first == {
+        "name": "nul\ufffdname",
+        "description": "bad \\ud800 text",
+        "input_schema": {"type": "object", "x": "\ufffd"},
+    }
+    assert array["input_schema"] == huge["input_schema"] == {"type": "object"}
+    assert len(huge["description"]) == services.MAX_DESCRIPTION_CHARS
+    assert cached.error == "refused \ufffd \\udfff"
+
+
+def test_an_mcp_call_hook_whose_answer_is_not_storable_is_recorded_all_the_same(
+    loopback: tuple[int, Recorder],
+) -> None:
+    overlay = {"transport": "streamable-http", "url": f"http://localhost:{loopback[0]}/mcp"}
+    mcpserver_op("acme", {"op": "create", "name": "garbler", "overlay": overlay, "discover": False})
+    hooks = [{"kind": "mcp.call", "server": "garbler", "tool": "garble", "args": {}}]
+    OnCompleteJob.objects.create(run_id="run_mcp_nul", tenant_id="acme", hooks=hooks)
+    [result] = oncomplete_run("run_mcp_nul", "completed") or []
+    assert not result["ok"] and result["error"] == "mcp_call_failed: Error executing tool garble: garbled \ufffd answer"
+    job = OnCompleteJob.objects.get(run_id="run_mcp_nul")
+    assert job.state == "done" and job.results == [result]
+
+
+def test_a_tenants_http_server_obeys_the_network_floor_and_the_runs_allowed_hosts(
+    loopback: tuple[int, Recorder], mcp_net: Any
+) -> None:
+    port, recorder = loopback
+    overlay = {"transport": "streamable-http", "url": f"http://localhost:{port}/mcp"}
+    mcpserver_op("acme", {"op": "create", "name": "floor", "overlay": overlay, "discover": False})
+    row = selectors.server_resolve(tenant_id="acme", name="floor")
+    assert row is not None
+    recorder.seen.clear()
+    narrowed = services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={}, allowed_hosts=())
+    assert narrowed.is_error and "is not within this run's allowed_hosts" in narrowed.text
+    elsewhere = ("example.com",)
+    assert services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={}, allowed_hosts=elsewhere).is_error
+    allowed = services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={}, allowed_hosts=("localhost",))
+    assert (allowed.text, allowed.is_error) == ("echo: x", False)
+    recorder.seen.clear()
+
+    mcp_net.LOOMCYCLE = dataclasses.replace(mcp_net.LOOMCYCLE, http_host_allowlist=())  # network not configured
+    refused = services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={})
+    assert refused.is_error and "not reachable while the network is not configured" in refused.text
+    discovery = mcpserver_op("acme", {"op": "rediscover", "name": "floor"})
+    assert not discovery["ok"] and "LOOMCYCLE_HTTP_HOST_ALLOWLIST" in discovery["error"]
+    assert recorder.seen == []  # nothing was sent
+
+
+def test_the_mcp_endpoints_session_manager_is_started_again_after_its_task_ends() -> None:
+    async def restarted() -> bool:
+        manager = _Manager()
+        first = await manager.started()
+        task = manager._task
+        assert task is not None
+        task.cancel()  # its task group ended (as a failure would end it)
+        await asyncio.wait([task])
+        second = await manager.started()
+        return second is not first and manager._task is not None and not manager._task.done()
+
+    assert asyncio.run(restarted())

@@ -18,6 +18,7 @@ from apps.mcp.models import DiscoveredTools
 from apps.runs import services as run_services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
+from apps.substrate.kinds import Refused
 from tests.conftest import wait_for, wait_status
 from tests.mcp.conftest import mcpserver_op
 from tests.mcp.servers import WAITING, Recorder
@@ -73,7 +74,7 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
         "def_id": created["def_id"],
         "name": "loopback",
         "ok": True,
-        "tools": ["echo", "fail", "wait", "grow"],
+        "tools": ["echo", "fail", "garble", "wait", "grow"],
     }
     assert recorder.authorizations("localhost") == {""}  # discovery has no run: the templated header is left out
     recorder.seen.clear()
@@ -90,10 +91,11 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
     assert not echoed["error"] and echoed["text"].startswith("echo: hi [redacted:") and BEARER not in echoed["text"]
     assert got["mcp__loopback__fail"]["error"] and "Error executing tool fail" in got["mcp__loopback__fail"]["text"]
     assert got["mcp__loopback__grow"] == {"text": "grown", "error": False}
-    assert recorder.authorizations("localhost") == {f"Bearer {BEARER}"}
 
-    # `grow` announced a new tool: the worker's session re-listed and the cache has it.
-    assert wait_for(lambda: _cached_names(created["def_id"]) == ["echo", "fail", "wait", "grow", "shout"])
+    # `grow` announced a new tool: the worker re-discovered the server and the cache has it,
+    # listed without the run's credentials (the cache is shared by every run of the tenant).
+    assert wait_for(lambda: _cached_names(created["def_id"]) == ["echo", "fail", "garble", "wait", "grow", "shout"])
+    assert recorder.authorizations("localhost") == {f"Bearer {BEARER}", ""}
 
 
 def _cached_names(def_id: str) -> list[str]:
@@ -106,16 +108,15 @@ def test_a_server_at_a_private_address_is_refused_unless_allowlisted(
 ) -> None:
     port, recorder = loopback
     overlay = {"transport": "streamable-http", "url": f"http://127.0.0.1:{port}/mcp"}
-    created = mcpserver_op("acme", {"op": "create", "name": "private", "overlay": overlay})
     refusal = "'127.0.0.1' resolves to 127.0.0.1, a loopback address"
-    assert not created["discovery"]["ok"] and refusal in created["discovery"]["error"]
-    assert "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST" in created["discovery"]["error"]
+    with pytest.raises(Refused, match=refusal):  # an IP literal is checked at registration, discovery or not
+        mcpserver_op("acme", {"op": "create", "name": "private", "overlay": overlay, "discover": False})
     assert recorder.authorizations("127.0.0.1") == set()  # nothing was sent
 
-    # Allowlisted in this process, discovery reaches it; the workers' allowlist still refuses the call.
+    # Allowlisted in this process, registration and discovery reach it; the workers' allowlist still refuses the call.
     conf = mcp_net.LOOMCYCLE
     mcp_net.LOOMCYCLE = dataclasses.replace(conf, http_private_host_allowlist=("localhost", "127.0.0.1"))
-    again = mcpserver_op("acme", {"op": "rediscover", "name": "private"})
+    again = mcpserver_op("acme", {"op": "create", "name": "private", "overlay": overlay})["discovery"]
     assert again["ok"] and "echo" in again["tools"]
     recorder.seen.clear()
     done = run([{"tool": "mcp__private__echo", "input": {"text": "x"}}, {"text": "done"}])

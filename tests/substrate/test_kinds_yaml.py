@@ -101,6 +101,26 @@ def test_mcpserver_refusals(overlay: dict[str, Any], match: str) -> None:
     refused("mcpserver", {"op": "create", "name": "bad", "overlay": overlay}, match)
 
 
+@pytest.mark.parametrize("name", ["time__x", "_time", "time_", "team/_x", "team_/x"])
+@pytest.mark.django_db
+def test_mcpserver_names_that_could_fall_inside_another_servers_tool_glob_are_refused(name: str) -> None:
+    refused("mcpserver", {"op": "create", "name": name, "overlay": MCP, **QUIET}, "may not contain '__'")
+
+
+@pytest.mark.django_db
+def test_mcpserver_non_public_ip_literals_are_refused_at_registration_unless_privately_allowlisted(
+    settings: Any,
+) -> None:
+    for host in ("127.0.0.1", "10.1.2.3", "[::1]", "169.254.169.254"):
+        overlay = {**MCP, "url": f"http://{host}/mcp"}
+        refused("mcpserver", {"op": "create", "name": "ip", "overlay": overlay, **QUIET}, "non-public addresses")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_private_host_allowlist=("10.1.2.3",))
+    overlay = {**MCP, "url": "http://10.1.2.3:8080/mcp"}
+    assert op("mcpserver", {"op": "create", "name": "ip", "overlay": overlay, **QUIET})["version"] == 1
+    public = {**MCP, "url": "https://93.184.215.14/mcp"}
+    assert op("mcpserver", {"op": "create", "name": "ip-public", "overlay": public, **QUIET})["version"] == 1
+
+
 @pytest.mark.django_db
 def test_mcpserver_url_host_must_pass_the_allowlist(settings: Any) -> None:
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("example.com.",))
@@ -336,6 +356,7 @@ def test_yaml_admin_kinds_load_idempotently_and_version_changes() -> None:
         ({"scheduled_runs": {"x": {"agent": "echo", "schedule": "nope"}}}, "want 5 fields"),
         ({"webhooks": {"x": {"delivery": "channel"}}}, "missing required field: channel"),
         ({"mcp_servers": {"x": {"transport": "stdio"}}}, "missing required field: command"),
+        ({"mcp_servers": {"time__x": {"transport": "stdio", "command": "t"}}}, "may not contain '__'"),
     ],
 )
 @pytest.mark.django_db

@@ -25,6 +25,7 @@ from apps.triggers.models import JobState, OnCompleteJob, ScheduleFire, Schedule
 from apps.triggers.oncomplete import oncomplete_run
 from apps.triggers.schedules import schedules_tick
 from apps.triggers.services import triggers_finished_sweep
+from apps.triggers.tasks import triggers_run_finished_task
 from tests.conftest import ALICE
 
 KIND = get_kind("schedule")
@@ -67,6 +68,9 @@ def test_a_completed_trigger_run_runs_its_hooks_in_order_and_records_them(heard:
     run_id = fired_run("hooks", on_complete=hooks)
     assert engine.run_iterate(run_id=run_id, step=0) == engine.Outcome.FINISH
     assert heard == [(run_id, "completed")]
+    # The iteration only handed the hooks to their own task (no worker here: nothing ran them yet).
+    assert OnCompleteJob.objects.get(run_id=run_id).state == JobState.PENDING
+    triggers_run_finished_task(run_id=run_id, status="completed")  # what a worker does with the message
     entry = memory_get(slot=Slot("acme", "agent", "hooks"), key="last")  # scope agent: the schedule's name
     assert entry is not None and entry.value == {"ok": 1}
     [message] = ChannelMessage.objects.filter(tenant_id="acme", channel="per-user", scope_id="u1")
@@ -82,10 +86,20 @@ def test_hooks_run_once_however_often_the_end_is_announced() -> None:
     hooks = [{"kind": "channel.publish", "channel": "handoff", "payload": "once"}]
     run_id = fired_run("once", on_complete=hooks)
     engine.run_iterate(run_id=run_id, step=0)
+    triggers_run_finished_task(run_id=run_id, status="completed")
+    triggers_run_finished_task(run_id=run_id, status="completed")  # a redelivered message
     assert oncomplete_run(run_id, "completed") is None  # a redelivered announcement: the claim is gone
     triggers_finished_sweep(grace_seconds=0)
     assert ChannelMessage.objects.filter(tenant_id="acme", channel="handoff").count() == 1
     assert OnCompleteJob.objects.get(run_id=run_id).state == JobState.DONE
+
+
+def test_a_lost_hooks_task_is_made_up_by_the_sweep() -> None:
+    run_id = fired_run("lost-task", on_complete=[{"kind": "channel.publish", "channel": "handoff", "payload": 1}])
+    engine.run_iterate(run_id=run_id, step=0)  # its hooks task is never consumed (no worker here)
+    assert triggers_finished_sweep(grace_seconds=0) == 1
+    assert OnCompleteJob.objects.get(run_id=run_id).state == JobState.DONE
+    assert ChannelMessage.objects.filter(tenant_id="acme", channel="handoff").count() == 1
 
 
 def test_a_cancelled_run_is_announced_by_the_cancel_and_runs_no_hook() -> None:

@@ -36,6 +36,8 @@ log = logging.getLogger("loomcycle.mcp")
 T = TypeVar("T")
 _GRACE_S = 5.0  # the wait outlives the coroutine's own deadline by this much
 MAX_RESULT_CHARS = 256 * 1024
+MAX_DISCOVERIES = 8  # one-off discovery sessions a process runs at once; more wait (bounded) for a turn
+_DISCOVERIES = threading.BoundedSemaphore(MAX_DISCOVERIES)
 
 
 class McpCallFailed(Exception):
@@ -89,7 +91,7 @@ def set_tools_listener(listener: ToolsListener) -> None:
     _TOOLS_LISTENER[:] = [listener]
 
 
-def _on_tools(spec: ServerSpec, tools: list[dict[str, Any]]) -> None:
+def _on_tools(spec: ServerSpec, tools: list[dict[str, Any]] | None) -> None:
     for listener in _TOOLS_LISTENER:
         listener(spec, tools)
 
@@ -148,7 +150,9 @@ def call_tool(
 
 
 def list_tools(spec: ServerSpec) -> list[dict[str, Any]]:
-    """tools/list on a one-off session (discovery); raises McpCallFailed with the reason."""
+    """tools/list on a one-off session (discovery); raises McpCallFailed with the reason.
+    At most MAX_DISCOVERIES run at once per process; another waits up to the discovery
+    timeout for a turn, then fails."""
     timeout = settings.LOOMCYCLE.mcp_discovery_timeout_seconds
 
     async def listed() -> list[dict[str, Any]]:
@@ -156,6 +160,8 @@ def list_tools(spec: ServerSpec) -> list[dict[str, Any]]:
             async with open_session(spec, timeout) as session:
                 return await list_all(session)
 
+    if not _DISCOVERIES.acquire(timeout=timeout):
+        raise McpCallFailed(f"{MAX_DISCOVERIES} discoveries are under way in this process; try again later")
     try:
         check_reachable(spec)
         return _runner().run(listed(), timeout)
@@ -163,6 +169,8 @@ def list_tools(spec: ServerSpec) -> list[dict[str, Any]]:
         raise McpCallFailed(f"no answer within {timeout:g} s (LOOMCYCLE_MCP_DISCOVERY_TIMEOUT_SECONDS)") from exc
     except Exception as exc:  # reported to the operator and stored with the cache row
         raise McpCallFailed(_reason(exc)) from exc
+    finally:
+        _DISCOVERIES.release()
 
 
 def result_text(result: types.CallToolResult) -> str:

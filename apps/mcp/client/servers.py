@@ -10,14 +10,18 @@
   (`check_reachable`), and the transport checks every connection it dials again.
   A runtime-authored server must be within LOOMCYCLE_HTTP_HOST_ALLOWLIST (when set);
   an operator's yaml server need not, but no server may reach a non-public address
-  unless its host is in LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST.
+  unless its host is in LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST;
+- a runtime-authored HTTP server is held to the network tools' operator floor: while
+  the network is not configured (apps.core.hosts.network_configured) it is refused,
+  for discovery and calls alike; at call time it must also be within the calling
+  run's `allowed_hosts` (`run_host_refusal`), as HTTP and WebFetch are.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
@@ -25,14 +29,20 @@ import httpcore
 import httpx
 from django.conf import settings
 
-from apps.core import egress
+from apps.core import egress, hosts
 from apps.core.egress import EgressRefused, HostPolicy
 from apps.core.tools import ToolRefusal
+from apps.substrate.kinds import Refused
 from apps.substrate.kinds_admin.mcp import mcp_server_connection
 from apps.substrate.models import DefSource, VersionedDef
 from apps.tools.httpcall import substitute
 
 STDIO = "stdio"
+NOT_CONFIGURED = (
+    "mcp server {name!r}: a runtime-defined HTTP MCP server is not reachable while the network is not "
+    "configured: set LOOMCYCLE_HTTP_HOST_ALLOWLIST (hosts this runtime may reach, `*` for any public host), "
+    "or LOOMCYCLE_HTTP_CALLER_AUTHORITATIVE=1 to let each run's allowed_hosts decide"
+)
 
 
 @dataclass(frozen=True)
@@ -76,11 +86,25 @@ def server_spec(row: VersionedDef, *, credentials: Mapping[str, str] | None) -> 
     Raises substrate's Refused (a reference it may not resolve) or ToolRefusal
     (a run template it cannot fill)."""
     conn = mcp_server_connection(row)
+    if conn.transport != STDIO and row.source != DefSource.YAML and not hosts.network_configured():
+        raise Refused(NOT_CONFIGURED.format(name=row.name))
     base = ServerSpec(def_id=row.id, tenant_id=row.tenant_id, name=row.name, transport=conn.transport)
     if conn.transport == STDIO:
         return replace(base, command=conn.command, args=conn.args, env=dict(conn.env))
     headers = _headers(conn.headers, credentials)
     return replace(base, url=conn.url, headers=headers, policy=server_policy(row))
+
+
+def run_host_refusal(row: VersionedDef, allowed_hosts: Sequence[str]) -> str | None:
+    """Why a run whose effective host list is `allowed_hosts` may not call the runtime-authored
+    HTTP server of `row` (None: it may). A yaml server (the operator's) and stdio are not held to it."""
+    d = row.definition
+    if row.source == DefSource.YAML or d.get("transport") == STDIO:
+        return None
+    host = urlsplit(str(d.get("url", ""))).hostname or ""
+    if hosts.host_matches(host, allowed_hosts):
+        return None
+    return f"mcp server {row.name!r}: host {host!r} is not within this run's allowed_hosts"
 
 
 def _headers(templates: Mapping[str, str], credentials: Mapping[str, str] | None) -> dict[str, str]:

@@ -7,11 +7,20 @@ Invariants:
 - a stdio server is one process per (process, def version), started on first use;
   at most `max_stdio` are open (the least recently used idle one is stopped to make
   room; when all are busy the call is refused); HTTP sessions are bounded likewise;
+- opening a session (connect/spawn and `initialize`) is bounded by the call timeout:
+  a server that never finishes `initialize` fails the open, and its process is
+  stopped; a caller that gives up while the session is still opening drops it
+  (its owner task is cancelled), so the next call starts a fresh one;
 - a session whose server died or whose HTTP session expired is dropped; the call
   that found it so is sent once more on a fresh session (so a call the server was
   running when it died may run twice: said in docs/mcp.md);
-- a `notifications/tools/list_changed` re-lists the server's tools and hands them
-  to `on_tools` (run on a thread: it writes the cache through Django).
+- a `notifications/tools/list_changed` never re-lists on an HTTP session (it may
+  carry one run's credentials, and the cache is shared): `on_tools(spec, None)`
+  asks for a credential-less re-discovery instead; a stdio session (no run
+  credentials) re-lists on itself and hands the tools over. At most one per
+  server is under way. `on_tools` runs on a thread (it writes the cache through Django);
+- an HTTP session idle for `IDLE_HTTP_TTL_S` is closed (its headers may hold a
+  finished run's credentials).
 Nothing here touches Django or the database.
 """
 
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -40,8 +50,13 @@ from apps.mcp.client.transport import guarded_client
 log = logging.getLogger("loomcycle.mcp")
 
 MAX_HTTP_SESSIONS = 64
-ToolsListener = Callable[[ServerSpec, list[dict[str, Any]]], None]
+IDLE_HTTP_TTL_S = 300.0
+ToolsListener = Callable[[ServerSpec, list[dict[str, Any]] | None], None]
 _GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
+
+
+class McpOpenFailed(Exception):
+    """A session could not be opened (the server did not finish `initialize` in time, or went away)."""
 
 
 class McpBusy(Exception):
@@ -110,6 +125,7 @@ class _Live:
         self.stop = asyncio.Event()
         self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.busy = 0
+        self.used_at = asyncio.get_running_loop().time()
         self.dead = False
         self.task: asyncio.Task[None] | None = None
 
@@ -121,13 +137,15 @@ class Sessions:
         self._max_stdio, self._timeout, self._on_tools = max_stdio, timeout, on_tools
         self._live: OrderedDict[str, _Live] = OrderedDict()
         self._refreshes: set[asyncio.Task[None]] = set()  # referenced until done (asyncio keeps weak refs)
+        self._relisting: set[str] = set()  # def ids with a re-list under way
+        self._reaper: asyncio.TimerHandle | None = None
 
     async def call(self, spec: ServerSpec, tool: str, args: dict[str, Any]) -> types.CallToolResult:
         """Call `tool`; a session found gone is replaced and the call sent once more."""
         for attempt in (1, 2):
             live = self._reserve(spec)
             try:
-                session = await asyncio.shield(live.ready)
+                session = await self._ready(live)
                 return await session.call_tool(tool, args)
             except Exception as exc:
                 if not gone(exc) or attempt == 2:
@@ -136,7 +154,18 @@ class Sessions:
                 self._drop(live)
             finally:
                 live.busy -= 1
+                live.used_at = asyncio.get_running_loop().time()
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _ready(self, live: _Live) -> ClientSession:
+        """The session once open; a caller cancelled (its deadline) while it is still
+        opening drops it, so a server that never answers `initialize` is not kept."""
+        try:
+            return await asyncio.shield(live.ready)
+        except asyncio.CancelledError:
+            if not live.ready.done():
+                self._drop(live)
+            raise
 
     def _reserve(self, spec: ServerSpec) -> _Live:
         """The live session for `spec` (opening one if needed), counted busy until released;
@@ -152,7 +181,20 @@ class Sessions:
             live.task = asyncio.create_task(self._own(live), name=f"mcp:{spec.name}")
         self._live.move_to_end(spec.key)
         live.busy += 1
+        if not spec.is_stdio and self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(IDLE_HTTP_TTL_S, self._reap_idle)
         return live
+
+    def _reap_idle(self) -> None:
+        """Close HTTP sessions idle for IDLE_HTTP_TTL_S; again later while any is open."""
+        self._reaper = None
+        now = asyncio.get_running_loop().time()
+        http = [v for v in self._live.values() if not v.spec.is_stdio]
+        for live in http:
+            if live.busy == 0 and now - live.used_at >= IDLE_HTTP_TTL_S:
+                self._drop(live)
+        if any(not v.spec.is_stdio for v in self._live.values()):
+            self._reaper = asyncio.get_running_loop().call_later(IDLE_HTTP_TTL_S, self._reap_idle)
 
     def _make_room(self, spec: ServerSpec) -> None:
         same = [v for v in self._live.values() if v.spec.is_stdio == spec.is_stdio]
@@ -166,28 +208,49 @@ class Sessions:
         self._drop(idle)
 
     def _drop(self, live: _Live) -> None:
+        """Forget `live` and stop it: an open session is closed by its owner; one still
+        opening has its owner task cancelled (which stops a stdio server it spawned)."""
         live.dead = True
         live.stop.set()
+        if live.task is not None and not live.ready.done() and live.task is not asyncio.current_task():
+            live.task.cancel()
         if self._live.get(live.spec.key) is live:
             del self._live[live.spec.key]
 
     async def _own(self, live: _Live) -> None:
         handler: MessageHandlerFnT = partial(self._on_message, live)
         try:
-            async with open_session(live.spec, self._timeout, handler) as session:
-                live.session = session
-                live.ready.set_result(session)
-                await live.stop.wait()
+            with anyio.fail_after(self._timeout) as opening:  # spawn/connect and initialize
+                async with open_session(live.spec, self._timeout, handler) as session:
+                    opening.deadline = math.inf  # open: it lives until stopped
+                    live.session = session
+                    live.ready.set_result(session)
+                    await live.stop.wait()
+        except TimeoutError:
+            if live.ready.done():
+                log.warning("mcp server %r: session ended", live.spec.name, exc_info=True)
+                return
+            why = f"the server did not finish initialize within {self._timeout:g} s"
+            log.warning("mcp server %r: %s; stopped", live.spec.name, why)
+            live.ready.set_exception(McpOpenFailed(why))
+            live.ready.exception()  # retrieved: a caller that gave up first does not leave it unread
         except Exception as exc:  # the opener's error, or (logged) how an open session ended
             if not live.ready.done():
                 live.ready.set_exception(exc)
+                live.ready.exception()
             else:
                 log.warning("mcp server %r: session ended", live.spec.name, exc_info=True)
         finally:
+            if not live.ready.done():  # cancelled while opening (a caller gave up, or shutdown)
+                live.ready.set_exception(McpOpenFailed("the session was stopped before it was open"))
+                live.ready.exception()
             self._drop(live)
 
     async def _on_message(self, live: _Live, message: IncomingMessage) -> None:
         if isinstance(message, types.ToolListChangedNotification):
+            if live.spec.def_id in self._relisting:
+                return  # one re-list per server at a time; it reads the list as it is by then
+            self._relisting.add(live.spec.def_id)
             task = asyncio.create_task(self._refresh(live), name=f"mcp-list:{live.spec.name}")
             self._refreshes.add(task)
             task.add_done_callback(self._refreshes.discard)
@@ -195,15 +258,23 @@ class Sessions:
             log.warning("mcp server %r: transport error: %r", live.spec.name, message)
 
     async def _refresh(self, live: _Live) -> None:
+        """A stdio session re-lists on itself; an HTTP one asks for a credential-less discovery."""
         try:
-            assert live.session is not None
-            tools = await list_all(live.session)
+            tools = None
+            if live.spec.is_stdio:
+                assert live.session is not None
+                tools = await list_all(live.session)
             await asyncio.to_thread(self._on_tools, live.spec, tools)
         except Exception:  # logged: the cache keeps the previous list; the next list_changed retries
             log.exception("mcp server %r: re-listing tools after list_changed failed", live.spec.name)
+        finally:
+            self._relisting.discard(live.spec.def_id)
 
     async def close_all(self) -> None:
         """Stop every session (their owner tasks close them: a stdio server is shut down)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         lives = list(self._live.values())
         for live in lives:
             self._drop(live)

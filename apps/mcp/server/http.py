@@ -3,8 +3,9 @@ loomcycle_project/asgi.py, behind the REST API's bearer auth and scope gate.
 
 Order per request: bearer -> principal and the route's scope
 (`apps.substrate.auth.aauthenticate_for`, as every REST route); a refusal
-(401 missing/wrong bearer, 403 scope or open mode off loopback, 503 token
-store down) is answered here, before the SDK reads anything. The principal
+(401 missing/wrong bearer, 403 scope or open mode off loopback, 503
+`auth_unavailable` when the token store is down or authentication fails
+unexpectedly) is answered here, before the SDK reads anything. The principal
 then rides in the ASGI scope (`PRINCIPAL_KEY`) to the tool handlers.
 
 Django's middleware does not run here, so its two checks on the Host are made
@@ -19,7 +20,8 @@ What this gives up, said plainly:
   elicitation) and no GET notification stream; none of our tools needs them.
 - Daphne runs no ASGI lifespan, so the session manager's task group (which
   the SDK needs even when stateless) is started lazily by the first request
-  in a task of its own that lives as long as the process's event loop.
+  in a task of its own that lives as long as the process's event loop; if that
+  task ends, the next request starts a new manager.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from apps.core.errors import ApplicationError, Forbidden, Invalid
 from apps.core.types import Principal
 from apps.mcp.server.server import Ctx, build_server
-from apps.substrate.auth import aauthenticate_for, bearer_from_headers
+from apps.substrate.auth import AuthUnavailable, aauthenticate_for, bearer_from_headers
 from apps.substrate.openmode import (
     CROSS_SITE_MESSAGE,
     OPEN_MODE_HOST_MESSAGE,
@@ -64,33 +66,41 @@ def principal_of(ctx: Ctx) -> Principal:
 
 
 class _Manager:
-    """The session manager and the task that holds its `run()` context open."""
+    """The session manager and the task that holds its `run()` context open. If that task
+    ends (its task group failed), the next request starts a new manager (the SDK's `run()`
+    is once per instance) instead of every later request failing."""
 
     def __init__(self) -> None:
-        self.manager = StreamableHTTPSessionManager(
-            build_server(principal_of), json_response=True, stateless=True, max_request_body_size=MAX_BODY_BYTES
-        )
-        self._ready: asyncio.Future[None] | None = None
+        self._ready: asyncio.Future[StreamableHTTPSessionManager] | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def started(self) -> StreamableHTTPSessionManager:
-        """The manager, its task group running (started on the first call, on this event loop)."""
+        """The manager, its task group running (started on first use, on this event loop)."""
         if self._ready is None:
-            self._ready = asyncio.get_running_loop().create_future()
-            self._task = asyncio.get_running_loop().create_task(self._hold(self._ready))
-        await asyncio.shield(self._ready)
-        return self.manager
+            loop = asyncio.get_running_loop()
+            manager = StreamableHTTPSessionManager(
+                build_server(principal_of), json_response=True, stateless=True, max_request_body_size=MAX_BODY_BYTES
+            )
+            self._ready = ready = loop.create_future()
+            self._task = loop.create_task(self._hold(manager, ready))
+        return await asyncio.shield(self._ready)
 
-    async def _hold(self, ready: asyncio.Future[None]) -> None:
+    async def _hold(
+        self, manager: StreamableHTTPSessionManager, ready: asyncio.Future[StreamableHTTPSessionManager]
+    ) -> None:
         try:
-            async with self.manager.run():
-                ready.set_result(None)
+            async with manager.run():
+                ready.set_result(manager)
                 await asyncio.Event().wait()  # for the event loop's life
-        except BaseException as exc:
+        except Exception as exc:  # logged; the next request starts a new manager (finally)
             if not ready.done():
                 ready.set_exception(RuntimeError(f"the MCP session manager did not start: {exc!r}"))
-            log.error("MCP session manager stopped", exc_info=exc)
-            raise
+            log.error("MCP session manager stopped; the next request starts a new one", exc_info=exc)
+        finally:
+            if not ready.done():  # cancelled while starting
+                ready.set_exception(RuntimeError("the MCP session manager was stopped while starting"))
+            if self._ready is ready:
+                self._ready, self._task = None, None
 
 
 async def _refuse(send: Any, exc: ApplicationError) -> None:
@@ -143,6 +153,10 @@ class McpHttpApp:
             principal = await _principal(scope, headers)
         except ApplicationError as exc:
             await _refuse(send, exc)
+            return
+        except Exception:  # an unexpected failure of authentication: fail closed, said as a 503
+            log.exception("/v1/_mcp: authenticating the request failed")
+            await _refuse(send, AuthUnavailable("authentication is unavailable; try again later"))
             return
         manager = await self._manager.started()
         await manager.handle_request({**scope, PRINCIPAL_KEY: principal}, receive, send)

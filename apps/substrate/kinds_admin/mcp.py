@@ -10,12 +10,15 @@ has the rules every secret-bearing field follows).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from apps.core import egress
 from apps.core.config import runtime_config
 from apps.core.hosts import host_matches
 from apps.core.secrets import config_secret_names, resolve_references
@@ -42,11 +45,40 @@ def _check_url(url: str, what: str, strict: bool) -> str:
     # The SSRF gate is for runtime registration; operator yaml is trusted (SPEC 8).
     if strict and allowlist and not host_matches(host, allowlist):
         raise Refused(f"{what}: url host {host!r} is not in LOOMCYCLE_HTTP_HOST_ALLOWLIST")
+    if strict:
+        _check_literal_address(host, what)
     return url
+
+
+def _check_literal_address(host: str, what: str) -> None:
+    """An IP-literal host is refused at registration when the egress guard would refuse
+    dialling it (a non-public address whose host is not privately allowlisted), even
+    with `discover: false`. A name is checked when it is resolved, at every connect."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return  # a name, not an address
+    try:
+        egress.check_addresses(host, [host], egress.operator_policy(None))
+    except egress.EgressRefused as exc:
+        raise Refused(f"{what}: {exc.reason}") from exc
+
+
+def _check_server_name(name: str, what: str) -> None:
+    """A server's tools are named `mcp__<name>__<tool>` (other characters as `_`), and agents
+    grant them by globs such as `mcp__<name>__*`: a name whose mapped form holds `__` or
+    starts or ends with `_` could fall inside another server's glob, so it is refused."""
+    mapped = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    if "__" in mapped or mapped.startswith("_") or mapped.endswith("_"):
+        raise Refused(
+            f"{what}: a server name may not contain '__' (a '/' counts as '_') nor start or end with '_': "
+            "its tools are named mcp__<server>__<tool>"
+        )
 
 
 def normalise_mcpserver(name: str, raw: dict[str, Any], strict: bool) -> dict[str, Any]:
     what = f"mcp server {name!r}"
+    _check_server_name(name, what)
     raw = dict(raw)
     raw.pop("name", None)
     d = _drop_unknown(name, "mcp server", raw, MCP_FIELDS, strict)

@@ -75,7 +75,7 @@ def _committed_row_exists(run_id: str) -> bool:
     fresh = connections.create_connection(DEFAULT_DB_ALIAS)
     try:
         with fresh.cursor() as cursor:
-            cursor.execute(f"SELECT 1 FROM {Run._meta.db_table} WHERE id = %s", [run_id])  # noqa: S608 (model's table)
+            cursor.execute(f"SELECT 1 FROM {Run._meta.db_table} WHERE id = %s", [run_id])
             return cursor.fetchone() is not None
     finally:
         fresh.close()

@@ -19,6 +19,7 @@ from apps.core.redis import sync_client
 from apps.core.types import Principal
 from apps.gateway.fairness.config import RUNS_KEY
 from apps.runs import engine, services, signals
+from apps.runs import store as runs_store
 from apps.runs.models import Run, RunStatus, SignalOutbox
 from apps.runs.tasks import run_leases_sweep_task
 from loomcycle_project.extend import run_create
@@ -169,7 +170,7 @@ def test_run_finished_receivers_run_last_and_a_failed_delete_aborts_nothing(
     signals.run_finished.connect(on_finished)
     try:
         run = run_create(agent="scripted", prompt=SCRIPT, user_id="u-last")
-        monkeypatch.setattr(signals.store, "outbox_delete", lost)
+        monkeypatch.setattr(runs_store, "outbox_delete", lost)
         assert drive(run).status == RunStatus.COMPLETED
     finally:
         signals.run_finished.disconnect(on_finished)

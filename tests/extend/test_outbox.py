@@ -197,3 +197,14 @@ def test_a_cancelled_tree_signals_run_finished_once_every_run_of_it_is_finished(
         signals.run_finished.disconnect(on_finished)
     cancelled = {parent.id: RunStatus.CANCELLED, child.id: RunStatus.CANCELLED}
     assert statuses_at_send == {parent.id: cancelled, child.id: cancelled}
+
+
+def test_an_outbox_row_is_stamped_at_its_insert_not_at_its_transaction_start() -> None:
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        (started,) = cur.fetchone()
+        delivery_id = runs_store.outbox_insert(signal="run_created", run_id="r_0000000000000000", kwargs={})
+        cur.execute("SELECT created_at FROM runs_signaloutbox WHERE id = %s", [delivery_id])
+        (stamped,) = cur.fetchone()
+        transaction.set_rollback(True)
+    assert stamped > started

@@ -95,6 +95,14 @@ def _at_least(name: str, default: int, minimum: int) -> int:
     return value
 
 
+def _float_at_least(name: str, default: float, minimum: float) -> float:
+    """A number variable that must be at least `minimum`: start-up fails with a clear message otherwise."""
+    value: float = env.float(name, default=default)
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum:g} (got {value:g})")
+    return value
+
+
 def split_paths(raw: str) -> list[str]:
     """A path list separated by `:` (loomcycle's form) or `,` (ours, kept), mixed
     freely; items trimmed, empty items dropped. A path containing either can't be listed."""
@@ -117,8 +125,9 @@ LEASE_SECONDS: float = env.float("LOOMCYCLE_LEASE_SECONDS", default=30.0)
 HEARTBEAT_SECONDS: float = env.float("LOOMCYCLE_HEARTBEAT_SECONDS", default=10.0)
 SWEEP_SECONDS: float = env.float("LOOMCYCLE_SWEEP_SECONDS", default=15.0)
 REQUEUE_GRACE_SECONDS: float = env.float("LOOMCYCLE_REQUEUE_GRACE_SECONDS", default=120.0)
-# A lifecycle signal's outbox row older than this is re-sent by the lease sweep (apps.runs.signals).
-SIGNAL_RESEND_SECONDS: float = env.float("LOOMCYCLE_SIGNAL_RESEND_SECONDS", default=30.0)
+# A lifecycle signal's outbox row older than this is re-sent by the lease sweep (apps.runs.signals);
+# at least 1 s, so a row is never re-sent while its own process is still delivering it right after the commit.
+SIGNAL_RESEND_SECONDS: float = _float_at_least("LOOMCYCLE_SIGNAL_RESEND_SECONDS", 30.0, 1.0)
 MAX_ATTEMPTS: int = env.int("LOOMCYCLE_MAX_ATTEMPTS", default=3)
 STEER_QUEUE_CAP: int = env.int("LOOMCYCLE_STEER_QUEUE_CAP", default=16)
 PG_POOL_MAX: int = env.int("LOOMCYCLE_PG_POOL_MAX", default=16)
@@ -134,12 +143,19 @@ def checked_apps(paths: list[str]) -> list[str]:
     Only the module is located here (find_spec): importing an app before Django is set
     up could touch its models too early."""
     for path in paths:
-        if not _module_found(path) and not _module_found(path.rpartition(".")[0]):
+        if not _module_found(path) and not _app_config_path(path):
             raise ImproperlyConfigured(
                 f"LOOMCYCLE_EXTRA_APPS: no module {path!r} (expected a dotted path to a Django app "
                 "package or to its AppConfig class, importable from the runtime's directory or PYTHONPATH)"
             )
     return paths
+
+
+def _app_config_path(path: str) -> bool:
+    """`module.ClassName` with an importable module: an AppConfig class is CapWords (PEP 8, as Django's
+    own are), so a mistyped package under an existing one (`examples.hostap`) is not taken for a class."""
+    module, _, name = path.rpartition(".")
+    return name[:1].isupper() and _module_found(module)
 
 
 def _module_found(path: str) -> bool:

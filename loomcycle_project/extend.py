@@ -12,7 +12,8 @@ LOOMCYCLE_EXTRA_APPS.
 - `run_create`: start a run from Python, inside the caller's transaction if one is open:
   the run exists iff that transaction commits (its doorbell rings on commit; a
   rollback leaves no row, no event, no doorbell and no fairness slot).
-- `signals`: the run lifecycle signals (apps.runs.signals), sent after commit, at most once.
+- `signals`: the run lifecycle signals (apps.runs.signals), sent after commit, at least once
+  (through an outbox: a receiver may see a transition twice and dedupes on `delivery_id`).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
-from loomcycle_project.env import RuntimeSettings
+from loomcycle_project.env import RuntimeSettings, checked_apps
 from tests import procs
 
 # Fields not read straight from one variable: computed (mock_enabled, from the
@@ -122,3 +124,22 @@ def test_a_delivery_retention_under_one_hour_refuses_to_start() -> None:
     )
     assert done.returncode != 0
     assert "LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS must be at least 1 (got 0)" in done.stderr.decode()
+
+
+def test_a_signal_resend_grace_under_one_second_refuses_to_start() -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "loomcycle_project.settings",
+        "LOOMCYCLE_SIGNAL_RESEND_SECONDS": "0.5",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, cwd=procs.ROOT, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "LOOMCYCLE_SIGNAL_RESEND_SECONDS must be at least 1 (got 0.5)" in done.stderr.decode()
+
+
+def test_a_mistyped_extra_app_under_an_existing_package_is_named() -> None:
+    assert checked_apps(["examples.hostapp", "examples.hostapp.apps.HostAppConfig"])
+    with pytest.raises(ImproperlyConfigured, match=r"no module 'examples\.hostap'"):
+        checked_apps(["examples.hostap"])

@@ -634,7 +634,6 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
-    signals.deliver_all(write.deliveries)
     if write.next == Next.FINISH and run.notify_finished:  # registry.on_run_finished listeners
         _announce_finished(run.id, write.status)
     if write.next == Next.FINISH and run.parent_id:
@@ -642,6 +641,8 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
         fairness.run_slot_release(run.id)
         _slot_freed(run.id)
+    # Last: the deployment's receivers never delay or abort the runtime's own after-commit work.
+    signals.deliver_all(write.deliveries, close_connection=True)
 
 
 def _signalled(write: StepWrite) -> bool:

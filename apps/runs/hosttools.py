@@ -132,10 +132,22 @@ def _input_model(func: Callable[..., Any], name: str) -> tuple[type[BaseModel], 
         if hints[param.name] is RunContext:
             context_param = param.name
             continue
+        if _mentions_context(hints[param.name]):  # else a model-written field: a forged tenant_id
+            raise TypeError(
+                f"host tool {name!r}: parameter {param.name!r} must be annotated exactly `RunContext` "
+                "(not Optional, a union, Annotated or a container of it)"
+            )
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (hints[param.name], default)
     model = create_model(f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
     return model, context_param
+
+
+def _mentions_context(hint: Any) -> bool:
+    """Whether RunContext (or a subclass) appears anywhere in `hint`: unions, Optional, Annotated, generics."""
+    if isinstance(hint, type) and issubclass(hint, RunContext):
+        return True
+    return any(_mentions_context(arg) for arg in typing.get_args(hint))
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -15,8 +15,14 @@ connection closed with the transaction open) it releases the slot. CPython frees
 the callable the moment Django drops it (reference counting; nothing else refers
 to it), so the slot is free when the caller's `atomic` block has exited.
 
+Dropped uncalled is not proof of a rollback: when an `on_commit` callback registered
+before the marker raises, Django drops the remaining callbacks of a transaction that
+did commit. So before releasing, the finalizer asks a fresh connection (it sees only
+committed rows, and never touches the caller's connection, which may be mid-rollback)
+whether the run row exists; present, the run committed and keeps its slot.
+
 What this gives up: the release runs inside Django's rollback path, so it must not
-raise (a Redis error is logged, and `run_slots_reconcile` frees the slot within a
+raise (a Redis or Postgres error is logged, and `run_slots_reconcile` frees the slot within a
 sweep, as it does for a process that dies with its transaction open).
 """
 
@@ -25,9 +31,10 @@ from __future__ import annotations
 import logging
 import weakref
 
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from apps.gateway import fairness
+from apps.runs.models import Run
 
 log = logging.getLogger("loomcycle.runs")
 
@@ -56,6 +63,19 @@ def _release_if_rolled_back(run_id: str, state: dict[str, bool]) -> None:
     if state["committed"]:
         return
     try:
+        if _committed_row_exists(run_id):  # an earlier on_commit callback raised: committed all the same
+            return
         fairness.run_slot_release(run_id)
     except Exception:  # inside Django's rollback: never raise; reconcile frees it within a sweep
-        log.exception("run %s: creation rolled back; releasing its fairness slot failed", run_id)
+        log.exception("run %s: creation not committed; releasing its fairness slot failed", run_id)
+
+
+def _committed_row_exists(run_id: str) -> bool:
+    """Whether `run_id`'s row is committed, asked on a connection of its own (closed after)."""
+    fresh = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with fresh.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {Run._meta.db_table} WHERE id = %s", [run_id])
+            return cursor.fetchone() is not None
+    finally:
+        fresh.close()

@@ -95,8 +95,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
-        # Inside the caller's transaction: given back if it rolls back (apps.runs.rollback). Watched
-        # before the doorbell's on_commit, so a failing doorbell cannot make a committed run lose it.
+        # Inside the caller's transaction: given back if it rolls back (apps.runs.rollback), not when
+        # a raising on_commit callback makes Django drop the watch of a committed run (it checks the row).
         release_slot_unless_committed(run_id)
     limit = backpressure.limits()
     gated = data.parent_id is None and limit.max_concurrent_runs > 0
@@ -288,11 +288,14 @@ def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict
     descendants = _live_descendants(run)
     targets = [(run, reason)] + [(d, "parent run cancelled") for d in descendants]
     signal: list[str] = []
+    finished: list[signals.Delivery] = []
     for target, why in targets:
-        if not _finish_unleased(target.id, why, redactor):
+        if not _finish_unleased(target.id, why, redactor, finished):
             signal.append(target.id)
     if signal:
         publish_cancel(signal)  # leased runs: the worker holding the lease finishes them
+    # The deployment's run_finished receivers run after every run of the tree is finished or signalled.
+    transaction.on_commit(lambda: signals.deliver_all(finished))
     return {
         "cancelled": True,
         "agent_id": run.agent_id,
@@ -301,8 +304,9 @@ def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict
     }
 
 
-def _finish_unleased(run_id: str, reason: str, redactor: Redactor) -> bool:
-    """Set the cancel flag; finish the run here if no worker holds a lease."""
+def _finish_unleased(run_id: str, reason: str, redactor: Redactor, finished: list[signals.Delivery]) -> bool:
+    """Set the cancel flag; finish the run here if no worker holds a lease. Its run_finished outbox row
+    (with a receiver) is appended to `finished`, for the caller to deliver once the whole tree is done."""
     with transaction.atomic():
         seq = store.cancel(run_id=run_id, reason=reason, redactor=redactor)
         if seq is None:
@@ -312,7 +316,9 @@ def _finish_unleased(run_id: str, reason: str, redactor: Redactor) -> bool:
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
         transaction.on_commit(lambda: run_slot_freed(run_id))  # its admission slot (or queue place) is free
         transaction.on_commit(lambda: _announce_if_notified(run_id, RunStatus.CANCELLED))
-        signals.send_on_commit(signals.run_finished, run_id=run_id, status=RunStatus.CANCELLED)
+        delivery = signals.record(signals.run_finished, run_id=run_id, status=RunStatus.CANCELLED)
+    if delivery is not None:
+        finished.append(delivery)
     return True
 
 
@@ -423,10 +429,12 @@ def run_parked_cancels_finish() -> int:
     that then parked the run (the step commit turns such parks into doorbells;
     this sweep finishes any that got through, e.g. parked before that fix)."""
     parked = Run.objects.filter(status__in=PARKED, cancel_requested=True)  # index run_parked_cancel
+    deliveries: list[signals.Delivery] = []
     finished = sum(
-        _finish_unleased(run_id, reason, runtime_redactor())  # the reason was stored redacted already
+        _finish_unleased(run_id, reason, runtime_redactor(), deliveries)  # the reason was stored redacted already
         for run_id, reason in parked.values_list("id", "cancel_reason")[:1000]
     )
+    signals.deliver_all(deliveries, close_connection=True)  # a sweep, in a worker
     if finished:
         log.info("sweeper finished %d parked run(s) whose cancel had not landed", finished)
     return finished

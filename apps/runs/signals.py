@@ -113,15 +113,19 @@ def record(signal: Signal, **kwargs: Any) -> Delivery | None:
 def send_on_commit(signal: Signal, **kwargs: Any) -> None:
     """Record `signal` in the outbox and send it after the current transaction commits; nothing if no receiver.
     Call it inside the transition's transaction: outside one (autocommit) the transition has already
-    committed, so the row, committed at once, covers only a crash during the send itself."""
+    committed, so the row, committed at once, covers only a crash during the send itself. The caller's
+    connection is left open (in the web process it is the request's)."""
     delivery = record(signal, **kwargs)
     if delivery is not None:
         transaction.on_commit(lambda: deliver(delivery))
 
 
-def deliver(delivery: Delivery) -> None:
+def deliver(delivery: Delivery, *, close_connection: bool = False) -> None:
     """Every receiver runs (one that raises is logged with its exception, the others still run), then the
-    row is deleted. A failed delete is logged: the sweep re-sends the row after the grace."""
+    row is deleted. Never raises: a failure of the send or the delete is logged, and the sweep re-sends
+    the row after the grace. `close_connection`: the engine and the sweep hand the thread's connection
+    back afterwards (a receiver's queries open it), as they do after their own work; elsewhere (the web
+    process) the connection belongs to the caller and stays open."""
     kwargs = {**delivery.kwargs, "delivery_id": delivery.delivery_id}
     try:
         for receiver, result in delivery.signal.send_robust(sender=Run, **kwargs):
@@ -134,14 +138,17 @@ def deliver(delivery: Delivery) -> None:
                     exc_info=result,
                 )
         _delete(delivery.delivery_id)
+    except Exception:  # after the commit: nothing to undo; the outbox row stays for the sweep
+        run_id = kwargs.get("run_id")
+        log.exception("signal delivery %s (run %s) failed; the sweep will re-send it", delivery.delivery_id, run_id)
     finally:
-        if not connection.in_atomic_block:
-            connection.close()  # a receiver's queries hand their connection back, as the engine's own do
+        if close_connection and not connection.in_atomic_block:
+            connection.close()
 
 
-def deliver_all(deliveries: list[Delivery]) -> None:
+def deliver_all(deliveries: list[Delivery], *, close_connection: bool = False) -> None:
     for delivery in deliveries:
-        deliver(delivery)
+        deliver(delivery, close_connection=close_connection)
 
 
 def _delete(delivery_id: int) -> None:
@@ -169,5 +176,5 @@ def resend_due() -> int:
             _delete(delivery_id)
             continue
         log.info("re-sending %s of run %s (delivery %s)", name, kwargs.get("run_id"), delivery_id)
-        deliver(Delivery(signal, delivery_id, kwargs))
+        deliver(Delivery(signal, delivery_id, kwargs), close_connection=True)
     return len(claimed)

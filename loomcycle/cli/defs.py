@@ -55,26 +55,36 @@ def load_definition(path: Path) -> tuple[str, dict[str, Any]]:
     (YAML front matter, the body as system_prompt). The name defaults to the file's stem."""
     text = path.read_text()
     if path.suffix == ".md":
-        head, body = _front_matter(text)
+        head, body = _front_matter(text, path)
         found = {**head, "system_prompt": body.strip()} if body.strip() else head
     else:
-        found = yaml.safe_load(text) or {}
+        found = _yaml(text, str(path))
     if not isinstance(found, dict):
         raise click.BadParameter(f"{path}: expected a mapping of agent fields")
     if isinstance(found.get("agents"), dict) and len(found["agents"]) == 1:
         ((name, fields),) = found["agents"].items()
+        if not isinstance(fields, dict):
+            raise click.BadParameter(f"{path}: agents.{name} must be a mapping of agent fields")
         return str(name), dict(fields)
     return str(found.pop("name", path.stem)), found
 
 
-def _front_matter(text: str) -> tuple[dict[str, Any], str]:
+def _front_matter(text: str, path: Path) -> tuple[dict[str, Any], str]:
     if not text.startswith("---"):
         return {}, text
     _, head, body = text.split("---", 2) if text.count("---") >= 2 else ("", "", text)
-    found = yaml.safe_load(head) or {}
+    found = _yaml(head, f"{path}: the front matter")
     if not isinstance(found, dict):
-        raise click.BadParameter("the front matter must be a mapping of agent fields")
+        raise click.BadParameter(f"{path}: the front matter must be a mapping of agent fields")
     return found, body
+
+
+def _yaml(text: str, where: str) -> Any:
+    """`text` parsed (None → {}); malformed YAML is a usage error naming `where` and the problem."""
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise click.BadParameter(f"{where} is not valid YAML: {exc}") from exc
 
 
 @agent.command("apply")

@@ -1,8 +1,12 @@
 """`loomcycle run`: start a run and stream it (answer on stdout, the rest on stderr).
 
 Invariants:
-- The run gets a client-made agent_id before the request leaves, so Ctrl-C can always
-  cancel it (POST /v1/agents/{id}/cancel) and then exit 130, whatever the stream did.
+- The run gets a client-made agent_id before the request leaves, so Ctrl-C can cancel it
+  (POST /v1/agents/{id}/cancel) and then exit 130, whatever the stream did. A Ctrl-C while
+  the POST is in flight may find no run yet (404): the cancel is retried for up to
+  CANCEL_RETRY_S, so a run created just after is still cancelled.
+- A reader that closes stdout (`loomcycle run a | head -1`) cancels the run the same way;
+  the command exits 141 (128 + SIGPIPE, as a shell reports a process killed by SIGPIPE).
 - The exit code is the run's outcome, read from the runtime once the stream has ended:
   0 completed (or an interactive conversation ended by end of input), 1 failed,
   3 cancelled; a refused request is 4, an unreachable runtime 5.
@@ -10,7 +14,9 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,11 @@ from loomcycle.cli import output
 from loomcycle.cli.adhoc import ensure_agent
 from loomcycle.cli.context import EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Ctx, pass_ctx
 from loomcycle.client import Client, Event, NotFound
-from loomcycle.client._base import new_agent_id
+from loomcycle.client._base import backoff, new_agent_id
 
 _QUIET = frozenset({"session", "started", "text", "awaiting_input"})
+CANCEL_RETRY_S = 5.0  # how long a cancel keeps asking for a run whose create may not have committed yet
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: stdout's reader went away; the run was cancelled
 
 
 @dataclass
@@ -37,6 +45,7 @@ class Follower:
     step: int = 0
     last: Event | None = None
     ended_by_input: bool = False  # an interactive conversation the user ended (end of input)
+    posted: bool = False  # the POST may have left: a run may exist even before any event came
 
     def show(self, event: Event) -> None:
         self.last = event if event.is_terminal else self.last
@@ -103,6 +112,7 @@ def _outcome(client: Client, follower: Follower, agent_id: str) -> int:
 
 def _stream(client: Client, follower: Follower, agent: str, prompt: str, fields: dict[str, Any]) -> None:
     interactive = bool(fields.get("interactive"))
+    follower.posted = True  # the first step of the loop below sends the POST
     for event in client.runs.start(agent, prompt, **fields):
         follower.show(event)
         if interactive and event.type == "awaiting_input":
@@ -112,7 +122,8 @@ def _stream(client: Client, follower: Follower, agent: str, prompt: str, fields:
                 client.runs.cancel(str(fields["agent_id"]), reason="conversation ended (end of input)")
                 continue
             if text.strip():
-                client.runs.input(follower.run_id, text)
+                run_id = follower.run_id or str(client.runs.get_by_agent_id(str(fields["agent_id"]))["run_id"])
+                client.runs.input(run_id, text)
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -169,14 +180,41 @@ def run(
             _stream(ctx.client, follower, name, prompt, {**fields, "agent_id": handle})
     except KeyboardInterrupt:
         _interrupted(ctx.client, follower, handle)
+    except BrokenPipeError:
+        _reader_gone(ctx.client, follower, handle)
     sys.exit(_outcome(ctx.client, follower, handle))
 
 
 def _interrupted(client: Client, follower: Follower, handle: str) -> None:
     """Ctrl-C: cancel the run (if the request made one), then exit 130."""
-    try:
-        client.runs.cancel(handle, reason="interrupted (Ctrl-C)")
+    if cancel_run(client, handle, "interrupted (Ctrl-C)", posted=follower.posted):
         output.fail(f"interrupted: run {follower.run_id or handle} cancelled")
-    except NotFound:  # interrupted before the runtime made the run
+    else:
         output.fail("interrupted: no run was started")
     sys.exit(EXIT_INTERRUPTED)
+
+
+def _reader_gone(client: Client, follower: Follower, handle: str) -> None:
+    """stdout's reader closed the pipe: nobody reads the answer, so cancel the run and exit 141
+    quietly. stdout is pointed at /dev/null first, so the exit's flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    cancel_run(client, handle, "stdout closed", posted=follower.posted)
+    sys.exit(EXIT_PIPE_CLOSED)
+
+
+def cancel_run(client: Client, handle: str, reason: str, *, posted: bool) -> bool:
+    """Cancel the run of `handle`; False when there is none. When the POST was sent, a 404 may
+    only mean its create has not committed yet: asked again with backoff for CANCEL_RETRY_S."""
+    deadline = time.monotonic() + CANCEL_RETRY_S
+    attempt = 0
+    while True:
+        try:
+            client.runs.cancel(handle, reason=reason)
+            return True
+        except NotFound:
+            if not posted or time.monotonic() >= deadline:
+                return False
+        time.sleep(backoff(attempt))  # the create may still be committing
+        attempt += 1

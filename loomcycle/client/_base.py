@@ -5,15 +5,19 @@ Invariants:
 - An operation is described once, as a `Call` (method, path, body, query); the two
   clients only send it. Path parts a caller supplies are percent-quoted (`/` kept where the
   API takes a multi-segment name: channel names, memory keys).
-- A `Cursor` yields each persisted event once: after a reconnect it skips the `agent`
-  frame that opens every stream and any seq it has already passed.
+- A `Cursor` yields each persisted event once: the `agent` and `session` frames that open
+  every stream are yielded the first time they arrive (whichever stream brings them), and
+  after a reconnect any seq already passed is skipped.
+- A `Reconnect` bounds how long a followed stream may stay away: its clock starts at the
+  first failure since a stream last delivered a frame, so each drop gets the full timeout.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -68,22 +72,60 @@ class Cursor:
     agent_id: str = ""
     last_seq: int = 0
     finished: bool = False
-    opened: int = 0  # streams opened so far: every one after the first re-sends `agent`
+    opened: int = 0  # streams opened so far (a 502/503/504 on a re-attach is a drop, not a refusal)
+    seen: set[str] = field(default_factory=set)  # the live-only frames (`agent`, `session`) already yielded
 
     def accept(self, event: Event) -> bool:
         """Whether to hand `event` to the caller (and note it)."""
         if event.type == "agent":
             self.run_id = self.run_id or str(event.data.get("run_id") or "")
             self.agent_id = self.agent_id or str(event.data.get("agent_id") or "")
-            return self.opened <= 1
-        if event.type == "session":
-            return self.opened <= 1
+        if event.type in ("agent", "session"):
+            first = event.type not in self.seen
+            self.seen.add(event.type)
+            return first
         if event.seq is not None:
             if event.seq <= self.last_seq:
                 return False  # replayed after a reconnect
             self.last_seq = event.seq
         self.finished = event.is_terminal
         return True
+
+
+class StreamLost(Exception):
+    """A followed stream stayed away longer than its reconnect timeout (the client raises ConnectionFailed)."""
+
+
+@dataclass
+class Reconnect:
+    """The pacing of a followed stream's re-opens.
+
+    Invariant: `failing_since` and `attempt` describe only the failures since a stream last
+    delivered a frame (`delivered` resets them), so the timeout bounds one outage, never the
+    sum of a long stream's outages. `quiet` counts clean closes in a row that brought no new
+    event; it paces re-opens of a stream the server ends without a terminal event."""
+
+    timeout: float
+    failing_since: float | None = None
+    attempt: int = 0
+    quiet: int = 0
+
+    def delivered(self) -> None:
+        self.failing_since, self.attempt = None, 0
+
+    def after_drop(self) -> float:
+        """The wait before the next attempt; StreamLost once the outage outlasts the timeout."""
+        now = time.monotonic()
+        self.failing_since = self.failing_since or now
+        if now - self.failing_since > self.timeout:
+            raise StreamLost
+        self.attempt += 1
+        return backoff(self.attempt - 1)
+
+    def after_clean_close(self, progressed: bool) -> float:
+        """The wait before re-opening a stream that ended without a terminal event."""
+        self.quiet = 0 if progressed else self.quiet + 1
+        return backoff(self.quiet)
 
 
 def run_body(agent: str, prompt: str | None, fields: dict[str, Any]) -> dict[str, Any]:

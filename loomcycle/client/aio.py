@@ -6,7 +6,6 @@ from the last seq they saw (see `Runs.stream`)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -16,7 +15,7 @@ from httpx_sse import EventSource
 
 from loomcycle.client import _base as b
 from loomcycle.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
-from loomcycle.client.events import Event, RunRef, event_from_sse
+from loomcycle.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)
@@ -155,26 +154,31 @@ class Runs:
         return self._c.http.stream("GET", f"/v1/runs/{b.seg(cursor.run_id)}/stream", headers=headers, timeout=timeout)
 
     async def _follow(self, cursor: b.Cursor, reconnect_timeout: float, first: _Opener | None) -> AsyncIterator[Event]:
-        failing_since: float | None = None
-        attempt = 0
+        pace = b.Reconnect(reconnect_timeout)
         while not cursor.finished:
             posting, first = first, None  # a POST is sent once: later attempts re-attach by GET
+            before = cursor.last_seq
             try:
                 opener = posting() if posting else await self._get_opener(cursor)
-                async for event in self._read(opener, cursor):
+                async for event in self._read(opener, cursor, pace):
                     yield event
-                failing_since, attempt = None, 0
+                if cursor.finished or await self._has_ended(cursor):
+                    return
             except _DROPPED as exc:
                 if posting is not None and isinstance(exc, httpx.ConnectError):
                     raise ConnectionFailed(f"POST {self._c.url}/v1/runs: {exc!r}") from exc
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > reconnect_timeout:
-                    raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
-                await asyncio.sleep(b.backoff(attempt))  # reconnect backoff, bounded by reconnect_timeout
-                attempt += 1
+                await asyncio.sleep(_drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
+                continue
+            await asyncio.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end
+
+    async def _has_ended(self, cursor: b.Cursor) -> bool:
+        """Whether the run of a stream that closed without a terminal event has ended (asked of the runtime)."""
+        run = await (self.get(cursor.run_id) if cursor.run_id else self.get_by_agent_id(cursor.agent_id))
+        cursor.finished = str(run.get("state") or "") in TERMINAL_STATES
+        return cursor.finished
 
     async def _read(
-        self, opener: AbstractAsyncContextManager[httpx.Response], cursor: b.Cursor
+        self, opener: AbstractAsyncContextManager[httpx.Response], cursor: b.Cursor, pace: b.Reconnect
     ) -> AsyncIterator[Event]:
         async with opener as resp:
             if resp.status_code >= 400:
@@ -184,11 +188,19 @@ class Runs:
                 raise error_from_response(resp)
             cursor.opened += 1
             async for sse in EventSource(resp).aiter_sse():
+                pace.delivered()  # the stream is back: the next outage gets the full timeout
                 event = event_from_sse(sse.event, sse.data, sse.id)
                 if cursor.accept(event):
                     yield event
                 if cursor.finished:
                     return
+
+
+def _drop_wait(pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:
+    try:
+        return pace.after_drop()
+    except b.StreamLost:
+        raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
 
 
 class Agents:

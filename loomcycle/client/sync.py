@@ -14,7 +14,7 @@ from httpx_sse import EventSource
 
 from loomcycle.client import _base as b
 from loomcycle.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
-from loomcycle.client.events import Event, RunRef, event_from_sse
+from loomcycle.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)
@@ -153,23 +153,36 @@ class Runs:
         return self._c.http.stream("GET", f"/v1/runs/{b.seg(cursor.run_id)}/stream", headers=headers, timeout=timeout)
 
     def _follow(self, cursor: b.Cursor, reconnect_timeout: float, first: _Opener | None) -> Iterator[Event]:
-        failing_since: float | None = None
-        attempt = 0
+        pace = b.Reconnect(reconnect_timeout)
         while not cursor.finished:
             posting, first = first, None  # a POST is sent once: later attempts re-attach by GET
+            before = cursor.last_seq
             try:
-                yield from self._read(posting() if posting else self._get_opener(cursor), cursor)
-                failing_since, attempt = None, 0
+                yield from self._read(posting() if posting else self._get_opener(cursor), cursor, pace)
+                if cursor.finished or self._has_ended(cursor):
+                    return
             except _DROPPED as exc:
                 if posting is not None and isinstance(exc, httpx.ConnectError):
                     raise ConnectionFailed(f"POST {self._c.url}/v1/runs: {exc!r}") from exc
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > reconnect_timeout:
-                    raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
-                time.sleep(b.backoff(attempt))  # reconnect backoff, bounded by reconnect_timeout
-                attempt += 1
+                time.sleep(self._drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
+                continue
+            time.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end: not a busy loop
 
-    def _read(self, opener: AbstractContextManager[httpx.Response], cursor: b.Cursor) -> Iterator[Event]:
+    def _drop_wait(self, pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:
+        try:
+            return pace.after_drop()
+        except b.StreamLost:
+            raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
+
+    def _has_ended(self, cursor: b.Cursor) -> bool:
+        """Whether the run of a stream that closed without a terminal event has ended (asked of the runtime)."""
+        run = self.get(cursor.run_id) if cursor.run_id else self.get_by_agent_id(cursor.agent_id)
+        cursor.finished = str(run.get("state") or "") in TERMINAL_STATES
+        return cursor.finished
+
+    def _read(
+        self, opener: AbstractContextManager[httpx.Response], cursor: b.Cursor, pace: b.Reconnect
+    ) -> Iterator[Event]:
         with opener as resp:
             if resp.status_code >= 400:
                 resp.read()
@@ -178,6 +191,7 @@ class Runs:
                 raise error_from_response(resp)
             cursor.opened += 1
             for sse in EventSource(resp).iter_sse():
+                pace.delivered()  # the stream is back: the next outage gets the full timeout
                 event = event_from_sse(sse.event, sse.data, sse.id)
                 if cursor.accept(event):
                     yield event

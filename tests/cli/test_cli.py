@@ -18,7 +18,7 @@ from typing import IO
 import pytest
 from django.db import connection
 
-from apps.runs.models import RunEvent, RunStatus
+from apps.runs.models import Run, RunEvent, RunStatus
 from apps.substrate.models import AgentDef
 from tests.cli.conftest import Web, cli, cli_argv, cli_env, json_lines, script
 from tests.conftest import wait_for, wait_status
@@ -251,6 +251,24 @@ def test_ctrl_c_cancels_the_run_within_a_second(web_proc: Web) -> None:
     assert proc.returncode == 130
     assert "interrupted" in err and out == ""
     assert done.stop_reason == "interrupted (Ctrl-C)"
+
+
+def test_a_closed_stdout_cancels_the_run_and_exits_141_quietly(web_proc: Web) -> None:
+    agent_id = f"a_{secrets.token_hex(8)}"
+    first = {"text": "first", "tool": "Context", "input": {"op": "self"}}
+    more = {"text": "more", "tool": "Context", "input": {"op": "self"}, "sleep_ms": 200, "repeat": True}
+    prompt = script(first, more)
+    argv = cli_argv("run", "--agent-id", agent_id, "scripted", prompt)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=cli_env(web_proc)
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == "first\n"
+    proc.stdout.close()  # `| head -1`
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in proc.stderr.read()
+    run = wait_for(lambda: Run.objects.filter(agent_id=agent_id, status=RunStatus.CANCELLED).first(), timeout=20)
+    assert run.stop_reason == "stdout closed"
 
 
 def test_interactive_takes_each_line_as_a_turn_and_ends_at_end_of_input(web_proc: Web) -> None:

@@ -1,6 +1,7 @@
 """The client-only distribution (loomcycle/pyproject.toml): it installs into a fresh venv
-without the runtime, gives the `loomcycle` command, and imports without Django; its pins
-are the runtime's."""
+without the runtime (offline: no index, no build isolation), gives the `loomcycle` command,
+and imports without Django; its pins are the runtime's; the runtime's distribution does
+not ship it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement  # (pytest's own dependency)
 
 from tests.procs import ROOT
 
@@ -38,14 +42,60 @@ def _run(*argv: str | Path, cwd: Path | None = None) -> str:
     return done.stdout
 
 
+def _closure(names: list[str]) -> list[metadata.Distribution]:
+    """The installed distributions `names` need, transitively (their unconditional requirements)."""
+    seen: dict[str, metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if name in seen:
+            continue
+        seen[name] = dist = metadata.distribution(name)
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):  # not an extra; this Python's
+                todo.append(req.name)
+    return list(seen.values())
+
+
+def _copy_installed(dists: list[metadata.Distribution], site: Path) -> None:
+    """Copy each distribution's files (its record) from this venv into `site`: offline, no resolution."""
+    for dist in dists:
+        for file in dist.files or []:
+            src = Path(str(dist.locate_file(file)))
+            if src.is_file() and not str(file).startswith(".."):  # scripts live outside site-packages
+                dst = site / file
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+
+
 def test_the_client_installs_alone_and_imports_without_django(tmp_path: Path) -> None:
+    """Offline: the wheel is built here without build isolation, installed without an index, and its
+    dependencies are copied from this venv; `pip check` then proves they satisfy the wheel's pins."""
     source = tmp_path / "src"  # a copy: the build writes its egg-info beside the sources
     shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    wheels = tmp_path / "wheels"
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run(*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-w", wheels, source)
+    (wheel,) = wheels.glob("loomcycle_client-*.whl")
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv)
-    _run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", source)
+    vpip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
+    _run(*vpip, "install", "--quiet", "--no-deps", "--no-index", wheel)
+    site = Path(_run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
+    pins = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]["dependencies"]
+    _copy_installed(_closure([re.split(r"[=<>]", pin, maxsplit=1)[0] for pin in pins]), site)
+    _run(*vpip, "check")
     assert "Usage: loomcycle" in _run(venv / "bin" / "loomcycle", "--help", cwd=tmp_path)
     check = "import loomcycle.client, loomcycle.cli, sys; assert 'django' not in sys.modules, 'django imported'"
     _run(venv / "bin" / "python", "-c", check, cwd=tmp_path)
-    installed = _run(venv / "bin" / "python", "-m", "pip", "list", "--format=freeze").lower()
+    installed = _run(*vpip, "list", "--format=freeze").lower()
     assert "django" not in installed and "celery" not in installed
+
+
+def test_the_runtime_distribution_ships_neither_the_client_nor_its_command() -> None:
+    """The two distributions never install the same files: the runtime's leaves `loomcycle` to the client's."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "loomcycle" not in project["project"].get("scripts", {})
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not [pattern for pattern in include if pattern.startswith("loomcycle") and "_" not in pattern]

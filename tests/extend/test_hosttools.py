@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import pytest
 from pydantic import Field
@@ -99,6 +99,31 @@ def test_what_cannot_be_a_tool_is_refused_at_import() -> None:
             tool(fn)
     with pytest.raises(ValueError, match="registered twice"):
         tool(name="ext_lookup")(_doc_fn)
+
+
+def test_a_run_context_in_anything_but_the_bare_annotation_is_refused() -> None:
+    """Wrapped, it would become an input field the model fills in (its own tenant_id)."""
+
+    def optional(q: str, ctx: Optional[RunContext] = None) -> str:  # noqa: UP045 (the spelling under test)
+        """Optional."""
+        return q
+
+    def union(q: str, ctx: RunContext | None = None) -> str:
+        """Union."""
+        return q
+
+    def annotated(q: str, ctx: Annotated[RunContext, "the run"]) -> str:
+        """Annotated."""
+        return q
+
+    def listed(q: str, ctxs: list[RunContext]) -> str:
+        """A container."""
+        return q
+
+    for fn in (optional, union, annotated, listed):
+        with pytest.raises(TypeError, match="exactly `RunContext`"):
+            tool(fn)
+    assert not any(registry.get(n) for n in ("optional", "union", "annotated", "listed"))
 
 
 def _doc_fn(x: int) -> int:

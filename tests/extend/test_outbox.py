@@ -12,10 +12,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import InterfaceError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from apps.runs import signals
+from apps.core.redis import sync_client
+from apps.core.types import Principal
+from apps.gateway.fairness.config import RUNS_KEY
+from apps.runs import engine, services, signals
+from apps.runs import store as runs_store
 from apps.runs.models import Run, RunStatus, SignalOutbox
 from apps.runs.tasks import run_leases_sweep_task
 from loomcycle_project.extend import run_create
@@ -105,7 +109,7 @@ def test_a_send_lost_after_the_commit_is_resent_by_the_sweep_with_its_delivery_i
 def test_an_engine_step_whose_sends_were_lost_is_resent(heard: list[Sent], monkeypatch: pytest.MonkeyPatch) -> None:
     run = run_create(agent="scripted", prompt=SCRIPT, user_id="u-step")
     heard.clear()
-    monkeypatch.setattr(signals, "deliver_all", lambda deliveries: None)  # the worker dies after each step commit
+    monkeypatch.setattr(signals, "deliver_all", lambda deliveries, **kw: None)  # the worker dies after each step commit
     assert drive(run).status == RunStatus.COMPLETED
     assert heard == []
     rows = {r.signal: r for r in SignalOutbox.objects.all()}
@@ -147,3 +151,60 @@ def test_without_a_receiver_no_row_is_written_and_no_query_names_the_outbox() ->
     assert drive(run).status == RunStatus.COMPLETED
     assert not SignalOutbox.objects.exists()
     assert Run.objects.filter(id=run.id).exists()
+
+
+def test_run_finished_receivers_run_last_and_a_failed_delete_aborts_nothing(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine's after-commit work (the fairness slot here) is done before the deployment's receivers
+    run; an InterfaceError deleting the outbox row is logged and leaves the row to the sweep."""
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, max_concurrent_runs_per_user=5)
+    slot_held_at_send: list[bool] = []
+
+    def on_finished(sender: Any, run_id: str, **kwargs: Any) -> None:
+        slot_held_at_send.append(bool(sync_client().hexists(RUNS_KEY, run_id)))
+
+    def lost(*, delivery_id: int) -> None:
+        raise InterfaceError("connection already closed")
+
+    signals.run_finished.connect(on_finished)
+    try:
+        run = run_create(agent="scripted", prompt=SCRIPT, user_id="u-last")
+        monkeypatch.setattr(runs_store, "outbox_delete", lost)
+        assert drive(run).status == RunStatus.COMPLETED
+    finally:
+        signals.run_finished.disconnect(on_finished)
+    assert slot_held_at_send == [False]
+    assert not sync_client().hexists(RUNS_KEY, run.id)
+    assert list(SignalOutbox.objects.values_list("signal", flat=True)) == ["run_finished"]  # for the sweep
+    assert any("failed; the sweep will re-send it" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cancelled_tree_signals_run_finished_once_every_run_of_it_is_finished() -> None:
+    parent = run_create(agent="spawner", prompt="go", user_id="u-tree")
+    engine.run_iterate(run_id=parent.id, step=0)  # spawns its child and parks; the child stays queued here
+    child = Run.objects.get(parent_id=parent.id)
+    statuses_at_send: dict[str, dict[str, str]] = {}
+
+    def on_finished(sender: Any, run_id: str, **kwargs: Any) -> None:
+        rows = Run.objects.filter(id__in=[parent.id, child.id])
+        statuses_at_send[run_id] = dict(rows.values_list("id", "status"))
+
+    signals.run_finished.connect(on_finished)
+    try:
+        services.run_cancel(principal=Principal("", "t", frozenset({"substrate:admin"})), agent_id=parent.agent_id)
+    finally:
+        signals.run_finished.disconnect(on_finished)
+    cancelled = {parent.id: RunStatus.CANCELLED, child.id: RunStatus.CANCELLED}
+    assert statuses_at_send == {parent.id: cancelled, child.id: cancelled}
+
+
+def test_an_outbox_row_is_stamped_at_its_insert_not_at_its_transaction_start() -> None:
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        (started,) = cur.fetchone()
+        delivery_id = runs_store.outbox_insert(signal="run_created", run_id="r_0000000000000000", kwargs={})
+        cur.execute("SELECT created_at FROM runs_signaloutbox WHERE id = %s", [delivery_id])
+        (stamped,) = cur.fetchone()
+        transaction.set_rollback(True)
+    assert stamped > started

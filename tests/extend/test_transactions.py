@@ -145,3 +145,21 @@ def test_parking_and_resuming_are_signalled(received: list[tuple[str, dict[str, 
     assert received[-1] == ("run_resumed", {"run_id": run.id})
     services.run_cancel(principal=principal, agent_id=run.agent_id)
     assert received[-1] == ("run_finished", {"run_id": run.id, "status": RunStatus.CANCELLED})
+
+
+def _raise_boom() -> None:
+    raise Boom
+
+
+@pytest.mark.usefixtures("capped", "no_workers")
+def test_a_committed_run_keeps_its_slot_when_an_earlier_on_commit_callback_raises() -> None:
+    """Django drops the callbacks after one that raises, the slot marker among them: the commit still happened."""
+    created: list[Run] = []
+    with pytest.raises(Boom), transaction.atomic():
+        transaction.on_commit(_raise_boom)
+        created.append(run_create(agent="scripted", prompt=SCRIPT, user_id="u-early-boom"))
+    (run,) = created
+    assert Run.objects.filter(id=run.id).exists()
+    assert holds_slot(run.id)
+    services.run_cancel(principal=Principal("", "t", frozenset({"substrate:admin"})), agent_id=run.agent_id)
+    assert not holds_slot(run.id)

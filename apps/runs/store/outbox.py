@@ -11,7 +11,8 @@ from typing import Any
 from django.db import connection
 
 _INSERT_SQL = (
-    "INSERT INTO runs_signaloutbox (signal, run_id, kwargs, created_at) VALUES (%s, %s, %s::jsonb, now()) RETURNING id"
+    "INSERT INTO runs_signaloutbox (signal, run_id, kwargs, created_at)"
+    " VALUES (%s, %s, %s::jsonb, clock_timestamp()) RETURNING id"
 )
 
 # Rows past the grace, never claimed or claimed a grace ago (that sweep died or is still sending), oldest
@@ -32,7 +33,10 @@ RETURNING o.id, o.signal, o.kwargs
 
 def outbox_insert(*, signal: str, run_id: str, kwargs: dict[str, Any]) -> int:
     """The new row's id (the `delivery_id`). In the caller's transaction, so the row exists iff the
-    transition commits; `created_at` is the transaction's start on Postgres's clock."""
+    transition commits. `created_at` is the moment of the insert on Postgres's clock (`clock_timestamp()`,
+    not `now()`, the transaction's start): a long transaction's rows are not already past the re-send
+    grace when it commits. One still open longer than the grace after the insert may see its rows
+    re-sent by the sweep as it delivers them (at least once: receivers dedupe on `delivery_id`)."""
     with connection.cursor() as cur:
         cur.execute(_INSERT_SQL, [signal, run_id, json.dumps(kwargs)])
         (delivery_id,) = cur.fetchone()

@@ -1,0 +1,181 @@
+"""How a followed stream comes back, against a scripted HTTP peer (httpx.MockTransport: the
+client's side of the wire, not our runtime) and a fake clock, so outages of minutes take none."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from loomcycle.client import AsyncClient, Client
+from loomcycle.client.events import Event
+
+RUN = "r_00000000000000aa"
+AGENT = "a_00000000000000aa"
+Script = Callable[[httpx.Request], httpx.Response]
+FrameList = list[tuple[str, dict[str, object], int | None]]
+
+
+@dataclass
+class Clock:
+    """time.monotonic and time.sleep of the test: sleeping advances it, and nothing waits."""
+
+    now: float = 1000.0
+    slept: list[float] = field(default_factory=list)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(time, "monotonic", fake.monotonic)
+    monkeypatch.setattr(time, "sleep", fake.sleep)
+    monkeypatch.setattr(asyncio, "sleep", fake.asleep)
+    return fake
+
+
+class Frames(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """An SSE body: `frames`, then (with `drop_after`) the clock jumps and the connection breaks."""
+
+    def __init__(self, frames: FrameList, clock: Clock, drop_after: float) -> None:
+        self.body = b"".join(_frame(kind, data, seq) for kind, data, seq in frames)
+        self.clock, self.drop_after = clock, drop_after
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.body
+        self._end()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.body
+        self._end()
+
+    def _end(self) -> None:
+        if self.drop_after:
+            self.clock.now += self.drop_after
+            raise httpx.ReadError("connection reset by peer")
+
+
+def _frame(kind: str, data: dict[str, object], seq: int | None) -> bytes:
+    head = f"id: {seq}\n" if seq is not None else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def sse(frames: FrameList, clock: Clock, drop_after: float = 0) -> httpx.Response:
+    stream = Frames(frames, clock, drop_after)
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+
+
+def agent_frame() -> tuple[str, dict[str, object], None]:
+    return ("agent", {"run_id": RUN, "agent_id": AGENT}, None)
+
+
+def follow_sync(script: Script, *, timeout: float = 60.0, start: bool = False, from_seq: int = 0) -> list[Event]:
+    with Client("http://runtime.test", transport=httpx.MockTransport(script)) as lc:
+        if start:
+            return list(lc.runs.start("scripted", "hi", agent_id=AGENT, reconnect_timeout=timeout))
+        return list(lc.runs.stream(RUN, from_seq=from_seq, reconnect_timeout=timeout))
+
+
+def follow_async(script: Script, *, timeout: float = 60.0, from_seq: int = 0) -> list[Event]:
+    async def go() -> list[Event]:
+        async with AsyncClient("http://runtime.test", transport=httpx.MockTransport(script)) as lc:
+            return [e async for e in lc.runs.stream(RUN, from_seq=from_seq, reconnect_timeout=timeout)]
+
+    return asyncio.run(go())
+
+
+FOLLOWERS = [follow_sync, follow_async]
+
+
+@pytest.mark.parametrize("follow", FOLLOWERS)
+def test_each_drop_gets_the_full_reconnect_timeout(clock: Clock, follow: Callable[..., list[Event]]) -> None:
+    """Two drops 100 s apart, with a 60 s timeout: both are retried (the clock restarts with each stream)."""
+    streams = [
+        lambda: sse([agent_frame(), ("text", {"text": "a"}, 1)], clock, drop_after=100),
+        lambda: sse([agent_frame(), ("text", {"text": "b"}, 2)], clock, drop_after=100),
+        lambda: sse([agent_frame(), ("done", {"stop_reason": "end_turn"}, 3)], clock),
+    ]
+    seen: list[str | None] = []
+
+    def script(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("last-event-id"))
+        return streams[len(seen) - 1]()
+
+    events = follow(script, timeout=60.0)
+    assert [(e.type, e.seq) for e in events] == [("agent", None), ("text", 1), ("text", 2), ("done", 3)]
+    assert seen == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("follow", FOLLOWERS)
+def test_an_outage_longer_than_the_timeout_still_fails(clock: Clock, follow: Callable[..., list[Event]]) -> None:
+    from loomcycle.client import ConnectionFailed
+
+    def script(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("last-event-id") == "0" and not clock.slept:
+            return sse([agent_frame(), ("text", {"text": "a"}, 1)], clock, drop_after=1)
+        raise httpx.ConnectError("connection refused")
+
+    with pytest.raises(ConnectionFailed):
+        follow(script, timeout=5.0)
+    assert 5.0 <= sum(clock.slept) <= 5.0 + 2.0  # retried for the timeout, with backoff, then gave up
+
+
+@pytest.mark.parametrize("follow", FOLLOWERS)
+def test_a_clean_close_of_a_finished_run_ends_the_stream(clock: Clock, follow: Callable[..., list[Event]]) -> None:
+    """`--from-seq` past a finished run's last event: the stream closes without `done`; one look at the run ends it."""
+    calls: list[str] = []
+
+    def script(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path.endswith("/stream"):
+            return sse([agent_frame()], clock)
+        return httpx.Response(200, json={"run_id": RUN, "state": "completed"})
+
+    events = follow(script, from_seq=99)
+    assert [e.type for e in events] == ["agent"]
+    assert calls == [f"/v1/runs/{RUN}/stream", f"/v1/runs/{RUN}"]
+
+
+@pytest.mark.parametrize("follow", FOLLOWERS)
+def test_a_clean_close_of_a_live_run_reopens_after_a_backoff(clock: Clock, follow: Callable[..., list[Event]]) -> None:
+    opened: list[str | None] = []
+
+    def script(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/stream"):
+            return httpx.Response(200, json={"run_id": RUN, "state": "running"})
+        opened.append(request.headers.get("last-event-id"))
+        if len(opened) < 4:
+            return sse([agent_frame()], clock)  # closed by the server, nothing new, no end
+        return sse([agent_frame(), ("done", {"stop_reason": "end_turn"}, 4)], clock)
+
+    events = follow(script, from_seq=3)
+    assert [e.type for e in events] == ["agent", "done"]
+    assert len(opened) == 4
+    assert len(clock.slept) == 3 and clock.slept == sorted(clock.slept) and clock.slept[0] > 0  # growing waits
+
+
+def test_a_post_dropped_before_its_agent_frame_still_yields_it_on_reattach(clock: Clock) -> None:
+    def script(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return sse([], clock, drop_after=0.5)
+        if request.url.path == f"/v1/agents/{AGENT}":
+            return httpx.Response(200, json={"run_id": RUN, "agent_id": AGENT, "state": "running"})
+        return sse([agent_frame(), ("session", {"session_id": "s_1"}, None), ("done", {}, 2)], clock)
+
+    events = follow_sync(script, start=True)
+    assert [e.type for e in events] == ["agent", "session", "done"]
+    assert events[0].data["run_id"] == RUN

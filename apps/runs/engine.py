@@ -177,7 +177,8 @@ def _open_credentials(run: ClaimedRun) -> StepWrite | None:
 
 def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     if run.cancel_requested or cancel.is_set():
-        return cancelled_write(run.cancel_reason)
+        # A cancel signalled after the claim read the row: its reason is committed by now.
+        return cancelled_write(run.cancel_reason or _cancel_reason(run))
     if run.runtime_state != "running":
         return StepWrite(status=RunStatus.PAUSED, next=Next.PARK, advance=False)
     max_attempts = settings.LOOMCYCLE.max_attempts

@@ -99,6 +99,7 @@ def all_fired(rows: list[ScheduleDef], n: int) -> bool:
     return all(len(fire_times(r)) >= n for r in rows)
 
 
+@pytest.mark.solo  # a fast clock (one minute = 2 s): run alone, not beside another module
 def test_two_beats_fire_each_minute_once_through_kills_and_restarts(fast_cluster: tuple[Cluster, float]) -> None:
     cluster, t0 = fast_cluster
     rows = [schedule(f"minutely-{i}", catch_up_max=5) for i in range(4)]
@@ -118,7 +119,12 @@ def test_two_beats_fire_each_minute_once_through_kills_and_restarts(fast_cluster
     wait_for(lambda: all(fire_times(r)[-1] >= due for r in rows), timeout=60)
     for beat in cluster.beats:
         procs.stop(beat)
-    wait_for(lambda: not Run.objects.filter(user_id__startswith="minutely-").exclude(status__in=TERMINAL).exists(), 60)
+    live = Run.objects.filter(user_id__startswith="minutely-").exclude(status__in=TERMINAL)
+    try:
+        wait_for(lambda: not live.exists(), 60)
+    except AssertionError:  # say which runs are stuck, and where
+        cols = ("id", "user_id", "status", "step", "lease_owner", "attempts", "created_at", "updated_at")
+        raise AssertionError(f"runs not finished 60 s after the beats stopped: {list(live.values(*cols))}") from None
     for row in rows:
         times = fire_times(row)
         gaps = {b - a for a, b in itertools.pairwise(times)}

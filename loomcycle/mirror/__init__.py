@@ -77,8 +77,9 @@ class Mirror:
 
     def sync_until_settled(self) -> None:
         """Passes until one settles no inbox file (`--once`)."""
-        while self.sync_once():
-            pass
+        settled = self.sync_once()
+        while settled:
+            settled = self.sync_once()
 
     def _inbox_agents(self, by_agent: dict[str, list[dict[str, Any]]]) -> list[str]:
         """Agents with runs, and every `agents/<name>/inbox` on disk (one path segment)."""

@@ -34,7 +34,7 @@ SCRIPT = "MOCK_SCRIPT: " + json.dumps([{"tool": "Context", "input": {"op": "self
 
 
 class Boom(Exception):
-    pass
+    """The receiver's own failure, which the runtime must log and survive."""
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ class PauseArgs(Args):
 
 
 class NoArgs(Args):
-    pass
+    """A tool that takes no arguments (unknown ones are refused, as every Args)."""
 
 
 async def pause(principal: Principal, args: PauseArgs) -> dict[str, Any]:

@@ -293,6 +293,13 @@ CHANNELS_MAX_VALUE_BYTES: int = env.int("LOOMCYCLE_CHANNELS_MAX_VALUE_BYTES", de
 CHANNELS_LONGPOLL_CAP_MS: int = env.int("LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS", default=30_000)
 CHANNELS_SWEEP_MS: int = env.int("LOOMCYCLE_CHANNELS_SWEEP_MS", default=900_000)
 CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=1000)
+# Interruptions (SPEC 6.7): an ask's timeout when it gives none, the longest it may ask for,
+# how many asks of one run may be pending (an agent's `interruption.max_pending` overrides it),
+# and how often beat expires asks past their deadline.
+INTERRUPTION_DEFAULT_TIMEOUT_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_DEFAULT_TIMEOUT_MS", 3_600_000, 1)
+INTERRUPTION_MAX_TIMEOUT_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_MAX_TIMEOUT_MS", 86_400_000, 1)
+INTERRUPTION_MAX_PENDING: int = _at_least("LOOMCYCLE_INTERRUPTION_MAX_PENDING", 10, 1)
+INTERRUPTION_SWEEP_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_SWEEP_MS", 5000, 100)
 # MCP server (apps.mcp.server): the longest a `spawn_run` call with `wait` may hold its request
 # open for the run's result (a longer `wait_seconds` is cut to it).
 MCP_WAIT_CAP_MS: int = _at_least("LOOMCYCLE_MCP_WAIT_CAP_MS", 120_000, 1)
@@ -430,6 +437,11 @@ class RuntimeSettings:
     channels_longpoll_cap_ms: int
     channels_sweep_ms: int
     channels_wake_tick_ms: int
+    # Interruptions.
+    interruption_default_timeout_ms: int
+    interruption_max_timeout_ms: int
+    interruption_max_pending: int
+    interruption_sweep_ms: int
     # MCP server.
     mcp_wait_cap_ms: int
     # Evaluations.

@@ -240,6 +240,10 @@ LOOMCYCLE = E.RuntimeSettings(
     channels_longpoll_cap_ms=E.CHANNELS_LONGPOLL_CAP_MS,
     channels_sweep_ms=E.CHANNELS_SWEEP_MS,
     channels_wake_tick_ms=E.CHANNELS_WAKE_TICK_MS,
+    interruption_default_timeout_ms=E.INTERRUPTION_DEFAULT_TIMEOUT_MS,
+    interruption_max_timeout_ms=E.INTERRUPTION_MAX_TIMEOUT_MS,
+    interruption_max_pending=E.INTERRUPTION_MAX_PENDING,
+    interruption_sweep_ms=E.INTERRUPTION_SWEEP_MS,
     mcp_wait_cap_ms=E.MCP_WAIT_CAP_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,
     evaluation_max_rationale_bytes=E.EVALUATION_MAX_RATIONALE_BYTES,
@@ -271,6 +275,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     memory_sweep_s=LOOMCYCLE.memory_sweep_ms / 1000.0,
     channels_wake_tick_s=LOOMCYCLE.channels_wake_tick_ms / 1000.0,
     channels_sweep_s=LOOMCYCLE.channels_sweep_ms / 1000.0,
+    interrupts_sweep_s=LOOMCYCLE.interruption_sweep_ms / 1000.0,
     scheduler_tick_s=LOOMCYCLE.scheduler_tick_seconds if LOOMCYCLE.scheduler_enabled else None,
 )
 

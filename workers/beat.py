@@ -20,6 +20,7 @@ def beat_schedule(
     memory_sweep_s: float,
     channels_wake_tick_s: float,
     channels_sweep_s: float,
+    interrupts_sweep_s: float = 5.0,
     scheduler_tick_s: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`scheduler_tick_s` None: no scheduler tick (LOOMCYCLE_SCHEDULER_ENABLED unset). One
@@ -34,6 +35,7 @@ def beat_schedule(
         "memory-expired-sweep": _every("maintenance.memory_expired_sweep", memory_sweep_s),
         "channels-wake-due": _every("channels.wake_due", channels_wake_tick_s),
         "channels-expired-sweep": _every("maintenance.channels_expired_sweep", channels_sweep_s),
+        "interrupts-expire": _every("maintenance.interrupts_expire", interrupts_sweep_s),
         "gateway-audit-prune": _every("maintenance.gateway_audit_prune", 3600.0),
         "triggers-finished-sweep": _every("maintenance.triggers_finished_sweep", sweep_s),
     }

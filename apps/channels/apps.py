@@ -10,7 +10,9 @@ class AgentChannelsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.channels import bridge
         from apps.channels.tools import CHANNEL_TOOL
         from apps.runs import registry
 
         registry.register(CHANNEL_TOOL)
+        bridge.connect()

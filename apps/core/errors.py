@@ -69,3 +69,7 @@ class QuotaExhausted(ApplicationError):
 
 class RuntimePaused(ApplicationError):
     status, code = 503, "runtime_paused"
+
+
+class Gone(ApplicationError):
+    status, code = 410, "gone"

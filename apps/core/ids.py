@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 
 IDENT_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # always used with fullmatch
 
@@ -30,6 +31,11 @@ def new_def_id() -> str:
 
 def new_mock_tool_id() -> str:
     return f"mock_tu_{_hex16()}"
+
+
+def new_interrupt_id() -> str:
+    """`intr_<16hex ns><8hex>`: time-sortable, as SPEC 2.0 mints them."""
+    return f"intr_{time.time_ns():016x}{secrets.token_hex(4)}"
 
 
 def is_ident(value: str) -> bool:

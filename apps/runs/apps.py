@@ -9,11 +9,16 @@ class RunsConfig(AppConfig):
     def ready(self) -> None:
         from apps.core.admission import ADMISSION
         from apps.gateway import waits
-        from apps.runs import registry
+        from apps.runs import (
+            interrupts_admin,  # noqa: F401  (registers the pending-interrupts admin)
+            registry,
+        )
+        from apps.runs.interruption import INTERRUPTION_TOOL
         from apps.runs.subruns import AGENT_TOOL
         from apps.runs.tools import CONTEXT_TOOL
 
         registry.register(CONTEXT_TOOL)
         registry.register(AGENT_TOOL)
+        registry.register(INTERRUPTION_TOOL)
         # The gateway's waits (mock latency, provider-slot waits) give up the engine's admission slot.
         waits.install(ADMISSION.outside)

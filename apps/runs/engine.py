@@ -473,6 +473,9 @@ def _run_tools(
     if cancel.is_set():
         return cancelled_write(_cancel_reason(run))
     write.parks = [(o.call.id, o.result.park) for o in outcomes if o.result.park is not None]
+    for o in outcomes:  # a parked call's own events (an interruption_pending) go out with the park
+        if o.result.park is not None:
+            write.events.extend(o.result.events)
     outcomes = [o for o in outcomes if o.result.park is None]
     by_id = {o.call.id: o.result for o in outcomes}
     for o in outcomes:  # events in completion order

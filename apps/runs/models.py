@@ -20,6 +20,7 @@ from django.db import models
 from apps.runs.statuses import PARKED as PARKED
 from apps.runs.statuses import RUNNABLE as RUNNABLE
 from apps.runs.statuses import TERMINAL as TERMINAL
+from apps.runs.statuses import InterruptStatus as InterruptStatus
 from apps.runs.statuses import RunStatus as RunStatus
 from apps.runs.statuses import RuntimeStateValue as RuntimeStateValue
 from apps.runs.statuses import ToolCallStatus as ToolCallStatus
@@ -213,3 +214,46 @@ class SignalOutbox(models.Model):
     kwargs = models.JSONField()  # the keyword arguments sent, without delivery_id
     created_at = models.DateTimeField(db_index=True)  # Postgres's clock, as the sweep compares it
     claimed_at = models.DateTimeField(null=True, blank=True)
+
+
+class Interrupt(models.Model):
+    """An Interruption.ask (SPEC 6.7, 9.6): a question to a human while its run is
+    parked (`awaiting_interrupt`, no worker held). Inserted in the parked step's own
+    commit, so it exists iff the run parked on it; leaves `pending` exactly once
+    (resolved, declined, timed_out, cancelled) under its row lock, in the transaction
+    that answers the run's parked call (apps.runs.wake.run_answer). Written only by
+    apps.runs.store.interrupts."""
+
+    id = models.CharField(primary_key=True, max_length=48)  # intr_<16hex ns><8hex>
+    # db_constraint=False: inserted in the step commit that updates the run row (module docstring).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="interrupts", db_constraint=False)
+    call_id = models.CharField(max_length=128)  # the parked Interruption tool call it answers
+    step = models.PositiveIntegerField()
+    tenant_id = models.CharField(max_length=128, default="", blank=True)
+    user_id = models.CharField(max_length=128, default="", blank=True)
+    agent_id = models.CharField(max_length=128)
+    agent_name = models.CharField(max_length=128)
+    kind = models.CharField(max_length=32, default="question")
+    status = models.CharField(max_length=16, choices=InterruptStatus.choices, default=InterruptStatus.PENDING)
+    question = models.TextField()
+    options = models.JSONField(default=list, blank=True)  # [] = any answer
+    context_data = models.JSONField(null=True, blank=True)
+    priority = models.CharField(max_length=8, default="normal")  # low | normal | high
+    answer = models.JSONField(null=True, blank=True)
+    note = models.TextField(blank=True, default="")  # a decline's reason
+    resolved_by = models.CharField(max_length=128, blank=True, default="")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "call_id"], name="interrupt_run_call")]
+        indexes = [
+            # The user's inbox (GET /v1/users/{user_id}/interrupts).
+            models.Index(fields=["tenant_id", "user_id", "status", "created_at"], name="interrupt_inbox"),
+            # The expiry sweep scans pending rows only.
+            models.Index(fields=["expires_at"], name="interrupt_pending_due", condition=models.Q(status="pending")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.status} {self.question[:60]}"

@@ -109,3 +109,15 @@ class EventsOut(BaseModel):
     last_seq: int
     status: str
     state: str
+
+
+class InterruptResolveIn(BaseModel):
+    """`POST /v1/runs/{run_id}/interrupts/{interrupt_id}/resolve` (SPEC 2.3). The checks against
+    the interrupt itself (kind, disposition, options) are the service's: 422 there."""
+
+    answer: Any = None
+    disposition: str = Field(default="answer", max_length=32)
+    kind: str | None = Field(default=None, max_length=32)
+    resolved_by: str = Field(default="api", min_length=1, max_length=128)
+    note: str = Field(default="", max_length=8192)
+    model_config = {"extra": "forbid"}

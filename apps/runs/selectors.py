@@ -5,10 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
 
-from apps.core.errors import Conflict, NotFound
-from apps.runs.models import PARKED, RUNNABLE, TERMINAL, Run, RunEvent, RunStatus, RuntimeStateValue
+from apps.core.errors import Conflict, Invalid, NotFound
+from apps.runs.models import (
+    PARKED,
+    RUNNABLE,
+    TERMINAL,
+    Interrupt,
+    InterruptStatus,
+    Run,
+    RunEvent,
+    RunStatus,
+    RuntimeStateValue,
+    ToolCallRecord,
+)
 from apps.runs.statuses import ANSWERABLE
 
 
@@ -177,3 +189,74 @@ def run_volumes(*, run_id: str) -> list[dict[str, Any]]:
     """The run's resolved volume bindings (empty: none, or no such run)."""
     found: list[dict[str, Any]] | None = Run.objects.filter(id=run_id).values_list("volumes", flat=True).first()
     return list(found or [])
+
+
+# --- Interruptions (SPEC 6.7): a run's interrupts, a user's inbox, what the tool and the sweep need.
+
+INTERRUPT_LIST_CAP = 1000
+
+
+def _interrupt_statuses(status: str) -> list[str] | None:
+    """`?status=`: empty or `all` = every status, else a comma-separated list of them."""
+    if status in ("", "all"):
+        return None
+    wanted = [s.strip() for s in status.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(InterruptStatus.values))
+    if unknown:
+        raise Invalid(
+            f"unknown interrupt status {unknown}; one of {', '.join(InterruptStatus.values)} or all",
+            code="invalid_status",
+        )
+    return wanted
+
+
+def interrupts_for_run(*, run: Run, status: str = "") -> list[Interrupt]:
+    """The interrupts of a run the caller may see (`run` comes from run_get), oldest first."""
+    qs = Interrupt.objects.filter(run_id=run.id).order_by("created_at", "id")
+    wanted = _interrupt_statuses(status)
+    if wanted is not None:
+        qs = qs.filter(status__in=wanted)
+    return list(qs[:INTERRUPT_LIST_CAP])
+
+
+def interrupts_for_user(
+    *, tenant_id: str | None, user_id: str, status: str = "pending", reader: str | None = None
+) -> list[Interrupt]:
+    """A user's inbox, newest first: `tenant_id` None reads every tenant (admins); an
+    isolated member (`reader`) sees only its own. Pending rows of runs that already
+    ended (the sweep cancels them within a period) are left out of `pending`."""
+    if reader is not None and reader != user_id:
+        return []
+    qs = Interrupt.objects.filter(user_id=user_id).order_by("-created_at", "-id")
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
+    wanted = _interrupt_statuses(status)
+    if wanted is not None:
+        qs = qs.filter(status__in=wanted)
+    if wanted is not None and InterruptStatus.PENDING in wanted:
+        qs = qs.exclude(status=InterruptStatus.PENDING, run__status__in=TERMINAL)
+    return list(qs[:INTERRUPT_LIST_CAP])
+
+
+def interrupts_pending_admin() -> QuerySet[Interrupt]:
+    """Every pending interrupt of a live run, oldest first (the Django admin's operators see all tenants)."""
+    return Interrupt.objects.filter(status=InterruptStatus.PENDING).exclude(run__status__in=TERMINAL)
+
+
+def interrupt_pending_count(*, run_id: str) -> int:
+    return Interrupt.objects.filter(run_id=run_id, status=InterruptStatus.PENDING).count()
+
+
+def interrupt_asks_in_step(*, run_id: str, step: int, tool: str) -> list[str]:
+    """The call ids of this step's `ask` calls to `tool`, in the order the model made them
+    (their started records are written before any tool runs)."""
+    rows = ToolCallRecord.objects.filter(run_id=run_id, step=step, name=tool, input__op="ask").order_by("id")
+    return list(rows.values_list("call_id", flat=True))
+
+
+def interrupts_due(*, limit: int) -> list[str]:
+    """Pending interrupts past their deadline, or whose run already ended; oldest deadline first."""
+    now = timezone.now()
+    pending = Interrupt.objects.filter(status=InterruptStatus.PENDING)
+    due = pending.filter(Q(expires_at__lte=now) | Q(run__status__in=TERMINAL)).order_by("expires_at")
+    return list(due.values_list("id", flat=True)[:limit])

@@ -67,12 +67,25 @@ tool_called = Signal()
 kwargs: run_id, call_id, tool, is_error. The input and result text are not sent: read the run's
 events (stored redacted) if a receiver needs them."""
 
+interruption_pending = Signal()
+"""An Interruption.ask parked its run (the parked step committed). kwargs: run_id, tenant_id,
+user_id, agent_id, agent (its name), interruption (the `interruption_pending` event's object:
+interrupt_id, kind, question, options, context, priority, expires_at). apps.channels publishes it
+to `_system/interrupts/pending` when that channel is declared."""
+
+interruption_resolved = Signal()
+"""An interrupt left `pending` (answered, declined, timed out, or cancelled because its run ended).
+kwargs: run_id, tenant_id, user_id, agent (its name), interrupt_id, status, resolved_by, resolved_at. apps.channels
+publishes it to `_system/interrupts/resolved` when that channel is declared."""
+
 SIGNALS: dict[str, Signal] = {
     "run_created": run_created,
     "run_parked": run_parked,
     "run_resumed": run_resumed,
     "run_finished": run_finished,
     "tool_called": tool_called,
+    "interruption_pending": interruption_pending,
+    "interruption_resolved": interruption_resolved,
 }
 """The outbox's `signal` column names one of these."""
 

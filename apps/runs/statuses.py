@@ -32,12 +32,22 @@ PARKED = (
 )
 TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 # The parks a tool call's answer (apps.runs.wake.run_answer) can end.
-ANSWERABLE = (RunStatus.WAITING_CHILDREN, RunStatus.WAITING_CHANNEL)
+ANSWERABLE = (RunStatus.WAITING_CHILDREN, RunStatus.AWAITING_INTERRUPT, RunStatus.WAITING_CHANNEL)
 
 
 class ToolCallStatus(TextChoices):
     STARTED = "started"
     FINISHED = "finished"
+
+
+class InterruptStatus(TextChoices):
+    """An Interruption.ask's row (SPEC 6.7): pending until exactly one of the others."""
+
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    DECLINED = "declined"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
 
 
 class RuntimeStateValue(TextChoices):

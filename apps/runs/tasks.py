@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.runs import engine, services, signals, subruns, wake
+from apps.runs import engine, interrupts, services, signals, subruns, wake
 from workers import held
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
@@ -69,3 +69,10 @@ def run_slots_reconcile_task(**_: Any) -> int:
 def runs_admission_sweep_task(**_: Any) -> int:
     """Start runs waiting for an admission slot that no finishing run promoted."""
     return wake.runs_admit_waiting()
+
+
+@shared_task(base=AgentTask, name="maintenance.interrupts_expire")
+def interrupts_expire_task(**_: Any) -> int:
+    """Time out interruptions past their deadline (each wakes its run once), and cancel
+    pending ones whose run ended."""
+    return interrupts.interrupts_expire_due()

@@ -14,6 +14,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
   sweeps, the child report.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
+- `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -49,6 +50,7 @@ from apps.runs.store.hot import (
     pool_purge,
     record_tool_starts,
 )
+from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
 
 __all__ = [
@@ -69,6 +71,9 @@ __all__ = [
     "commit_step",
     "input_queue",
     "insert_run",
+    "interrupt_finish",
+    "interrupt_insert",
+    "interrupt_lock",
     "leases_extend",
     "outbox_claim_due",
     "outbox_delete",

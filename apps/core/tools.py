@@ -31,7 +31,8 @@ class SpawnRequest:
 @dataclass(frozen=True)
 class Park:
     """A tool asks the engine to park the run until something answers this call
-    (a Channel subscribe/await with nothing to read yet). No worker waits:
+    (a Channel subscribe/await with nothing to read yet, an Interruption ask). No
+    worker waits; the result's `events` are appended in the parked step:
 
     - `record(run_id, step, call_id)` runs inside the step-commit transaction,
       so the wait exists iff the parked step commits;

@@ -98,6 +98,7 @@ def test_beat_periods_come_from_the_runtime_settings() -> None:
         "memory-expired-sweep": conf.memory_sweep_ms / 1000.0,
         "channels-wake-due": conf.channels_wake_tick_ms / 1000.0,
         "channels-expired-sweep": conf.channels_sweep_ms / 1000.0,
+        "interrupts-expire": conf.interruption_sweep_ms / 1000.0,
         "gateway-audit-prune": 3600.0,
         "triggers-finished-sweep": conf.sweep_seconds,
     }  # the scheduler tick is absent: LOOMCYCLE_SCHEDULER_ENABLED is off in tests
@@ -107,7 +108,13 @@ def test_beat_periods_come_from_the_runtime_settings() -> None:
 def test_the_scheduler_tick_is_in_beat_only_when_enabled() -> None:
     from workers.beat import beat_schedule
 
-    periods = {"sweep_s": 15.0, "memory_sweep_s": 1.0, "channels_wake_tick_s": 1.0, "channels_sweep_s": 1.0}
+    periods = {
+        "sweep_s": 15.0,
+        "memory_sweep_s": 1.0,
+        "channels_wake_tick_s": 1.0,
+        "channels_sweep_s": 1.0,
+        "interrupts_sweep_s": 5.0,
+    }
     assert "schedules-tick" not in beat_schedule(**periods)
     tick = beat_schedule(**periods, scheduler_tick_s=30.0)["schedules-tick"]
     assert tick == {"task": "maintenance.schedules_tick", "schedule": 30.0, "options": {"expires": 30.0}}

@@ -20,7 +20,7 @@ def beat_schedule(
     memory_sweep_s: float,
     channels_wake_tick_s: float,
     channels_sweep_s: float,
-    interrupts_sweep_s: float = 5.0,
+    interrupts_sweep_s: float,
     scheduler_tick_s: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """`scheduler_tick_s` None: no scheduler tick (LOOMCYCLE_SCHEDULER_ENABLED unset). One

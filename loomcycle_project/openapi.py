@@ -20,6 +20,7 @@ from ninja.openapi.schema import OpenAPISchema
 
 from apps.core.ids import IDENT_RE
 from apps.memory.models import MemoryScope
+from apps.runs.statuses import InterruptStatus
 
 COMPONENTS = "#/components/schemas/"
 EVENT_STREAM = "text/event-stream"
@@ -68,14 +69,26 @@ PATH_PARAMS: dict[str, dict[str, Any]] = {
     "run_id": {"type": "string", "pattern": IDENT},
     "agent_id": {"type": "string", "pattern": IDENT},
     "user_id": {"type": "string", "pattern": IDENT},
+    "interrupt_id": {"type": "string", "pattern": IDENT},
     "def_id": {"type": "string", "pattern": "^def_[A-Za-z0-9_-]{1,124}$"},
     "scope": {"type": "string", "enum": list(MemoryScope.values)},
 }
+
+# An interrupt list's `?status=`: empty, `all`, or a comma-separated list of statuses.
+_ONE_STATUS = "|".join(InterruptStatus.values)
+INTERRUPT_STATUSES = f"^(all|(({_ONE_STATUS})(,({_ONE_STATUS}))*))?$"
 
 # Query parameters with a range their route checks itself, by operationId.
 QUERY_PARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("apps_runs_api_runs_events", "from_seq"): {"minimum": 0},
     ("apps_runs_api_runs_events", "limit"): {"minimum": 1, "maximum": 5000},
+    **{
+        (operation, "status"): {"pattern": INTERRUPT_STATUSES}
+        for operation in (
+            "apps_runs_api_interrupts_interrupts_of_run",
+            "apps_runs_api_interrupts_interrupts_of_user",
+        )
+    },
 }
 
 ANY_JSON: dict[str, Any] = {"type": "object", "additionalProperties": True}

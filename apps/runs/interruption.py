@@ -28,6 +28,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from apps.core.ids import new_interrupt_id
+from apps.core.redact import run_redactor
 from apps.core.tools import Park, Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
 from apps.runs import selectors, signals, store
 from apps.runs.interrupts import TOOL
@@ -119,6 +120,8 @@ def _ask(ctx: ToolContext, data: dict[str, Any], acl: dict[str, Any]) -> ToolRes
     question, options, priority = _text(data, "question"), _options(data), _priority(data)
     timeout_ms, context = _timeout_ms(data), _context(data)
     _check_room(ctx, acl)
+    redactor = run_redactor(ctx.credentials)  # the row is served to humans: stored as events are, redacted
+    question, options, context = redactor.text(question), redactor.value(options), redactor.value(context)
     now = timezone.now()
     row = Interrupt(
         id=new_interrupt_id(),

@@ -84,6 +84,9 @@ def test_an_ask_parks_without_a_lease_and_the_answer_completes_the_run(stack: Wo
     result = ask_result(run.id)
     assert (result["is_error"], result["answer"], result["resolved_by"]) == (False, "yes", "ops-console")
     assert http.get("/v1/users/u1/interrupts").json()["interrupts"] == []  # the inbox shows pending ones
+    resolved = wait_for(lambda: ChannelMessage.objects.filter(channel="_system/interrupts/resolved").first())
+    assert resolved.scope_id == "u1"  # declared scope: user, so the run's user's stream
+    assert (resolved.payload["interrupt_id"], resolved.payload["status"]) == (row.id, "resolved")
     assert http.get("/v1/users/u1/interrupts", params={"status": "resolved"}).json()["interrupts"][0]["answer"] == "yes"
 
 

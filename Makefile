@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-triggers bench-circuit doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-triggers bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
@@ -57,6 +57,9 @@ bench-webhooks: $(STAMP)
 
 bench-schedules: $(STAMP)
 	$(PY) bench/schedules.py
+
+bench-interrupts: $(STAMP)
+	$(PY) bench/interrupts.py
 
 # Both trigger benches (issue 19): webhook deliveries end to end, then schedule fire lag.
 bench-triggers: bench-webhooks bench-schedules

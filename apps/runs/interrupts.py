@@ -130,6 +130,7 @@ def _settle(row: Interrupt, reply: Resolve) -> tuple[_Outcome, datetime | None]:
         answer=None if declined else reply.answer,
         note=reply.note,
         resolved_by=reply.resolved_by,
+        at=at,  # the resolved_at the agent was told
     )
     _announce(row, status, reply.resolved_by, moved)
     return _Outcome.RESOLVED, moved

@@ -83,6 +83,7 @@ def test_an_ask_parks_without_a_lease_and_the_answer_completes_the_run(stack: Wo
     assert done.stop_reason == "end_turn"
     result = ask_result(run.id)
     assert (result["is_error"], result["answer"], result["resolved_by"]) == (False, "yes", "ops-console")
+    assert result["resolved_at"] == resp.json()["resolved_at"]  # what the agent was told is what was stored
     assert http.get("/v1/users/u1/interrupts").json()["interrupts"] == []  # the inbox shows pending ones
     resolved = wait_for(lambda: ChannelMessage.objects.filter(channel="_system/interrupts/resolved").first())
     assert resolved.scope_id == "u1"  # declared scope: user, so the run's user's stream

@@ -30,10 +30,17 @@ def interrupt_lock(*, interrupt_id: str, run_id: str | None = None, skip_locked:
 
 
 def interrupt_finish(
-    *, interrupt_id: str, status: InterruptStatus, answer: Any = None, note: str = "", resolved_by: str = ""
+    *,
+    interrupt_id: str,
+    status: InterruptStatus,
+    answer: Any = None,
+    note: str = "",
+    resolved_by: str = "",
+    at: datetime | None = None,
 ) -> datetime | None:
-    """Take a pending row to `status`; its resolved_at, or None when it had already left `pending`."""
-    now = timezone.now()
+    """Take a pending row to `status` at `at` (default now); its resolved_at, or None when it had
+    already left `pending`."""
+    now = at or timezone.now()
     # Conditional: a row leaves `pending` exactly once, whoever races for it.
     moved = Interrupt.objects.filter(id=interrupt_id, status=InterruptStatus.PENDING).update(
         status=status, answer=answer, note=note, resolved_by=resolved_by, resolved_at=now

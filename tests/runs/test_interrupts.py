@@ -24,6 +24,9 @@ from apps.runs.models import Interrupt, InterruptStatus, Run, RunEvent, RunStatu
 from apps.runs.prompt import Segment
 from apps.runs.tasks import interrupts_expire_task
 from tests.conftest import ALICE, wait_for, wait_status
+from tests.mcp.test_server import Client as McpClient
+from tests.mcp.test_server import call as mcp_call
+from tests.mcp.test_server import over_http
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -242,3 +245,26 @@ def test_the_admin_answer_form_resolves_through_the_service(stack: WorkerPool, a
     answered = Interrupt.objects.get(id=row.id)
     assert (answered.status, answered.answer, answered.resolved_by) == ("resolved", "no", "admin:admin")
     assert ask_result(run.id)["resolved_by"] == "admin:admin"
+
+
+def test_an_mcp_client_resolves_through_interruption_resolve(
+    stack: WorkerPool, web: str, people: dict[str, Any]
+) -> None:
+    acme = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
+    run = ask_run(principal=acme)
+    row = parked(run)
+    args = {"run_id": run.id, "interrupt_id": row.id}
+
+    async def work(client: McpClient) -> tuple[tuple[bool, dict[str, Any]], ...]:
+        return (
+            await mcp_call(client, "interruption_resolve", {**args, "answer": "maybe"}),
+            await mcp_call(client, "interruption_resolve", {**args, "answer": "no"}),
+        )
+
+    beta = over_http(web, people["charlie"], lambda c: mcp_call(c, "interruption_resolve", {**args, "answer": "no"}))
+    assert beta[0] and beta[1]["code"] == "not_found"  # another tenant's interrupt does not exist
+    (bad_error, bad), (error, ok) = over_http(web, people["alice"], work)  # /v1/_mcp needs substrate:tenant
+    assert bad_error and (bad["status"], bad["code"]) == (422, "answer_not_in_options")
+    assert not error and ok["status"] == "resolved"
+    wait_status(run.id, RunStatus.COMPLETED, timeout=30)
+    assert (ask_result(run.id)["answer"], ask_result(run.id)["resolved_by"]) == ("no", "mcp")

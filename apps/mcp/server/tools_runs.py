@@ -1,5 +1,5 @@
 """Run tools: spawn_run (optionally waiting for the result), get_run,
-run_events, cancel_run, send_input. Each mirrors a REST route of
+run_events, cancel_run, send_input, interruption_resolve. Each mirrors a REST route of
 apps/runs/api.py and calls the same services/selectors with the caller's
 principal; the run a principal may see is the one `selectors.run_get` returns
 for its read tenant and read user (another tenant's run is `not_found`).
@@ -26,7 +26,7 @@ from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import astream_slot
 from apps.mcp.server.registry import Args, McpTool, register
-from apps.runs import selectors, services
+from apps.runs import interrupts, selectors, services
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out
 from apps.runs.schemas import RunCreateIn
@@ -67,6 +67,16 @@ class CancelRunArgs(Args):
 class SendInputArgs(Args):
     run_id: str = _run_id()
     text: str = Field(min_length=1, max_length=1024 * 1024, description="steering text, or the next turn")
+
+
+class InterruptionResolveArgs(Args):
+    run_id: str = _run_id()
+    interrupt_id: str = Field(pattern=f"^{IDENT_RE.pattern}$", description="the interrupt's id (intr_...)")
+    answer: Any = Field(default=None, description="the answer; one of the ask's options when it gave some")
+    disposition: str = Field(default="answer", max_length=32, description="answer, or declined (no answer)")
+    note: str = Field(default="", max_length=8192, description="a decline's reason")
+    resolved_by: str = Field(default="mcp", min_length=1, max_length=128, description="who answered")
+    kind: str | None = Field(default=None, max_length=32, description="the interrupt's kind (question), if given")
 
 
 def _create(principal: Principal, args: SpawnRunArgs) -> dict[str, Any]:
@@ -152,6 +162,23 @@ async def send_input(principal: Principal, args: SendInputArgs) -> dict[str, Any
     return await db_call(services.run_input)(principal=principal, run_id=args.run_id, text=args.text)
 
 
+def _resolve(principal: Principal, args: InterruptionResolveArgs) -> dict[str, Any]:
+    reply = interrupts.Resolve(
+        answer=args.answer, disposition=args.disposition, resolved_by=args.resolved_by, note=args.note, kind=args.kind
+    )
+    return interrupts.interrupt_resolve(
+        tenant_id=principal.read_tenant,
+        owner=principal.read_user,
+        run_id=args.run_id,
+        interrupt_id=args.interrupt_id,
+        reply=reply,
+    )
+
+
+async def interruption_resolve(principal: Principal, args: InterruptionResolveArgs) -> dict[str, Any]:
+    return await db_call(_resolve)(principal, args)
+
+
 register(
     McpTool(
         "spawn_run",
@@ -172,5 +199,12 @@ register(
         RUNS_CREATE,
         SendInputArgs,
         send_input,
+    ),
+    McpTool(
+        "interruption_resolve",
+        "Answer (or decline) a run's pending Interruption ask; the run continues with the reply.",
+        RUNS_CREATE,
+        InterruptionResolveArgs,
+        interruption_resolve,
     ),
 )

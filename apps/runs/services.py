@@ -95,8 +95,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
-        # Inside the caller's transaction: given back if it rolls back (apps.runs.rollback), not when
-        # a raising on_commit callback makes Django drop the watch of a committed run (it checks the row).
+        # Inside the caller's transaction: given back if it, or a savepoint around this, rolls back
+        # (apps.runs.rollback).
         release_slot_unless_committed(run_id)
     limit = backpressure.limits()
     gated = data.parent_id is None and limit.max_concurrent_runs > 0

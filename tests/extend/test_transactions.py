@@ -65,7 +65,6 @@ def test_a_rolled_back_transaction_leaves_no_run_no_event_and_no_slot() -> None:
     assert not holds_slot(run_id)
 
 
-@pytest.mark.xfail(strict=False, reason="open defect (issue 24): the weakref.finalize release did not fire at once")
 @pytest.mark.usefixtures("capped")
 def test_a_rolled_back_savepoint_gives_its_slot_back_and_the_outer_commit_keeps_the_other() -> None:
     with transaction.atomic():

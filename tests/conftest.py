@@ -23,8 +23,8 @@ from django.db.models import Q
 from apps.core.types import Principal
 from apps.runs.models import TERMINAL, Run
 from apps.substrate import auth_cache, tokens
-from loomcycle_project.bootstrap import load_yaml_config
 from tests import procs
+from tests.yaml_rows import yaml_rows_load
 
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
 
@@ -202,7 +202,7 @@ def web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
 
 @pytest.fixture
 def agents(transactional_db: None) -> Iterator[None]:
-    load_yaml_config()
+    yaml_rows_load()  # load_yaml_config(), from a per-process template after the first time
     yield
     _quiesce()
 

@@ -107,13 +107,18 @@ def _pid(key: str, raw: bytes | str | None) -> int | None:
         return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
+def host_name() -> str:
+    """This container's host name, as a worker names itself in its presence key (workers.held.WORKER_ID)."""
+    return socket.gethostname()
+
+
 def check_worker(url: str | None) -> str:
     from redis import RedisError
 
     from apps.core.redis import sync_client
     from workers.held import PRESENCE_PREFIX
 
-    prefix = f"{PRESENCE_PREFIX}{socket.gethostname()}:"
+    prefix = f"{PRESENCE_PREFIX}{host_name()}:"
     try:
         client = sync_client()
         keys = [k.decode() for k in client.scan_iter(prefix + "*", count=500)]

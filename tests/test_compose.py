@@ -68,6 +68,7 @@ def test_compose_file_declares_every_process_on_real_postgres_and_redis(compose:
     assert set(env) <= set(services["flower"]["environment"])  # Flower keeps every shared variable
     assert services["migrate"]["command"] == ["python", "manage.py", "boot"]
     assert services["worker"]["init"] is True  # the worker runs Bash: PID 1 must reap orphans
+    assert services["worker"]["stop_grace_period"] == "2m"  # warm shutdown: running iterations commit first
     for name in ("worker", "beat", "flower"):
         command = services[name]["command"]
         module, _, attr = command[command.index("-A") + 1].partition(":")

@@ -16,8 +16,6 @@ an iteration starts see it only when started in a copy of the context
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -28,14 +26,21 @@ FIELDS = ("run_id", "tenant", "step")
 _CURRENT: ContextVar[dict[str, Any] | None] = ContextVar("loomcycle_log_context", default=None)
 
 
-@contextmanager
-def bound(**fields: Any) -> Iterator[None]:
-    """Log records made inside the block (in this context) carry `fields`."""
-    token = _CURRENT.set(dict(fields))
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
+class bound:  # lower-case: used like a function, `with bound(run_id=...)`
+    """Log records made inside the block (in this context) carry `fields`. A class,
+    not @contextmanager: it runs once per iteration, and a generator costs several
+    times a ContextVar set and reset."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: Any) -> None:
+        self._fields = fields  # a fresh dict per call: `update` may add to it
+
+    def __enter__(self) -> None:
+        self._token = _CURRENT.set(self._fields)
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.reset(self._token)
 
 
 def update(**fields: Any) -> None:

@@ -130,3 +130,16 @@ def test_plain_is_the_default_and_an_unknown_format_stops_start_up() -> None:
     bad = subprocess.run([sys.executable, "-c", probe], env=env, cwd=procs.ROOT, capture_output=True, timeout=60)
     assert bad.returncode != 0
     assert "LOOMCYCLE_LOG_FORMAT must be one of plain, json (got 'xml')" in bad.stderr.decode()
+
+
+def test_up_starts_its_celery_children_quiet_with_json_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery's start-up banners are printed, not logged: `up` drops them when the logs are JSON."""
+    from loomcycle_project import env as E
+    from loomcycle_project.management.commands import up
+
+    monkeypatch.setattr(E, "FLOWER_ENABLED", True)
+    monkeypatch.setattr(E, "LOG_FORMAT", "json")
+    celery = [c.argv for c in up.children("127.0.0.1", 8787) if "celery" in c.argv]
+    assert len(celery) == E.WORKER_PROCESSES + 2 and all(argv[5] == "--quiet" for argv in celery)  # + beat, flower
+    monkeypatch.setattr(E, "LOG_FORMAT", "plain")
+    assert not any("--quiet" in c.argv for c in up.children("127.0.0.1", 8787))

@@ -242,6 +242,19 @@ HTTP_PRIVATE_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_PRIVATE_HOST_ALLO
 HTTP_CALLER_AUTHORITATIVE: bool = env.bool("LOOMCYCLE_HTTP_CALLER_AUTHORITATIVE", default=False)
 
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
+LOG_FORMATS = ("plain", "json")
+
+
+def _log_format() -> str:
+    """LOOMCYCLE_LOG_FORMAT: `plain` (the default: one text line per record) or `json` (one
+    JSON object per line, with the run's ids where known: apps.core.logcontext)."""
+    value: str = env.str("LOOMCYCLE_LOG_FORMAT", default="plain").strip().lower()
+    if value not in LOG_FORMATS:
+        raise ImproperlyConfigured(f"LOOMCYCLE_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)} (got {value!r})")
+    return value
+
+
+LOG_FORMAT: str = _log_format()
 
 PROVIDER_KEYS = {name: env.str(name, default=None) or None for name in PROVIDER_KEY_NAMES}
 # Provider endpoints (SPEC C.2). OLLAMA_BASE_URL=disabled opts out of the local Ollama.
@@ -313,6 +326,9 @@ HOOKS_CHAIN_BUDGET_MS: int = _at_least("LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS", 60_000
 # the host name when unset.
 METRICS_ENABLED: bool = env.bool("LOOMCYCLE_METRICS_ENABLED", default=True)
 REPLICA_ID: str = env.str("LOOMCYCLE_REPLICA_ID", default="")
+# The file beat's scheduler keeps fresh from its tick loop (workers/heartbeat.py), which the
+# container healthcheck reads (`python -m loomcycle_project.healthcheck beat`).
+BEAT_HEARTBEAT_FILE: str = env.str("LOOMCYCLE_BEAT_HEARTBEAT_FILE", default=str(DATA_DIR / "beat-heartbeat"))
 # Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
 # `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
 # definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
@@ -462,3 +478,4 @@ class RuntimeSettings:
     # Observability (apps.core.metrics, loomcycle_project.health).
     metrics_enabled: bool = True
     replica_id: str = ""
+    beat_heartbeat_file: str = ""  # workers.heartbeat; settings.py always sets it

@@ -33,6 +33,7 @@ import psycopg
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 
+from apps.core import logcontext
 from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.errors import ApplicationError
 from apps.core.metrics import Batch
@@ -113,8 +114,9 @@ class StepWrite:
 
 def run_iterate(*, run_id: str, step: int) -> Outcome:
     """Execute iteration `step` of `run_id` if this delivery wins the claim
-    (after this process admits it: apps.core.admission)."""
-    with ADMISSION.admitted() as waited:
+    (after this process admits it: apps.core.admission). Log records made
+    meanwhile carry the run's ids (apps.core.logcontext)."""
+    with logcontext.bound(run_id=run_id, step=step), ADMISSION.admitted() as waited:
         return _iterate(run_id, step, waited)
 
 
@@ -125,6 +127,7 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
         if run is None:
             return Outcome.NOOP
         LIVE.set_token(run_id, run.lease_token)
+        logcontext.update(tenant=run.tenant_id)
         if run.first_claim:
             notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
         write = _open_credentials(run) or _execute(run, cancel)
@@ -139,7 +142,18 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
     elapsed = time.perf_counter() - started
     record_timing(elapsed, write.provider_s, waited)
     _flush_metrics(write, Outcome(write.next.value), committed, elapsed)
+    _log_outcome(write, committed, elapsed)
     return Outcome(write.next.value)
+
+
+def _log_outcome(write: StepWrite, committed: str, elapsed: float) -> None:
+    """One DEBUG line per committed iteration; one INFO line (WARNING when failed) per run
+    that finished, with its stop reason or error."""
+    if write.next != Next.FINISH:
+        log.debug("iteration committed: %s, %s (%.1f ms)", committed, write.next.value, elapsed * 1000)
+        return
+    level = logging.WARNING if committed == RunStatus.FAILED else logging.INFO
+    log.log(level, "run finished: %s (%s)", committed, write.error or write.stop_reason or "no reason given")
 
 
 def _flush_metrics(write: StepWrite, outcome: Outcome, committed: str | None, elapsed: float) -> None:

@@ -14,6 +14,7 @@ step's commit (Postgres text and jsonb refuse them).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -100,7 +101,8 @@ def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
         while queue or pending:
             while queue and len(pending) < parallel and not base.cancelled.is_set():
                 call = queue.pop(0)
-                pending[pool.submit(_in_thread, ctxs[call.id], call)] = call
+                # In a copy of this context: the iteration's log fields (and trace) reach the tool's thread.
+                pending[pool.submit(contextvars.copy_context().run, _in_thread, ctxs[call.id], call)] = call
             if not pending:
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -142,18 +142,19 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
     elapsed = time.perf_counter() - started
     record_timing(elapsed, write.provider_s, waited)
     _flush_metrics(write, Outcome(write.next.value), committed, elapsed)
-    _log_outcome(write, committed, elapsed)
+    _log_outcome(run, write, committed, elapsed)
     return Outcome(write.next.value)
 
 
-def _log_outcome(write: StepWrite, committed: str, elapsed: float) -> None:
+def _log_outcome(run: ClaimedRun, write: StepWrite, committed: str, elapsed: float) -> None:
     """One DEBUG line per committed iteration; one INFO line (WARNING when failed) per run
-    that finished, with its stop reason or error."""
+    that finished, with its stop reason or its error, redacted as the store redacts it."""
     if write.next != Next.FINISH:
         log.debug("iteration committed: %s, %s (%.1f ms)", committed, write.next.value, elapsed * 1000)
         return
     level = logging.WARNING if committed == RunStatus.FAILED else logging.INFO
-    log.log(level, "run finished: %s (%s)", committed, write.error or write.stop_reason or "no reason given")
+    reason = run_redactor(run.credentials).text(write.error) if write.error else write.stop_reason
+    log.log(level, "run finished: %s (%s)", committed, reason or "no reason given")
 
 
 def _flush_metrics(write: StepWrite, outcome: Outcome, committed: str | None, elapsed: float) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -162,7 +163,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def parent_link(self, run: Run) -> str:
         if run.parent_id is None:
             return "-"
-        url = reverse("admin:runs_run_change", args=[run.parent_id])
+        url = reverse("admin:runs_run_change", args=[quote(run.parent_id)])
         return format_html('<a href="{}">{}</a>', url, run.parent_id)
 
     @admin.display(description="tokens")
@@ -221,7 +222,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if not self.has_view_permission(request):
             raise PermissionDenied
         try:
-            run = selectors.run_get(tenant_id=None, run_id=object_id)
+            run = selectors.run_get(tenant_id=None, run_id=unquote(object_id))
         except ApplicationError:
             messages.warning(request, f"no run with id {object_id[:64]!r}")
             return HttpResponseRedirect(reverse("admin:runs_run_changelist"))
@@ -246,7 +247,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def _operate(self, request: HttpRequest, object_id: str, verb: Verb) -> HttpResponse:
         if not self.has_operate_permission(request):
             raise PermissionDenied
-        self._act(request, object_id, verb)
+        self._act(request, unquote(object_id), verb)
         return HttpResponseRedirect(reverse("admin:runs_run_change", args=[object_id]))
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:

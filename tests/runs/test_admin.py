@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.test import Client
@@ -51,8 +52,13 @@ def drive(run_id: str, steps: int = 10) -> Run:
     raise AssertionError(f"run {run_id} still {Run.objects.get(id=run_id).status} after {steps} iterations")
 
 
+def run_url(view: str, run_id: str) -> str:
+    """An admin URL of one run (the admin quotes the `_` of ids in its URLs)."""
+    return reverse(f"admin:runs_run_{view}", args=[quote(run_id)])
+
+
 def change_url(run_id: str) -> str:
-    return reverse("admin:runs_run_change", args=[run_id])
+    return run_url("change", run_id)
 
 
 def listed(resp: Any) -> set[str]:
@@ -124,7 +130,7 @@ def test_cancel_goes_through_run_cancel_and_a_second_cancel_says_so(root: Client
     done = Run.objects.get(id=run.id)
     assert done.status == RunStatus.CANCELLED and done.stop_reason == "cancelled by admin:root"
     assert RunEvent.objects.filter(run_id=run.id, type="done").count() == 1
-    second = root.post(reverse("admin:runs_run_cancel", args=[run.id]), follow=True)
+    second = root.post(run_url("cancel", run.id), follow=True)
     assert texts(second) == [f"{run.id}: already cancelled"]
 
 
@@ -136,7 +142,7 @@ def test_retry_reopens_a_failed_run_at_its_last_committed_step(root: Client) -> 
     failed = drive(run.id)
     assert failed.status == RunStatus.FAILED and failed.step == 2 and "giving up" in failed.error
     transcript_before = failed.transcript_len
-    resp = root.post(reverse("admin:runs_run_retry", args=[run.id]), follow=True)
+    resp = root.post(run_url("retry", run.id), follow=True)
     assert texts(resp) == [f"{run.id}: retry done"]
     reopened = Run.objects.get(id=run.id)
     assert (reopened.status, reopened.step, reopened.error, reopened.attempts) == (RunStatus.RUNNING, 2, "", 0)
@@ -198,7 +204,7 @@ def test_a_staff_user_without_permissions_sees_nothing_and_can_do_nothing() -> N
         reverse("admin:gateway_usageentry_usage"),
     ):
         assert nobody.get(url).status_code == 403, url
-    assert nobody.post(reverse("admin:runs_run_cancel", args=[run.id])).status_code == 403
+    assert nobody.post(run_url("cancel", run.id)).status_code == 403
     assert nobody.post(reverse("admin:runs_run_runtime"), {"op": "pause"}).status_code == 403
     assert Run.objects.get(id=run.id).status == RunStatus.QUEUED
 
@@ -211,8 +217,8 @@ def test_a_viewer_reads_but_every_action_is_refused() -> None:
     assert "cancel_selected" not in page.content.decode()  # no action offered
     assert viewer.get(change_url(run.id)).status_code == 200
     assert "Cancel this run" not in viewer.get(change_url(run.id)).content.decode()
-    assert viewer.post(reverse("admin:runs_run_cancel", args=[run.id])).status_code == 403
-    assert viewer.post(reverse("admin:runs_run_retry", args=[run.id])).status_code == 403
+    assert viewer.post(run_url("cancel", run.id)).status_code == 403
+    assert viewer.post(run_url("retry", run.id)).status_code == 403
     assert viewer.post(reverse("admin:runs_run_runtime"), {"op": "pause"}).status_code == 403
     assert viewer.get(reverse("admin:runs_run_bulk_cancel")).status_code == 403
     assert Run.objects.get(id=run.id).status == RunStatus.QUEUED

@@ -15,8 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from django.contrib.auth.models import User
+from django.conf import settings
+from django.contrib.auth.models import Permission, User
 from playwright.sync_api import Browser, Page, sync_playwright
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from apps.core.types import Principal
 from apps.runs import services
@@ -154,3 +157,44 @@ def _live_workers(base: str) -> list[str]:
     """The workers Flower's own page data (`?json=1`) lists as online."""
     listed = httpx.get(base + "/workers", params={"json": 1}, timeout=10).json()["data"]
     return sorted(str(info["hostname"]) for info in listed if info.get("status"))
+
+
+def _tail(web: str, run_id: str, headers: dict[str, str]) -> tuple[list[str], int]:
+    """The events a run WebSocket sends with these handshake headers, and its close code."""
+    url = web.replace("http://", "ws://") + f"/ws/runs/{run_id}/"
+    events: list[str] = []
+    with connect(url, additional_headers=headers) as ws, pytest.raises(ConnectionClosed) as info:
+        while True:
+            events.append(json.loads(ws.recv(timeout=10))["event"])
+    assert info.value.rcvd is not None
+    return events, info.value.rcvd.code
+
+
+def _session_cookie(web: str, username: str) -> str:
+    """The session cookie of a login through the web process's admin login form."""
+    with httpx.Client(base_url=web, timeout=30) as client:
+        client.get("/admin/login/")
+        form = {"username": username, "password": PASSWORD, "csrfmiddlewaretoken": client.cookies["csrftoken"]}
+        login = client.post("/admin/login/?next=/admin/", data=form, headers={"Referer": web + "/admin/login/"})
+        assert login.status_code == 302, login.text[-500:]  # a refused login renders the form again (200)
+        return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME]}"
+
+
+def test_an_admin_session_opens_the_run_websocket_only_same_origin_and_with_view_permission(
+    web: str, stack: procs.WorkerPool, people: dict[str, dict[str, str]]
+) -> None:
+    run = scripted([{"text": "tailed"}])
+    wait_status(run.id, RunStatus.COMPLETED, timeout=30)
+    viewer = User.objects.create_user("viewer", password=PASSWORD, is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(content_type__app_label="runs", codename="view_run"))
+    User.objects.create_user("bystander", password=PASSWORD, is_staff=True)
+    same = {"Origin": web}  # the client sends Host: the web's host:port
+    events, code = _tail(web, run.id, {**same, "Cookie": _session_cookie(web, "viewer")})
+    assert code == 1000 and "text" in events and events[-1] == "done"
+    for headers in (
+        {"Origin": "http://evil.example", "Cookie": _session_cookie(web, "viewer")},  # another site's page
+        {**same, "Cookie": _session_cookie(web, "bystander")},  # staff without runs.view_run
+        {**same, "Cookie": f"{settings.SESSION_COOKIE_NAME}=not-a-session"},
+        same,  # no session, no bearer, out of open mode
+    ):
+        assert _tail(web, run.id, headers) == ([], 4401), headers

@@ -122,6 +122,21 @@ def test_a_live_runs_page_tails_new_events_over_the_websocket(
     page.wait_for_selector("#tail-status:has-text('ended')", timeout=20_000)
 
 
+def test_the_runtime_is_paused_and_resumed_from_the_admin_under_daphne(
+    web: str, stack: procs.WorkerPool, admin_page: Page
+) -> None:
+    """The pause service is async (it waits for in-flight iterations): the admin's sync view
+    runs it on the web process's event loop."""
+    page = admin_page
+    page.goto(f"{web}/admin/runs/run/runtime/")
+    page.click("button[value=pause]")
+    page.wait_for_selector("#runtime-state:has-text('paused')", timeout=20_000)
+    assert "run(s) paused" in page.inner_text("ul.messagelist")
+    page.click("button[value=resume]")
+    page.wait_for_selector("#runtime-state:has-text('running')", timeout=20_000)
+    assert "run(s) resumed" in page.inner_text("ul.messagelist")
+
+
 def test_flower_started_as_make_run_does_lists_the_worker_processes(
     stack: procs.WorkerPool,
     stack_env: dict[str, str],

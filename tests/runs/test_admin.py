@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -27,6 +28,7 @@ from apps.gateway.usage_report import usage_report
 from apps.runs import engine, services
 from apps.runs.models import PARKED, TERMINAL, Run, RunEvent, RunStatus, RuntimeState
 from apps.runs.prompt import Segment
+from tests.conftest import ALICE
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
 
@@ -68,6 +70,15 @@ def listed(resp: Any) -> set[str]:
 
 def texts(resp: Any) -> list[str]:
     return [str(m) for m in get_messages(resp.wsgi_request)]
+
+
+@pytest.fixture(autouse=True)
+def _end_live_runs(agents: None) -> Iterator[None]:
+    """No worker runs these tests' runs: cancel what is still live, so the flush does not
+    wait out `agents`' quiesce timeout for queued runs."""
+    yield
+    for run_id in Run.objects.exclude(status__in=TERMINAL).values_list("id", flat=True):
+        services.run_cancel(principal=ALICE, run_id=run_id, reason="test over")
 
 
 @pytest.fixture

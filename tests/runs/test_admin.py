@@ -21,11 +21,12 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
 
+from apps.core.errors import Invalid
 from apps.core.types import Principal
 from apps.gateway.models import UsageEntry
 from apps.gateway.selectors import UsageGroup
 from apps.gateway.usage_report import usage_report
-from apps.runs import engine, services
+from apps.runs import engine, operations, services
 from apps.runs.models import PARKED, TERMINAL, Run, RunEvent, RunStatus, RuntimeState
 from apps.runs.prompt import Segment
 from tests.conftest import ALICE
@@ -295,3 +296,13 @@ def test_the_usage_page_renders_and_refuses_a_bad_window(root: Client) -> None:
 def test_usage_report_refuses_a_window_out_of_range() -> None:
     with pytest.raises(ValueError):
         usage_report(days=0)
+
+
+def test_a_tenant_principal_bulk_cancels_only_its_own_tenants_runs() -> None:
+    a1, b1 = start(ACME), start(BETA)
+    out = operations.runs_cancel_matching(principal=ACME, tenant_id="beta", agent_name="", reason="mine only")
+    assert (out.cancelled, out.already_done) == ([a1.id], [])
+    assert Run.objects.get(id=b1.id).status == RunStatus.QUEUED
+    with pytest.raises(Invalid) as refused:
+        operations.runs_cancel_matching(principal=ALICE, tenant_id=None, agent_name="", reason="")
+    assert refused.value.code == "bulk_cancel_unscoped"

@@ -148,7 +148,7 @@ def test_flower_started_as_make_run_does_lists_the_worker_processes(
     port = procs.free_port()
     monkeypatch.setattr(E, "FLOWER_PORT", port)
     monkeypatch.setattr(E, "FLOWER_ADDRESS", "127.0.0.1")
-    child = up.flower_child(procs.CELERY)  # the child `manage.py up` starts
+    child = up.flower_child(up.celery_argv())  # the child `manage.py up` starts, as it starts it
     proc = procs.spawn(child.argv, {**stack_env, **child.extra_env}, logdir / "flower.log")
     base = f"http://127.0.0.1:{port}"
     try:

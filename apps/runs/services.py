@@ -277,9 +277,11 @@ def _live_descendants(run: Run) -> list[Run]:
     return found
 
 
-def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict[str, Any]:
-    """Cancel a run and its live descendants. Idempotent on terminal runs."""
-    run = run_get(tenant_id=principal.read_tenant, agent_id=agent_id, owner=principal.read_user)
+def run_cancel(
+    *, principal: Principal, agent_id: str | None = None, run_id: str | None = None, reason: str = ""
+) -> dict[str, Any]:
+    """Cancel a run (by `agent_id`, else `run_id`) and its live descendants. Idempotent on terminal runs."""
+    run = run_get(tenant_id=principal.read_tenant, agent_id=agent_id, run_id=run_id, owner=principal.read_user)
     if run.status in TERMINAL:
         return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
     reason = reason or "cancelled by api"

@@ -11,7 +11,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `hot`: the engine's three writes per iteration (claim, tool starts, step
   commit), prepared statements on pooled connections.
 - `control`: run creation, heartbeat, answers, cancel, input, pause/resume,
-  sweeps, the child report.
+  sweeps, the child report, an operator's retry of a failed run.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 
@@ -30,6 +30,7 @@ from apps.runs.store.control import (
     input_queue,
     insert_run,
     leases_extend,
+    retry_failed,
     runs_pause_unleased,
     runs_resume_paused,
     runs_stale_release,
@@ -76,6 +77,7 @@ __all__ = [
     "pending_inputs",
     "pool_purge",
     "record_tool_starts",
+    "retry_failed",
     "runs_pause_unleased",
     "runs_resume_paused",
     "runs_stale_release",

@@ -279,3 +279,30 @@ def child_report_claim(*, child_id: str) -> bool:
         id=child_id, reported_to_parent=False, status__in=TERMINAL, parent__isnull=False
     ).update(reported_to_parent=True)
     return bool(claimed)
+
+
+# Conditional on `failed`: two retries of one run re-open it once; bumping lease_token
+# voids any doorbell of the failed run still in flight.
+_RETRY_SQL = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j), rt AS (
+  UPDATE runs_run SET status = '{RunStatus.RUNNING.value}', error = '', stop_reason = '', completed_at = NULL,
+    attempts = 0, lease_owner = '', lease_until = NULL, lease_token = lease_token + 1,
+    cancel_requested = false, cancel_reason = '', updated_at = now(), {_advance("%(n_e)s")}
+  WHERE id = %(run_id)s AND status = '{RunStatus.FAILED.value}'
+  RETURNING id, step, last_seq, {_bases("%(n_e)s")}
+), {_append(run="rt", sources="rt, d", rows="d.j", step="rt.step", transcript=False)}
+SELECT step, last_seq FROM rt
+"""
+
+
+def retry_failed(*, run_id: str, event: dict[str, Any], redactor: Redactor) -> tuple[int, int] | None:
+    """Re-open a `failed` run at its last committed step (its transcript as
+    committed; the failed step's error event stays in its history), appending
+    `event`. (step, last_seq) to ring and notify, None when the run was not
+    `failed` (nothing written)."""
+    params = _rows([event], [], redactor=redactor)
+    params["run_id"] = run_id
+    with connection.cursor() as cur:
+        cur.execute(_RETRY_SQL, params)
+        row = cur.fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))

@@ -263,6 +263,7 @@ LOOMCYCLE = E.RuntimeSettings(
     mcp_max_stdio_processes=E.MCP_MAX_STDIO_PROCESSES,
     metrics_enabled=E.METRICS_ENABLED,
     replica_id=E.REPLICA_ID,
+    tracing_exporters=E.TRACING_EXPORTERS,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

@@ -1,0 +1,285 @@
+"""One trace per run (issue 23, "Tracing"): a web process and two worker processes
+export over OTLP/HTTP to a receiver on loopback that speaks the real protocol
+(protobuf `ExportTraceServiceRequest` on POST /v1/traces)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.trace import TracerProvider
+
+from apps.core.redis import sync_client
+from apps.runs.models import RunStatus
+from loomcycle_project import env as E
+from loomcycle_project import telemetry
+from tests.conftest import daphne, run_row, wait_for, wait_status
+from tests.procs import WorkerPool
+from workers import doorbell
+from workers.held import PRESENCE_PREFIX
+from workers.queues import ITERATE_TASK, RUNS
+
+SECRET_PROMPT = "the-words-of-this-prompt-stay-out-of-spans"
+TOOL_STEPS = 4  # tool-calling iterations before the final text: 5 iterations in all
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    service: str
+    instance: str
+    name: str
+    kind: int
+    trace_id: str
+    span_id: str
+    parent_id: str
+    attributes: dict[str, Any]
+    links: tuple[tuple[str, str], ...]
+    events: tuple[tuple[str, dict[str, Any]], ...]
+
+
+def _value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind) if kind else None
+
+
+def _attrs(items: Any) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in items}
+
+
+class Receiver(ThreadingHTTPServer):
+    """An OTLP/HTTP trace receiver: every span of every export, decoded."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.spans: list[Span] = []
+        self.lock = threading.Lock()
+
+    def add(self, request: ExportTraceServiceRequest) -> None:
+        with self.lock:
+            for rs in request.resource_spans:
+                resource = _attrs(rs.resource.attributes)
+                for ss in rs.scope_spans:
+                    self.spans.extend(_span(resource, s) for s in ss.spans)
+
+    def snapshot(self) -> list[Span]:
+        with self.lock:
+            return list(self.spans)
+
+
+def _span(resource: dict[str, Any], s: Any) -> Span:
+    return Span(
+        service=str(resource.get("service.name")),
+        instance=str(resource.get("service.instance.id")),
+        name=s.name,
+        kind=s.kind,
+        trace_id=s.trace_id.hex(),
+        span_id=s.span_id.hex(),
+        parent_id=s.parent_span_id.hex(),
+        attributes=_attrs(s.attributes),
+        links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
+        events=tuple((e.name, _attrs(e.attributes)) for e in s.events),
+    )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path != "/v1/traces" or self.headers["Content-Type"] != "application/x-protobuf":
+            self.send_error(404 if self.path != "/v1/traces" else 415)
+            return
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        self.server.add(request)
+        reply = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # the test reads spans, not access logs
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def traced(receiver: Receiver, stack_env: dict[str, str], logdir: Path) -> Iterator[tuple[str, WorkerPool]]:
+    """A traced web process and two traced workers (one task at a time each), exporting to `receiver`."""
+    otel = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    pool = WorkerPool({**stack_env, **otel}, logdir / "tracing", size=2, concurrency=1)
+    pool.ensure()  # the workers start while the web process does
+    try:
+        with daphne(stack_env, logdir, name="daphne-tracing", **otel) as base:
+            wait_for(lambda: _consuming(pool.pids()), timeout=60)
+            yield base, pool
+    finally:
+        pool.stop()
+
+
+def _consuming(pids: list[int]) -> bool:
+    """Both workers have announced themselves (worker_ready: they consume from now on)."""
+    keys = [k.decode() for k in sync_client().scan_iter(PRESENCE_PREFIX + "*")]
+    return all(any(f":{pid}:" in k for k in keys) for pid in pids)
+
+
+def _script() -> str:
+    steps: list[dict[str, Any]] = [{"tool": "Context", "input": {"op": "self"}} for _ in range(TOOL_STEPS)]
+    steps.append({"text": "done"})
+    return f"{SECRET_PROMPT}. MOCK_SCRIPT: {json.dumps(steps)}"
+
+
+def _run_spans(receiver: Receiver, run_id: str) -> list[Span]:
+    """The spans once the whole run is in: its root, every iteration with its provider call."""
+    spans = receiver.snapshot()
+    iterations = [s for s in spans if s.name == "run.iterate" and s.attributes.get("loomcycle.run_id") == run_id]
+    chats = [s for s in spans if s.name.startswith("chat ") and s.attributes.get("loomcycle.run_id") == run_id]
+    roots = [s for s in spans if s.name == "run.create" and s.attributes.get("loomcycle.run_id") == run_id]
+    request = [s for s in spans if roots and s.span_id == roots[0].parent_id]  # Django's server span
+    complete = len(iterations) == TOOL_STEPS + 1 and len(chats) == TOOL_STEPS + 1 and request
+    return spans if complete else []
+
+
+@pytest.mark.usefixtures("agents", "no_workers")
+def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, traced: tuple[str, WorkerPool]) -> None:
+    base, _ = traced
+    resp = httpx.post(
+        f"{base}/v1/runs", json={"agent": "scripted", "prompt": _script(), "background": True}, timeout=30
+    )
+    assert resp.status_code == 202, resp.text
+    run_id = resp.json()["run_id"]
+    wait_status(run_id, RunStatus.COMPLETED, timeout=60)
+    try:
+        spans = wait_for(lambda: _run_spans(receiver, run_id), timeout=20)
+    except AssertionError:
+        seen = sorted({(s.service, s.name, s.kind, s.parent_id != "") for s in receiver.snapshot()})
+        raise AssertionError("spans received: " + "\n".join(map(str, seen))) from None
+    by_id = {s.span_id: s for s in spans}
+
+    (root,) = [s for s in spans if s.name == "run.create" and s.attributes["loomcycle.run_id"] == run_id]
+    trace_id = root.trace_id
+    assert run_row(run_id).trace_context.startswith(f"00-{trace_id}-{root.span_id}-")  # W3C traceparent
+    request = by_id[root.parent_id]  # the creating request's server span (Django's instrumentation)
+    assert request.service == "loomcycle-web" and request.kind == 2  # SERVER
+    assert request.name == "POST v1/runs" and request.trace_id == trace_id
+
+    iterations = sorted(
+        (s for s in spans if s.name == "run.iterate" and s.attributes["loomcycle.run_id"] == run_id),
+        key=lambda s: s.attributes["loomcycle.step"],
+    )
+    assert [s.attributes["loomcycle.step"] for s in iterations] == list(range(TOOL_STEPS + 1))
+    assert {s.trace_id for s in iterations} == {trace_id}
+    assert {s.parent_id for s in iterations} == {root.span_id}  # each one a child of the run's root
+    assert {s.service for s in iterations} == {"loomcycle-worker"}
+    assert len({s.attributes["loomcycle.worker_id"] for s in iterations}) == 2  # both workers ran some
+    assert len({s.instance for s in iterations}) == 2
+    for it in iterations:  # linked to the Celery delivery that ran it, itself in the run's trace
+        ((link_trace, link_span),) = it.links
+        assert link_trace == trace_id and by_id[link_span].name == f"run/{ITERATE_TASK}"
+    assert [s.attributes["loomcycle.outcome"] for s in iterations] == ["requeue"] * TOOL_STEPS + ["finish"]
+
+    children = {it.span_id: [s for s in spans if s.parent_id == it.span_id] for it in iterations}
+    for step, it in enumerate(iterations):
+        (chat,) = [s for s in children[it.span_id] if s.name.startswith("chat ")]
+        assert chat.trace_id == trace_id and chat.attributes["gen_ai.request.model"] == "mock-script"
+        assert chat.attributes["gen_ai.usage.input_tokens"] > 0
+        assert chat.attributes["gen_ai.usage.output_tokens"] > 0
+        tools = [s for s in children[it.span_id] if s.name.startswith("tool ")]
+        if step < TOOL_STEPS:
+            (tool,) = tools
+            assert tool.attributes["gen_ai.tool.name"] == "Context" and tool.trace_id == trace_id
+            assert tool.attributes["loomcycle.tool.is_error"] is False
+        else:
+            assert tools == []
+
+    texts = [json.dumps([s.attributes, s.events, s.name]) for s in spans]
+    assert not [t for t in texts if SECRET_PROMPT in t or "MOCK_SCRIPT" in t]  # no prompt text anywhere
+
+
+def test_a_doorbell_carries_the_current_trace_context() -> None:
+    """The hand-built doorbell puts `traceparent` where Celery's publish hook would (message headers)."""
+    untraced = json.loads(doorbell.envelope(ITERATE_TASK, ("r_1", 0), RUNS))["headers"]
+    assert "traceparent" not in untraced
+    span = TracerProvider().get_tracer("test").start_span("ringer")  # a local provider: no global state
+    with trace.use_span(span, end_on_exit=True):
+        headers = json.loads(doorbell.envelope(ITERATE_TASK, ("r_1", 0), RUNS))["headers"]
+    ctx = span.get_span_context()
+    assert headers["traceparent"].startswith(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-")
+
+
+def test_without_an_exporter_nothing_is_installed(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, tracing_exporters=())
+    assert telemetry.setup("worker") is False
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+@pytest.mark.parametrize(
+    ("variables", "exporters"),
+    [
+        ({}, ()),  # no endpoint: nothing exported
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ("otlp",)),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, ("otlp",)),
+        ({"OTEL_TRACES_EXPORTER": "console"}, ("console",)),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, ("otlp", "console")),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, ()),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console"}, ()),
+    ],
+)
+def test_the_exporters_follow_the_otel_variables(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], exporters: tuple[str, ...]
+) -> None:
+    for name in (
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert E.tracing_exporters() == exporters
+
+
+def test_an_unknown_exporter_or_protocol_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "jaeger")
+    with pytest.raises(ImproperlyConfigured, match="jaeger"):
+        E.tracing_exporters()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(ImproperlyConfigured, match="grpc"):
+        E.tracing_exporters()

@@ -15,14 +15,15 @@ Invariants:
   sizes, token counts, model, provider, tool names, statuses only.
 - With no tracer provider installed (loomcycle_project.telemetry found no
   exporter), every helper here returns at once: no span objects, no context
-  attached, nothing serialised.
+  attached, nothing serialised. Whether one is installed is decided once per
+  process, at the first call (`enabled`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -39,11 +40,21 @@ if TYPE_CHECKING:
 
 _TRACER = trace.get_tracer("loomcycle.runs")
 _W3C = TraceContextTextMapPropagator()
+_OFF: AbstractContextManager[None] = nullcontext()  # what every span helper returns with tracing off
+
+
+_installed: bool | None = None
 
 
 def enabled() -> bool:
-    """A tracer provider is installed (ours, or a host project's)."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    """A tracer provider is installed (ours, or a host project's), as the process's first
+    call here found it: providers are installed at process start (loomcycle_project.telemetry,
+    or a host project's settings), before any run is created or iterated. Cached, because
+    the API's lookup reads os.environ on every call while none is set (~1 us each)."""
+    global _installed
+    if _installed is None:
+        _installed = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _installed
 
 
 def traceparent(span: Span) -> str:
@@ -68,12 +79,13 @@ def current() -> otel_context.Context | None:
     return otel_context.get_current() if enabled() else None
 
 
-@contextmanager
-def run_created(run: Run) -> Iterator[None]:
+def run_created(run: Run) -> AbstractContextManager[Any]:
     """The run's root span around its insert; stores its context on `run.trace_context`."""
-    if not enabled():
-        yield
-        return
+    return _run_created(run) if enabled() else _OFF
+
+
+@contextmanager
+def _run_created(run: Run) -> Iterator[None]:
     attributes: dict[str, AnyValue] = {
         "loomcycle.run_id": run.id,
         "loomcycle.tenant_id": run.tenant_id,
@@ -105,13 +117,14 @@ def iteration_start(run: ClaimedRun, worker_id: str) -> Span | None:
     )
 
 
-@contextmanager
-def active(span: Span | None, *, end: bool = False) -> Iterator[None]:
+def active(span: Span | None, *, end: bool = False) -> AbstractContextManager[Any]:
     """`span` is the current span inside; it is ended on leaving when `end`, and on an
     exception, which is recorded by its type only (its text may quote a prompt)."""
-    if span is None:
-        yield
-        return
+    return _OFF if span is None else _active(span, end)
+
+
+@contextmanager
+def _active(span: Span, end: bool) -> Iterator[None]:
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield
@@ -138,13 +151,14 @@ def iteration_done(span: Span | None, *, outcome: str, status: str | None, event
         span.add_event("run.parked", {"loomcycle.status": status})
 
 
-@contextmanager
-def provider_call(run: ClaimedRun, *, messages: int, tools: int) -> Iterator[Span | None]:
+def provider_call(run: ClaimedRun, *, messages: int, tools: int) -> AbstractContextManager[Span | None]:
     """The iteration's provider call, retries and fallbacks included (as events).
     Errors are recorded by type and status only: a provider's error text may quote the prompt."""
-    if not enabled():
-        yield None
-        return
+    return _provider_call(run, messages, tools) if enabled() else _OFF
+
+
+@contextmanager
+def _provider_call(run: ClaimedRun, messages: int, tools: int) -> Iterator[Span]:
     attributes: dict[str, AnyValue] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.system": run.provider,
@@ -188,12 +202,15 @@ def provider_event(name: str, attributes: dict[str, Any]) -> None:
         trace.get_current_span().add_event(name, attributes)
 
 
-@contextmanager
-def tool_call(ctx: ToolContext, call: ToolCall, parent: otel_context.Context | None) -> Iterator[Span | None]:
+def tool_call(
+    ctx: ToolContext, call: ToolCall, parent: otel_context.Context | None
+) -> AbstractContextManager[Span | None]:
     """One tool call, under `parent` (the iteration's context: calls may run on pool threads)."""
-    if parent is None:
-        yield None
-        return
+    return _OFF if parent is None else _tool_call(ctx, call, parent)
+
+
+@contextmanager
+def _tool_call(ctx: ToolContext, call: ToolCall, parent: otel_context.Context) -> Iterator[Span]:
     attributes: dict[str, AnyValue] = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": call.name,

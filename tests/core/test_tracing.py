@@ -118,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
         return  # the test reads spans, not access logs
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     server = Receiver()
     thread = threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True)
@@ -130,9 +130,14 @@ def receiver() -> Iterator[Receiver]:
         server.server_close()
 
 
-@pytest.fixture
-def traced(receiver: Receiver, stack_env: dict[str, str], logdir: Path) -> Iterator[tuple[str, WorkerPool]]:
-    """A traced web process and two traced workers (one task at a time each), exporting to `receiver`."""
+@pytest.fixture(scope="module")
+def traced(
+    receiver: Receiver, workers: WorkerPool, stack_env: dict[str, str], logdir: Path
+) -> Iterator[tuple[str, WorkerPool]]:
+    """A traced web process and two traced workers (one task at a time each), exporting to
+    `receiver`, for this module's tests; the session's untraced workers are stopped (as
+    `no_workers` does) so that only these run iterations."""
+    workers.stop()
     otel = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
@@ -170,7 +175,7 @@ def _run_spans(receiver: Receiver, run_id: str) -> list[Span]:
     return spans if complete else []
 
 
-@pytest.mark.usefixtures("agents", "no_workers")
+@pytest.mark.usefixtures("agents")
 def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, traced: tuple[str, WorkerPool]) -> None:
     base, _ = traced
     resp = httpx.post(
@@ -224,6 +229,50 @@ def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, 
 
     texts = [json.dumps([s.attributes, s.events, s.name]) for s in spans]
     assert not [t for t in texts if SECRET_PROMPT in t or "MOCK_SCRIPT" in t]  # no prompt text anywhere
+
+
+def _wake_spans(receiver: Receiver, run_id: str) -> list[Span]:
+    """The spans once the woken turn is in: two iterations (the second after the wake) and the wake."""
+    spans = receiver.snapshot()
+    mine = [s for s in spans if s.attributes.get("loomcycle.run_id") == run_id]
+    iterations = [s for s in mine if s.name == "run.iterate"]
+    wakes = [s for s in mine if s.name == "run.wake"]
+    return spans if len(iterations) == 2 and wakes else []
+
+
+@pytest.mark.usefixtures("agents")
+def test_a_park_and_its_wake_are_in_the_runs_trace(receiver: Receiver, traced: tuple[str, WorkerPool]) -> None:
+    base, _ = traced
+    script = json.dumps([{"text": "first turn"}, {"text": "second turn"}])
+    body = {"agent": "scripted", "prompt": f"{SECRET_PROMPT}. MOCK_SCRIPT: {script}", "interactive": True}
+    resp = httpx.post(f"{base}/v1/runs", json={**body, "background": True}, timeout=30)
+    assert resp.status_code == 202, resp.text
+    run_id = resp.json()["run_id"]
+    wait_status(run_id, RunStatus.AWAITING_INPUT, timeout=60)
+    resp = httpx.post(f"{base}/v1/runs/{run_id}/input", json={"text": "go on"}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    wait_for(lambda: run_row(run_id).step == 2 and run_row(run_id).status == RunStatus.AWAITING_INPUT, timeout=60)
+    spans = wait_for(lambda: _wake_spans(receiver, run_id), timeout=20)
+    by_id = {s.span_id: s for s in spans}
+
+    (root,) = [s for s in spans if s.name == "run.create" and s.attributes["loomcycle.run_id"] == run_id]
+    first, second = sorted(
+        (s for s in spans if s.name == "run.iterate" and s.attributes["loomcycle.run_id"] == run_id),
+        key=lambda s: s.attributes["loomcycle.step"],
+    )
+    assert first.attributes["loomcycle.outcome"] == "park"
+    assert first.events == (("run.parked", {"loomcycle.status": "awaiting_input"}),)
+    (wake,) = [s for s in spans if s.name == "run.wake" and s.attributes["loomcycle.run_id"] == run_id]
+    assert (wake.trace_id, wake.parent_id) == (root.trace_id, root.span_id)
+    assert wake.attributes["loomcycle.wake.reason"] == "input"
+    ((waker_trace, waker_span),) = wake.links  # the request that woke it, in its own trace
+    waker = by_id[waker_span]
+    assert waker.service == "loomcycle-web" and waker_trace != root.trace_id
+    assert (second.trace_id, second.parent_id) == (root.trace_id, root.span_id)
+    ((_, delivery),) = second.links
+    assert by_id[delivery].parent_id == wake.span_id  # the woken delivery came through the wake span
+    texts = [json.dumps([s.attributes, s.events, s.name]) for s in spans]
+    assert not [t for t in texts if SECRET_PROMPT in t or "go on" in t]
 
 
 def test_a_doorbell_carries_the_current_trace_context() -> None:

@@ -23,7 +23,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.trace import TracerProvider
 
 from apps.core.redis import sync_client
-from apps.runs.models import RunStatus
+from apps.runs.models import Run, RunStatus
 from loomcycle_project import env as E
 from loomcycle_project import telemetry
 from tests.conftest import daphne, run_row, wait_for, wait_status
@@ -273,6 +273,74 @@ def test_a_park_and_its_wake_are_in_the_runs_trace(receiver: Receiver, traced: t
     assert by_id[delivery].parent_id == wake.span_id  # the woken delivery came through the wake span
     texts = [json.dumps([s.attributes, s.events, s.name]) for s in spans]
     assert not [t for t in texts if SECRET_PROMPT in t or "go on" in t]
+
+
+def _start(base: str, body: dict[str, Any]) -> str:
+    resp = httpx.post(f"{base}/v1/runs", json={**body, "background": True}, timeout=30)
+    assert resp.status_code == 202, resp.text
+    return str(resp.json()["run_id"])
+
+
+def _named(spans: list[Span], name: str, run_id: str) -> list[Span]:
+    return [s for s in spans if s.name == name and s.attributes.get("loomcycle.run_id") == run_id]
+
+
+def _once_named(receiver: Receiver, name: str, run_id: str) -> list[Span]:
+    """Every span received, once one named `name` of `run_id` is among them."""
+    spans = receiver.snapshot()
+    return spans if _named(spans, name, run_id) else []
+
+
+@pytest.mark.usefixtures("agents")
+def test_retries_and_a_fallback_are_events_of_the_provider_span(
+    receiver: Receiver, traced: tuple[str, WorkerPool]
+) -> None:
+    base, _ = traced
+    script = json.dumps([{"text": "answered by the fallback", "error": 429}])
+    run_id = _start(base, {"agent": "scripted-fallback", "prompt": f"MOCK_SCRIPT: {script}"})
+    wait_status(run_id, RunStatus.COMPLETED, timeout=60)
+    spans = wait_for(lambda: _once_named(receiver, "run.iterate", run_id), timeout=20)
+    (iteration,) = _named(spans, "run.iterate", run_id)
+    (chat,) = [s for s in spans if s.parent_id == iteration.span_id and s.name.startswith("chat ")]
+    names = [name for name, _ in chat.events]
+    assert names == ["provider.retry"] * 3 + ["provider.fallback"]
+    retry = chat.events[0][1]
+    assert (retry["loomcycle.provider"], retry["loomcycle.provider_status"], retry["loomcycle.attempt"]) == (
+        "mock",
+        429,
+        1,
+    )
+    fallback = chat.events[-1][1]
+    assert (fallback["loomcycle.failed_provider"], fallback["loomcycle.new_provider"]) == ("mock", "mock-stable")
+    assert chat.attributes["gen_ai.system"] == "mock-stable"  # the candidate that answered
+
+
+@pytest.mark.usefixtures("agents")
+def test_a_sub_agent_is_a_child_in_its_parents_trace(receiver: Receiver, traced: tuple[str, WorkerPool]) -> None:
+    base, _ = traced
+    parent_id = _start(base, {"agent": "spawner", "prompt": "spawn one"})
+    wait_status(parent_id, RunStatus.COMPLETED, timeout=60)
+    (child_id,) = Run.objects.filter(parent_id=parent_id).values_list("id", flat=True)
+
+    def complete() -> list[Span]:
+        spans = receiver.snapshot()
+        whole = len(_named(spans, "run.iterate", parent_id)) == 2 and _named(spans, "run.iterate", child_id)
+        return spans if whole and _named(spans, "run.wake", parent_id) else []
+
+    spans = wait_for(complete, timeout=20)
+    (root,) = _named(spans, "run.create", parent_id)
+    spawning = min(_named(spans, "run.iterate", parent_id), key=lambda s: s.attributes["loomcycle.step"])
+    (child_root,) = _named(spans, "run.create", child_id)
+    assert (child_root.trace_id, child_root.parent_id) == (root.trace_id, spawning.span_id)
+    assert child_root.attributes["loomcycle.parent_run_id"] == parent_id
+    for it in _named(spans, "run.iterate", child_id):
+        assert (it.trace_id, it.parent_id) == (root.trace_id, child_root.span_id)
+    (wake,) = _named(spans, "run.wake", parent_id)  # the child's report answered the parent's parked call
+    assert (wake.trace_id, wake.parent_id, wake.attributes["loomcycle.wake.reason"]) == (
+        root.trace_id,
+        root.span_id,
+        "answer",
+    )
 
 
 def test_a_doorbell_carries_the_current_trace_context() -> None:

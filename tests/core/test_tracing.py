@@ -145,7 +145,8 @@ def traced(
     pool = WorkerPool({**stack_env, **otel}, logdir / "tracing", size=2, concurrency=1)
     pool.ensure()  # the workers start while the web process does
     try:
-        with daphne(stack_env, logdir, name="daphne-tracing", **otel) as base:
+        # Three processes start at once on a shared host: the web one gets longer than the default.
+        with daphne(stack_env, logdir, name="daphne-tracing", start_timeout=90, **otel) as base:
             wait_for(lambda: _consuming(pool.pids()), timeout=60)
             yield base, pool
     finally:

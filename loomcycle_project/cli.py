@@ -25,4 +25,8 @@ def main() -> None:
         ensure_services(E.DATA_DIR, start_redis_server=sys.argv[1:2] == ["up"])
     from django.core.management import execute_from_command_line
 
+    if sys.argv[1:2] == ["mcp"]:  # it creates runs in this process: their root spans are made here
+        from loomcycle_project import telemetry
+
+        telemetry.setup("mcp")
     execute_from_command_line(sys.argv)

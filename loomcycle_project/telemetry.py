@@ -1,4 +1,6 @@
-"""OpenTelemetry, set up once per process: web (Daphne), each Celery worker, beat.
+"""OpenTelemetry, set up once per process: web (Daphne), each Celery worker, beat, and
+`manage.py mcp` (the stdio MCP server creates runs: loomcycle_project/cli.py). No other
+command runs the engine or creates runs; `up` only starts the processes above.
 
 What a process installs is decided by `settings.LOOMCYCLE.tracing_exporters`
 (env.py reads OTEL_TRACES_EXPORTER, OTEL_SDK_DISABLED and whether an OTLP
@@ -6,7 +8,7 @@ endpoint is set); everything else is the SDK's own OTEL_* configuration, read
 by the SDK: the OTLP endpoint and headers, the sampler (OTEL_TRACES_SAMPLER),
 the batch delays (OTEL_BSP_*), OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME,
 which overrides the per-kind default name (`loomcycle-web`, `loomcycle-worker`,
-`loomcycle-beat`).
+`loomcycle-beat`, `loomcycle-mcp`).
 
 Invariants:
 - no exporter configured: nothing is installed (no tracer provider, no
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 
 from django.conf import settings
 from opentelemetry import trace
@@ -34,7 +37,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 log = logging.getLogger("loomcycle.telemetry")
 
-KINDS = frozenset({"web", "worker", "beat"})
+KINDS = frozenset({"web", "worker", "beat", "mcp"})  # mcp: `manage.py mcp`, which creates runs
 _set_up_in: int | None = None  # the pid that ran `setup`
 
 
@@ -67,13 +70,13 @@ def _provider(kind: str, exporters: tuple[str, ...]) -> TracerProvider:
         resource=Resource.create({SERVICE_NAME: service_name(kind), SERVICE_INSTANCE_ID: instance})
     )
     for name in exporters:
-        provider.add_span_processor(_processor(name))
+        provider.add_span_processor(_processor(name, kind))
     return provider
 
 
-def _processor(name: str) -> SpanProcessor:
-    if name == "console":  # dev: each span printed as it ends
-        return SimpleSpanProcessor(ConsoleSpanExporter())
+def _processor(name: str, kind: str) -> SpanProcessor:
+    if name == "console":  # dev: each span printed as it ends (stderr for mcp: its stdout is the protocol)
+        return SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr if kind == "mcp" else sys.stdout))
     # Imported only when used: the exporter pulls in protobuf and requests.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from celery import current_app
+from mcp.client import Client
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -22,18 +26,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.trace import TracerProvider
 
-from apps.core.redis import sync_client
 from apps.runs.models import Run, RunStatus
 from loomcycle_project import env as E
 from loomcycle_project import telemetry
 from tests.conftest import daphne, run_row, wait_for, wait_status
+from tests.mcp.test_server import call, over_stdio
 from tests.procs import WorkerPool
 from workers import doorbell
-from workers.held import PRESENCE_PREFIX
 from workers.queues import ITERATE_TASK, RUNS
 
 SECRET_PROMPT = "the-words-of-this-prompt-stay-out-of-spans"
-TOOL_STEPS = 4  # tool-calling iterations before the final text: 5 iterations in all
+ITERATIONS = 5  # of the two-turn script (`_script`): three on one worker, two on the other
+TOOL_STEPS = (0, 1, 3)  # the steps whose model turn calls a tool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +134,14 @@ def receiver() -> Iterator[Receiver]:
         server.server_close()
 
 
+def _otel_env(receiver: Receiver) -> dict[str, str]:
+    """A process exports to `receiver`, every 100 ms."""
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+
+
 @pytest.fixture(scope="module")
 def traced(
     receiver: Receiver, workers: WorkerPool, stack_env: dict[str, str], logdir: Path
@@ -138,10 +150,7 @@ def traced(
     `receiver`, for this module's tests; the session's untraced workers are stopped (as
     `no_workers` does) so that only these run iterations."""
     workers.stop()
-    otel = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-    }
+    otel = _otel_env(receiver)
     pool = WorkerPool({**stack_env, **otel}, logdir / "tracing", size=2, concurrency=1)
     pool.ensure()  # the workers start while the web process does
     try:
@@ -154,14 +163,26 @@ def traced(
 
 
 def _consuming(pids: list[int]) -> bool:
-    """Both workers have announced themselves (worker_ready: they consume from now on)."""
-    keys = [k.decode() for k in sync_client().scan_iter(PRESENCE_PREFIX + "*")]
-    return all(any(f":{pid}:" in k for k in keys) for pid in pids)
+    """Every worker answers a ping (a consumer cancelled before its worker is up would still consume)."""
+    return len(current_app.control.ping(timeout=1) or []) >= len(pids)
+
+
+@contextmanager
+def only_worker(n: int, of: int = 2) -> Iterator[None]:
+    """Only worker `test<n>` of the traced pool consumes `runs` meanwhile (Celery remote control)."""
+    host = socket.gethostname()
+    others = [f"test{i}@{host}" for i in range(1, of + 1) if i != n]
+    current_app.control.cancel_consumer(RUNS, destination=others, reply=True, timeout=5)
+    try:
+        yield
+    finally:
+        current_app.control.add_consumer(RUNS, destination=others, reply=True, timeout=5)
 
 
 def _script() -> str:
-    steps: list[dict[str, Any]] = [{"tool": "Context", "input": {"op": "self"}} for _ in range(TOOL_STEPS)]
-    steps.append({"text": "done"})
+    """Two turns of an interactive run: tool, tool, text (3 iterations); tool, text (2 more)."""
+    tool = {"tool": "Context", "input": {"op": "self"}}
+    steps = [tool, tool, {"text": "first turn"}, tool, {"text": "second turn"}]
     return f"{SECRET_PROMPT}. MOCK_SCRIPT: {json.dumps(steps)}"
 
 
@@ -172,19 +193,20 @@ def _run_spans(receiver: Receiver, run_id: str) -> list[Span]:
     chats = [s for s in spans if s.name.startswith("chat ") and s.attributes.get("loomcycle.run_id") == run_id]
     roots = [s for s in spans if s.name == "run.create" and s.attributes.get("loomcycle.run_id") == run_id]
     request = [s for s in spans if roots and s.span_id == roots[0].parent_id]  # Django's server span
-    complete = len(iterations) == TOOL_STEPS + 1 and len(chats) == TOOL_STEPS + 1 and request
+    complete = len(iterations) == ITERATIONS and len(chats) == ITERATIONS and request
     return spans if complete else []
 
 
 @pytest.mark.usefixtures("agents")
 def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, traced: tuple[str, WorkerPool]) -> None:
     base, _ = traced
-    resp = httpx.post(
-        f"{base}/v1/runs", json={"agent": "scripted", "prompt": _script(), "background": True}, timeout=30
-    )
-    assert resp.status_code == 202, resp.text
-    run_id = resp.json()["run_id"]
-    wait_status(run_id, RunStatus.COMPLETED, timeout=60)
+    with only_worker(1):  # the first turn on one worker, the second on the other
+        run_id = _start(base, {"agent": "scripted", "prompt": _script(), "interactive": True})
+        wait_status(run_id, RunStatus.AWAITING_INPUT, timeout=60)
+    with only_worker(2):
+        resp = httpx.post(f"{base}/v1/runs/{run_id}/input", json={"text": "go on"}, timeout=30)
+        assert resp.status_code == 200, resp.text
+        wait_for(lambda: (r := run_row(run_id)).step == ITERATIONS and r.status == RunStatus.AWAITING_INPUT, 60)
     try:
         spans = wait_for(lambda: _run_spans(receiver, run_id), timeout=20)
     except AssertionError:
@@ -203,16 +225,18 @@ def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, 
         (s for s in spans if s.name == "run.iterate" and s.attributes["loomcycle.run_id"] == run_id),
         key=lambda s: s.attributes["loomcycle.step"],
     )
-    assert [s.attributes["loomcycle.step"] for s in iterations] == list(range(TOOL_STEPS + 1))
+    assert [s.attributes["loomcycle.step"] for s in iterations] == list(range(ITERATIONS))
     assert {s.trace_id for s in iterations} == {trace_id}
     assert {s.parent_id for s in iterations} == {root.span_id}  # each one a child of the run's root
     assert {s.service for s in iterations} == {"loomcycle-worker"}
-    assert len({s.attributes["loomcycle.worker_id"] for s in iterations}) == 2  # both workers ran some
+    workers = [s.attributes["loomcycle.worker_id"] for s in iterations]
+    assert len(set(workers[:3])) == len(set(workers[3:])) == 1 and workers[0] != workers[3]  # two workers
     assert len({s.instance for s in iterations}) == 2
     for it in iterations:  # linked to the Celery delivery that ran it, itself in the run's trace
         ((link_trace, link_span),) = it.links
         assert link_trace == trace_id and by_id[link_span].name == f"run/{ITERATE_TASK}"
-    assert [s.attributes["loomcycle.outcome"] for s in iterations] == ["requeue"] * TOOL_STEPS + ["finish"]
+    outcomes = [s.attributes["loomcycle.outcome"] for s in iterations]
+    assert outcomes == ["requeue", "requeue", "park", "requeue", "park"]
 
     children = {it.span_id: [s for s in spans if s.parent_id == it.span_id] for it in iterations}
     for step, it in enumerate(iterations):
@@ -221,7 +245,7 @@ def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, 
         assert chat.attributes["gen_ai.usage.input_tokens"] > 0
         assert chat.attributes["gen_ai.usage.output_tokens"] > 0
         tools = [s for s in children[it.span_id] if s.name.startswith("tool ")]
-        if step < TOOL_STEPS:
+        if step in TOOL_STEPS:
             (tool,) = tools
             assert tool.attributes["gen_ai.tool.name"] == "Context" and tool.trace_id == trace_id
             assert tool.attributes["loomcycle.tool.is_error"] is False
@@ -229,7 +253,7 @@ def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, 
             assert tools == []
 
     texts = [json.dumps([s.attributes, s.events, s.name]) for s in spans]
-    assert not [t for t in texts if SECRET_PROMPT in t or "MOCK_SCRIPT" in t]  # no prompt text anywhere
+    assert not [t for t in texts if SECRET_PROMPT in t or "MOCK_SCRIPT" in t or "go on" in t]  # no prompt or input text
 
 
 def _wake_spans(receiver: Receiver, run_id: str) -> list[Span]:
@@ -342,6 +366,28 @@ def test_a_sub_agent_is_a_child_in_its_parents_trace(receiver: Receiver, traced:
         root.span_id,
         "answer",
     )
+
+
+@pytest.mark.usefixtures("agents")
+def test_a_run_created_by_manage_py_mcp_is_rooted_there(
+    receiver: Receiver, traced: tuple[str, WorkerPool], stack_env: dict[str, str], people: dict[str, dict[str, str]]
+) -> None:
+    """The stdio MCP server creates runs in its own process: their root spans are made (and exported) there."""
+    token = people["alice"]["authorization"].removeprefix("Bearer ")
+    spawn = {"agent": "scripted", "prompt": "MOCK_SCRIPT: " + json.dumps([{"text": "hi"}]), "wait": True}
+
+    async def work(client: Client) -> tuple[bool, dict[str, Any]]:
+        return await call(client, "spawn_run", {**spawn, "wait_seconds": 60})
+
+    error, spawned = over_stdio(["mcp", "--token", token], {**stack_env, **_otel_env(receiver)}, work)
+    assert not error and spawned["status"] == "completed", spawned
+    run_id = spawned["run_id"]
+    spans = wait_for(lambda: _once_named(receiver, "run.create", run_id), timeout=20)
+    (root,) = _named(spans, "run.create", run_id)
+    assert root.service == "loomcycle-mcp"
+    spans = wait_for(lambda: _once_named(receiver, "run.iterate", run_id), timeout=20)
+    (iteration,) = _named(spans, "run.iterate", run_id)
+    assert (iteration.trace_id, iteration.parent_id) == (root.trace_id, root.span_id)
 
 
 def test_a_doorbell_carries_the_current_trace_context() -> None:

@@ -14,8 +14,9 @@ Invariants:
 - no exporter configured: nothing is installed (no tracer provider, no
   instrumentation); the runtime's own spans then come from the API's no-op
   tracer, and apps.runs.tracing skips even those;
-- a tracer provider set before us (a host Django project's) is kept: only the
-  instrumentations are added, and its exporters get our spans;
+- a tracer provider set before us (a host Django project's) is kept, with or
+  without OTEL_* exporters here: only the instrumentations are added, and its
+  exporters get our spans;
 - at most once per process (`setup` is idempotent per pid, so a forked child
   sets itself up again, as Celery's prefork children must).
 """
@@ -48,13 +49,15 @@ def setup(kind: str) -> bool:
     if kind not in KINDS:
         raise ValueError(f"unknown process kind {kind!r}")
     exporters = settings.LOOMCYCLE.tracing_exporters
-    if not exporters or _set_up_in == os.getpid():
+    hosted = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # a host project's
+    if (not exporters and not hosted) or _set_up_in == os.getpid():
         return False
     _set_up_in = os.getpid()
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # nobody set one yet
+    if not hosted:
         trace.set_tracer_provider(_provider(kind, exporters))
     _instrument(kind)
-    log.info("tracing on (%s): exporters %s", service_name(kind), ", ".join(exporters))
+    where = "the host project's tracer provider" if hosted else "exporters " + ", ".join(exporters)
+    log.info("tracing on (%s): %s", service_name(kind), where)
     return True
 
 

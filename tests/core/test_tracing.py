@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +33,7 @@ from loomcycle_project import env as E
 from loomcycle_project import telemetry
 from tests.conftest import daphne, run_row, wait_for, wait_status
 from tests.mcp.test_server import call, over_stdio
-from tests.procs import WorkerPool
+from tests.procs import ROOT, WorkerPool
 from workers import doorbell
 from workers.queues import ITERATE_TASK, RUNS
 
@@ -447,3 +449,25 @@ def test_an_unknown_exporter_or_protocol_is_refused(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     with pytest.raises(ImproperlyConfigured, match="grpc"):
         E.tracing_exporters()
+
+
+_HOSTED = """
+import os
+os.environ["DJANGO_SETTINGS_MODULE"] = "loomcycle_project.settings"
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+host = TracerProvider()
+trace.set_tracer_provider(host)
+from loomcycle_project import telemetry
+print(telemetry.setup("beat"), trace.get_tracer_provider() is host)
+"""
+
+
+def test_a_host_projects_tracer_provider_is_kept_without_otel_variables(stack_env: dict[str, str]) -> None:
+    """In a fresh process (setup changes process-global state): no OTEL_* exporter, a host's provider."""
+    env = {k: v for k, v in stack_env.items() if not k.startswith("OTEL_")}
+    out = subprocess.run(
+        [sys.executable, "-c", _HOSTED], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]

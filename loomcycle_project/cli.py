@@ -28,4 +28,8 @@ def main() -> None:
             sys.exit(f"loomcycle: {exc}")
     from django.core.management import execute_from_command_line
 
+    if sys.argv[1:2] == ["mcp"]:  # it creates runs in this process: their root spans are made here
+        from loomcycle_project import telemetry
+
+        telemetry.setup("mcp")
     execute_from_command_line(sys.argv)

@@ -268,6 +268,7 @@ LOOMCYCLE = E.RuntimeSettings(
     metrics_enabled=E.METRICS_ENABLED,
     replica_id=E.REPLICA_ID,
     beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,
+    tracing_exporters=E.TRACING_EXPORTERS,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

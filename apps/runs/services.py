@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -29,7 +30,7 @@ from apps.core.redact import Redactor, run_redactor, runtime_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import backpressure, registry, signals, store
+from apps.runs import backpressure, registry, signals, store, tracing
 from apps.runs.credentials import credentials_check, run_redactor_of, seal
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
@@ -243,12 +244,13 @@ def run_insert(
         status=status,
         credentials_sealed=seal(run_id=run_id, credentials=data.credentials),
     )
-    store.insert_run(
-        run,
-        first_message=[{"type": "text", "text": r.user_text}],
-        events=events,
-        redactor=run_redactor(data.credentials),
-    )
+    with tracing.run_created(run):  # the run's root span; its context is stored with the row
+        store.insert_run(
+            run,
+            first_message=[{"type": "text", "text": r.user_text}],
+            events=events,
+            redactor=run_redactor(data.credentials),
+        )
     return run
 
 
@@ -341,7 +343,8 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     with signals.atomic_if_listened(signals.run_resumed):  # its outbox row commits with the wake
         queued = store.input_queue(run_id=run.id, text=text, cap=cap)
         if queued.woke:
-            transaction.on_commit(lambda: enqueue_iteration(run.id, queued.step))
+            ring = partial(enqueue_iteration, run.id, queued.step)
+            transaction.on_commit(lambda: tracing.woken(run.trace_context, run_id=run.id, reason="input", ring=ring))
             signals.send_on_commit(signals.run_resumed, run_id=run.id)
     if not queued.accepted:
         raise QuotaExhausted(f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"})

@@ -114,17 +114,17 @@ def test_paused_runs_move_to_a_second_instance_and_finish_there(
     b = instance_b
     refused = httpx.post(f"{web}/v1/_snapshots", json={}, timeout=30)
     assert (refused.status_code, refused.json()["code"]) == (409, "not_paused")
+    moved: list[Run] = []
     try:
-        asking, waiting, between = _park_three_runs_and_pause()
-        moved = wait_status(between.id, RunStatus.PAUSED)
-        assert moved.step == 1  # its first iteration committed (tool call and result) before it parked
+        moved += _park_three_runs_and_pause()
+        asking, waiting, between = moved
+        assert wait_status(between.id, RunStatus.PAUSED).step == 1  # its first iteration committed, then it parked
         envelope = _capture_on_a(web)
+        transcripts = {r.id: TranscriptEntry.objects.filter(run_id=r.id).count() for r in moved}
     finally:
+        for run in moved:  # they live on B now: A cancels its copies, as an operator moving them would
+            services.run_cancel(principal=ALICE, agent_id=run.agent_id, reason="moved to B")
         services.runtime_resume()
-    transcripts = {
-        r.id: list(TranscriptEntry.objects.filter(run_id=r.id).order_by("idx").values_list("role", "content"))
-        for r in (asking, waiting, between)
-    }
     captured = {e["run"]["id"]: e["run"]["status"] for e in envelope["sections"]["paused_runs"]["rows"]}
     assert captured == {asking.id: "awaiting_input", waiting.id: "waiting_channel", between.id: "paused"}
 
@@ -135,7 +135,7 @@ def test_paused_runs_move_to_a_second_instance_and_finish_there(
     counts = restored.json()
     assert counts["paused_runs_restored"] == 3 and counts["paused_runs_resumed"] == 0
     assert counts["channel_waits_restored"] == 1
-    assert counts["transcript_entries_restored"] == sum(len(t) for t in transcripts.values())
+    assert counts["transcript_entries_restored"] == sum(transcripts.values())
     assert counts["agent_defs_restored"] == 0  # the same yaml on both: each def maps to B's own
     assert httpx.post(f"{b}/v1/_resume", timeout=30).json()["resumed_runs_count"] == 1
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 
 from apps.core.errors import Invalid
@@ -43,11 +43,11 @@ def _no_history(include_history: bool, since: str | None = None) -> None:
     openapi_extra=openapi_body(SnapshotCaptureIn),
     summary="Capture the paused runtime; 409 not_paused, 413 snapshot_too_large",
 )
-def snapshots_capture(request: HttpRequest) -> tuple[int, dict[str, Any]]:
+def snapshots_capture(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, SnapshotCaptureIn, max_bytes=CAPTURE_BODY_BYTES, required=False)
     _no_history(data.include_history, data.include_history_since)
     row = services.snapshot_capture(label=data.label, max_bytes=data.max_bytes)
-    return 201, presenters.snapshot_out(row)
+    return JsonResponse(presenters.snapshot_out(row), status=201)
 
 
 @router.get("/_snapshots", response=SnapshotListOut, summary="Stored snapshots, newest first")
@@ -86,6 +86,6 @@ def snapshots_restore(request: HttpRequest, snapshot_id: str) -> dict[str, int]:
 
 
 @router.delete("/_snapshots/{snapshot_id}", response={204: None}, summary="Delete a stored snapshot")
-def snapshots_delete(request: HttpRequest, snapshot_id: str) -> tuple[int, None]:
+def snapshots_delete(request: HttpRequest, snapshot_id: str) -> HttpResponse:
     services.snapshot_delete(snapshot_id=_checked_id(snapshot_id))
-    return 204, None
+    return HttpResponse(status=204)

@@ -87,7 +87,9 @@ def _park_three_runs_and_pause() -> tuple[Run, Run, Run]:
     """On A: one run awaiting input, one parked on a channel, one paused between iterations."""
     asking = scripted([{"text": "first turn"}, {"echo": True}], interactive=True)
     waiting = scripted([{"tool": "Channel", "input": SUBSCRIBE}, {"echo": True}])
-    between = scripted([{"text": "working", "tool": "Context", "input": {"op": "time"}, "sleep_ms": 1500}, {"echo": True}])
+    between = scripted(
+        [{"text": "working", "tool": "Context", "input": {"op": "time"}, "sleep_ms": 1500}, {"echo": True}]
+    )
     wait_status(asking.id, RunStatus.AWAITING_INPUT, timeout=30)
     wait_status(waiting.id, RunStatus.WAITING_CHANNEL, timeout=30)
     wait_for(lambda: RunEvent.objects.filter(run_id=between.id, type="started").exists(), timeout=30)
@@ -108,9 +110,7 @@ def _capture_on_a(web: str) -> dict[str, Any]:
     return envelope
 
 
-def test_paused_runs_move_to_a_second_instance_and_finish_there(
-    stack: WorkerPool, web: str, instance_b: str
-) -> None:
+def test_paused_runs_move_to_a_second_instance_and_finish_there(stack: WorkerPool, web: str, instance_b: str) -> None:
     b = instance_b
     refused = httpx.post(f"{web}/v1/_snapshots", json={}, timeout=30)
     assert (refused.status_code, refused.json()["code"]) == (409, "not_paused")

@@ -331,7 +331,7 @@ REPLICA_ID: str = env.str("LOOMCYCLE_REPLICA_ID", default="")
 BEAT_HEARTBEAT_FILE: str = env.str("LOOMCYCLE_BEAT_HEARTBEAT_FILE", default=str(DATA_DIR / "beat-heartbeat"))
 # Snapshots (SPEC 2.4, docs/operations.md "Snapshots"): the largest envelope a capture may build
 # and a restore may read, in bytes (SPEC's default 512 MiB); a capture's `max_bytes` may lower it.
-SNAPSHOT_MAX_BYTES: int = _at_least("LOOMCYCLE_SNAPSHOT_MAX_BYTES", 536_870_912, 1024)
+SNAPSHOT_MAX_BYTES: int = _at_least("LOOMCYCLE_SNAPSHOT_MAX_BYTES", 536_870_912, 1)
 # Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
 # `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
 # definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.

@@ -32,11 +32,6 @@ def _checked_id(snapshot_id: str) -> str:
     return snapshot_id
 
 
-def _no_history(include_history: bool, since: str | None = None) -> None:
-    if include_history or since is not None:
-        raise Invalid("interaction history is not part of this build's snapshots", code="history_unsupported")
-
-
 @router.post(
     "/_snapshots",
     response={201: SnapshotOut},
@@ -45,7 +40,6 @@ def _no_history(include_history: bool, since: str | None = None) -> None:
 )
 def snapshots_capture(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, SnapshotCaptureIn, max_bytes=CAPTURE_BODY_BYTES, required=False)
-    _no_history(data.include_history, data.include_history_since)
     row = services.snapshot_capture(label=data.label, max_bytes=data.max_bytes)
     return JsonResponse(presenters.snapshot_out(row), status=201)
 
@@ -79,7 +73,6 @@ def snapshots_export(request: HttpRequest, snapshot_id: str) -> HttpResponse:
 def snapshots_restore(request: HttpRequest, snapshot_id: str) -> dict[str, int]:
     snapshot_id = _checked_id(snapshot_id)
     data = parse_body(request, SnapshotRestoreIn, max_bytes=settings.LOOMCYCLE.max_request_bytes, required=False)
-    _no_history(data.include_history)
     if data.envelope is not None:
         return services.snapshot_restore(envelope=data.envelope)
     return services.snapshot_restore_stored(snapshot_id=snapshot_id)

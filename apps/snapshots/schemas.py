@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+_NO_HISTORY = "interaction history is not part of this build's snapshots: only false / null"
 
 
 class SnapshotCaptureIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     label: str = Field(default="", max_length=256)
-    # loomcycle's interaction history section: not built here, so only false/absent is accepted.
-    include_history: bool = False
-    include_history_since: str | None = None
+    # loomcycle's interaction history section is not built here: only false (or absent) is accepted.
+    include_history: Literal[False] = Field(default=False, description=_NO_HISTORY)
+    include_history_since: None = Field(default=None, description=_NO_HISTORY)
     max_bytes: int | None = Field(default=None, ge=1024, description="at most LOOMCYCLE_SNAPSHOT_MAX_BYTES")
 
 
 class SnapshotRestoreIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    include_history: bool = False
+    include_history: Literal[False] = Field(default=False, description=_NO_HISTORY)
     envelope: dict[str, Any] | None = Field(
         default=None, alias="json", description="an exported envelope to restore instead of the stored one"
     )

@@ -4,11 +4,14 @@ runs between two instances is tests/snapshots/test_cross_instance.py."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import Client
 
@@ -161,8 +164,22 @@ def test_rest_capture_list_get_export_restore_delete(transactional_db: None, pau
     history = client.post(
         f"/v1/_snapshots/{meta['id']}/restore", {"include_history": True}, "application/json", headers=admin
     )
-    assert (history.status_code, history.json()["code"]) == (400, "history_unsupported")
+    assert (history.status_code, history.json()["code"]) == (400, "invalid_body")
     assert client.delete(f"/v1/_snapshots/{meta['id']}", headers=admin).status_code == 204
     gone = client.get(f"/v1/_snapshots/{meta['id']}", headers=admin)
     assert (gone.status_code, gone.json()["code"]) == (404, "snapshot_not_found")
     assert client.delete(f"/v1/_snapshots/{meta['id']}", headers=admin).status_code == 404
+
+
+def test_manage_py_snapshot_moves_an_envelope_through_a_file(paused: None, tmp_path: Path) -> None:
+    _seed()
+    row = services.snapshot_capture(label="to a file")
+    call_command("snapshot", "export", row.id, str(tmp_path / "snap.json"))
+    assert (tmp_path / "snap.json").read_text() == row.content
+    MemoryEntry.objects.all().delete()
+    out = io.StringIO()
+    call_command("snapshot", "restore", str(tmp_path / "snap.json"), stdout=out)
+    assert json.loads(out.getvalue())["memory_restored"] == 1
+    (tmp_path / "bad.json").write_text(row.content.replace('"sha256:', '"sha256:0'))
+    with pytest.raises(CommandError, match="snapshot_checksum_mismatch"):
+        call_command("snapshot", "restore", str(tmp_path / "bad.json"))

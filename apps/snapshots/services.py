@@ -34,7 +34,7 @@ from apps.runs import snapshot as runs_snapshot
 from apps.runs.models import RuntimeStateValue
 from apps.runs.selectors import runtime_state
 from apps.snapshots import envelope as env
-from apps.snapshots.errors import NotPaused, SnapshotIdConflict, SnapshotInvalid, SnapshotNotFound
+from apps.snapshots.errors import NotPaused, SnapshotIdConflict, SnapshotInvalid, SnapshotNotFound, SnapshotTooLarge
 from apps.snapshots.models import Snapshot
 from apps.snapshots.selectors import snapshot_content
 from apps.substrate import snapshot as substrate_snapshot
@@ -74,16 +74,19 @@ def snapshot_capture(*, label: str = "", max_bytes: int | None = None) -> Snapsh
     sections = _read_sections(cap)
     header = {"id": snapshot_id, "created_at": now.isoformat(), "label": label, "schema_version": env.SCHEMA_VERSION}
     text = env.envelope_text(header, sections)
+    if len(text.encode()) > cap:  # the header's few hundred bytes on top of the sections
+        raise SnapshotTooLarge(f"snapshot passes {cap} bytes", details={"max_bytes": cap})
     try:
-        return Snapshot.objects.create(
-            id=snapshot_id,
-            created_at=now,
-            label=label,
-            schema_version=env.SCHEMA_VERSION,
-            byte_size=len(text.encode()),
-            checksum=env.checksum_of(sections),
-            content=text,
-        )
+        with transaction.atomic():  # a savepoint inside a caller's transaction: the conflict is reported, not fatal
+            return Snapshot.objects.create(
+                id=snapshot_id,
+                created_at=now,
+                label=label,
+                schema_version=env.SCHEMA_VERSION,
+                byte_size=len(text.encode()),
+                checksum=env.checksum_of(sections),
+                content=text,
+            )
     except IntegrityError as exc:
         raise SnapshotIdConflict(f"snapshot id {snapshot_id} already exists; capture again") from exc
 

@@ -40,8 +40,8 @@ class AgentDefsRestored:
 
 
 def agent_defs_export() -> list[dict[str, Any]]:
-    """Every agent def version, oldest version of a name first (parents before forks)."""
-    rows = AgentDef.objects.order_by("version", "tenant_id", "name")
+    """Every agent def version, oldest first (parents before forks)."""
+    rows = AgentDef.objects.order_by("created_at", "version", "id")
     return [row_dump(row) for row in rows.iterator()]
 
 
@@ -83,7 +83,8 @@ def agent_defs_restore(*, defs: list[Any], pointers: list[Any]) -> AgentDefsRest
     """Inside the restore's transaction: map or insert every def, then the pointers."""
     ids: dict[str, str] = {}
     written = 0
-    for row in sorted((_checked(r) for r in defs), key=lambda r: int(r["version"])):
+    # Oldest first: a parent (an earlier version, or the def another name was forked from) is mapped before its forks.
+    for row in sorted((_checked(r) for r in defs), key=lambda r: (str(r.get("created_at", "")), int(r["version"]))):
         if (here := _same_here(row)) is not None:
             ids[row["id"]] = here
             continue

@@ -23,6 +23,9 @@ from apps.runs.models import RuntimeStateValue
 from apps.snapshots import errors, services
 from apps.snapshots.envelope import canonical, checksum_of
 from apps.substrate import tokens
+from apps.substrate.kinds import get_kind
+from apps.substrate.models import AgentDef
+from apps.substrate.services import Author, def_create
 
 VECTOR = [(i % 7) / 8 - 0.25 for i in range(EMBEDDING_DIMENSIONS)]  # exact in float32
 
@@ -183,3 +186,21 @@ def test_manage_py_snapshot_moves_an_envelope_through_a_file(paused: None, tmp_p
     (tmp_path / "bad.json").write_text(row.content.replace('"sha256:', '"sha256:0'))
     with pytest.raises(CommandError, match="snapshot_checksum_mismatch"):
         call_command("snapshot", "restore", str(tmp_path / "bad.json"))
+
+
+def test_a_def_unknown_here_keeps_its_id_at_the_next_free_version_and_the_pointer_here_wins(paused: None) -> None:
+    author = Author(tenant_id="acme", subject="ops", is_admin=True)
+    created = def_create(
+        get_kind("agent"), author, {"name": "mover", "overlay": {"provider": "mock", "model": "mock-script"}}
+    )
+    envelope = _envelope()
+    (row,) = [r for r in envelope["sections"]["agent_defs"]["rows"] if r["id"] == created["def_id"]]
+    # The same name and version, another content and id: as another instance's own edit would be.
+    twin = {**row, "id": "def_00000000000000aa", "content_sha256": "sha256:" + "0" * 64}
+    envelope["sections"]["agent_defs"]["rows"].append(twin)
+    envelope["checksum"] = checksum_of(canonical(envelope["sections"]))
+    counts = services.snapshot_restore(envelope=envelope)
+    assert (counts["agent_defs_restored"], counts["agent_def_active_restored"]) == (1, 0)
+    restored = AgentDef.objects.get(id="def_00000000000000aa")
+    assert (restored.tenant_id, restored.name, restored.version) == ("acme", "mover", row["version"] + 1)
+    assert services.snapshot_restore(envelope=envelope)["agent_defs_restored"] == 0

@@ -51,13 +51,43 @@ def _column_value(field: models.Field[Any, Any], row: dict[str, Any]) -> Any:
             raise Invalid(f"snapshot row lacks {field.attname!r}", code="snapshot_invalid")
         value = field.get_default()
     else:
-        value = row[field.attname]
+        value = _typed(field, row[field.attname])
     if isinstance(field, models.DateTimeField) and isinstance(value, str):
         try:
             value = field.to_python(value)
         except ValidationError as exc:
             raise Invalid(f"{field.attname}: not a timestamp", code="snapshot_invalid") from exc
     return field.get_db_prep_save(value, connection)
+
+
+# The JSON type a snapshot value must have, by field class (the first match wins;
+# JSON, array and vector fields take what JSON gives and the database checks the rest).
+_JSON_TYPES: tuple[tuple[type[models.Field[Any, Any]], tuple[type, ...]], ...] = (
+    (models.BooleanField, (bool,)),
+    (models.FloatField, (int, float)),
+    (models.IntegerField, (int,)),  # also the Big/Positive/Small variants and foreign keys to them
+    (models.DateTimeField, (str,)),
+    (models.CharField, (str,)),
+    (models.TextField, (str,)),
+)
+
+
+def _typed(field: models.Field[Any, Any], value: Any) -> Any:
+    """`value`, once it has the JSON type `field` stores (a dict where text belongs is refused,
+    not stringified by the driver)."""
+    if value is None:
+        if not field.null:
+            raise Invalid(f"{field.attname} may not be null", code="snapshot_invalid")
+        return None
+    target = field.target_field if isinstance(field, models.ForeignKey) else field
+    for kind, allowed in _JSON_TYPES:
+        if isinstance(target, kind):
+            if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+                raise Invalid(
+                    f"{field.attname}: {type(value).__name__} where {kind.__name__} belongs", code="snapshot_invalid"
+                )
+            break
+    return value
 
 
 def _fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:

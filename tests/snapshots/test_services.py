@@ -132,15 +132,26 @@ def test_a_changed_row_fails_the_checksum(paused: None) -> None:
         services.snapshot_restore(envelope=envelope)
 
 
-def test_a_row_with_unknown_fields_is_a_400(paused: None) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"colour": "red"}, "memory.MemoryEntry row has unknown fields ['colour']"),
+        ({"key": {"a": 1}}, "key: dict where CharField belongs"),
+        ({"scope_id": None}, "scope_id may not be null"),
+        ({"created_at": "yesterday"}, "created_at: not a timestamp"),
+        ({"embedding": "bm90IDM4NCBmbG9hdHM="}, "memory embedding must hold 384 float32s"),
+    ],
+)
+def test_a_malformed_row_is_a_400_and_nothing_is_written(paused: None, change: dict[str, Any], message: str) -> None:
     _seed()
     envelope = _envelope()
-    envelope["sections"]["memory"]["rows"][0]["colour"] = "red"
+    MemoryEntry.objects.all().delete()
+    envelope["sections"]["memory"]["rows"][0].update(change)
     envelope["checksum"] = checksum_of(canonical(envelope["sections"]))
     with pytest.raises(Invalid) as refused:
         services.snapshot_restore(envelope=envelope)
-    assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
-    assert refused.value.details == {"model": "memory.MemoryEntry", "fields": ["colour"]}
+    assert (refused.value.status, refused.value.code, refused.value.message) == (400, "snapshot_invalid", message)
+    assert not MemoryEntry.objects.exists()
 
 
 def test_rest_capture_list_get_export_restore_delete(transactional_db: None, paused: None, client: Client) -> None:

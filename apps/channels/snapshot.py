@@ -4,7 +4,8 @@ parked subscribe/await rows (`ChannelWait`) of the runs the snapshot carries.
 
 A restore is insert-or-ignore throughout: a message by its id (and its
 idempotency key), a cursor by its stream, a declaration by (tenant, name), a
-wait by (run, call_id); what this instance already has wins. A runtime
+wait by (run, call_id); what this instance already has wins. A restored wait
+is due at once: beat re-checks it against the restored messages. A runtime
 declaration whose name this instance declares in yaml is skipped (yaml
 channels cannot be redeclared at runtime, apps.channels.services). Waits are
 restored after their runs (their foreign key), and only for runs the restore
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from django.utils import timezone
 
 from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
 from apps.core.errors import Invalid
@@ -60,5 +63,10 @@ def channels_restore(section: dict[str, Any]) -> ChannelsRestored:
 
 
 def channel_waits_restore(section: dict[str, Any], *, run_ids: set[str]) -> int:
-    """Inside the restore's transaction, after the runs: the waits of the runs it wrote."""
-    return rows_insert_or_ignore(ChannelWait, [w for w in _rows(section, "waits") if w.get("run_id") in run_ids])
+    """Inside the restore's transaction, after the runs: the waits of the runs it wrote,
+    due at once, so beat's next wake tick checks each against the restored messages
+    (a message that satisfies a wait is not lost between capture and restore; a wait
+    still unsatisfied goes back to its own wake time, apps.channels.waits)."""
+    now = timezone.now().isoformat()
+    waits = [{**w, "wake_at": now} for w in _rows(section, "waits") if w.get("run_id") in run_ids]
+    return rows_insert_or_ignore(ChannelWait, waits)

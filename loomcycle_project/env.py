@@ -359,6 +359,9 @@ def tracing_exporters() -> tuple[str, ...]:
 
 
 TRACING_EXPORTERS: tuple[str, ...] = tracing_exporters()
+# Snapshots (SPEC 2.4, docs/operations.md "Snapshots"): the largest envelope a capture may build
+# and a restore may read, in bytes (SPEC's default 512 MiB); a capture's `max_bytes` may lower it.
+SNAPSHOT_MAX_BYTES: int = _at_least("LOOMCYCLE_SNAPSHOT_MAX_BYTES", 536_870_912, 1)
 # Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
 # `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
 # definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
@@ -511,3 +514,5 @@ class RuntimeSettings:
     beat_heartbeat_file: str = ""  # workers.heartbeat; settings.py always sets it
     # Tracing (loomcycle_project.telemetry): the exporters this process installs, from OTEL_* (env.py).
     tracing_exporters: tuple[str, ...] = ()
+    # Snapshots (apps.snapshots).
+    snapshot_max_bytes: int = 536_870_912

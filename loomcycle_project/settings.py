@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "apps.triggers",
     "apps.tools",
     "apps.mcp",
+    "apps.snapshots",  # spans the apps above: each exports and restores its own tables
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",
@@ -269,6 +270,7 @@ LOOMCYCLE = E.RuntimeSettings(
     replica_id=E.REPLICA_ID,
     beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,
     tracing_exporters=E.TRACING_EXPORTERS,
+    snapshot_max_bytes=E.SNAPSHOT_MAX_BYTES,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

@@ -14,6 +14,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
   sweeps, the child report, an operator's retry of a failed run.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
+- `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -51,12 +52,14 @@ from apps.runs.store.hot import (
     record_tool_starts,
 )
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
+from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
 
 __all__ = [
     "PARKED_STATUSES",
     "AnswerTarget",
     "ClaimedRun",
     "InputQueued",
+    "RunRowsWritten",
     "StepRows",
     "Switched",
     "_hot",
@@ -78,8 +81,10 @@ __all__ = [
     "pool_purge",
     "record_tool_starts",
     "retry_failed",
+    "run_restore",
     "runs_pause_unleased",
     "runs_resume_paused",
+    "runs_resume_restored",
     "runs_stale_release",
     "runtime_state_lock",
     "runtime_state_set",

@@ -3,13 +3,13 @@
 # `LOOMCYCLE_SCHEDULER_ENABLED=1 make run` also fires ScheduleDefs (docs/triggers.md).
 VENV  := .venv
 PY    := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
 .PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-triggers bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements/base.txt requirements/dev.txt
+$(STAMP): requirements/base.txt requirements/embedded.txt requirements/dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
 	# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root

@@ -6,7 +6,10 @@ from typing import Any
 
 from django.core.asgi import get_asgi_application
 
+from loomcycle_project import telemetry
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
+telemetry.setup("web")  # before the handler: Django's instrumentation adds its middleware
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

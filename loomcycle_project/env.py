@@ -242,6 +242,19 @@ HTTP_PRIVATE_HOST_ALLOWLIST: list[str] = _list("LOOMCYCLE_HTTP_PRIVATE_HOST_ALLO
 HTTP_CALLER_AUTHORITATIVE: bool = env.bool("LOOMCYCLE_HTTP_CALLER_AUTHORITATIVE", default=False)
 
 LOG_LEVEL: str = env.str("LOOMCYCLE_LOG_LEVEL", default="INFO")
+LOG_FORMATS = ("plain", "json")
+
+
+def _log_format() -> str:
+    """LOOMCYCLE_LOG_FORMAT: `plain` (the default: one text line per record) or `json` (one
+    JSON object per line, with the run's ids where known: apps.core.logcontext)."""
+    value: str = env.str("LOOMCYCLE_LOG_FORMAT", default="plain").strip().lower()
+    if value not in LOG_FORMATS:
+        raise ImproperlyConfigured(f"LOOMCYCLE_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)} (got {value!r})")
+    return value
+
+
+LOG_FORMAT: str = _log_format()
 
 PROVIDER_KEYS = {name: env.str(name, default=None) or None for name in PROVIDER_KEY_NAMES}
 # Provider endpoints (SPEC C.2). OLLAMA_BASE_URL=disabled opts out of the local Ollama.
@@ -320,6 +333,42 @@ HOOKS_CHAIN_BUDGET_MS: int = _at_least("LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS", 60_000
 # the host name when unset.
 METRICS_ENABLED: bool = env.bool("LOOMCYCLE_METRICS_ENABLED", default=True)
 REPLICA_ID: str = env.str("LOOMCYCLE_REPLICA_ID", default="")
+# The file beat's scheduler keeps fresh from its tick loop (workers/heartbeat.py), which the
+# container healthcheck reads (`python -m loomcycle_project.healthcheck beat`).
+BEAT_HEARTBEAT_FILE: str = env.str("LOOMCYCLE_BEAT_HEARTBEAT_FILE", default=str(DATA_DIR / "beat-heartbeat"))
+
+
+# Tracing (docs/operations.md, "Tracing"; loomcycle_project.telemetry). The OpenTelemetry SDK
+# reads its own OTEL_* variables (endpoint, headers, sampler, batch delays, service name); these
+# three decide only which exporters a process installs: OTLP/HTTP when OTEL_TRACES_EXPORTER names
+# `otlp` (its default) and an OTLP endpoint is set, the console exporter when it names `console`,
+# none with OTEL_SDK_DISABLED. No exporter: no tracer provider, no instrumentation, no spans.
+_TRACES_EXPORTERS = {"otlp", "console", "none"}
+
+
+def tracing_exporters() -> tuple[str, ...]:
+    """The exporters the OTEL_* variables ask for, of those installed (otlp over HTTP, console)."""
+    if env.bool("OTEL_SDK_DISABLED", default=False):
+        return ()
+    endpoint = env.str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", default="") or env.str(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", default=""
+    )
+    names = [n.strip().lower() for n in env.str("OTEL_TRACES_EXPORTER", default="otlp").split(",") if n.strip()]
+    unknown = sorted(set(names) - _TRACES_EXPORTERS)
+    if unknown:
+        raise ImproperlyConfigured(f"OTEL_TRACES_EXPORTER: unknown exporter(s) {unknown}; use otlp, console or none")
+    protocol = env.str("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", default="") or env.str(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", default="http/protobuf"
+    )
+    if "otlp" in names and endpoint and protocol != "http/protobuf":
+        raise ImproperlyConfigured(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: only http/protobuf is installed")
+    return tuple(n for n in ("otlp", "console") if n in names and (n != "otlp" or endpoint))
+
+
+TRACING_EXPORTERS: tuple[str, ...] = tracing_exporters()
+# Snapshots (SPEC 2.4, docs/operations.md "Snapshots"): the largest envelope a capture may build
+# and a restore may read, in bytes (SPEC's default 512 MiB); a capture's `max_bytes` may lower it.
+SNAPSHOT_MAX_BYTES: int = _at_least("LOOMCYCLE_SNAPSHOT_MAX_BYTES", 536_870_912, 1)
 # Inbound webhooks (SPEC 2.10, 9.2; docs/triggers.md): the receiver is mounted only when enabled;
 # `auth.kind: none` definitions answer only when unauthenticated mode is on; secret env names a
 # definition may read besides LOOMCYCLE_*; how long delivery records (and so dedupe) are kept.
@@ -474,3 +523,8 @@ class RuntimeSettings:
     # Observability (apps.core.metrics, loomcycle_project.health).
     metrics_enabled: bool = True
     replica_id: str = ""
+    beat_heartbeat_file: str = ""  # workers.heartbeat; settings.py always sets it
+    # Tracing (loomcycle_project.telemetry): the exporters this process installs, from OTEL_* (env.py).
+    tracing_exporters: tuple[str, ...] = ()
+    # Snapshots (apps.snapshots).
+    snapshot_max_bytes: int = 536_870_912

@@ -71,6 +71,7 @@ PATH_PARAMS: dict[str, dict[str, Any]] = {
     "user_id": {"type": "string", "pattern": IDENT},
     "interrupt_id": {"type": "string", "pattern": IDENT},
     "def_id": {"type": "string", "pattern": "^def_[A-Za-z0-9_-]{1,124}$"},
+    "snapshot_id": {"type": "string", "pattern": IDENT},
     "scope": {"type": "string", "enum": list(MemoryScope.values)},
 }
 

@@ -3,7 +3,9 @@ own knobs are `LOOMCYCLE`, which apps and workers read (never the env module).""
 
 from __future__ import annotations
 
+import logging
 import secrets
+from typing import Any
 
 from loomcycle_project import env as E
 from workers.beat import beat_schedule
@@ -45,6 +47,7 @@ INSTALLED_APPS = [
     "apps.triggers",
     "apps.tools",
     "apps.mcp",
+    "apps.snapshots",  # spans the apps above: each exports and restores its own tables
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",
@@ -170,6 +173,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = 10.0
 CELERY_BEAT_SCHEDULE_FILENAME = str(E.DATA_DIR / "celerybeat-schedule")
+# Celery's PersistentScheduler plus a heartbeat file for container healthchecks.
+CELERY_BEAT_SCHEDULER = "workers.heartbeat:HeartbeatScheduler"
 
 LOOMCYCLE = E.RuntimeSettings(
     listen_addr=E.LISTEN_ADDR,
@@ -267,6 +272,9 @@ LOOMCYCLE = E.RuntimeSettings(
     mcp_max_stdio_processes=E.MCP_MAX_STDIO_PROCESSES,
     metrics_enabled=E.METRICS_ENABLED,
     replica_id=E.REPLICA_ID,
+    beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,
+    tracing_exporters=E.TRACING_EXPORTERS,
+    snapshot_max_bytes=E.SNAPSHOT_MAX_BYTES,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).
@@ -279,11 +287,33 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     scheduler_tick_s=LOOMCYCLE.scheduler_tick_seconds if LOOMCYCLE.scheduler_enabled else None,
 )
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": E.LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+
+def logging_config(log_format: str, level: str) -> dict[str, Any]:
+    """Every process logs to stderr, one line per record: text (`plain`), or a JSON object
+    (`json`: timestamp, level, logger, message, and run_id, tenant, step and trace_id when
+    known, filled by apps.core.logcontext)."""
+    console: dict[str, Any] = {"class": "logging.StreamHandler", "formatter": log_format}
+    if log_format == "json":
+        console["filters"] = ["run_context"]
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+            "json": {
+                "()": "pythonjsonlogger.json.JsonFormatter",
+                "fmt": ["levelname", "name", "message"],
+                "rename_fields": {"levelname": "level", "name": "logger"},
+                "timestamp": True,
+            },
+        },
+        "filters": {"run_context": {"()": "apps.core.logcontext.RunContextFilter"}},
+        "handlers": {"console": console},
+        "root": {"handlers": ["console"], "level": level},
+        "loggers": {"django.db.backends": {"level": "WARNING"}},
+    }
+
+
+LOGGING = logging_config(E.LOG_FORMAT, E.LOG_LEVEL)
+if E.LOG_FORMAT == "json":
+    logging.captureWarnings(True)  # Python warnings become records (logger py.warnings): JSON lines too

@@ -23,8 +23,8 @@ from django.db.models import Q
 from apps.core.types import Principal
 from apps.runs.models import TERMINAL, Run
 from apps.substrate import auth_cache, tokens
-from loomcycle_project.bootstrap import load_yaml_config
 from tests import procs
+from tests.yaml_rows import yaml_rows_load
 
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
 
@@ -172,8 +172,11 @@ def stack(workers: procs.WorkerPool) -> procs.WorkerPool:
 
 
 @contextlib.contextmanager
-def daphne(stack_env: dict[str, str], logdir: Path, name: str = "daphne", **env: str) -> Iterator[str]:
-    """A web process on a free loopback port (extra `env` on top of the stack's); yields its base URL."""
+def daphne(
+    stack_env: dict[str, str], logdir: Path, name: str = "daphne", start_timeout: float = 30.0, **env: str
+) -> Iterator[str]:
+    """A web process on a free loopback port (extra `env` on top of the stack's); yields its base URL
+    once /healthz answers (within `start_timeout` seconds)."""
     port = procs.free_port()
     argv = [
         procs.sys.executable,
@@ -188,7 +191,7 @@ def daphne(stack_env: dict[str, str], logdir: Path, name: str = "daphne", **env:
     proc = procs.spawn(argv, {**stack_env, **env}, logdir / f"{name}.log")
     base = f"http://127.0.0.1:{port}"
     try:
-        procs.wait_http(base + "/healthz")
+        procs.wait_http(base + "/healthz", timeout=start_timeout)
         yield base
     finally:
         procs.stop(proc)
@@ -202,7 +205,7 @@ def web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
 
 @pytest.fixture
 def agents(transactional_db: None) -> Iterator[None]:
-    load_yaml_config()
+    yaml_rows_load()  # load_yaml_config(), from a per-process template after the first time
     yield
     _quiesce()
 

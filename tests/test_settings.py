@@ -30,6 +30,7 @@ _NOT_ONE_VARIABLE = {
     "hooks_permit_host_widen",
     "webhooks_env_allowlist",
     "scheduler_env_allowlist",
+    "tracing_exporters",  # from the SDK's OTEL_* variables (env.py, "Tracing")
 }
 
 _PROBE = """

@@ -15,6 +15,10 @@ the pinned Celery and kombu, field by field. What these messages do not do:
 fire Celery's `before_task_publish`/`after_task_publish` signals, or go
 through kombu's publish retry (redis-py's own retry applies instead). Lost
 doorbells are recovered by the lease sweeper either way (architecture.md).
+So no publish span is made for a doorbell; the trace context still travels:
+with a span current, its W3C headers (`traceparent`) are put in the message
+headers, where the Celery instrumentation's publish hook would have put them
+and where its consumer hook reads them (docs/architecture.md, "Tracing").
 
 Used only when `LOOMCYCLE_FAST_TRANSPORT` is on (the default) and the broker
 is the Redis that `REDIS_URL` names, without a key prefix; otherwise
@@ -34,6 +38,7 @@ from typing import Any
 from celery import current_app
 from celery.utils.nodenames import anon_nodename
 from django.conf import settings
+from opentelemetry import propagate, trace
 
 from apps.core.redis import sync_client
 
@@ -71,32 +76,35 @@ def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
         parent_id = parent.request.id
     argsrepr = repr(args)
     body = json.dumps([list(args), {}, _EMBED]).encode()
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "task": task_name,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": _timelimit(task_name),
+        "root_id": root_id,
+        "parent_id": parent_id,
+        "argsrepr": argsrepr,
+        "kwargsrepr": "{}",
+        "origin": anon_nodename(),
+        "ignore_result": None,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    if trace.get_current_span().get_span_context().is_valid:  # a traced process, inside a span
+        propagate.inject(headers)
     return json.dumps(
         {
             "body": base64.b64encode(body).decode(),
             "content-encoding": "utf-8",
             "content-type": "application/json",
-            "headers": {
-                "lang": "py",
-                "task": task_name,
-                "id": task_id,
-                "shadow": None,
-                "eta": None,
-                "expires": None,
-                "group": None,
-                "group_index": None,
-                "retries": 0,
-                "timelimit": _timelimit(task_name),
-                "root_id": root_id,
-                "parent_id": parent_id,
-                "argsrepr": argsrepr,
-                "kwargsrepr": "{}",
-                "origin": anon_nodename(),
-                "ignore_result": None,
-                "replaced_task_nesting": 0,
-                "stamped_headers": None,
-                "stamps": {},
-            },
+            "headers": headers,
             "properties": {
                 "correlation_id": task_id,
                 "reply_to": current_app.thread_oid,

@@ -1,12 +1,23 @@
 """Read-only admin for the gateway's audit trail and the usage ledger: rows
-are written by the gateway and the engine only, never edited by hand."""
+are written by the gateway and the engine only, never edited by hand. The
+ledger's page also has a usage view (`usage/`): tokens and cost per day by
+tenant and by model, drawn as inline SVG on the server."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 
 from apps.core.admin import ReadOnlyAdmin
 from apps.gateway.models import GatewayCall, UsageEntry
+from apps.gateway.usage_report import MAX_DAYS, usage_report
+
+DEFAULT_DAYS = 14
 
 
 @admin.register(GatewayCall)
@@ -55,3 +66,25 @@ class UsageEntryAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     show_full_result_count = False
+
+    def get_urls(self) -> list[URLPattern]:
+        usage = path("usage/", self.admin_site.admin_view(self.usage_view), name="gateway_usageentry_usage")
+        return [usage, *super().get_urls()]
+
+    def usage_view(self, request: HttpRequest) -> HttpResponse:
+        """Tokens and cost per UTC day by tenant and by model (`?days=`, 1..MAX_DAYS)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        raw = request.GET.get("days", str(DEFAULT_DAYS))
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_DAYS:
+            message = f"days must be a whole number from 1 to {MAX_DAYS}"
+            return HttpResponseBadRequest(message, content_type="text/plain")
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Usage per day",
+            "days": int(raw),
+            "max_days": MAX_DAYS,
+            "report": usage_report(days=int(raw)),
+        }
+        return TemplateResponse(request, "admin/gateway/usage.html", context)

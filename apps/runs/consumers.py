@@ -6,6 +6,10 @@ another tenant's run closes with 4404, bad credentials with 4401, a token
 without runs:read with 4403, a principal at its stream cap with 4429, and a
 socket open for LOOMCYCLE_MAX_STREAM_SECONDS with 4408 (re-attach with
 `from_seq`).
+
+Without a bearer, the Django admin's session cookie of a staff user with
+`runs.view_run` also opens it (the run console's live tail), on a
+same-origin handshake only (apps.substrate.sessions).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from apps.gateway.fairness.streams import LIFETIME_CLOSE, StreamSlot, astream_sl
 from apps.runs.selectors import run_get
 from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
 from apps.substrate.auth import aauthenticate_for, bearer_from_headers
+from apps.substrate.sessions import session_principal
+
+# What a Django admin session needs to tail a run (the run console's view permission).
+CONSOLE_PERMISSION = "runs.view_run"
 
 
 def _owned_run_id(tenant_id: str | None, owner: str | None, run_id: str) -> str:
@@ -51,7 +59,13 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         await self.accept(subprotocol=protos[0] if protos else None)
         try:
             token = bearer_from_headers(headers)
-            principal = await aauthenticate_for(token, client[0], "GET", str(self.scope.get("path", "")))
+            principal = None
+            if token is None and "cookie" in headers:  # the run console's live tail (apps.substrate.sessions)
+                principal = await sync_to_async(session_principal, thread_sensitive=False)(
+                    headers, permission=CONSOLE_PERMISSION
+                )
+            if principal is None:
+                principal = await aauthenticate_for(token, client[0], "GET", str(self.scope.get("path", "")))
             if not is_ident(run_id) or not from_seq_raw.isdigit():
                 await self.close(code=4400)
                 return

@@ -33,6 +33,7 @@ import psycopg
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 
+from apps.core import logcontext
 from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.errors import ApplicationError
 from apps.core.metrics import Batch
@@ -53,7 +54,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import metrics, registry, signals, store
+from apps.runs import metrics, registry, signals, store, tracing
 from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
@@ -113,8 +114,9 @@ class StepWrite:
 
 def run_iterate(*, run_id: str, step: int) -> Outcome:
     """Execute iteration `step` of `run_id` if this delivery wins the claim
-    (after this process admits it: apps.core.admission)."""
-    with ADMISSION.admitted() as waited:
+    (after this process admits it: apps.core.admission). Log records made
+    meanwhile carry the run's ids (apps.core.logcontext)."""
+    with logcontext.bound(run_id=run_id, step=step), ADMISSION.admitted() as waited:
         return _iterate(run_id, step, waited)
 
 
@@ -125,21 +127,48 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
         if run is None:
             return Outcome.NOOP
         LIVE.set_token(run_id, run.lease_token)
-        if run.first_claim:
-            notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
-        write = _open_credentials(run) or _execute(run, cancel)
-        committed = _commit(run, write)
+        logcontext.update(tenant=run.tenant_id)
+        span = tracing.iteration_start(run, WORKER_ID)
+        with tracing.active(span):
+            if run.first_claim:
+                notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
+            write = _open_credentials(run) or _execute(run, cancel)
+            committed = _commit(run, write)
+    # Outside LIVE.track (the next step may already be claimed in this process), inside the
+    # iteration's span: the next doorbell carries it (workers/doorbell.py).
+    with tracing.active(span, end=True):
+        outcome = _settle(run, write, committed)
+        tracing.iteration_done(span, outcome=outcome.value, status=committed, events=len(write.events))
+    elapsed = time.perf_counter() - started
+    if committed is None:  # the lease fence was lost: the iteration was discarded (Outcome.FENCE_LOST)
+        _flush_metrics(write, outcome, None, 0.0)
+        return outcome
+    record_timing(elapsed, write.provider_s, waited)
+    _flush_metrics(write, outcome, committed, elapsed)
+    _log_outcome(run, write, committed, elapsed)
+    return outcome
+
+
+def _settle(run: ClaimedRun, write: StepWrite, committed: str | None) -> Outcome:
+    """After the commit: what the iteration did, and (when it committed) its after-commit work."""
     if committed is None:
-        log.warning("run %s step %s: lease fence lost, iteration discarded", run_id, step)
-        _flush_metrics(write, Outcome.FENCE_LOST, None, 0.0)
+        log.warning("run %s step %s: lease fence lost, iteration discarded", run.id, run.step)
         return Outcome.FENCE_LOST
     if committed != write.status:  # input or a cancel arrived during the step: it rang instead of parking
         write.next = Next.REQUEUE
     _after_commit(run, write)
-    elapsed = time.perf_counter() - started
-    record_timing(elapsed, write.provider_s, waited)
-    _flush_metrics(write, Outcome(write.next.value), committed, elapsed)
     return Outcome(write.next.value)
+
+
+def _log_outcome(run: ClaimedRun, write: StepWrite, committed: str, elapsed: float) -> None:
+    """One DEBUG line per committed iteration; one INFO line (WARNING when failed) per run
+    that finished, with its stop reason or its error, redacted as the store redacts it."""
+    if write.next != Next.FINISH:
+        log.debug("iteration committed: %s, %s (%.1f ms)", committed, write.next.value, elapsed * 1000)
+        return
+    level = logging.WARNING if committed == RunStatus.FAILED else logging.INFO
+    reason = run_redactor(run.credentials).text(write.error) if write.error else write.stop_reason
+    log.log(level, "run finished: %s (%s)", committed, reason or "no reason given")
 
 
 def _flush_metrics(write: StepWrite, outcome: Outcome, committed: str | None, elapsed: float) -> None:
@@ -229,14 +258,24 @@ def _load_messages(run: ClaimedRun, write: StepWrite) -> list[dict[str, Any]]:
 def _call_model(
     run: ClaimedRun, messages: list[dict[str, Any]], cancel: threading.Event, write: StepWrite
 ) -> tuple[str, list[ToolCall], Done]:
+    """The provider call of this iteration, in its span (retries and fallbacks are its events)."""
+    offered = registry.resolve(run.tools, tenant_id=run.tenant_id)
+    tools = [ToolSpec(t.name, t.description, t.input_schema) for t in offered]
+    with tracing.provider_call(run, messages=len(messages), tools=len(tools)) as span:
+        text, calls, done = _call_candidates(run, messages, tools, cancel, write)
+        tracing.provider_reply(span, done, calls)
+        return text, calls, done
+
+
+def _call_candidates(
+    run: ClaimedRun, messages: list[dict[str, Any]], tools: list[ToolSpec], cancel: threading.Event, write: StepWrite
+) -> tuple[str, list[ToolCall], Done]:
     """Call the run's current candidate; a retryable failure first uses the
     same-provider retries, then (policy permitting) falls back to the next
     candidate (SPEC 7.4). The switch is committed with the step."""
     routing = run.routing or {}
     candidates = [Candidate(**c) for c in routing.get("candidates") or []] or [Candidate(run.provider, run.model)]
     policy = Policy(**routing.get("policy") or {})
-    offered = registry.resolve(run.tools, tenant_id=run.tenant_id)
-    tools = [ToolSpec(t.name, t.description, t.input_schema) for t in offered]
     idx = min(run.candidate_idx, len(candidates) - 1)
     fallbacks = run.fallbacks
     while True:
@@ -297,6 +336,17 @@ def _switch(
     messages: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """Record the switch; the history the new provider sees drops the old one's reasoning."""
+    tracing.provider_event(
+        "provider.fallback",
+        {
+            "loomcycle.failed_provider": failed.provider,
+            "loomcycle.failed_model": failed.model,
+            "loomcycle.new_provider": new.provider,
+            "loomcycle.new_model": new.model,
+            "loomcycle.provider_status": exc.status,
+            "loomcycle.attempt": attempt,
+        },
+    )
     write.events.append(
         {
             "type": "provider_fallback",
@@ -360,6 +410,15 @@ def _call_with_retries(
             wait_s = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
             wait_s = min(wait_s, 30.0) + random.uniform(0, 0.1)
             write.events.append({"type": "retry", "retry": _retry_info(provider.id, attempt, wait_s, exc)})
+            tracing.provider_event(
+                "provider.retry",
+                {
+                    "loomcycle.provider": provider.id,
+                    "loomcycle.attempt": attempt,
+                    "loomcycle.wait_ms": int(wait_s * 1000),
+                    "loomcycle.provider_status": exc.status,
+                },
+            )
             with ADMISSION.outside():
                 if cancel.wait(wait_s):
                     raise ProviderCancelled() from exc

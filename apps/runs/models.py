@@ -76,6 +76,9 @@ class Run(models.Model):
     # Created by a trigger that wants to hear when it ends (apps.runs.registry.on_run_finished):
     # the engine calls the listeners only for these, so other runs pay nothing for the seam.
     notify_finished = models.BooleanField(default=False)
+    # The W3C `traceparent` of the run's root span (apps.runs.tracing): every iteration, on
+    # whichever worker, is its child, so the run is one trace. Empty when tracing is off.
+    trace_context = models.CharField(max_length=64, blank=True, default="")
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")
     usage = models.JSONField(default=dict)

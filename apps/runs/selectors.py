@@ -191,6 +191,47 @@ def run_volumes(*, run_id: str) -> list[dict[str, Any]]:
     return list(found or [])
 
 
+def runs_live_top_level(*, tenant_id: str | None, agent_name: str, owner: str | None, limit: int) -> list[str]:
+    """Ids of live top-level runs of a tenant (None: every tenant) and agent name ("" = any), oldest first."""
+    qs = Run.objects.filter(status__in=[*RUNNABLE, *PARKED], parent__isnull=True)
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
+    if agent_name:
+        qs = qs.filter(agent_name=agent_name)
+    if owner is not None:
+        qs = qs.filter(user_id=owner)
+    return list(qs.order_by("created_at").values_list("id", flat=True)[:limit])
+
+
+def runs_console() -> QuerySet[Run]:
+    """Every tenant's runs, newest first, for the operator console (the Django
+    admin, which filters, searches and pages this queryset). Only admin
+    pages call it: they are the operator plane, gated by Django permissions."""
+    return Run.objects.select_related("parent").order_by("-created_at")
+
+
+def runs_distinct(*, column: str) -> list[str]:
+    """The distinct values of `tenant_id` or `agent_name` over all runs, sorted (the console's filters)."""
+    if column not in ("tenant_id", "agent_name"):
+        raise ValueError(f"no filter on {column}")
+    return sorted(Run.objects.order_by().values_list(column, flat=True).distinct())
+
+
+def run_children(*, run_id: str) -> list[Run]:
+    """The run's direct sub-agents, oldest first."""
+    return list(Run.objects.filter(parent_id=run_id).order_by("created_at"))
+
+
+def run_events_all(*, run_id: str, limit: int) -> list[dict[str, Any]]:
+    """The run's first `limit` events in seq order (the console's timeline)."""
+    return run_events_since(run_id=run_id, from_seq=0, limit=limit)
+
+
+def run_tool_calls(*, run_id: str) -> list[ToolCallRecord]:
+    """The run's tool-call records, in the order they started."""
+    return list(ToolCallRecord.objects.filter(run_id=run_id).order_by("step", "started_at", "id"))
+
+
 # --- Interruptions (SPEC 6.7): a run's interrupts, a user's inbox, what the tool and the sweep need.
 
 INTERRUPT_LIST_CAP = 1000

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -29,7 +30,7 @@ from apps.core.redact import Redactor, run_redactor, runtime_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import backpressure, registry, signals, store
+from apps.runs import backpressure, registry, signals, store, tracing
 from apps.runs.credentials import credentials_check, run_redactor_of, seal
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
@@ -95,8 +96,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
-        # Inside the caller's transaction: given back if it rolls back (apps.runs.rollback), not when
-        # a raising on_commit callback makes Django drop the watch of a committed run (it checks the row).
+        # Inside the caller's transaction: given back if it, or a savepoint around this, rolls back
+        # (apps.runs.rollback).
         release_slot_unless_committed(run_id)
     limit = backpressure.limits()
     gated = data.parent_id is None and limit.max_concurrent_runs > 0
@@ -243,12 +244,13 @@ def run_insert(
         status=status,
         credentials_sealed=seal(run_id=run_id, credentials=data.credentials),
     )
-    store.insert_run(
-        run,
-        first_message=[{"type": "text", "text": r.user_text}],
-        events=events,
-        redactor=run_redactor(data.credentials),
-    )
+    with tracing.run_created(run):  # the run's root span; its context is stored with the row
+        store.insert_run(
+            run,
+            first_message=[{"type": "text", "text": r.user_text}],
+            events=events,
+            redactor=run_redactor(data.credentials),
+        )
     return run
 
 
@@ -277,9 +279,11 @@ def _live_descendants(run: Run) -> list[Run]:
     return found
 
 
-def run_cancel(*, principal: Principal, agent_id: str, reason: str = "") -> dict[str, Any]:
-    """Cancel a run and its live descendants. Idempotent on terminal runs."""
-    run = run_get(tenant_id=principal.read_tenant, agent_id=agent_id, owner=principal.read_user)
+def run_cancel(
+    *, principal: Principal, agent_id: str | None = None, run_id: str | None = None, reason: str = ""
+) -> dict[str, Any]:
+    """Cancel a run (by `agent_id`, else `run_id`) and its live descendants. Idempotent on terminal runs."""
+    run = run_get(tenant_id=principal.read_tenant, agent_id=agent_id, run_id=run_id, owner=principal.read_user)
     if run.status in TERMINAL:
         return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
     reason = reason or "cancelled by api"
@@ -339,7 +343,8 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
     with signals.atomic_if_listened(signals.run_resumed):  # its outbox row commits with the wake
         queued = store.input_queue(run_id=run.id, text=text, cap=cap)
         if queued.woke:
-            transaction.on_commit(lambda: enqueue_iteration(run.id, queued.step))
+            ring = partial(enqueue_iteration, run.id, queued.step)
+            transaction.on_commit(lambda: tracing.woken(run.trace_context, run_id=run.id, reason="input", ring=ring))
             signals.send_on_commit(signals.run_resumed, run_id=run.id)
     if not queued.accepted:
         raise QuotaExhausted(f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"})

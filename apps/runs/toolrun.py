@@ -14,6 +14,7 @@ step's commit (Postgres text and jsonb refuse them).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -23,11 +24,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+from opentelemetry import context as otel_context
 
 from apps.core.http import storable, storable_text
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
-from apps.runs import registry
+from apps.runs import registry, tracing
 
 log = logging.getLogger("loomcycle.tools")
 
@@ -39,9 +41,11 @@ class CallOutcome:
     seconds: float = 0.0  # wall time of the call (policy checks, hooks and the tool), for metrics
 
 
-def _timed(ctx: ToolContext, call: ToolCall) -> CallOutcome:
+def _timed(ctx: ToolContext, call: ToolCall, parent: otel_context.Context | None) -> CallOutcome:
     t0 = time.perf_counter()
-    result = _execute_one(ctx, call)
+    with tracing.tool_call(ctx, call, parent) as span:
+        result = _execute_one(ctx, call)
+        tracing.tool_result(span, result)
     return CallOutcome(call, result, time.perf_counter() - t0)
 
 
@@ -78,10 +82,10 @@ def _run_tool(tool: Tool, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         return ToolResult(f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}", is_error=True)
 
 
-def _in_thread(ctx: ToolContext, call: ToolCall) -> CallOutcome:
+def _in_thread(ctx: ToolContext, call: ToolCall, parent: otel_context.Context | None) -> CallOutcome:
     close_old_connections()
     try:
-        return _timed(ctx, call)
+        return _timed(ctx, call, parent)
     finally:
         connection.close()  # hand this thread's connection back to the pool
 
@@ -89,9 +93,10 @@ def _in_thread(ctx: ToolContext, call: ToolCall) -> CallOutcome:
 def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
     """Run the calls; stop starting new ones once `base.cancelled` is set."""
     ctxs = {c.id: replace(base, call_id=c.id) for c in calls}
+    parent = tracing.current()  # the iteration's span, for calls on pool threads (no context there)
     if len(calls) == 1:
         call = calls[0]
-        return [_timed(ctxs[call.id], call)]
+        return [_timed(ctxs[call.id], call, parent)]
     parallel = max(1, min(settings.LOOMCYCLE.tool_parallelism, len(calls)))
     outcomes: list[CallOutcome] = []
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="lc-tool") as pool:
@@ -100,7 +105,8 @@ def run_calls(base: ToolContext, calls: list[ToolCall]) -> list[CallOutcome]:
         while queue or pending:
             while queue and len(pending) < parallel and not base.cancelled.is_set():
                 call = queue.pop(0)
-                pending[pool.submit(_in_thread, ctxs[call.id], call)] = call
+                # In a copy of this context: the iteration's log fields reach the tool's thread.
+                pending[pool.submit(contextvars.copy_context().run, _in_thread, ctxs[call.id], call, parent)] = call
             if not pending:
                 break
             done, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -21,11 +21,12 @@ beat as a backstop.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from apps.runs import backpressure, signals, store
+from apps.runs import backpressure, signals, store, tracing
 from apps.runs.dispatch import enqueue_iteration, notify_events, wake_and_enqueue
 from apps.runs.statuses import ANSWERABLE as ANSWERABLE
 
@@ -55,7 +56,8 @@ def run_answer(
     signals.send_on_commit(signals.tool_called, run_id=run_id, call_id=call_id, tool=tool_name, is_error=is_error)
     # Exactly the last answer flips the run back to running (pending_calls was 1 under the row lock).
     if woke:
-        transaction.on_commit(lambda: enqueue_iteration(run_id, target.run_step))
+        ring = partial(enqueue_iteration, run_id, target.run_step)
+        transaction.on_commit(lambda: tracing.woken(target.trace_context, run_id=run_id, reason="answer", ring=ring))
         signals.send_on_commit(signals.run_resumed, run_id=run_id)
     return True
 

@@ -1,5 +1,5 @@
 """Django's PostgreSQL backend, whose psycopg pool checks a connection before
-lending it, without a round trip.
+lending it, without a round trip, and which calls `on_rollback` callbacks.
 
 After a Postgres restart (or a terminated backend) every idle pooled
 connection is dead, and each would fail the first statement that borrows it:
@@ -18,17 +18,30 @@ The pool is built as Django 5.2 builds it (`DatabaseWrapper.pool`); only the
 `check` callback differs. That copy uses two private members of Django's
 wrapper, `_connection_pools` and `_configure_connection`: re-check it when
 Django is upgraded (tests/runs/test_db_restart.py fails if it breaks).
+
+`on_rollback` is the mirror of Django's `on_commit`, which Django lacks: a callback
+registered inside a transaction runs when that transaction, or a savepoint that was
+active at registration, rolls back (or the connection closes with the transaction
+open: the server rolls it back), and is forgotten when the transaction commits.
+`apps.runs.rollback` uses it to give back a fairness slot that Redis, not being
+transactional, would otherwise keep until the reconcile sweep. Each callback runs
+inside Django's rollback path, so it must not raise; one that does is logged.
 """
 
 from __future__ import annotations
 
+import logging
 import select
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
+from django.db.transaction import TransactionManagementError
+
+log = logging.getLogger("loomcycle.db")
 
 
 def check_idle_connection(conn: Any, pool: Any = None) -> None:
@@ -56,6 +69,43 @@ def check_idle_connection(conn: Any, pool: Any = None) -> None:
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # (savepoint ids active at registration, callback), as Django's run_on_commit
+        self.run_on_rollback: list[tuple[set[str], Callable[[], None]]] = []
+
+    def on_rollback(self, func: Callable[[], None]) -> None:
+        """Call `func` if the current transaction, or any savepoint active now, rolls back."""
+        if not self.in_atomic_block:
+            raise TransactionManagementError("on_rollback() needs a transaction (an atomic block)")
+        self.run_on_rollback.append((set(self.savepoint_ids), func))
+
+    def savepoint_rollback(self, sid: str) -> None:
+        super().savepoint_rollback(sid)
+        undone = [func for sids, func in self.run_on_rollback if sid in sids]
+        self.run_on_rollback = [(sids, func) for sids, func in self.run_on_rollback if sid not in sids]
+        _run_rollback_hooks(undone)
+
+    def commit(self) -> None:
+        super().commit()
+        self.run_on_rollback = []
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:  # a failed ROLLBACK is followed by close(): the server rolls back all the same
+            self._rolled_back()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:  # closed with a transaction open: the server rolls it back
+            self._rolled_back()
+
+    def _rolled_back(self) -> None:
+        undone, self.run_on_rollback = self.run_on_rollback, []
+        _run_rollback_hooks([func for _, func in undone])
+
     @property
     def pool(self) -> Any:
         pool_options = self.settings_dict["OPTIONS"].get("pool")
@@ -86,3 +136,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
             made.append(pool)
             pools.setdefault(self.alias, pool)  # the first thread's pool wins, as in Django
         return pools[self.alias]
+
+
+def _run_rollback_hooks(funcs: list[Callable[[], None]]) -> None:
+    for func in funcs:
+        try:
+            func()
+        except Exception:  # inside Django's rollback path: never raise, say what failed
+            log.exception("an on_rollback callback failed")

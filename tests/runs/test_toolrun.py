@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from apps.core import logcontext
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
 from apps.runs import registry
@@ -69,6 +70,28 @@ def test_calls_of_one_iteration_run_concurrently_and_report_in_completion_order(
     assert time.monotonic() - t0 < 1.0  # serial would be 1.0 s
     assert [o.call.id for o in outcomes] == ["c2", "c3", "c1"]
     assert outcomes[0].result.text == "slept 0.1 key=r_1:4:c2"  # (run_id, step, call_id)
+
+
+def test_tool_threads_log_with_the_iterations_context(tools: None) -> None:
+    """Parallel calls run on pool threads in a copy of the iteration's context
+    (apps.core.logcontext), so their log records name the run too."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def _ids(tctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+        seen[tctx.call_id] = {**logcontext.current(), "thread": threading.current_thread().name}
+        return ToolResult("ok")
+
+    registry.register(Tool("TIds", "reports its log context", {"type": "object"}, _ids))
+    try:
+        with logcontext.bound(run_id="r_1", step=4, tenant="acme"):
+            run_calls(ctx(("TIds",)), [ToolCall("c1", "TIds", {}), ToolCall("c2", "TIds", {})])
+    finally:
+        registry._REGISTRY.pop("TIds", None)
+    assert {call: {k: v for k, v in s.items() if k != "thread"} for call, s in seen.items()} == {
+        "c1": {"run_id": "r_1", "step": 4, "tenant": "acme"},
+        "c2": {"run_id": "r_1", "step": 4, "tenant": "acme"},
+    }
+    assert all(s["thread"].startswith("lc-tool") for s in seen.values())
 
 
 def test_a_raising_tool_becomes_an_error_result(tools: None) -> None:

@@ -332,7 +332,7 @@ class _CancelWatcher:
 
     def __init__(self) -> None:
         self._calls: dict[int, _Conn] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._next = 0
 
@@ -343,6 +343,7 @@ class _CancelWatcher:
             self._next += 1
             key = self._next
             self._calls[key] = conn
+            self._lock.notify()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="provider-cancel-watcher", daemon=True)
                 self._thread.start()
@@ -354,8 +355,10 @@ class _CancelWatcher:
 
     def _loop(self) -> None:
         while True:
-            time.sleep(self.INTERVAL_S)
             with self._lock:
+                while not self._calls:  # idle: sleep until a call is watched, not every interval
+                    self._lock.wait()
+                self._lock.wait(self.INTERVAL_S)
                 fired = [c for c in self._calls.values() if c.cancel.is_set() and c.stream is not None]
             for conn in fired:
                 conn.cut()

@@ -11,9 +11,10 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `hot`: the engine's three writes per iteration (claim, tool starts, step
   commit), prepared statements on pooled connections.
 - `control`: run creation, heartbeat, answers, cancel, input, pause/resume,
-  sweeps, the child report.
+  sweeps, the child report, an operator's retry of a failed run.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
+- `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
 
 Every public name is re-exported here: `store.X` and
@@ -31,6 +32,7 @@ from apps.runs.store.control import (
     input_queue,
     insert_run,
     leases_extend,
+    retry_failed,
     runs_pause_unleased,
     runs_resume_paused,
     runs_stale_release,
@@ -52,12 +54,14 @@ from apps.runs.store.hot import (
 )
 from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
+from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
 
 __all__ = [
     "PARKED_STATUSES",
     "AnswerTarget",
     "ClaimedRun",
     "InputQueued",
+    "RunRowsWritten",
     "StepRows",
     "Switched",
     "_hot",
@@ -81,8 +85,11 @@ __all__ = [
     "pending_inputs",
     "pool_purge",
     "record_tool_starts",
+    "retry_failed",
+    "run_restore",
     "runs_pause_unleased",
     "runs_resume_paused",
+    "runs_resume_restored",
     "runs_stale_release",
     "runtime_state_lock",
     "runtime_state_set",

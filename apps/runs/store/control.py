@@ -83,7 +83,7 @@ def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, i
 # The run row locked first (answers to one run are serialised), with the call's
 # started record in the same round trip.
 _ANSWER_LOCK_SQL = """
-SELECT r.status, r.step, rec.id, rec.step, rec.input, r.credentials_sealed
+SELECT r.status, r.step, rec.id, rec.step, rec.input, r.credentials_sealed, r.trace_context
 FROM runs_run r
 LEFT JOIN LATERAL (
   SELECT id, step, input FROM runs_toolcallrecord WHERE run_id = r.id AND call_id = %s ORDER BY step DESC LIMIT 1
@@ -122,6 +122,7 @@ class AnswerTarget:
     call_input: dict[str, Any]
     record_id: int | None
     redactor: Redactor  # the run's (its credentials included): what the answer appends is redacted
+    trace_context: str = ""  # the run's root span (apps.runs.tracing): a wake is traced in the run's trace
 
 
 def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
@@ -132,11 +133,11 @@ def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
         row = cur.fetchone()
     if row is None or row[0] in TERMINAL:
         return None
-    _, run_step, record_id, record_step, record_input, sealed = row
+    _, run_step, record_id, record_step, record_input, sealed, trace_context = row
     redactor = run_redactor_of(run_id=run_id, sealed=sealed)
     if record_id is None:
-        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None, redactor)
-    return AnswerTarget(run_step, record_step, _json(record_input), record_id, redactor)
+        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None, redactor, trace_context)
+    return AnswerTarget(run_step, record_step, _json(record_input), record_id, redactor, trace_context)
 
 
 def answer_append(
@@ -279,3 +280,30 @@ def child_report_claim(*, child_id: str) -> bool:
         id=child_id, reported_to_parent=False, status__in=TERMINAL, parent__isnull=False
     ).update(reported_to_parent=True)
     return bool(claimed)
+
+
+# Conditional on `failed`: two retries of one run re-open it once; bumping lease_token
+# voids any doorbell of the failed run still in flight.
+_RETRY_SQL = f"""
+WITH d AS (SELECT %(rows)s::jsonb AS j), rt AS (
+  UPDATE runs_run SET status = '{RunStatus.RUNNING.value}', error = '', stop_reason = '', completed_at = NULL,
+    attempts = 0, lease_owner = '', lease_until = NULL, lease_token = lease_token + 1,
+    cancel_requested = false, cancel_reason = '', updated_at = now(), {_advance("%(n_e)s")}
+  WHERE id = %(run_id)s AND status = '{RunStatus.FAILED.value}'
+  RETURNING id, step, last_seq, {_bases("%(n_e)s")}
+), {_append(run="rt", sources="rt, d", rows="d.j", step="rt.step", transcript=False)}
+SELECT step, last_seq FROM rt
+"""
+
+
+def retry_failed(*, run_id: str, event: dict[str, Any], redactor: Redactor) -> tuple[int, int] | None:
+    """Re-open a `failed` run at its last committed step (its transcript as
+    committed; the failed step's error event stays in its history), appending
+    `event`. (step, last_seq) to ring and notify, None when the run was not
+    `failed` (nothing written)."""
+    params = _rows([event], [], redactor=redactor)
+    params["run_id"] = run_id
+    with connection.cursor() as cur:
+        cur.execute(_RETRY_SQL, params)
+        row = cur.fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))

@@ -69,6 +69,7 @@ _CLAIM_COLUMNS = (
     "allowed_hosts",
     "volumes",
     "notify_finished",
+    "trace_context",
 )
 
 
@@ -207,6 +208,7 @@ class ClaimedRun:
     allowed_hosts: list[str]
     volumes: list[dict[str, Any]] = field(default_factory=list)
     notify_finished: bool = False
+    trace_context: str = ""  # the run's root span (apps.runs.tracing), '' when it was not traced
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)

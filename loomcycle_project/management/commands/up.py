@@ -105,9 +105,15 @@ def web_children(host: str, port: int, sock: socket.socket | None) -> list[Child
     ]
 
 
+def celery_argv() -> list[str]:
+    """The Celery command line every Celery child starts with. With JSON logs, `--quiet`:
+    the start-up banners are printed, not logged, and would be the only non-JSON lines."""
+    quiet = ["--quiet"] if E.LOG_FORMAT == "json" else []
+    return [sys.executable, "-m", "celery", "-A", "workers.celery:app", *quiet]
+
+
 def children(host: str, port: int, sock: socket.socket | None = None) -> list[Child]:
-    py = sys.executable
-    celery = [py, "-m", "celery", "-A", "workers.celery:app"]
+    celery = celery_argv()
     out = web_children(host, port, sock)
     for i in range(E.WORKER_PROCESSES):
         out.append(

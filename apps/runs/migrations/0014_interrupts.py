@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0012_signal_outbox'),
+        ('runs', '0013_trace'),
     ]
 
     operations = [

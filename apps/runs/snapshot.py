@@ -1,0 +1,118 @@
+"""The runs' part of a snapshot (apps.snapshots, SPEC 4.6 `paused_runs`):
+every parked run (`paused` between iterations, or parked on input, children
+or a channel) with its events, transcript, steering inputs and tool-call
+records. Runnable runs are left out: a snapshot is taken with the runtime
+paused, when none should be left (a pause that timed out can leave some).
+
+Export reads; restore writes through apps.runs.store (the one writer of
+runs_* tables). A run keeps its ids, session, step and counters, so it
+continues where it stopped; its lease is cleared (no worker of this instance
+holds it). A restored run whose parent is not in the snapshot becomes
+top-level. Runs restored `paused` into a running runtime are resumed at once
+(`paused_runs_resumed`); into a paused one they wait for `POST /v1/_resume`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from apps.core.errors import Invalid
+from apps.core.rows import row_dump
+from apps.runs import signals, store
+from apps.runs.dispatch import enqueue_iteration
+from apps.runs.models import PARKED, Run, RunStatus, RuntimeStateValue
+from apps.runs.selectors import runtime_state
+from apps.runs.store.snapshot import CHILD_TABLES
+from apps.substrate.models import AgentDef
+
+_CLEARED: dict[str, Any] = {"lease_owner": "", "lease_until": None}  # worker state of the capturing instance
+
+
+@dataclass(frozen=True)
+class RunsRestored:
+    paused_runs_restored: int
+    paused_runs_resumed: int
+    transcript_events_restored: int
+    transcript_entries_restored: int
+    run_inputs_restored: int
+    tool_calls_restored: int
+    run_ids: frozenset[str]  # the runs this restore wrote
+
+
+def paused_runs_export() -> list[dict[str, Any]]:
+    """Every parked run, parents before children, each with its child rows."""
+    runs = list(Run.objects.filter(status__in=PARKED).order_by("depth", "created_at", "id"))
+    ids = {run.id for run in runs}
+    children: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for key, model in CHILD_TABLES.items():
+        for child in model.objects.filter(run_id__in=ids).order_by("run_id", "id").iterator():
+            children[child.run_id][key].append(row_dump(child, exclude=("id", "run_id")))
+    out = []
+    for run in runs:
+        row = {**row_dump(run), **_CLEARED}
+        if row["parent_id"] not in ids:
+            row["parent_id"] = None
+        out.append({"run": row, **{key: children[run.id][key] for key in CHILD_TABLES}})
+    return out
+
+
+def _checked(entry: Any, def_ids: dict[str, str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """A snapshot entry as (run row with its def mapped here, child rows); refuses malformed ones."""
+    run = entry.get("run") if isinstance(entry, dict) else None
+    if not isinstance(run, dict) or not isinstance(run.get("id"), str) or not isinstance(run.get("depth", 0), int):
+        raise Invalid("a paused_runs entry needs a run object with a string id", code="snapshot_invalid")
+    if run.get("status") not in PARKED:
+        raise Invalid(f"run {run['id']}: only parked runs are restored", code="snapshot_invalid")
+    pinned = str(run.get("agent_def_id"))
+    mapped = def_ids.get(pinned) or (pinned if AgentDef.objects.filter(id=pinned).exists() else None)
+    if mapped is None:
+        raise Invalid(
+            f"run {run['id']} pins agent def {pinned}, in neither the snapshot nor here", code="snapshot_invalid"
+        )
+    rows = {key: entry.get(key, []) for key in CHILD_TABLES}
+    if not all(isinstance(v, list) and all(isinstance(r, dict) for r in v) for v in rows.values()):
+        raise Invalid(f"run {run['id']}: child rows must be lists of objects", code="snapshot_invalid")
+    return {**run, "agent_def_id": mapped, **_CLEARED}, rows
+
+
+def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsRestored:
+    """Inside the restore's transaction: every run not already here, whole; paused
+    ones resumed on commit when the runtime is running."""
+    checked = sorted((_checked(e, def_ids) for e in entries), key=lambda pair: int(pair[0].get("depth", 0)))
+    totals: dict[str, int] = defaultdict(int)
+    written: list[tuple[str, str]] = []
+    for run, rows in checked:
+        done = store.run_restore(run=run, children=rows)
+        if done.run:
+            written.append((run["id"], str(run.get("status"))))
+            for key in CHILD_TABLES:
+                totals[key] += getattr(done, key)
+    return RunsRestored(
+        paused_runs_restored=len(written),
+        paused_runs_resumed=_resume_if_running([r for r, status in written if status == RunStatus.PAUSED]),
+        transcript_events_restored=totals["events"],
+        transcript_entries_restored=totals["transcript"],
+        run_inputs_restored=totals["inputs"],
+        tool_calls_restored=totals["tool_calls"],
+        run_ids=frozenset(r for r, _ in written),
+    )
+
+
+def _resume_if_running(paused: list[str]) -> int:
+    """With the runtime running, the restored paused runs continue (their doorbells go out on commit)."""
+    if not paused or runtime_state() != RuntimeStateValue.RUNNING:
+        return 0
+    resumed = store.runs_resume_restored(paused)
+    transaction.on_commit(lambda: _enqueue_all(resumed))
+    for run_id, _step in resumed:
+        signals.send_on_commit(signals.run_resumed, run_id=run_id)
+    return len(resumed)
+
+
+def _enqueue_all(doorbells: list[tuple[str, int]]) -> None:
+    for run_id, step in doorbells:
+        enqueue_iteration(run_id, step)

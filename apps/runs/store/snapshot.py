@@ -1,0 +1,58 @@
+"""Restoring runs from a snapshot (apps.runs.snapshot): the run rows and
+their events, transcript, inputs and tool-call records, insert-or-ignore.
+
+A run is restored whole or not at all: its child rows are inserted only when
+its own row was written, so a second restore of the same snapshot writes
+nothing (RunInput rows have no natural key that would make them a no-op on
+their own). Runs are inserted parents first (the caller orders them by depth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from apps.core.rows import rows_insert_or_ignore
+from apps.runs.models import Run, RunEvent, RunInput, RunStatus, ToolCallRecord, TranscriptEntry
+
+CHILD_TABLES: dict[str, type[RunEvent | TranscriptEntry | RunInput | ToolCallRecord]] = {
+    "events": RunEvent,
+    "transcript": TranscriptEntry,
+    "inputs": RunInput,
+    "tool_calls": ToolCallRecord,
+}
+
+
+@dataclass(frozen=True)
+class RunRowsWritten:
+    """Rows one run's restore wrote (all zero when the run was already here)."""
+
+    run: int
+    events: int = 0
+    transcript: int = 0
+    inputs: int = 0
+    tool_calls: int = 0
+
+
+def run_restore(*, run: dict[str, Any], children: dict[str, list[dict[str, Any]]]) -> RunRowsWritten:
+    """Inside the restore's transaction: the run row, then (only if it was written) its children."""
+    if not rows_insert_or_ignore(Run, [run]):
+        return RunRowsWritten(run=0)
+    run_id = run["id"]
+    counts = {
+        key: rows_insert_or_ignore(model, [{**row, "run_id": run_id} for row in children.get(key, [])])
+        for key, model in CHILD_TABLES.items()
+    }
+    return RunRowsWritten(run=1, **counts)
+
+
+def runs_resume_restored(run_ids: list[str]) -> list[tuple[str, int]]:
+    """Inside a transaction: the restored runs still `paused` back to running; their (id, step) doorbells."""
+    # Conditional flip: only runs still paused (a concurrent pause or cancel may have moved them).
+    rows = list(
+        Run.objects.select_for_update().filter(id__in=run_ids, status=RunStatus.PAUSED).values_list("id", "step")
+    )
+    Run.objects.filter(id__in=[r for r, _ in rows]).update(status=RunStatus.RUNNING, updated_at=timezone.now())
+    return rows

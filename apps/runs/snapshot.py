@@ -1,7 +1,7 @@
 """The runs' part of a snapshot (apps.snapshots, SPEC 4.6 `paused_runs`):
-every parked run (`paused` between iterations, or parked on input, children
-or a channel) with its events, transcript, steering inputs and tool-call
-records. Runnable runs are left out: a snapshot is taken with the runtime
+every parked run (`paused` between iterations, or parked on input, children,
+a channel or a human's answer) with its events, transcript, steering inputs,
+tool-call records and interrupts. Runnable runs are left out: a snapshot is taken with the runtime
 paused, when none should be left (a pause that timed out can leave some).
 
 Export reads; restore writes through apps.runs.store (the one writer of
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import AutoField, Model
 
 from apps.core.errors import Invalid
 from apps.core.rows import row_dump
@@ -40,6 +41,7 @@ class RunsRestored:
     transcript_entries_restored: int
     run_inputs_restored: int
     tool_calls_restored: int
+    interrupts_restored: int
     run_ids: frozenset[str]  # the runs this restore wrote
 
 
@@ -50,7 +52,7 @@ def paused_runs_export() -> list[dict[str, Any]]:
     children: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for key, model in CHILD_TABLES.items():
         for child in model.objects.filter(run_id__in=ids).order_by("run_id", "id").iterator():
-            children[child.run_id][key].append(row_dump(child, exclude=("id", "run_id")))
+            children[child.run_id][key].append(row_dump(child, exclude=_local_keys(model)))
     out = []
     for run in runs:
         row = {**row_dump(run), **_CLEARED}
@@ -58,6 +60,12 @@ def paused_runs_export() -> list[dict[str, Any]]:
             row["parent_id"] = None
         out.append({"run": row, **{key: children[run.id][key] for key in CHILD_TABLES}})
     return out
+
+
+def _local_keys(model: type[Model]) -> tuple[str, ...]:
+    """Columns a restore leaves to the target: the run (its parent entry says it), and a
+    serial id, which is this instance's counter; a natural id (an interrupt's `intr_`) travels."""
+    return ("id", "run_id") if isinstance(model._meta.pk, AutoField) else ("run_id",)
 
 
 def _checked(entry: Any, def_ids: dict[str, str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -98,6 +106,7 @@ def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsR
         transcript_entries_restored=totals["transcript"],
         run_inputs_restored=totals["inputs"],
         tool_calls_restored=totals["tool_calls"],
+        interrupts_restored=totals["interrupts"],
         run_ids=frozenset(r for r, _ in written),
     )
 

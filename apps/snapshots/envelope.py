@@ -42,7 +42,7 @@ SECTIONS: dict[str, str] = {
     "agent_def_active": "1.0",
     "memory": "1.0",
     "channels": "1.0",
-    "paused_runs": "1.0",
+    "paused_runs": "1.1",  # 1.1: each run carries its interrupts
     "evaluations": "1.0",
 }
 _VERSION = re.compile(r"(\d{1,6})\.(\d{1,6})")

@@ -55,3 +55,4 @@ class SnapshotRestoreOut(BaseModel):
     transcript_entries_restored: int
     run_inputs_restored: int
     tool_calls_restored: int
+    interrupts_restored: int

@@ -118,6 +118,7 @@ def _restore_rows(rows: dict[str, Any]) -> dict[str, int]:
         "transcript_entries_restored": runs.transcript_entries_restored,
         "run_inputs_restored": runs.run_inputs_restored,
         "tool_calls_restored": runs.tool_calls_restored,
+        "interrupts_restored": runs.interrupts_restored,
     }
 
 

@@ -215,3 +215,33 @@ def test_a_def_unknown_here_keeps_its_id_at_the_next_free_version_and_the_pointe
     restored = AgentDef.objects.get(id="def_00000000000000aa")
     assert (restored.tenant_id, restored.name, restored.version) == ("acme", "mover", row["version"] + 1)
     assert services.snapshot_restore(envelope=envelope)["agent_defs_restored"] == 0
+
+
+@pytest.mark.usefixtures("agents", "no_workers")
+def test_a_run_parked_on_a_question_moves_with_its_interrupt() -> None:
+    """A run at `awaiting_interrupt` keeps its interrupt (the same `intr_` id, still pending) through a restore."""
+    from apps.runs import engine
+    from apps.runs.models import Interrupt, InterruptStatus, Run, RunStatus
+    from tests.runs.test_interrupts import ask_run
+
+    run = ask_run()
+    engine.run_iterate(run_id=run.id, step=0)
+    asked = Interrupt.objects.get(run_id=run.id)
+    assert Run.objects.get(id=run.id).status == RunStatus.AWAITING_INTERRUPT
+    _set_state(RuntimeStateValue.PAUSED)
+    try:
+        envelope = _envelope(label="question")
+        Run.objects.filter(id=run.id).delete()  # gone here, as on an empty instance
+        Interrupt.objects.filter(id=asked.id).delete()
+        counts = services.snapshot_restore(envelope=envelope)
+    finally:
+        _set_state(RuntimeStateValue.RUNNING)
+    assert (counts["paused_runs_restored"], counts["interrupts_restored"]) == (1, 1)
+    back = Interrupt.objects.get(id=asked.id)
+    assert (back.run_id, back.status, back.question, back.options) == (
+        run.id,
+        InterruptStatus.PENDING,
+        asked.question,
+        asked.options,
+    )
+    assert Run.objects.get(id=run.id).status == RunStatus.AWAITING_INTERRUPT

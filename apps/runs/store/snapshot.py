@@ -1,5 +1,5 @@
 """Restoring runs from a snapshot (apps.runs.snapshot): the run rows and
-their events, transcript, inputs and tool-call records, insert-or-ignore.
+their events, transcript, inputs, tool-call records and interrupts, insert-or-ignore.
 
 A run is restored whole or not at all: its child rows are inserted only when
 its own row was written, so a second restore of the same snapshot writes
@@ -15,13 +15,14 @@ from typing import Any
 from django.utils import timezone
 
 from apps.core.rows import rows_insert_or_ignore
-from apps.runs.models import Run, RunEvent, RunInput, RunStatus, ToolCallRecord, TranscriptEntry
+from apps.runs.models import Interrupt, Run, RunEvent, RunInput, RunStatus, ToolCallRecord, TranscriptEntry
 
-CHILD_TABLES: dict[str, type[RunEvent | TranscriptEntry | RunInput | ToolCallRecord]] = {
+CHILD_TABLES: dict[str, type[RunEvent | TranscriptEntry | RunInput | ToolCallRecord | Interrupt]] = {
     "events": RunEvent,
     "transcript": TranscriptEntry,
     "inputs": RunInput,
     "tool_calls": ToolCallRecord,
+    "interrupts": Interrupt,  # a run parked `awaiting_interrupt` keeps its question (and its `intr_` id)
 }
 
 
@@ -34,6 +35,7 @@ class RunRowsWritten:
     transcript: int = 0
     inputs: int = 0
     tool_calls: int = 0
+    interrupts: int = 0
 
 
 def run_restore(*, run: dict[str, Any], children: dict[str, list[dict[str, Any]]]) -> RunRowsWritten:

@@ -311,6 +311,11 @@ CHANNELS_WAKE_TICK_MS: int = env.int("LOOMCYCLE_CHANNELS_WAKE_TICK_MS", default=
 # and how often beat expires asks past their deadline.
 INTERRUPTION_DEFAULT_TIMEOUT_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_DEFAULT_TIMEOUT_MS", 3_600_000, 1)
 INTERRUPTION_MAX_TIMEOUT_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_MAX_TIMEOUT_MS", 86_400_000, 1)
+if INTERRUPTION_DEFAULT_TIMEOUT_MS > INTERRUPTION_MAX_TIMEOUT_MS:  # else every ask without timeout_ms is refused
+    raise ImproperlyConfigured(
+        f"LOOMCYCLE_INTERRUPTION_DEFAULT_TIMEOUT_MS ({INTERRUPTION_DEFAULT_TIMEOUT_MS}) is above "
+        f"LOOMCYCLE_INTERRUPTION_MAX_TIMEOUT_MS ({INTERRUPTION_MAX_TIMEOUT_MS})"
+    )
 INTERRUPTION_MAX_PENDING: int = _at_least("LOOMCYCLE_INTERRUPTION_MAX_PENDING", 10, 1)
 INTERRUPTION_SWEEP_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_SWEEP_MS", 5000, 100)
 # MCP server (apps.mcp.server): the longest a `spawn_run` call with `wait` may hold its request

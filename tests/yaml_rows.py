@@ -14,8 +14,9 @@ forward by the time since the capture (schedules reckon their first slot from
 It falls back to the real load, never to a guess: when the yaml differs (keyed by its
 content), when a table it fills already had rows before the capture (another fixture wrote
 first), or when the copy hits a conflict (a fixture's row with the same key). Row ids are the
-capture's: the defs are identical, so no cache keyed by id can go stale, and sequences are
-never rewound (DELETE leaves them past the captured ids).
+capture's, and sequences are never rewound (DELETE leaves them past the captured ids). A
+cache keyed by def id in this process is emptied at each load (a test may have edited a row
+in place); the workers' caches hold the template's own content.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from datetime import datetime
 from django.db import DatabaseError, connection, transaction
 
 from apps.core.config import runtime_config
+from apps.substrate import selectors
 from loomcycle_project.bootstrap import load_yaml_config
 
 log = logging.getLogger("tests.yaml_rows")
@@ -46,6 +48,7 @@ _TEMPLATES: dict[str, Template] = {}  # yaml content key -> its template
 
 def yaml_rows_load() -> None:
     """What `load_yaml_config()` would write into the flushed database, from the template when there is one."""
+    _forget_cached_definitions()
     key = _key()
     template = _TEMPLATES.get(key)
     if template is not None and _restore(template):
@@ -56,6 +59,14 @@ def yaml_rows_load() -> None:
     captured = _capture(len(_TEMPLATES))
     if captured is not None:  # else a filled table had rows already: captured by a later test
         _TEMPLATES[key] = captured
+
+
+def _forget_cached_definitions() -> None:
+    """This process's cache of definitions by id (apps.substrate.selectors.agent_definition) assumes a
+    row is never edited. The template gives every test the same ids, and a test may edit a row in
+    place (a malformed field no service would write): the next test must not read that copy."""
+    with selectors._DEFINITIONS_LOCK:
+        selectors._DEFINITIONS.clear()
 
 
 def _key() -> str:

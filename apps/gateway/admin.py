@@ -76,7 +76,7 @@ class UsageEntryAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         raw = request.GET.get("days", str(DEFAULT_DAYS))
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_DAYS:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_DAYS:
             message = f"days must be a whole number from 1 to {MAX_DAYS}"
             return HttpResponseBadRequest(message, content_type="text/plain")
         context: dict[str, Any] = {

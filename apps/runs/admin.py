@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
@@ -177,13 +176,23 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Cancel the selected runs (and their sub-agents)", permissions=["operate"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        for run in queryset:
-            self._act(request, run.id, Verb.CANCEL)
+        for run_id in self._bounded(request, queryset):
+            self._act(request, run_id, Verb.CANCEL)
 
     @admin.action(description="Retry the selected failed runs from their last committed step", permissions=["operate"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        for run in queryset:
-            self._act(request, run.id, Verb.RETRY)
+        for run_id in self._bounded(request, queryset):
+            self._act(request, run_id, Verb.RETRY)
+
+    def _bounded(self, request: HttpRequest, queryset: QuerySet[Run]) -> list[str]:
+        """The selected run ids, or none (with a message) past BULK_CANCEL_MAX: one request does
+        at most that many service calls ("select all" can name every run ever made)."""
+        ids = list(queryset.values_list("id", flat=True)[: operations.BULK_CANCEL_MAX + 1])
+        if len(ids) > operations.BULK_CANCEL_MAX:
+            limit = operations.BULK_CANCEL_MAX
+            self.message_user(request, f"at most {limit} runs per action; narrow the selection", messages.ERROR)
+            return []
+        return ids
 
     def _act(self, request: HttpRequest, run_id: str, verb: Verb) -> None:
         """Run one action on one run through its service; its outcome (or refusal) becomes a message."""
@@ -277,10 +286,11 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def _runtime_op(self, request: HttpRequest, op: str) -> None:
         try:
-            if op == "pause":
-                out = async_to_sync(services.runtime_pause)(timeout_ms=5_000)
-                note = "; ".join(out["warnings"])
-                self.message_user(request, f"runtime {out['state']}: {out['paused_runs_count']} run(s) paused {note}")
+            if op == "pause":  # begun, not waited for: a run inside an iteration parks at its boundary
+                out = services.runtime_pause_start()
+                left = out["runnable_runs_count"]
+                note = f"; {left} run(s) park at their next boundary, then the sweep settles the pause" if left else ""
+                self.message_user(request, f"runtime {out['state']}: {out['paused_runs_count']} run(s) paused{note}")
             elif op == "resume":
                 out = services.runtime_resume()
                 self.message_user(request, f"runtime running: {out['resumed_runs_count']} run(s) resumed")

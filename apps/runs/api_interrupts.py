@@ -33,7 +33,7 @@ def interrupts_resolve(request: HttpRequest, run_id: str, interrupt_id: str) -> 
     _check_ident(interrupt_id, "interrupt_id")
     data = parse_body(request, InterruptResolveIn, max_bytes=1024 * 1024)
     who = request_principal(request)
-    reply = interrupts.Resolve(
+    reply = interrupts.caller_resolve(
         answer=data.answer, disposition=data.disposition, resolved_by=data.resolved_by, note=data.note, kind=data.kind
     )
     return interrupts.interrupt_resolve(

@@ -58,6 +58,21 @@ class _Outcome(enum.Enum):
     RUN_ENDED = "run_ended"  # its run had ended: cancelled now, the caller gets 409
 
 
+# Resolver names the runtime writes itself: a caller may not claim them (the row, the run's tool
+# result and `_system/interrupts/resolved` would attribute its answer to an operator or the runtime).
+RESERVED_RESOLVERS = ("admin:", "_system")
+
+
+def caller_resolve(*, answer: Any, disposition: str, resolved_by: str, note: str, kind: str | None) -> Resolve:
+    """A reply from an API or MCP caller; 422 `reserved_resolver` for a name the runtime reserves."""
+    if resolved_by.startswith(RESERVED_RESOLVERS):
+        raise Unprocessable(
+            f"resolved_by may not start with {' or '.join(RESERVED_RESOLVERS)} (the admin's and the runtime's)",
+            code="reserved_resolver",
+        )
+    return Resolve(answer=answer, disposition=disposition, resolved_by=resolved_by, note=note, kind=kind)
+
+
 def check_resolve(row: Interrupt, reply: Resolve) -> None:
     """422 for a reply that cannot answer this interrupt (nothing is written)."""
     if reply.kind is not None and reply.kind != row.kind:

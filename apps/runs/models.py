@@ -244,13 +244,13 @@ class Interrupt(models.Model):
     priority = models.CharField(max_length=8, default="normal")  # low | normal | high
     answer = models.JSONField(null=True, blank=True)
     note = models.TextField(blank=True, default="")  # a decline's reason
-    resolved_by = models.CharField(max_length=128, blank=True, default="")
+    resolved_by = models.CharField(max_length=160, blank=True, default="")  # admin:<150-char username>
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "call_id"], name="interrupt_run_call")]
+        constraints = [models.UniqueConstraint(fields=["run", "step", "call_id"], name="interrupt_run_call")]
         indexes = [
             # The user's inbox (GET /v1/users/{user_id}/interrupts).
             models.Index(fields=["tenant_id", "user_id", "status", "created_at"], name="interrupt_inbox"),

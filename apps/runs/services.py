@@ -381,6 +381,15 @@ async def runtime_pause(*, timeout_ms: int = 30_000) -> dict[str, Any]:
     }
 
 
+def runtime_pause_start() -> dict[str, Any]:
+    """Begin a pause without waiting for it (the admin's button: no request thread waits).
+    Paused at once when no run is inside an iteration; else `pausing`, which the lease sweep
+    settles once the last one has parked (runtime_pause_settle)."""
+    _pause_begin()
+    left = runtime_pause_settle(force=False)
+    return {"state": runtime_state(), "runnable_runs_count": left, "paused_runs_count": paused_runs_count()}
+
+
 def _pause_begin() -> None:
     with transaction.atomic():
         if store.runtime_state_lock() != RuntimeStateValue.RUNNING:

@@ -214,7 +214,10 @@ def test_only_the_engine_statements_are_prepared() -> None:
         prepared = [r[0] for r in cur.fetchall()]
         cur.execute("SHOW plan_cache_mode")
         assert cur.fetchone()[0] == "force_generic_plan"
-    assert prepared == ["SELECT $1::int + 1"]
+    # This pooled session may already hold the engine's own statements (an earlier test in this process
+    # claimed or committed a run on it); nothing else may be prepared, Django's statements least of all.
+    assert "SELECT $1::int + 1" in prepared
+    assert [p for p in prepared if p != "SELECT $1::int + 1" and "runs_" not in p] == []
 
 
 @pytest.mark.django_db(transaction=True)

@@ -352,7 +352,8 @@ def test_a_sub_agent_is_a_child_in_its_parents_trace(receiver: Receiver, traced:
     def complete() -> list[Span]:
         spans = receiver.snapshot()
         whole = len(_named(spans, "run.iterate", parent_id)) == 2 and _named(spans, "run.iterate", child_id)
-        return spans if whole and _named(spans, "run.wake", parent_id) else []
+        created = _named(spans, "run.create", parent_id)  # the web's batch may come after the workers'
+        return spans if whole and created and _named(spans, "run.wake", parent_id) else []
 
     spans = wait_for(complete, timeout=20)
     (root,) = _named(spans, "run.create", parent_id)

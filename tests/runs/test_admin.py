@@ -192,7 +192,7 @@ def test_pause_and_resume_the_runtime_through_the_api_services(root: Client) -> 
     url = reverse("admin:runs_run_runtime")
     assert 'value="pause"' in root.get(url).content.decode()
     paused = root.post(url, {"op": "pause"}, follow=True)
-    assert texts(paused) == ["runtime paused: 1 run(s) paused "]
+    assert texts(paused) == ["runtime paused: 1 run(s) paused"]
     assert RuntimeState.objects.get(id=1).state == "paused" and Run.objects.get(id=run.id).status == RunStatus.PAUSED
     assert 'value="resume"' in paused.content.decode()
     twice = root.post(url, {"op": "pause"}, follow=True)

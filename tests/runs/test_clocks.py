@@ -27,7 +27,7 @@ def skewed(env: dict[str, str], *args: str) -> object:
 
 
 def test_a_sweeper_whose_clock_runs_ahead_requeues_no_live_lease(stack: WorkerPool, stack_env: dict[str, str]) -> None:
-    run = start("very-slow")  # a 20 s provider call; the 3 s lease is kept alive by the heartbeat
+    run = start("very-slow")  # a 60 s provider call; the 3 s lease is kept alive by the heartbeat
     wait_for(lambda: run_row(run.id).lease_owner)
     assert skewed(stack_env, "sweep") == 0
     row = run_row(run.id)

@@ -105,6 +105,8 @@ def test_replies_that_do_not_fit_are_422_and_a_decline_is_the_tool_result(
         ({"answer": "yes", "disposition": "later"}, "invalid_disposition"),
         ({"answer": "yes", "kind": "approval"}, "invalid_kind"),
         ({}, "answer_required"),
+        ({"answer": "yes", "resolved_by": "admin:root"}, "reserved_resolver"),
+        ({"answer": "yes", "resolved_by": "_system"}, "reserved_resolver"),
     ):
         resp = resolve(http, row, **body)
         assert (resp.status_code, resp.json()["code"]) == (422, code), body

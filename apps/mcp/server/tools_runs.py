@@ -163,7 +163,7 @@ async def send_input(principal: Principal, args: SendInputArgs) -> dict[str, Any
 
 
 def _resolve(principal: Principal, args: InterruptionResolveArgs) -> dict[str, Any]:
-    reply = interrupts.Resolve(
+    reply = interrupts.caller_resolve(
         answer=args.answer, disposition=args.disposition, resolved_by=args.resolved_by, note=args.note, kind=args.kind
     )
     return interrupts.interrupt_resolve(

@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
                 ('priority', models.CharField(default='normal', max_length=8)),
                 ('answer', models.JSONField(blank=True, null=True)),
                 ('note', models.TextField(blank=True, default='')),
-                ('resolved_by', models.CharField(blank=True, default='', max_length=128)),
+                ('resolved_by', models.CharField(blank=True, default='', max_length=160)),
                 ('created_at', models.DateTimeField()),
                 ('expires_at', models.DateTimeField()),
                 ('resolved_at', models.DateTimeField(blank=True, null=True)),
@@ -37,7 +37,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'indexes': [models.Index(fields=['tenant_id', 'user_id', 'status', 'created_at'], name='interrupt_inbox'), models.Index(condition=models.Q(('status', 'pending')), fields=['expires_at'], name='interrupt_pending_due')],
-                'constraints': [models.UniqueConstraint(fields=('run', 'call_id'), name='interrupt_run_call')],
+                'constraints': [models.UniqueConstraint(fields=('run', 'step', 'call_id'), name='interrupt_run_call')],
             },
         ),
     ]

@@ -42,7 +42,7 @@ class RunsRestored:
     run_inputs_restored: int
     tool_calls_restored: int
     interrupts_restored: int
-    run_ids: frozenset[str]  # the runs this restore wrote
+    run_tenants: dict[str, str]  # the runs this restore wrote, with their tenants
 
 
 def paused_runs_export() -> list[dict[str, Any]]:
@@ -68,35 +68,59 @@ def _local_keys(model: type[Model]) -> tuple[str, ...]:
     return ("id", "run_id") if isinstance(model._meta.pk, AutoField) else ("run_id",)
 
 
-def _checked(entry: Any, def_ids: dict[str, str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """A snapshot entry as (run row with its def mapped here, child rows); refuses malformed ones."""
+def _checked(
+    entry: Any, def_ids: dict[str, str], run_ids: set[str]
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """A snapshot entry as (run row with its def mapped here and its parent among `run_ids`
+    or none, child rows); refuses malformed ones."""
     run = entry.get("run") if isinstance(entry, dict) else None
     if not isinstance(run, dict) or not isinstance(run.get("id"), str) or not isinstance(run.get("depth", 0), int):
         raise Invalid("a paused_runs entry needs a run object with a string id", code="snapshot_invalid")
     if run.get("status") not in PARKED:
         raise Invalid(f"run {run['id']}: only parked runs are restored", code="snapshot_invalid")
-    pinned = str(run.get("agent_def_id"))
-    mapped = def_ids.get(pinned) or (pinned if AgentDef.objects.filter(id=pinned).exists() else None)
-    if mapped is None:
-        raise Invalid(
-            f"run {run['id']} pins agent def {pinned}, in neither the snapshot nor here", code="snapshot_invalid"
-        )
     rows = {key: entry.get(key, []) for key in CHILD_TABLES}
     if not all(isinstance(v, list) and all(isinstance(r, dict) for r in v) for v in rows.values()):
         raise Invalid(f"run {run['id']}: child rows must be lists of objects", code="snapshot_invalid")
-    return {**run, "agent_def_id": mapped, **_CLEARED}, rows
+    parent = run.get("parent_id")
+    return {
+        **run,
+        "agent_def_id": _def_here(run, def_ids),
+        "parent_id": parent if parent in run_ids else None,  # as export does: a parent not carried is not here
+        **_CLEARED,
+    }, rows
+
+
+def _def_here(run: dict[str, Any], def_ids: dict[str, str]) -> str:
+    """The def of this instance `run` pins: its snapshot def mapped, or the same id here; either
+    way of the run's tenant (or shared, "") and of the run's agent name, else 400."""
+    pinned = str(run.get("agent_def_id"))
+    mapped = def_ids.get(pinned, pinned)
+    found = AgentDef.objects.filter(id=mapped).values_list("tenant_id", "name").first()
+    if found is None:
+        raise Invalid(
+            f"run {run['id']} pins agent def {pinned}, in neither the snapshot nor here", code="snapshot_invalid"
+        )
+    if found[0] not in ("", run.get("tenant_id", "")) or found[1] != run.get("agent_name"):
+        raise Invalid(
+            f"run {run['id']} pins agent def {pinned}, which is not its tenant's agent {run.get('agent_name')!r}",
+            code="snapshot_invalid",
+        )
+    return mapped
 
 
 def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsRestored:
     """Inside the restore's transaction: every run not already here, whole; paused
     ones resumed on commit when the runtime is running."""
-    checked = sorted((_checked(e, def_ids) for e in entries), key=lambda pair: int(pair[0].get("depth", 0)))
+    run_ids = {e["run"].get("id") for e in entries if isinstance(e, dict) and isinstance(e.get("run"), dict)}
+    checked = sorted((_checked(e, def_ids, run_ids) for e in entries), key=lambda pair: int(pair[0].get("depth", 0)))
     totals: dict[str, int] = defaultdict(int)
     written: list[tuple[str, str]] = []
+    tenants: dict[str, str] = {}
     for run, rows in checked:
         done = store.run_restore(run=run, children=rows)
         if done.run:
             written.append((run["id"], str(run.get("status"))))
+            tenants[run["id"]] = str(run.get("tenant_id", ""))
             for key in CHILD_TABLES:
                 totals[key] += getattr(done, key)
     return RunsRestored(
@@ -107,7 +131,7 @@ def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsR
         run_inputs_restored=totals["inputs"],
         tool_calls_restored=totals["tool_calls"],
         interrupts_restored=totals["interrupts"],
-        run_ids=frozenset(r for r, _ in written),
+        run_tenants=tenants,
     )
 
 

@@ -102,7 +102,7 @@ def _restore_rows(rows: dict[str, Any]) -> dict[str, int]:
         raise SnapshotInvalid("section channels must hold an object")
     channels = channels_snapshot.channels_restore(channels_section)
     runs = runs_snapshot.paused_runs_restore(_list(rows, "paused_runs"), def_ids=defs.def_ids)
-    waits = channels_snapshot.channel_waits_restore(channels_section, run_ids=set(runs.run_ids))
+    waits = channels_snapshot.channel_waits_restore(channels_section, run_tenants=runs.run_tenants)
     return {
         "agent_defs_restored": defs.agent_defs_restored,
         "agent_def_active_restored": defs.agent_def_active_restored,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Model
 from django.utils import timezone
 
 from apps.core.rows import rows_insert_or_ignore
@@ -42,12 +43,22 @@ def run_restore(*, run: dict[str, Any], children: dict[str, list[dict[str, Any]]
     """Inside the restore's transaction: the run row, then (only if it was written) its children."""
     if not rows_insert_or_ignore(Run, [run]):
         return RunRowsWritten(run=0)
-    run_id = run["id"]
     counts = {
-        key: rows_insert_or_ignore(model, [{**row, "run_id": run_id} for row in children.get(key, [])])
+        key: rows_insert_or_ignore(model, [_tied(model, row, run) for row in children.get(key, [])])
         for key, model in CHILD_TABLES.items()
     }
     return RunRowsWritten(run=1, **counts)
+
+
+_OWNER_FIELDS = ("tenant_id", "user_id", "agent_id")
+
+
+def _tied(model: type[Model], row: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """A child row belongs to its run: its run id and, where the table carries them, its
+    tenant, user and agent are the run's (never what the snapshot row says)."""
+    names = {f.attname for f in model._meta.concrete_fields}
+    owner = {key: run.get(key, "") for key in _OWNER_FIELDS if key in names}
+    return {**row, **owner, "run_id": run["id"]}
 
 
 def runs_resume_restored(run_ids: list[str]) -> list[tuple[str, int]]:

@@ -1,0 +1,124 @@
+"""A restore ties every row to its run (review findings on snapshots): child rows take
+the run's tenant, user and agent; a parent not carried becomes none; a run may pin only
+a def of its own tenant (or shared) and of its own agent name; a channel wait may wait
+only on its tenant's channels. In-process (the engine parks the run here)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from apps.core.errors import Invalid
+from apps.runs import engine, store
+from apps.runs.models import Interrupt, Run, RuntimeStateValue
+from apps.snapshots import services
+from apps.snapshots.envelope import canonical, checksum_of
+from tests.runs.test_interrupts import ask_run
+
+pytestmark = pytest.mark.usefixtures("agents", "no_workers")
+
+
+def _set_state(state: str) -> None:
+    with transaction.atomic():
+        store.runtime_state_lock()
+        store.runtime_state_set(state)
+
+
+@dataclass
+class Captured:
+    run: Run
+    envelope: dict[str, Any]
+
+    def edited(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A deep copy of the envelope and its one paused_runs entry, to edit."""
+        moved = copy.deepcopy(self.envelope)
+        (entry,) = moved["sections"]["paused_runs"]["rows"]
+        return moved, entry
+
+    def restore(self, envelope: dict[str, Any]) -> dict[str, int]:
+        """Restore `envelope` (checksum recomputed) with the run gone here first."""
+        envelope["checksum"] = checksum_of(canonical(envelope["sections"]))
+        Run.objects.filter(id=self.run.id).delete()
+        Interrupt.objects.filter(run_id=self.run.id).delete()
+        return services.snapshot_restore(envelope=envelope)
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    """A run of tenant "" parked on a question, captured with the runtime paused."""
+    run = ask_run()
+    engine.run_iterate(run_id=run.id, step=0)
+    _set_state(RuntimeStateValue.PAUSED)
+    try:
+        yield Captured(run, json.loads(services.snapshot_capture(label="checks").content))
+    finally:
+        _set_state(RuntimeStateValue.RUNNING)
+
+
+def test_child_rows_take_the_runs_tenant_user_and_agent(captured: Captured) -> None:
+    envelope, entry = captured.edited()
+    entry["interrupts"][0].update(tenant_id="globex", user_id="mallory", agent_id="a_someone_else")
+    assert captured.restore(envelope)["interrupts_restored"] == 1
+    back = Interrupt.objects.get(run_id=captured.run.id)
+    assert (back.tenant_id, back.user_id, back.agent_id) == ("", "u1", captured.run.agent_id)
+
+
+def test_a_parent_not_in_the_snapshot_is_dropped(captured: Captured) -> None:
+    _set_state(RuntimeStateValue.RUNNING)
+    other = ask_run()  # here, runnable, not in the snapshot
+    envelope, entry = captured.edited()
+    entry["run"]["parent_id"] = other.id
+    assert captured.restore(envelope)["paused_runs_restored"] == 1
+    assert Run.objects.get(id=captured.run.id).parent_id is None
+
+
+def _def_row(envelope: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for r in envelope["sections"]["agent_defs"]["rows"] if r["name"] == name)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda row: {**row, "id": "def_00000000000000bb", "tenant_id": "globex"}, id="another-tenant"),
+        pytest.param(lambda row: {**row, "id": "def_00000000000000cc", "name": "not-asker"}, id="another-name"),
+    ],
+)
+def test_a_run_may_pin_only_its_tenants_def_of_its_agent(captured: Captured, edit: Any) -> None:
+    envelope, entry = captured.edited()
+    foreign = edit({**_def_row(envelope, "asker"), "content_sha256": "sha256:" + "1" * 64, "parent_id": None})
+    envelope["sections"]["agent_defs"]["rows"].append(foreign)
+    entry["run"]["agent_def_id"] = foreign["id"]
+    with pytest.raises(Invalid) as refused:
+        captured.restore(envelope)
+    assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
+    assert "which is not its tenant's agent 'asker'" in refused.value.message
+    assert not Run.objects.filter(id=captured.run.id).exists()
+
+
+def test_a_wait_on_another_tenants_channel_is_refused(captured: Captured) -> None:
+    envelope, _entry = captured.edited()
+    channels = envelope["sections"]["channels"]["rows"]
+    channels["defs"].append({"tenant_id": "globex", "name": "globex-secrets", "scope": "global", "source": "runtime"})
+    channels["waits"].append(
+        {
+            "run_id": captured.run.id,
+            "call_id": "call_w",
+            "tenant_id": "globex",
+            "op": "subscribe",
+            "streams": ["globex-secrets\x1fglobal\x1f"],
+            "request": {},
+            "deadline": "2099-01-01T00:00:00+00:00",
+            "wake_at": "2099-01-01T00:00:00+00:00",
+            "created_at": "2026-01-01T00:00:00+00:00",
+        }
+    )
+    with pytest.raises(Invalid) as refused:
+        captured.restore(envelope)
+    assert (refused.value.code, refused.value.details["channels"]) == ("snapshot_invalid", ["globex-secrets"])
+    assert not Run.objects.filter(id=captured.run.id).exists()

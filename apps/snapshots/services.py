@@ -111,7 +111,9 @@ def _restore_rows(rows: dict[str, Any]) -> dict[str, int]:
         "channel_messages_restored": channels.channel_messages_restored,
         "channel_cursors_restored": channels.channel_cursors_restored,
         "channel_waits_restored": waits,
-        "evaluations_restored": evaluations_snapshot.evaluations_restore(_list(rows, "evaluations")),
+        "evaluations_restored": evaluations_snapshot.evaluations_restore(
+            _list(rows, "evaluations"), def_ids=defs.def_ids
+        ),
         "paused_runs_restored": runs.paused_runs_restored,
         "paused_runs_resumed": runs.paused_runs_resumed,
         "transcript_events_restored": runs.transcript_events_restored,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from apps.core.errors import Invalid
+from apps.core.errors import Conflict, Invalid
 from apps.runs import engine, store
 from apps.runs.models import Interrupt, Run, RuntimeStateValue
 from apps.snapshots import services
@@ -122,3 +122,17 @@ def test_a_wait_on_another_tenants_channel_is_refused(captured: Captured) -> Non
         captured.restore(envelope)
     assert (refused.value.code, refused.value.details["channels"]) == ("snapshot_invalid", ["globex-secrets"])
     assert not Run.objects.filter(id=captured.run.id).exists()
+
+
+def test_a_run_whose_agent_id_is_taken_here_is_a_409_not_a_silent_skip(captured: Captured) -> None:
+    envelope, entry = captured.edited()
+    entry["run"]["id"] = "r_00000000000000ff"  # the same (agent_id, tenant) as the run still here
+    entry["interrupts"] = []
+    envelope["checksum"] = checksum_of(canonical(envelope["sections"]))
+    with pytest.raises(Conflict) as refused:
+        services.snapshot_restore(envelope=envelope)
+    assert (refused.value.status, refused.value.code) == (409, "snapshot_conflict")
+    assert refused.value.details["run_id"] == "r_00000000000000ff"
+    assert "r_00000000000000ff" in refused.value.message
+    assert not Run.objects.filter(id="r_00000000000000ff").exists()
+    assert set(services.snapshot_restore(envelope=captured.envelope).values()) == {0}  # a known id: skipped

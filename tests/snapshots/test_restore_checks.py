@@ -19,6 +19,7 @@ from apps.runs import engine, store
 from apps.runs.models import Interrupt, Run, RuntimeStateValue
 from apps.snapshots import services
 from apps.snapshots.envelope import canonical, checksum_of
+from apps.snapshots.errors import RunsNotParked
 from tests.runs.test_interrupts import ask_run
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
@@ -136,3 +137,20 @@ def test_a_run_whose_agent_id_is_taken_here_is_a_409_not_a_silent_skip(captured:
     assert "r_00000000000000ff" in refused.value.message
     assert not Run.objects.filter(id="r_00000000000000ff").exists()
     assert set(services.snapshot_restore(envelope=captured.envelope).values()) == {0}  # a known id: skipped
+
+
+def test_capture_refuses_while_a_run_is_still_runnable() -> None:
+    """After a pause that timed out a run can still be queued or running: no capture then."""
+    ask_run()  # queued: no worker claims it here
+    _set_state(RuntimeStateValue.PAUSED)
+    try:
+        with pytest.raises(RunsNotParked) as refused:
+            services.snapshot_capture(label="too early")
+    finally:
+        _set_state(RuntimeStateValue.RUNNING)
+    assert (refused.value.status, refused.value.code, refused.value.details) == (
+        409,
+        "runs_not_parked",
+        {"runnable_runs": 1},
+    )
+    assert "1 run(s) are still queued or running" in refused.value.message

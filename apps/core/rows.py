@@ -75,7 +75,7 @@ _JSON_TYPES: tuple[tuple[type[models.Field[Any, Any]], tuple[type, ...]], ...] =
 
 def _typed(field: models.Field[Any, Any], value: Any) -> Any:
     """`value`, once it has the JSON type `field` stores (a dict where text belongs is refused,
-    not stringified by the driver)."""
+    not stringified by the driver) and, for a field with choices, is one of them."""
     if value is None:
         if not field.null:
             raise Invalid(f"{field.attname} may not be null", code="snapshot_invalid")
@@ -88,6 +88,8 @@ def _typed(field: models.Field[Any, Any], value: Any) -> Any:
                     f"{field.attname}: {type(value).__name__} where {kind.__name__} belongs", code="snapshot_invalid"
                 )
             break
+    if field.choices and value not in {key for key, _label in field.flatchoices}:
+        raise Invalid(f"{field.attname}: {value!r} is not one of its choices", code="snapshot_invalid")
     return value
 
 

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import AutoField, Model
 
 from apps.core.errors import Invalid
+from apps.core.ids import is_ident
 from apps.core.rows import row_dump
 from apps.runs import signals, store
 from apps.runs.dispatch import enqueue_iteration
@@ -30,6 +31,7 @@ from apps.runs.selectors import runtime_state
 from apps.runs.store.snapshot import CHILD_TABLES
 from apps.substrate.models import AgentDef
 
+_MODES = ("ro", "rw")
 _CLEARED: dict[str, Any] = {"lease_owner": "", "lease_until": None}  # worker state of the capturing instance
 
 
@@ -78,6 +80,8 @@ def _checked(
         raise Invalid("a paused_runs entry needs a run object with a string id", code="snapshot_invalid")
     if run.get("status") not in PARKED:
         raise Invalid(f"run {run['id']}: only parked runs are restored", code="snapshot_invalid")
+    _check_ids(run)
+    _check_shapes(run)
     rows = {key: entry.get(key, []) for key in CHILD_TABLES}
     if not all(isinstance(v, list) and all(isinstance(r, dict) for r in v) for v in rows.values()):
         raise Invalid(f"run {run['id']}: child rows must be lists of objects", code="snapshot_invalid")
@@ -88,6 +92,52 @@ def _checked(
         "parent_id": parent if parent in run_ids else None,  # as export does: a parent not carried is not here
         **_CLEARED,
     }, rows
+
+
+def _check_ids(run: dict[str, Any]) -> None:
+    """The run's id, agent id and parent id are idents (SPEC 2.0), its tenant "" or one."""
+    ids = {"id": run["id"], "agent_id": run.get("agent_id")}
+    if run.get("parent_id") is not None:
+        ids["parent_id"] = run["parent_id"]
+    if run.get("tenant_id", "") != "":
+        ids["tenant_id"] = run["tenant_id"]
+    for key, value in ids.items():
+        if not isinstance(value, str) or not is_ident(value):
+            raise Invalid(f"run {run['id']!r}: {key} must match [A-Za-z0-9_-]{{1,128}}", code="snapshot_invalid")
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _volume(value: Any) -> bool:
+    """One binding as VolumeBinding.as_dict() writes it (apps.core.tools)."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or value.get("mode", "ro") not in _MODES:
+        return False
+    texts = all(isinstance(value.get(k, ""), str) for k in ("path", "root_run_id"))
+    return texts and all(isinstance(value.get(k, False), bool) for k in ("default", "ephemeral"))
+
+
+def _check_shapes(run: dict[str, Any]) -> None:
+    """The JSON columns the engine reads have the shapes run creation gives them
+    (apps.runs.services): `tools` and `allowed_hosts` lists of strings, `caller_tools`
+    none or one, `volumes` a list of bindings."""
+    bad = [
+        key
+        for key, ok in (
+            ("tools", _strings(run.get("tools", []))),
+            ("allowed_hosts", _strings(run.get("allowed_hosts", []))),
+            ("caller_tools", run.get("caller_tools") is None or _strings(run.get("caller_tools"))),
+            ("volumes", isinstance(run.get("volumes", []), list) and all(map(_volume, run.get("volumes", [])))),
+        )
+        if not ok
+    ]
+    if bad:
+        raise Invalid(
+            f"run {run['id']}: {', '.join(bad)} not as the engine keeps them (lists of strings; volume bindings)",
+            code="snapshot_invalid",
+            details={"run_id": run["id"], "fields": bad},
+        )
 
 
 def _def_here(run: dict[str, Any], def_ids: dict[str, str]) -> str:

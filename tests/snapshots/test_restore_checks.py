@@ -154,3 +154,25 @@ def test_capture_refuses_while_a_run_is_still_runnable() -> None:
         {"runnable_runs": 1},
     )
     assert "1 run(s) are still queued or running" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda e: e["interrupts"][0].update(status="bogus"), "status: 'bogus' is not one of its choices"),
+        (lambda e: e["run"].update(agent_id="a b"), "agent_id must match [A-Za-z0-9_-]{1,128}"),
+        (lambda e: e["run"].update(tenant_id="acme/x"), "tenant_id must match [A-Za-z0-9_-]{1,128}"),
+        (lambda e: e["run"].update(tools="Read"), "tools not as the engine keeps them"),
+        (lambda e: e["run"].update(allowed_hosts=[1]), "allowed_hosts not as the engine keeps them"),
+        (lambda e: e["run"].update(volumes=[{"name": "v", "mode": "all"}]), "volumes not as the engine keeps them"),
+        (lambda e: e["run"].update(volumes={"name": "v"}), "volumes not as the engine keeps them"),
+    ],
+)
+def test_a_row_the_engine_could_not_use_is_a_400(captured: Captured, edit: Any, message: str) -> None:
+    envelope, entry = captured.edited()
+    edit(entry)
+    with pytest.raises(Invalid) as refused:
+        captured.restore(envelope)
+    assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
+    assert message in refused.value.message
+    assert not Run.objects.filter(id=captured.run.id).exists()

@@ -271,3 +271,22 @@ def test_an_evaluation_follows_its_def_to_this_instances_id(paused: None) -> Non
     envelope["checksum"] = checksum_of(canonical(rows))
     assert services.snapshot_restore(envelope=envelope)["evaluations_restored"] == 1
     assert Evaluation.objects.get(eval_id="eval_00000000000000ee").def_id == created["def_id"]
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (None, "cannot read"),  # no such file
+        (b"{not json", "invalid_json: bad json"),
+        (b"\xff\xfe", "invalid_json: bad json"),
+        (b'{"format": "loomcycle-snapshot", "x": "nul\\u0000"}', "invalid_body"),
+    ],
+)
+def test_manage_py_snapshot_restore_turns_a_bad_file_into_a_command_error(
+    db: None, tmp_path: Path, content: bytes | None, error: str
+) -> None:
+    file = tmp_path / "in.json"
+    if content is not None:
+        file.write_bytes(content)
+    with pytest.raises(CommandError, match=error):
+        call_command("snapshot", "restore", str(file))

@@ -8,7 +8,10 @@ Export reads; restore writes through apps.runs.store (the one writer of
 runs_* tables). A run keeps its ids, session, step and counters, so it
 continues where it stopped; its lease is cleared (no worker of this instance
 holds it). A restored run whose parent is not in the snapshot becomes
-top-level. Runs restored `paused` into a running runtime are resumed at once
+top-level. A run is refused (400 `snapshot_invalid`) unless its ids are idents,
+its JSON columns have the engine's shapes, and its def (mapped here) is of its
+tenant or shared and of its agent name; its child rows take its tenant, user and
+agent. Runs restored `paused` into a running runtime are resumed at once
 (`paused_runs_resumed`); into a paused one they wait for `POST /v1/_resume`.
 """
 

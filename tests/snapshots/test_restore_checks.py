@@ -64,10 +64,10 @@ def captured() -> Iterator[Captured]:
 
 def test_child_rows_take_the_runs_tenant_user_and_agent(captured: Captured) -> None:
     envelope, entry = captured.edited()
-    entry["interrupts"][0].update(tenant_id="globex", user_id="mallory", agent_id="a_someone_else")
+    entry["interrupts"][0].update(tenant_id="globex", user_id="mallory", agent_id="a_someone_else", agent_name="x")
     assert captured.restore(envelope)["interrupts_restored"] == 1
     back = Interrupt.objects.get(run_id=captured.run.id)
-    assert (back.tenant_id, back.user_id, back.agent_id) == ("", "u1", captured.run.agent_id)
+    assert (back.tenant_id, back.user_id, back.agent_id, back.agent_name) == ("", "u1", captured.run.agent_id, "asker")
 
 
 def test_a_parent_not_in_the_snapshot_is_dropped(captured: Captured) -> None:

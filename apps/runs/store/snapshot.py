@@ -69,12 +69,12 @@ def run_restore(*, run: dict[str, Any], children: dict[str, list[dict[str, Any]]
     return RunRowsWritten(run=1, **counts)
 
 
-_OWNER_FIELDS = ("tenant_id", "user_id", "agent_id")
+_OWNER_FIELDS = ("tenant_id", "user_id", "agent_id", "agent_name")
 
 
 def _tied(model: type[Model], row: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """A child row belongs to its run: its run id and, where the table carries them, its
-    tenant, user and agent are the run's (never what the snapshot row says)."""
+    tenant, user, agent id and agent name are the run's (never what the snapshot row says)."""
     names = {f.attname for f in model._meta.concrete_fields}
     owner = {key: run.get(key, "") for key in _OWNER_FIELDS if key in names}
     return {**row, **owner, "run_id": run["id"]}

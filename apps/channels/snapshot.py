@@ -62,11 +62,35 @@ def channels_restore(section: dict[str, Any]) -> ChannelsRestored:
     )
 
 
-def channel_waits_restore(section: dict[str, Any], *, run_ids: set[str]) -> int:
-    """Inside the restore's transaction, after the runs: the waits of the runs it wrote,
-    due at once, so beat's next wake tick checks each against the restored messages
-    (a message that satisfies a wait is not lost between capture and restore; a wait
-    still unsatisfied goes back to its own wake time, apps.channels.waits)."""
+def channel_waits_restore(section: dict[str, Any], *, run_tenants: dict[str, str]) -> int:
+    """Inside the restore's transaction, after the runs: the waits of the runs it wrote
+    (`run_tenants`: run id -> its tenant), each in its run's tenant, due at once, so
+    beat's next wake tick checks each against the restored messages (a message that
+    satisfies a wait is not lost between capture and restore; a wait still unsatisfied
+    goes back to its own wake time, apps.channels.waits). A wait on a stream whose
+    channel its tenant cannot see (its own or a shared declaration) is refused (400)."""
     now = timezone.now().isoformat()
-    waits = [{**w, "wake_at": now} for w in _rows(section, "waits") if w.get("run_id") in run_ids]
+    waits = []
+    for wait in _rows(section, "waits"):
+        tenant = run_tenants.get(str(wait.get("run_id")))
+        if tenant is None:
+            continue
+        _check_streams(wait, tenant)
+        waits.append({**wait, "tenant_id": tenant, "wake_at": now})
     return rows_insert_or_ignore(ChannelWait, waits)
+
+
+def _check_streams(wait: dict[str, Any], tenant_id: str) -> None:
+    """Every stream of `wait` names a channel declared for `tenant_id` or shared (after the
+    declarations were restored)."""
+    streams = wait.get("streams")
+    if not isinstance(streams, list) or not all(isinstance(s, str) for s in streams):
+        raise Invalid(f"run {wait.get('run_id')}: a channel wait's streams must be strings", code="snapshot_invalid")
+    names = {s.split("\x1f", 1)[0] for s in streams}
+    known = set(ChannelDef.objects.filter(name__in=names, tenant_id__in={tenant_id, ""}).values_list("name", flat=True))
+    if missing := sorted(names - known):
+        raise Invalid(
+            f"run {wait.get('run_id')} waits on channels {missing}, not channels of tenant {tenant_id!r}",
+            code="snapshot_invalid",
+            details={"run_id": wait.get("run_id"), "channels": missing},
+        )

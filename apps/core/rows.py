@@ -9,7 +9,8 @@ has one row format whichever app wrote it.
 - `rows_insert_or_ignore` writes rows with `INSERT ... ON CONFLICT DO NOTHING`
   and returns how many it wrote: a row that matches an existing one on any
   unique constraint (its primary key included) is a no-op, which is what makes
-  a restore idempotent. Auto-increment keys are never carried: the database
+  a restore idempotent (`conflict_on` narrows it to one column: runs skip a
+  known id only, and report any other clash). Auto-increment keys are never carried: the database
   numbers restored rows itself. It goes around `save()`, `auto_now` and signals on
   purpose: the row's own timestamps are what is restored. The caller is the
   module that owns the table (apps.runs.store for runs_* tables).
@@ -74,7 +75,7 @@ _JSON_TYPES: tuple[tuple[type[models.Field[Any, Any]], tuple[type, ...]], ...] =
 
 def _typed(field: models.Field[Any, Any], value: Any) -> Any:
     """`value`, once it has the JSON type `field` stores (a dict where text belongs is refused,
-    not stringified by the driver)."""
+    not stringified by the driver) and, for a field with choices, is one of them."""
     if value is None:
         if not field.null:
             raise Invalid(f"{field.attname} may not be null", code="snapshot_invalid")
@@ -87,6 +88,8 @@ def _typed(field: models.Field[Any, Any], value: Any) -> Any:
                     f"{field.attname}: {type(value).__name__} where {kind.__name__} belongs", code="snapshot_invalid"
                 )
             break
+    if field.choices and value not in {key for key, _label in field.flatchoices}:
+        raise Invalid(f"{field.attname}: {value!r} is not one of its choices", code="snapshot_invalid")
     return value
 
 
@@ -110,9 +113,14 @@ def _check_keys(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> No
             )
 
 
-def rows_insert_or_ignore(model: type[models.Model], rows: Sequence[dict[str, Any]]) -> int:
+def rows_insert_or_ignore(
+    model: type[models.Model], rows: Sequence[dict[str, Any]], *, conflict_on: str | None = None
+) -> int:
     """Insert `rows` (attname -> value, as `row_dump` gives them), skipping every
-    row that conflicts with an existing one; the number of rows written."""
+    row that conflicts with an existing one; the number of rows written. With
+    `conflict_on` (a column), only a row matching on that column is skipped: a
+    conflict on any other unique constraint raises IntegrityError for the caller
+    to report."""
     _check_keys(model, rows)
     fields = _fields(model)
     columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
@@ -125,6 +133,7 @@ def rows_insert_or_ignore(model: type[models.Model], rows: Sequence[dict[str, An
             values = ", ".join([one] * len(chunk))
             # ON CONFLICT DO NOTHING (no target): any unique constraint that matches makes the row a no-op.
             table = connection.ops.quote_name(model._meta.db_table)
-            cur.execute(f"INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT DO NOTHING", params)
+            target = f" ({connection.ops.quote_name(conflict_on)})" if conflict_on else ""
+            cur.execute(f"INSERT INTO {table} ({columns}) VALUES {values} ON CONFLICT{target} DO NOTHING", params)
             written += max(cur.rowcount, 0)
     return written

@@ -101,6 +101,11 @@ def run_statuses(*, run_ids: list[str]) -> dict[str, str]:
     return dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))
 
 
+def runnable_runs_count() -> int:
+    """Runs of every tenant that a worker may still be moving (`queued`, `running`)."""
+    return Run.objects.filter(status__in=RUNNABLE).count()
+
+
 def paused_runs_count() -> int:
     return Run.objects.filter(status=RunStatus.PAUSED).count()
 

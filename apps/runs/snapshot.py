@@ -8,7 +8,10 @@ Export reads; restore writes through apps.runs.store (the one writer of
 runs_* tables). A run keeps its ids, session, step and counters, so it
 continues where it stopped; its lease is cleared (no worker of this instance
 holds it). A restored run whose parent is not in the snapshot becomes
-top-level. Runs restored `paused` into a running runtime are resumed at once
+top-level. A run is refused (400 `snapshot_invalid`) unless its ids are idents,
+its JSON columns have the engine's shapes, and its def (mapped here) is of its
+tenant or shared and of its agent name; its child rows take its tenant, user and
+agent. Runs restored `paused` into a running runtime are resumed at once
 (`paused_runs_resumed`); into a paused one they wait for `POST /v1/_resume`.
 """
 
@@ -22,6 +25,7 @@ from django.db import transaction
 from django.db.models import AutoField, Model
 
 from apps.core.errors import Invalid
+from apps.core.ids import is_ident
 from apps.core.rows import row_dump
 from apps.runs import signals, store
 from apps.runs.dispatch import enqueue_iteration
@@ -30,6 +34,7 @@ from apps.runs.selectors import runtime_state
 from apps.runs.store.snapshot import CHILD_TABLES
 from apps.substrate.models import AgentDef
 
+_MODES = ("ro", "rw")
 _CLEARED: dict[str, Any] = {"lease_owner": "", "lease_until": None}  # worker state of the capturing instance
 
 
@@ -42,7 +47,7 @@ class RunsRestored:
     run_inputs_restored: int
     tool_calls_restored: int
     interrupts_restored: int
-    run_ids: frozenset[str]  # the runs this restore wrote
+    run_tenants: dict[str, str]  # the runs this restore wrote, with their tenants
 
 
 def paused_runs_export() -> list[dict[str, Any]]:
@@ -68,35 +73,107 @@ def _local_keys(model: type[Model]) -> tuple[str, ...]:
     return ("id", "run_id") if isinstance(model._meta.pk, AutoField) else ("run_id",)
 
 
-def _checked(entry: Any, def_ids: dict[str, str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """A snapshot entry as (run row with its def mapped here, child rows); refuses malformed ones."""
+def _checked(
+    entry: Any, def_ids: dict[str, str], run_ids: set[str]
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """A snapshot entry as (run row with its def mapped here and its parent among `run_ids`
+    or none, child rows); refuses malformed ones."""
     run = entry.get("run") if isinstance(entry, dict) else None
     if not isinstance(run, dict) or not isinstance(run.get("id"), str) or not isinstance(run.get("depth", 0), int):
         raise Invalid("a paused_runs entry needs a run object with a string id", code="snapshot_invalid")
     if run.get("status") not in PARKED:
         raise Invalid(f"run {run['id']}: only parked runs are restored", code="snapshot_invalid")
-    pinned = str(run.get("agent_def_id"))
-    mapped = def_ids.get(pinned) or (pinned if AgentDef.objects.filter(id=pinned).exists() else None)
-    if mapped is None:
-        raise Invalid(
-            f"run {run['id']} pins agent def {pinned}, in neither the snapshot nor here", code="snapshot_invalid"
-        )
+    _check_ids(run)
+    _check_shapes(run)
     rows = {key: entry.get(key, []) for key in CHILD_TABLES}
     if not all(isinstance(v, list) and all(isinstance(r, dict) for r in v) for v in rows.values()):
         raise Invalid(f"run {run['id']}: child rows must be lists of objects", code="snapshot_invalid")
-    return {**run, "agent_def_id": mapped, **_CLEARED}, rows
+    parent = run.get("parent_id")
+    return {
+        **run,
+        "agent_def_id": _def_here(run, def_ids),
+        "parent_id": parent if parent in run_ids else None,  # as export does: a parent not carried is not here
+        **_CLEARED,
+    }, rows
+
+
+def _check_ids(run: dict[str, Any]) -> None:
+    """The run's id, agent id and parent id are idents (SPEC 2.0), its tenant "" or one."""
+    ids = {"id": run["id"], "agent_id": run.get("agent_id")}
+    if run.get("parent_id") is not None:
+        ids["parent_id"] = run["parent_id"]
+    if run.get("tenant_id", "") != "":
+        ids["tenant_id"] = run["tenant_id"]
+    for key, value in ids.items():
+        if not isinstance(value, str) or not is_ident(value):
+            raise Invalid(f"run {run['id']!r}: {key} must match [A-Za-z0-9_-]{{1,128}}", code="snapshot_invalid")
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _volume(value: Any) -> bool:
+    """One binding as VolumeBinding.as_dict() writes it (apps.core.tools)."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or value.get("mode", "ro") not in _MODES:
+        return False
+    texts = all(isinstance(value.get(k, ""), str) for k in ("path", "root_run_id"))
+    return texts and all(isinstance(value.get(k, False), bool) for k in ("default", "ephemeral"))
+
+
+def _check_shapes(run: dict[str, Any]) -> None:
+    """The JSON columns the engine reads have the shapes run creation gives them
+    (apps.runs.services): `tools` and `allowed_hosts` lists of strings, `caller_tools`
+    none or one, `volumes` a list of bindings."""
+    bad = [
+        key
+        for key, ok in (
+            ("tools", _strings(run.get("tools", []))),
+            ("allowed_hosts", _strings(run.get("allowed_hosts", []))),
+            ("caller_tools", run.get("caller_tools") is None or _strings(run.get("caller_tools"))),
+            ("volumes", isinstance(run.get("volumes", []), list) and all(map(_volume, run.get("volumes", [])))),
+        )
+        if not ok
+    ]
+    if bad:
+        raise Invalid(
+            f"run {run['id']}: {', '.join(bad)} not as the engine keeps them (lists of strings; volume bindings)",
+            code="snapshot_invalid",
+            details={"run_id": run["id"], "fields": bad},
+        )
+
+
+def _def_here(run: dict[str, Any], def_ids: dict[str, str]) -> str:
+    """The def of this instance `run` pins: its snapshot def mapped, or the same id here; either
+    way of the run's tenant (or shared, "") and of the run's agent name, else 400."""
+    pinned = str(run.get("agent_def_id"))
+    mapped = def_ids.get(pinned, pinned)
+    found = AgentDef.objects.filter(id=mapped).values_list("tenant_id", "name").first()
+    if found is None:
+        raise Invalid(
+            f"run {run['id']} pins agent def {pinned}, in neither the snapshot nor here", code="snapshot_invalid"
+        )
+    if found[0] not in ("", run.get("tenant_id", "")) or found[1] != run.get("agent_name"):
+        raise Invalid(
+            f"run {run['id']} pins agent def {pinned}, which is not its tenant's agent {run.get('agent_name')!r}",
+            code="snapshot_invalid",
+        )
+    return mapped
 
 
 def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsRestored:
     """Inside the restore's transaction: every run not already here, whole; paused
     ones resumed on commit when the runtime is running."""
-    checked = sorted((_checked(e, def_ids) for e in entries), key=lambda pair: int(pair[0].get("depth", 0)))
+    run_ids = {e["run"].get("id") for e in entries if isinstance(e, dict) and isinstance(e.get("run"), dict)}
+    checked = sorted((_checked(e, def_ids, run_ids) for e in entries), key=lambda pair: int(pair[0].get("depth", 0)))
     totals: dict[str, int] = defaultdict(int)
     written: list[tuple[str, str]] = []
+    tenants: dict[str, str] = {}
     for run, rows in checked:
         done = store.run_restore(run=run, children=rows)
         if done.run:
             written.append((run["id"], str(run.get("status"))))
+            tenants[run["id"]] = str(run.get("tenant_id", ""))
             for key in CHILD_TABLES:
                 totals[key] += getattr(done, key)
     return RunsRestored(
@@ -107,7 +184,7 @@ def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsR
         run_inputs_restored=totals["inputs"],
         tool_calls_restored=totals["tool_calls"],
         interrupts_restored=totals["interrupts"],
-        run_ids=frozenset(r for r, _ in written),
+        run_tenants=tenants,
     )
 
 

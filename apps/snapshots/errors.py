@@ -17,6 +17,10 @@ class NotPaused(Conflict):
     code = "not_paused"
 
 
+class RunsNotParked(Conflict):
+    code = "runs_not_parked"
+
+
 class SnapshotTooLarge(PayloadTooLarge):
     code = "snapshot_too_large"
 

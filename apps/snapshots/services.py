@@ -1,8 +1,9 @@
 """Capture, restore and delete snapshots (SPEC 2.4, 4.6).
 
 Invariants:
-- A capture needs the runtime `paused` (409 `not_paused` otherwise), and
-  reads every section in one REPEATABLE READ, READ ONLY transaction: one
+- A capture needs the runtime `paused` (409 `not_paused`) and no run queued
+  or running (409 `runs_not_parked`, after a pause that timed out), both read
+  in the same REPEATABLE READ, READ ONLY transaction as every section: one
   consistent picture even if a straggler parks meanwhile.
 - A capture never holds more than `max_bytes` of envelope (413
   `snapshot_too_large` as soon as a section passes it); it is stored once,
@@ -32,9 +33,16 @@ from apps.evaluations import snapshot as evaluations_snapshot
 from apps.memory import snapshot as memory_snapshot
 from apps.runs import snapshot as runs_snapshot
 from apps.runs.models import RuntimeStateValue
-from apps.runs.selectors import runtime_state
+from apps.runs.selectors import runnable_runs_count, runtime_state
 from apps.snapshots import envelope as env
-from apps.snapshots.errors import NotPaused, SnapshotIdConflict, SnapshotInvalid, SnapshotNotFound, SnapshotTooLarge
+from apps.snapshots.errors import (
+    NotPaused,
+    RunsNotParked,
+    SnapshotIdConflict,
+    SnapshotInvalid,
+    SnapshotNotFound,
+    SnapshotTooLarge,
+)
 from apps.snapshots.models import Snapshot
 from apps.snapshots.selectors import snapshot_content
 from apps.substrate import snapshot as substrate_snapshot
@@ -55,19 +63,30 @@ def _sections() -> Iterator[tuple[str, Any]]:
     yield "evaluations", evaluations_snapshot.evaluations_export()
 
 
+def _quiet_then_read(max_bytes: int) -> str:
+    """In the capture's picture of the database: the runtime paused and no run runnable
+    (a pause that timed out leaves some moving), then every section."""
+    if runtime_state() != RuntimeStateValue.PAUSED:
+        raise NotPaused("pause the runtime first (POST /v1/_pause): a snapshot of moving runs is not consistent")
+    if moving := runnable_runs_count():
+        raise RunsNotParked(
+            f"{moving} run(s) are still queued or running (the pause timed out?); capture once they park",
+            details={"runnable_runs": moving},
+        )
+    return env.sections_text(_sections(), max_bytes=max_bytes)
+
+
 def _read_sections(max_bytes: int) -> str:
     if connection.in_atomic_block:  # inside a caller's transaction (a test's): that one's picture
-        return env.sections_text(_sections(), max_bytes=max_bytes)
+        return _quiet_then_read(max_bytes)
     with transaction.atomic():
         with connection.cursor() as cur:  # the transaction's first statement: one snapshot of the database
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        return env.sections_text(_sections(), max_bytes=max_bytes)
+        return _quiet_then_read(max_bytes)
 
 
 def snapshot_capture(*, label: str = "", max_bytes: int | None = None) -> Snapshot:
     """Capture the paused runtime into a stored snapshot; `max_bytes` may only lower the configured cap."""
-    if runtime_state() != RuntimeStateValue.PAUSED:
-        raise NotPaused("pause the runtime first (POST /v1/_pause): a snapshot of moving runs is not consistent")
     cap = min(max_bytes or settings.LOOMCYCLE.snapshot_max_bytes, settings.LOOMCYCLE.snapshot_max_bytes)
     now = datetime.fromtimestamp(time.time(), tz=UTC)
     snapshot_id = new_snapshot_id(now)
@@ -102,7 +121,7 @@ def _restore_rows(rows: dict[str, Any]) -> dict[str, int]:
         raise SnapshotInvalid("section channels must hold an object")
     channels = channels_snapshot.channels_restore(channels_section)
     runs = runs_snapshot.paused_runs_restore(_list(rows, "paused_runs"), def_ids=defs.def_ids)
-    waits = channels_snapshot.channel_waits_restore(channels_section, run_ids=set(runs.run_ids))
+    waits = channels_snapshot.channel_waits_restore(channels_section, run_tenants=runs.run_tenants)
     return {
         "agent_defs_restored": defs.agent_defs_restored,
         "agent_def_active_restored": defs.agent_def_active_restored,
@@ -111,7 +130,9 @@ def _restore_rows(rows: dict[str, Any]) -> dict[str, int]:
         "channel_messages_restored": channels.channel_messages_restored,
         "channel_cursors_restored": channels.channel_cursors_restored,
         "channel_waits_restored": waits,
-        "evaluations_restored": evaluations_snapshot.evaluations_restore(_list(rows, "evaluations")),
+        "evaluations_restored": evaluations_snapshot.evaluations_restore(
+            _list(rows, "evaluations"), def_ids=defs.def_ids
+        ),
         "paused_runs_restored": runs.paused_runs_restored,
         "paused_runs_resumed": runs.paused_runs_resumed,
         "transcript_events_restored": runs.transcript_events_restored,

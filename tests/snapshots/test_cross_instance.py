@@ -182,8 +182,8 @@ def _assert_refused(b: str, envelope: dict[str, Any]) -> None:
     answer = httpx.post(f"{b}/v1/_snapshots/{envelope['id']}/restore", json={"json": tampered}, timeout=60)
     assert (answer.status_code, answer.json()["code"]) == (422, "snapshot_checksum_mismatch")
     newer = copy.deepcopy(envelope)
-    newer["sections"]["paused_runs"]["version"] = "1.1"
+    newer["sections"]["paused_runs"]["version"] = "1.2"
     newer["checksum"] = checksum_of(canonical(newer["sections"]))  # a well-formed envelope from a newer build
     answer = httpx.post(f"{b}/v1/_snapshots/{envelope['id']}/restore", json={"json": newer}, timeout=60)
     assert (answer.status_code, answer.json()["code"]) == (422, "snapshot_version_too_new")
-    assert answer.json()["details"] == {"section": "paused_runs", "version": "1.1", "supported": "1.0"}
+    assert answer.json()["details"] == {"section": "paused_runs", "version": "1.2", "supported": "1.1"}

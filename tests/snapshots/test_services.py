@@ -245,3 +245,48 @@ def test_a_run_parked_on_a_question_moves_with_its_interrupt() -> None:
         asked.options,
     )
     assert Run.objects.get(id=run.id).status == RunStatus.AWAITING_INTERRUPT
+
+
+def test_an_evaluation_follows_its_def_to_this_instances_id(paused: None) -> None:
+    """The capturing instance's def id is mapped to the twin def here (same tenant, name, content)."""
+    author = Author(tenant_id="acme", subject="ops", is_admin=True)
+    created = def_create(
+        get_kind("agent"), author, {"name": "scored", "overlay": {"provider": "mock", "model": "mock-script"}}
+    )
+    envelope = _envelope()
+    rows = envelope["sections"]
+    (row,) = [r for r in rows["agent_defs"]["rows"] if r["id"] == created["def_id"]]
+    row["id"] = "def_00000000000000dd"  # the id the other instance minted for the same def
+    rows["evaluations"]["rows"] = [
+        {
+            "eval_id": "eval_00000000000000ee",
+            "tenant_id": "acme",
+            "run_id": "r_0123456789abcdef",
+            "def_id": "def_00000000000000dd",
+            "agent_name": "scored",
+            "score": 0.5,
+            "emitter_role": "external",
+        }
+    ]
+    envelope["checksum"] = checksum_of(canonical(rows))
+    assert services.snapshot_restore(envelope=envelope)["evaluations_restored"] == 1
+    assert Evaluation.objects.get(eval_id="eval_00000000000000ee").def_id == created["def_id"]
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (None, "cannot read"),  # no such file
+        (b"{not json", "invalid_json: bad json"),
+        (b"\xff\xfe", "invalid_json: bad json"),
+        (b'{"format": "loomcycle-snapshot", "x": "nul\\u0000"}', "invalid_body"),
+    ],
+)
+def test_manage_py_snapshot_restore_turns_a_bad_file_into_a_command_error(
+    db: None, tmp_path: Path, content: bytes | None, error: str
+) -> None:
+    file = tmp_path / "in.json"
+    if content is not None:
+        file.write_bytes(content)
+    with pytest.raises(CommandError, match=error):
+        call_command("snapshot", "restore", str(file))

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.core.errors import ApplicationError
+from apps.core.http import loads_checked
 from apps.snapshots import selectors, services
 
 
@@ -37,15 +38,22 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code}: {exc.message}") from exc
 
     def _export(self, snapshot_id: str, file: Path) -> None:
-        file.write_text(selectors.snapshot_content(snapshot_id=snapshot_id), encoding="utf-8")
+        content = selectors.snapshot_content(snapshot_id=snapshot_id)
+        try:
+            file.write_text(content, encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"cannot write {file}: {exc.strerror or exc}") from exc
         self.stdout.write(f"wrote {file} ({file.stat().st_size} bytes)")
 
     def _restore(self, file: Path) -> None:
+        """The file parsed as the API parses a body (apps.core.http.loads_checked: bad JSON,
+        or text the store cannot keep, is an error with its code), then restored."""
         cap = settings.LOOMCYCLE.snapshot_max_bytes
-        if file.stat().st_size > cap:
-            raise CommandError(f"{file} is larger than LOOMCYCLE_SNAPSHOT_MAX_BYTES ({cap})")
         try:
-            envelope = json.loads(file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CommandError(f"{file} is not JSON: {exc}") from exc
+            if file.stat().st_size > cap:
+                raise CommandError(f"{file} is larger than LOOMCYCLE_SNAPSHOT_MAX_BYTES ({cap})")
+            raw = file.read_bytes()
+        except OSError as exc:
+            raise CommandError(f"cannot read {file}: {exc.strerror or exc}") from exc
+        envelope = loads_checked(raw)  # an Invalid becomes a CommandError in handle()
         self.stdout.write(json.dumps(services.snapshot_restore(envelope=envelope), indent=2))

@@ -1,0 +1,178 @@
+"""A restore ties every row to its run (review findings on snapshots): child rows take
+the run's tenant, user and agent; a parent not carried becomes none; a run may pin only
+a def of its own tenant (or shared) and of its own agent name; a channel wait may wait
+only on its tenant's channels. In-process (the engine parks the run here)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from apps.core.errors import Conflict, Invalid
+from apps.runs import engine, store
+from apps.runs.models import Interrupt, Run, RuntimeStateValue
+from apps.snapshots import services
+from apps.snapshots.envelope import canonical, checksum_of
+from apps.snapshots.errors import RunsNotParked
+from tests.runs.test_interrupts import ask_run
+
+pytestmark = pytest.mark.usefixtures("agents", "no_workers")
+
+
+def _set_state(state: str) -> None:
+    with transaction.atomic():
+        store.runtime_state_lock()
+        store.runtime_state_set(state)
+
+
+@dataclass
+class Captured:
+    run: Run
+    envelope: dict[str, Any]
+
+    def edited(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A deep copy of the envelope and its one paused_runs entry, to edit."""
+        moved = copy.deepcopy(self.envelope)
+        (entry,) = moved["sections"]["paused_runs"]["rows"]
+        return moved, entry
+
+    def restore(self, envelope: dict[str, Any]) -> dict[str, int]:
+        """Restore `envelope` (checksum recomputed) with the run gone here first."""
+        envelope["checksum"] = checksum_of(canonical(envelope["sections"]))
+        Run.objects.filter(id=self.run.id).delete()
+        Interrupt.objects.filter(run_id=self.run.id).delete()
+        return services.snapshot_restore(envelope=envelope)
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    """A run of tenant "" parked on a question, captured with the runtime paused."""
+    run = ask_run()
+    engine.run_iterate(run_id=run.id, step=0)
+    _set_state(RuntimeStateValue.PAUSED)
+    try:
+        yield Captured(run, json.loads(services.snapshot_capture(label="checks").content))
+    finally:
+        _set_state(RuntimeStateValue.RUNNING)
+
+
+def test_child_rows_take_the_runs_tenant_user_and_agent(captured: Captured) -> None:
+    envelope, entry = captured.edited()
+    entry["interrupts"][0].update(tenant_id="globex", user_id="mallory", agent_id="a_someone_else", agent_name="x")
+    assert captured.restore(envelope)["interrupts_restored"] == 1
+    back = Interrupt.objects.get(run_id=captured.run.id)
+    assert (back.tenant_id, back.user_id, back.agent_id, back.agent_name) == ("", "u1", captured.run.agent_id, "asker")
+
+
+def test_a_parent_not_in_the_snapshot_is_dropped(captured: Captured) -> None:
+    _set_state(RuntimeStateValue.RUNNING)
+    other = ask_run()  # here, runnable, not in the snapshot
+    envelope, entry = captured.edited()
+    entry["run"]["parent_id"] = other.id
+    assert captured.restore(envelope)["paused_runs_restored"] == 1
+    assert Run.objects.get(id=captured.run.id).parent_id is None
+
+
+def _def_row(envelope: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for r in envelope["sections"]["agent_defs"]["rows"] if r["name"] == name)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda row: {**row, "id": "def_00000000000000bb", "tenant_id": "globex"}, id="another-tenant"),
+        pytest.param(lambda row: {**row, "id": "def_00000000000000cc", "name": "not-asker"}, id="another-name"),
+    ],
+)
+def test_a_run_may_pin_only_its_tenants_def_of_its_agent(captured: Captured, edit: Any) -> None:
+    envelope, entry = captured.edited()
+    foreign = edit({**_def_row(envelope, "asker"), "content_sha256": "sha256:" + "1" * 64, "parent_id": None})
+    envelope["sections"]["agent_defs"]["rows"].append(foreign)
+    entry["run"]["agent_def_id"] = foreign["id"]
+    with pytest.raises(Invalid) as refused:
+        captured.restore(envelope)
+    assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
+    assert "which is not its tenant's agent 'asker'" in refused.value.message
+    assert not Run.objects.filter(id=captured.run.id).exists()
+
+
+def test_a_wait_on_another_tenants_channel_is_refused(captured: Captured) -> None:
+    envelope, _entry = captured.edited()
+    channels = envelope["sections"]["channels"]["rows"]
+    channels["defs"].append({"tenant_id": "globex", "name": "globex-secrets", "scope": "global", "source": "runtime"})
+    channels["waits"].append(
+        {
+            "run_id": captured.run.id,
+            "call_id": "call_w",
+            "tenant_id": "globex",
+            "op": "subscribe",
+            "streams": ["globex-secrets\x1fglobal\x1f"],
+            "request": {},
+            "deadline": "2099-01-01T00:00:00+00:00",
+            "wake_at": "2099-01-01T00:00:00+00:00",
+            "created_at": "2026-01-01T00:00:00+00:00",
+        }
+    )
+    with pytest.raises(Invalid) as refused:
+        captured.restore(envelope)
+    assert (refused.value.code, refused.value.details["channels"]) == ("snapshot_invalid", ["globex-secrets"])
+    assert not Run.objects.filter(id=captured.run.id).exists()
+
+
+def test_a_run_whose_agent_id_is_taken_here_is_a_409_not_a_silent_skip(captured: Captured) -> None:
+    envelope, entry = captured.edited()
+    entry["run"]["id"] = "r_00000000000000ff"  # the same (agent_id, tenant) as the run still here
+    entry["interrupts"] = []
+    envelope["checksum"] = checksum_of(canonical(envelope["sections"]))
+    with pytest.raises(Conflict) as refused:
+        services.snapshot_restore(envelope=envelope)
+    assert (refused.value.status, refused.value.code) == (409, "snapshot_conflict")
+    assert refused.value.details["run_id"] == "r_00000000000000ff"
+    assert "r_00000000000000ff" in refused.value.message
+    assert not Run.objects.filter(id="r_00000000000000ff").exists()
+    assert set(services.snapshot_restore(envelope=captured.envelope).values()) == {0}  # a known id: skipped
+
+
+def test_capture_refuses_while_a_run_is_still_runnable() -> None:
+    """After a pause that timed out a run can still be queued or running: no capture then."""
+    ask_run()  # queued: no worker claims it here
+    _set_state(RuntimeStateValue.PAUSED)
+    try:
+        with pytest.raises(RunsNotParked) as refused:
+            services.snapshot_capture(label="too early")
+    finally:
+        _set_state(RuntimeStateValue.RUNNING)
+    assert (refused.value.status, refused.value.code, refused.value.details) == (
+        409,
+        "runs_not_parked",
+        {"runnable_runs": 1},
+    )
+    assert "1 run(s) are still queued or running" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda e: e["interrupts"][0].update(status="bogus"), "status: 'bogus' is not one of its choices"),
+        (lambda e: e["run"].update(agent_id="a b"), "agent_id must match [A-Za-z0-9_-]{1,128}"),
+        (lambda e: e["run"].update(tenant_id="acme/x"), "tenant_id must match [A-Za-z0-9_-]{1,128}"),
+        (lambda e: e["run"].update(tools="Read"), "tools not as the engine keeps them"),
+        (lambda e: e["run"].update(allowed_hosts=[1]), "allowed_hosts not as the engine keeps them"),
+        (lambda e: e["run"].update(volumes=[{"name": "v", "mode": "all"}]), "volumes not as the engine keeps them"),
+        (lambda e: e["run"].update(volumes={"name": "v"}), "volumes not as the engine keeps them"),
+    ],
+)
+def test_a_row_the_engine_could_not_use_is_a_400(captured: Captured, edit: Any, message: str) -> None:
+    envelope, entry = captured.edited()
+    edit(entry)
+    with pytest.raises(Invalid) as refused:
+        captured.restore(envelope)
+    assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
+    assert message in refused.value.message
+    assert not Run.objects.filter(id=captured.run.id).exists()

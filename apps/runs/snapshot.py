@@ -24,12 +24,13 @@ from typing import Any
 from django.db import transaction
 from django.db.models import AutoField, Model
 
-from apps.core.errors import Invalid
+from apps.core.errors import ApplicationError, Invalid
 from apps.core.ids import is_ident
 from apps.core.rows import row_dump
 from apps.runs import signals, store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import PARKED, Run, RunStatus, RuntimeStateValue
+from apps.runs.registry import resolve_volumes
 from apps.runs.selectors import runtime_state
 from apps.runs.store.snapshot import CHILD_TABLES
 from apps.substrate.models import AgentDef
@@ -91,10 +92,40 @@ def _checked(
     parent = run.get("parent_id")
     return {
         **run,
+        "volumes": _volumes_here(run),
         "agent_def_id": _def_here(run, def_ids),
         "parent_id": parent if parent in run_ids else None,  # as export does: a parent not carried is not here
         **_CLEARED,
     }, rows
+
+
+def _volumes_here(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's volume bindings with this instance's directories: a host path is never taken
+    from the file (the checksum is no authentication). Each named volume is bound again as
+    run creation binds it (the volume resolver: yaml `volumes:` or the tenant's VolumeDefs),
+    keeping the snapshot's mode, default flag and ephemeral root; a volume unknown here, or
+    `ro` here where the run had `rw`, is a 400."""
+    out = []
+    for binding in run.get("volumes", []):
+        if binding.get("ephemeral"):
+            out.append({**binding, "path": ""})  # ephemeral ones live under this instance's volumes root
+            continue
+        spec = {"name": binding["name"], "mode": binding["mode"], "default": binding.get("default", False)}
+        tenant_id = run.get("tenant_id", "")
+        try:
+            found = resolve_volumes(tenant_id=tenant_id, definition={"volumes": [spec]}, parent_id=None)
+        except ApplicationError as exc:
+            raise Invalid(
+                f"run {run['id']}: volume {binding['name']!r} cannot be bound here: {exc.message}",
+                code="snapshot_invalid",
+                details={"run_id": run["id"], "volume": binding["name"]},
+            ) from exc
+        if len(found) != 1:  # no volume resolver in this build
+            message = f"run {run['id']}: volume {binding['name']!r} is not configured here"
+            raise Invalid(message, code="snapshot_invalid")
+        here = found[0]
+        out.append({**binding, "path": here["path"]})
+    return out
 
 
 def _check_ids(run: dict[str, Any]) -> None:

@@ -176,3 +176,25 @@ def test_a_row_the_engine_could_not_use_is_a_400(captured: Captured, edit: Any, 
     assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
     assert message in refused.value.message
     assert not Run.objects.filter(id=captured.run.id).exists()
+
+
+def _binding(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "path": path, "mode": "rw", "default": True, "ephemeral": False, "root_run_id": ""}
+
+
+def test_a_volume_is_bound_to_this_instances_directory_never_the_files_path(captured: Captured) -> None:
+    envelope, entry = captured.edited()
+    entry["run"]["volumes"] = [_binding("work", "/etc")]  # the checksum is recomputed: no authentication
+    captured.restore(envelope)
+    (bound,) = Run.objects.get(id=captured.run.id).volumes
+    assert bound["path"] != "/etc" and bound["path"].endswith("/volumes-static/work")
+
+
+def test_a_volume_unknown_here_is_a_400(captured: Captured) -> None:
+    envelope, entry = captured.edited()
+    entry["run"]["volumes"] = [_binding("nowhere", "/srv/nowhere")]
+    with pytest.raises(Invalid) as refused:
+        captured.restore(envelope)
+    assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
+    assert "volume 'nowhere' cannot be bound here" in refused.value.message
+    assert not Run.objects.filter(id=captured.run.id).exists()

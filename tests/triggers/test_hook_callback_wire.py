@@ -81,7 +81,7 @@ def raw_server(serve: Serve) -> Iterator[tuple[str, list[bytes]]]:
 def answer(body: bytes, extra: bytes = b"") -> Serve:
     def serve(conn: socket.socket, head: bytes) -> None:
         conn.sendall(
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"  # one request a connection
             + extra
             + b"content-length: "
             + str(len(body)).encode()

@@ -170,6 +170,26 @@ def test_a_resolve_after_the_deadline_times_the_ask_out_itself(no_workers: None)
     assert Run.objects.get(id=run.id).status == RunStatus.RUNNING  # woken once, for the next iteration
 
 
+def test_an_answer_and_a_note_are_stored_redacted(no_workers: None) -> None:
+    """A human pasting the run's credential into a reply: the interrupt row keeps it masked, as the transcript does."""
+    secret = "cred-gh-9f8e7d6c5b4a"
+    free = [{"tool": "Interruption", "input": {"op": "ask", "question": "token?"}}]  # no options: any answer
+    for reply, column in (
+        (interrupts.Resolve(answer={"token": secret}), "answer"),
+        (interrupts.Resolve(answer=None, disposition="declined", note=f"use {secret} yourself"), "note"),
+    ):
+        prompt = "MOCK_SCRIPT: " + json.dumps([{"tools": free}, {"text": "done"}])
+        data = services.RunCreate(
+            agent="asker", segments=[Segment(text=prompt)], user_id="u1", credentials={"github": secret}
+        )
+        run = services.run_create(principal=ALICE, data=data)
+        engine.run_iterate(run_id=run.id, step=0)
+        row = Interrupt.objects.get(run_id=run.id)
+        interrupts.interrupt_resolve(tenant_id=None, owner=None, run_id=run.id, interrupt_id=row.id, reply=reply)
+        stored = Interrupt.objects.values(column).get(id=row.id)[column]
+        assert stored and secret not in json.dumps(stored), stored
+
+
 def test_an_ask_answered_after_every_worker_was_restarted(stack: WorkerPool, http: httpx.Client) -> None:
     run = ask_run()
     row = parked(run)

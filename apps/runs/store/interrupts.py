@@ -11,7 +11,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from apps.runs.models import Interrupt, InterruptStatus
+from apps.core.redact import Redactor, run_redactor
+from apps.runs.credentials import run_redactor_of
+from apps.runs.models import Interrupt, InterruptStatus, Run
 
 
 def interrupt_insert(interrupt: Interrupt) -> None:
@@ -39,10 +41,21 @@ def interrupt_finish(
     at: datetime | None = None,
 ) -> datetime | None:
     """Take a pending row to `status` at `at` (default now); its resolved_at, or None when it had
-    already left `pending`."""
+    already left `pending`. The answer and the note are stored redacted with the run's redactor
+    (its credentials and the runtime's secrets), as the question was and as the transcript's copy is."""
     now = at or timezone.now()
+    if answer is not None or note:
+        redactor = _redactor_of(interrupt_id)
+        answer, note = redactor.value(answer), redactor.text(note)
     # Conditional: a row leaves `pending` exactly once, whoever races for it.
     moved = Interrupt.objects.filter(id=interrupt_id, status=InterruptStatus.PENDING).update(
         status=status, answer=answer, note=note, resolved_by=resolved_by, resolved_at=now
     )
     return now if moved else None
+
+
+def _redactor_of(interrupt_id: str) -> Redactor:
+    found = Run.objects.filter(interrupts__id=interrupt_id).values_list("id", "credentials_sealed").first()
+    if found is None:  # no run (it cannot answer anyway): the runtime's secrets still apply
+        return run_redactor({})
+    return run_redactor_of(run_id=found[0], sealed=found[1])

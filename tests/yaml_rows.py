@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import DatabaseError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from apps.core.config import runtime_config
 from apps.substrate import selectors
@@ -105,13 +106,13 @@ def _capture(index: int) -> Template | None:
     return Template(tables=tuple(filled), inserts=tuple(inserts), made_at=made_at)
 
 
-def _insert(cursor: object, table: str, copy: str) -> str:
+def _insert(cursor: CursorWrapper, table: str, copy: str) -> str:
     """INSERT INTO table (...) SELECT ... FROM copy, each timestamptz column moved forward."""
-    cursor.execute(  # type: ignore[attr-defined]
+    cursor.execute(
         "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",
         [table],
     )
-    columns = cursor.fetchall()  # type: ignore[attr-defined]
+    columns = cursor.fetchall()
     names = ", ".join(_q(name) for name, _ in columns)
     values = ", ".join(
         f"{_q(name)} + (now() - %(shift_from)s)" if kind == "timestamp with time zone" else _q(name)

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from apps.core.redact import Redactor, run_redactor
+from apps.core.redact import Redactor, runtime_redactor
 from apps.runs.credentials import run_redactor_of
 from apps.runs.models import Interrupt, InterruptStatus, Run
 
@@ -57,5 +57,5 @@ def interrupt_finish(
 def _redactor_of(interrupt_id: str) -> Redactor:
     found = Run.objects.filter(interrupts__id=interrupt_id).values_list("id", "credentials_sealed").first()
     if found is None:  # no run (it cannot answer anyway): the runtime's secrets still apply
-        return run_redactor({})
+        return runtime_redactor()
     return run_redactor_of(run_id=found[0], sealed=found[1])

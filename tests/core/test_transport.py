@@ -204,7 +204,9 @@ def test_the_doorbells_of_a_worker_without_presence_go_back_to_the_front_of_thei
         assert held.recover_dead(channel, presence) == 0  # a live worker keeps what it holds
     finally:
         presence.delete(held.PRESENCE_PREFIX + held.WORKER_ID)
-    assert held.recover_dead(channel, presence) >= 1  # this process now looks dead (killed workers' too)
+    # This process now looks dead: its doorbells are recovered, here or by a session worker's lease sweep
+    # (it runs held.recover too, and may win the race), so the count here may be 0; the outcome may not vary.
+    held.recover_dead(channel, presence)
     assert not channel.client.exists(held.held_key())
     back = [base64.b64decode(m["body"]).decode() for m in reversed(queued(channel, queue))]  # BRPOP order
     assert back == ['"taken"', '"waiting"']

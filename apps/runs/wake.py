@@ -44,7 +44,8 @@ def run_answer(
 ) -> bool:
     """Append the result of parked call `call_id` (plus `events` before it) and
     wake the run if it was the last pending call. Must run inside a
-    transaction. False when the run is already terminal (nothing written)."""
+    transaction. False when nothing was written: the run is already terminal,
+    or waits for no call (a stray answer is dropped, never counted)."""
     target = store.answer_lock(run_id=run_id, call_id=call_id)
     if target is None:
         return False

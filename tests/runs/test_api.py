@@ -240,8 +240,9 @@ def test_websocket_unknown_run_closes_with_4404(web: str) -> None:
     assert info.value.rcvd is not None and info.value.rcvd.code == 4404
 
 
-def test_healthz_reports_postgres_redis_and_workers(http: httpx.Client) -> None:
-    body = http.get("/healthz").json()
+def test_healthz_reports_postgres_redis_and_workers(http: httpx.Client, stack: WorkerPool) -> None:
+    # A worker the pool just (re)started shows up once it has written its presence key.
+    body = wait_for(lambda: (b := http.get("/healthz").json())["workers"]["count"] >= 1 and b)
     assert body["ok"] is True and body["postgres"]["pgvector"]
     assert body["redis"]["ok"] is True and body["workers"]["count"] >= 1
 

@@ -81,3 +81,25 @@ def test_depth_limit_refuses_the_fourth_generation(stack: WorkerPool) -> None:
     [refusal] = tool_results(deepest.id)
     assert refusal["is_error"] is True and "depth limit (3)" in str(refusal["text"])
     assert all(r.status == RunStatus.COMPLETED for r in Run.objects.all())
+
+
+def test_a_report_to_a_parent_that_waits_for_no_call_is_dropped(no_workers: None) -> None:
+    """A child whose parent never parked for it (made with parent_id by hand,
+    as an import or an operator might) must not drive the parent's pending
+    call count below zero: its report is dropped and the parent is untouched."""
+    from apps.runs.prompt import Segment
+
+    def create(agent: str, parent_id: str | None = None) -> Run:
+        data = services.RunCreate(agent=agent, segments=[Segment(text="hi")], user_id="u", parent_id=parent_id)
+        return services.run_create(principal=ALICE, data=data)
+
+    parent = create("echo")
+    child = create("echo", parent.id)
+    Run.objects.filter(id=parent.id).update(status=RunStatus.RUNNING)
+    before = run_row(parent.id)
+    services.run_cancel(principal=ALICE, agent_id=child.agent_id)
+    assert run_row(child.id).status == RunStatus.CANCELLED
+    run_child_finished(child_id=child.id)
+    after = run_row(parent.id)
+    assert (after.pending_calls, after.last_seq, after.status) == (0, before.last_seq, RunStatus.RUNNING)
+    assert run_row(child.id).reported_to_parent is True

@@ -9,6 +9,7 @@ updates or inserts the run row.
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,8 @@ from apps.runs.credentials import run_redactor_of
 from apps.runs.models import Run, RunInput, RuntimeState
 from apps.runs.statuses import ANSWERABLE, PARKED, RUNNABLE, TERMINAL, RunStatus, ToolCallStatus
 from apps.runs.store.append import _advance, _append, _bases, _in, _json, _rows
+
+log = logging.getLogger("loomcycle.runs")
 
 
 @functools.cache
@@ -83,7 +86,7 @@ def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, i
 # The run row locked first (answers to one run are serialised), with the call's
 # started record in the same round trip.
 _ANSWER_LOCK_SQL = """
-SELECT r.status, r.step, rec.id, rec.step, rec.input, r.credentials_sealed, r.trace_context
+SELECT r.status, r.step, rec.id, rec.step, rec.input, r.credentials_sealed, r.trace_context, r.pending_calls
 FROM runs_run r
 LEFT JOIN LATERAL (
   SELECT id, step, input FROM runs_toolcallrecord WHERE run_id = r.id AND call_id = %s ORDER BY step DESC LIMIT 1
@@ -127,13 +130,18 @@ class AnswerTarget:
 
 def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
     """Inside the answerer's transaction: lock the run row (answers to one run
-    are serialised); None when the run is gone or terminal."""
+    are serialised); None when the run is gone or terminal, or waits for no
+    call (an answer nobody parked for is dropped: it must never drive
+    `pending_calls` below zero)."""
     with connection.cursor() as cur:
         cur.execute(_ANSWER_LOCK_SQL, [call_id, run_id])
         row = cur.fetchone()
     if row is None or row[0] in TERMINAL:
         return None
-    _, run_step, record_id, record_step, record_input, sealed, trace_context = row
+    _, run_step, record_id, record_step, record_input, sealed, trace_context, pending_calls = row
+    if pending_calls <= 0:
+        log.warning("answer to call %r of run %s dropped: the run waits for no call", call_id, run_id)
+        return None
     redactor = run_redactor_of(run_id=run_id, sealed=sealed)
     if record_id is None:
         return AnswerTarget(run_step, max(run_step - 1, 0), {}, None, redactor, trace_context)

@@ -120,15 +120,15 @@ def request_of(source: str, text: str) -> Request:
 def plan(run: ClaimedRun, rows: list[Row], requests: list[Request]) -> Plan | Skipped | None:
     """What this iteration does about compaction (before its model call); None: nothing."""
     settings = Settings.of(run.routing)
-    if not settings.enabled:  # requests were refused when made; a def changed since cannot enable one
+    request = requests[-1] if requests else None
+    # Every iteration passes here: with nothing asked and no automatic trigger, nothing is computed.
+    if not settings.enabled or (request is None and not settings.autocompact_at_pct):
         return None
     view = visible(rows)
     before = estimate_tokens(run.system, _messages(view))
     window = context_window(run.provider)
-    request = requests[-1] if requests else None
-    if request is None:
-        if not settings.autocompact_at_pct or before * 100 <= window * settings.autocompact_at_pct:
-            return None
+    if request is None and before * 100 <= window * settings.autocompact_at_pct:
+        return None
     trigger = request.trigger if request else Trigger.AUTO
     keep_n = (request.keep_last_n if request else None) or settings.keep_last_n
     keep_first = settings.keep_first if request is None or request.keep_first is None else request.keep_first

@@ -90,8 +90,11 @@ def visible(rows: Sequence[Row]) -> list[Entry]:
     return out
 
 
-def visible_rows(rows: Sequence[Row]) -> list[Row]:
-    """`visible` as (role, content) rows, what prompt.messages_from_rows merges into messages."""
+def visible_rows(rows: Sequence[Row]) -> Sequence[Row]:
+    """`visible` as (role, content) rows, what prompt.messages_from_rows merges into messages
+    (the rows themselves when there is no marker: every model call passes here)."""
+    if _latest_marker(rows) is None:
+        return rows
     return [(e.role, e.content) for e in visible(rows)]
 
 

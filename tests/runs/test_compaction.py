@@ -41,15 +41,15 @@ def events(run_id: str, *types: str) -> list[dict[str, Any]]:
     return [{"type": e.type, **e.payload} for e in rows if not types or e.type in types]
 
 
-def parked(run_id: str, turns: int) -> None:
+def parked(run_id: str, turns: int, timeout: float = 30) -> None:
     """Wait until the run has parked at awaiting_input `turns` times and is parked now."""
-    wait_for(lambda: len(events(run_id, "awaiting_input")) >= turns, timeout=30)
-    wait_status(run_id, RunStatus.AWAITING_INPUT, timeout=30)
+    wait_for(lambda: len(events(run_id, "awaiting_input")) >= turns, timeout=timeout)
+    wait_status(run_id, RunStatus.AWAITING_INPUT, timeout=timeout)
 
 
-def turn(run: Run, prompt: str, turns: int) -> None:
+def turn(run: Run, prompt: str, turns: int, timeout: float = 30) -> None:
     services.run_input(principal=ALICE, run_id=run.id, text=prompt)
-    parked(run.id, turns)
+    parked(run.id, turns, timeout)
 
 
 def echoed(run_id: str) -> list[dict[str, str]]:
@@ -90,7 +90,7 @@ def test_manual_compaction_keeps_the_last_turn_and_replays_on_new_workers(
     for pid in stack.pids():  # the compacted history lives in rows, not in a worker
         stack.kill(pid)
     stack.ensure()
-    turn(run, script("Turn three.", [{"echo": True}]), 4)
+    turn(run, script("Turn three.", [{"echo": True}]), 4, timeout=90)  # new processes start on a busy host
     seen = echoed(run.id)
     assert [m["role"] for m in seen] == ["user", "assistant", "user", "assistant", "user"]
     assert seen[0]["text"] == f"{SUMMARY_HEADER}{done['summary']}\n{two}"  # summary + the kept turn, verbatim
@@ -242,3 +242,23 @@ def test_an_invalid_compaction_block_is_refused() -> None:
     ):
         with pytest.raises(Refused, match=says):
             normalise_agent("bad", {**base, "compaction": block}, True)
+
+
+def test_the_latest_marker_rebuilds_the_history_and_keep_first_keeps_the_prompt() -> None:
+    prompt, one, two = _text("user", "the task"), _text("assistant", "a1"), _text("user", "u2")
+    marker = (MARKER_ROLE, [{"type": "compaction", "summary": "S1", "kept_rows": 2, "keep_first": True}])
+    rows = [prompt, one, two, _text("assistant", "a2"), marker, _text("user", "u3")]
+    view = visible(rows)
+    assert [(e.idx, e.content[0]["text"]) for e in view] == [
+        (0, "the task"),
+        (None, SUMMARY_HEADER + "S1"),
+        (2, "u2"),
+        (3, "a2"),
+        (5, "u3"),
+    ]
+    cut = choose_cut(view, keep_n=1, keep_first=True)  # the prompt stays ahead; summary 1 and turn u2 go
+    assert cut is not None and (cut.lead, cut.at) == (1, 4)
+    later = (MARKER_ROLE, [{"type": "compaction", "summary": "S2", "kept_rows": 1, "keep_first": False}])
+    assert messages_from_rows([*rows, later]) == [
+        {"role": "user", "content": [{"type": "text", "text": SUMMARY_HEADER + "S2"}, *rows[5][1]]}
+    ]

@@ -73,12 +73,18 @@ class Settings:
         block = (routing or {}).get("compaction") or {}
         return cls(
             enabled=block.get("enabled") is not False,
-            autocompact_at_pct=int(block.get("autocompact_at_pct") or 0),
-            target_percentage=int(block.get("target_percentage") or 0),
-            keep_last_n=int(block.get("keep_last_n") or DEFAULT_KEEP_N),
-            keep_first=bool(block.get("keep_first")),
+            autocompact_at_pct=_int(block.get("autocompact_at_pct")),
+            target_percentage=_int(block.get("target_percentage")),
+            keep_last_n=_int(block.get("keep_last_n")) or DEFAULT_KEEP_N,
+            keep_first=block.get("keep_first") is True,
             model=str(block.get("model") or ""),
         )
+
+
+def _int(value: Any) -> int:
+    """A setting's integer; 0 (off, or the default) for anything else: definitions are checked
+    when loaded (apps.substrate.kinds), but a row stored before that check may hold anything."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -132,10 +138,11 @@ def plan(run: ClaimedRun, rows: list[Row], requests: list[Request]) -> Plan | Sk
     trigger = request.trigger if request else Trigger.AUTO
     keep_n = (request.keep_last_n if request else None) or settings.keep_last_n
     keep_first = settings.keep_first if request is None or request.keep_first is None else request.keep_first
-    fits = None
-    if settings.target_percentage:
-        fits = lambda kept: estimate_tokens(run.system, _messages(kept)) * 100 <= window * settings.target_percentage  # noqa: E731
-    cut = choose_cut(view, keep_n=keep_n, keep_first=keep_first, fits=fits)
+
+    def fits(kept: list[Entry]) -> bool:
+        return estimate_tokens(run.system, _messages(kept)) * 100 <= window * settings.target_percentage
+
+    cut = choose_cut(view, keep_n=keep_n, keep_first=keep_first, fits=fits if settings.target_percentage else None)
     if cut is None:
         return None if trigger == Trigger.AUTO else Skipped(trigger, "no earlier turn to summarise")
     return Plan(trigger, cut, keep_n, before, _summary_request(run, settings, cut))

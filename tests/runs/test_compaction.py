@@ -229,6 +229,11 @@ def test_a_cut_never_separates_a_tool_use_from_its_result() -> None:
         cut = choose_cut(view, keep_n=keep_n, keep_first=False)
         assert cut is not None and cut.at == 5 and _paired(cut.kept) and _paired(cut.summarised)
     assert choose_cut(visible(rows[:5]), keep_n=1, keep_first=False) is None  # one turn: nothing to summarise
+    turns = visible([_text(role, str(n)) for n in range(3) for role in ("user", "assistant")])
+    two = choose_cut(turns, keep_n=2, keep_first=False)
+    assert two is not None and two.at == 2
+    small = choose_cut(turns, keep_n=2, keep_first=False, fits=lambda kept: len(kept) <= 2)  # target_percentage
+    assert small is not None and small.at == 4  # fewer turns kept, down to one
 
 
 def test_an_invalid_compaction_block_is_refused() -> None:

@@ -6,8 +6,8 @@ have `LOOMCYCLE_CONTEXT_WINDOW_DEFAULT` tokens, a conservative guess.
 
 The estimate is a character count, not a tokenizer: about four characters a
 token for English text and JSON, the same on every provider, so a threshold
-behaves alike everywhere. It errs high for dense non-Latin text and low for
-nothing in particular; compaction thresholds are percentages, which absorb it.
+behaves alike everywhere. It undercounts text that tokenizes densely (CJK
+runs nearer one or two characters a token): set thresholds lower for it.
 """
 
 from __future__ import annotations

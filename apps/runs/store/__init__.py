@@ -16,6 +16,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 - `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
+- `sessions`: the session decision lock, an enqueued run's promotion, the rollback mark, a replay's seed.
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -54,6 +55,7 @@ from apps.runs.store.hot import (
 )
 from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
+from apps.runs.store.sessions import seed_finish, session_lock, session_promote, session_rollback_mark
 from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
 
 __all__ = [
@@ -93,6 +95,10 @@ __all__ = [
     "runs_stale_release",
     "runtime_state_lock",
     "runtime_state_set",
+    "seed_finish",
+    "session_lock",
+    "session_promote",
+    "session_rollback_mark",
     "waiting_promote",
     "waiting_withdraw",
 ]

@@ -10,8 +10,9 @@ import json
 import pytest
 from django.db import IntegrityError, transaction
 
+from apps.core.errors import Conflict
 from apps.core.redact import runtime_redactor
-from apps.runs import services, session_services, sessions, store
+from apps.runs import operations, services, session_services, sessions, store
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import Segment
 from tests.conftest import ALICE
@@ -74,3 +75,17 @@ def test_history_repair_answers_every_unanswered_tool_use() -> None:
     )
     answered = [*rows[:2], ("user", [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}])]
     assert sessions.history_repaired(answered) == answered
+
+
+def test_retrying_a_failed_run_while_its_session_is_busy_is_409() -> None:
+    failed = start()
+    Run.objects.filter(id=failed.id).update(status=RunStatus.FAILED)  # as its worker would have left it
+    live = services.run_create(
+        principal=ALICE,
+        data=services.RunCreate(agent="scripted", segments=[Segment(text="next")], session_id=failed.session_id),
+    )
+    with pytest.raises(Conflict) as busy:
+        operations.run_retry(principal=ALICE, run_id=failed.id)
+    assert busy.value.code == "session_busy"
+    assert Run.objects.get(id=failed.id).status == RunStatus.FAILED
+    services.run_cancel(principal=ALICE, run_id=live.id)

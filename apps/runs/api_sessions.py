@@ -20,6 +20,7 @@ from apps.core.types import Principal
 from apps.runs import session_services
 from apps.runs.api import run_create_data, run_response
 from apps.runs.models import Run
+from apps.runs.schemas import RunCreatedOut
 from apps.runs.session_schemas import SessionMessageIn, SessionReplayIn, SessionReplayOut
 
 router = Router(tags=["sessions"])
@@ -47,6 +48,7 @@ def _continue(principal: Principal, session_id: str, data: SessionMessageIn) -> 
 
 @router.post(
     "/sessions/{session_id}/messages",
+    response={202: RunCreatedOut},
     openapi_extra=openapi_body(SessionMessageIn),
     summary="Continue a session: a new run that replays its history (SSE; background:true returns 202 JSON)",
 )

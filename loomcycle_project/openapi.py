@@ -54,12 +54,15 @@ ERROR_RESPONSES: dict[str, str] = {
 SSE_OPERATIONS: dict[str, str] = {
     "apps_runs_api_runs_stream": "The run's events as SSE (id: seq, event: kind, data: JSON)",
     "apps_runs_api_runs_create": "The run's events as SSE, unless background:true (then 202 JSON)",
+    "apps_runs_api_sessions_sessions_messages": "The new run's events as SSE, unless background:true (then 202 JSON)",
     "apps_gateway_api_chat_completions": "chat.completion.chunk frames as SSE when stream:true",
     "apps_gateway_api_llm_chat": "named SSE events when stream:true",
 }
 
 # Of those, the ones whose 200 is never JSON (POST /v1/runs answers JSON with 202).
-SSE_ONLY = frozenset({"apps_runs_api_runs_stream", "apps_runs_api_runs_create"})
+SSE_ONLY = frozenset(
+    {"apps_runs_api_runs_stream", "apps_runs_api_runs_create", "apps_runs_api_sessions_sessions_messages"}
+)
 
 # Path parameters that routes take as plain `str` and check in their service
 # (apps.core.ids.is_ident, the memory scope, a schedule's def_id): the same
@@ -72,6 +75,7 @@ PATH_PARAMS: dict[str, dict[str, Any]] = {
     "interrupt_id": {"type": "string", "pattern": IDENT},
     "def_id": {"type": "string", "pattern": "^def_[A-Za-z0-9_-]{1,124}$"},
     "snapshot_id": {"type": "string", "pattern": IDENT},
+    "session_id": {"type": "string", "pattern": IDENT},
     "scope": {"type": "string", "enum": list(MemoryScope.values)},
 }
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -41,25 +42,29 @@ def _check_ident(value: str, what: str) -> None:
         raise Invalid(f"invalid {what}: must match [A-Za-z0-9_-]{{1,128}}", code="invalid_request")
 
 
+def run_create_data(data: RunCreateIn) -> services.RunCreate:
+    """The service's input from the wire's (POST /v1/runs; the session routes adjust it)."""
+    return services.RunCreate(
+        agent=data.agent,
+        segments=data.segment_list(),
+        tools=data.tools,
+        allowed_hosts=data.allowed_hosts,
+        user_id=data.user_id or "",
+        tenant_id=data.tenant_id or "",
+        agent_id=data.agent_id,
+        metadata=data.metadata,
+        interactive=data.interactive,
+        max_iterations=data.max_iterations,
+        user_tier=data.user_tier,
+        credentials=credentials_from_wire(user_bearer=data.user_bearer, user_credentials=data.user_credentials),
+        session_id=data.session_id,
+        multitask_strategy=data.multitask_strategy,
+    )
+
+
 def _create(principal: Principal, data: RunCreateIn) -> Run:
     try:
-        return services.run_create(
-            principal=principal,
-            data=services.RunCreate(
-                agent=data.agent,
-                segments=data.segment_list(),
-                tools=data.tools,
-                allowed_hosts=data.allowed_hosts,
-                user_id=data.user_id or "",
-                tenant_id=data.tenant_id or "",
-                agent_id=data.agent_id,
-                metadata=data.metadata,
-                interactive=data.interactive,
-                max_iterations=data.max_iterations,
-                user_tier=data.user_tier,
-                credentials=credentials_from_wire(user_bearer=data.user_bearer, user_credentials=data.user_credentials),
-            ),
-        )
+        return services.run_create(principal=principal, data=run_create_data(data))
     finally:
         connection.close()
 
@@ -73,13 +78,19 @@ def _create(principal: Principal, data: RunCreateIn) -> Run:
 async def runs_create(request: HttpRequest) -> HttpResponseBase:
     data = parse_body(request, RunCreateIn, max_bytes=settings.LOOMCYCLE.max_request_bytes)
     principal: Principal = request_principal(request)
+    return await run_response(principal, data, partial(_create, principal, data))
+
+
+async def run_response(principal: Principal, data: RunCreateIn, create: Callable[[], Run]) -> HttpResponseBase:
+    """Start the run `create` makes (in a thread) and answer as POST /v1/runs does: SSE,
+    or 202 JSON with `background`."""
     if data.background:
-        run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
+        run = await sync_to_async(create, thread_sensitive=False)()
         body = {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
         return JsonResponse(body, status=202)
     slot = await astream_slot(principal)  # before the run exists: a 429 here starts nothing
     try:
-        run = await sync_to_async(_create, thread_sensitive=False)(principal, data)
+        run = await sync_to_async(create, thread_sensitive=False)()
         if run.status == RunStatus.WAITING_SLOT:  # over max_concurrent_runs: 429 if no slot within queue_timeout_ms
             with slot.kept():  # the wait may outlast the slot's TTL
                 await backpressure.slot_awaited(run.id, backpressure.limits().queue_timeout_ms)

@@ -60,6 +60,7 @@ from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import messages_from_rows
+from apps.runs.sessions import replayed_history
 from apps.runs.store import ClaimedRun, StepRows, Switched
 from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
 from apps.runs.toolrun import CallOutcome, run_calls
@@ -249,6 +250,8 @@ def _load_rows(run: ClaimedRun, write: StepWrite) -> list[tuple[str, list[dict[s
     """The transcript with this step's drained inputs appended; a compaction request
     among them is noted in `write.compact` instead (apps.runs.compacting)."""
     rows = list(run.transcript)
+    if run.replays_session:  # POST /v1/sessions/{id}/messages: the session's earlier turns come first
+        rows = replayed_history(tenant_id=run.tenant_id, session_id=run.session_id, turn=run.session_turn) + rows
     if run.pending_inputs:
         for input_id, text, source in store.pending_inputs(run_id=run.id):
             if compacting.is_request(source):

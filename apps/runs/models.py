@@ -19,6 +19,7 @@ from django.db import models
 
 from apps.runs.statuses import PARKED as PARKED
 from apps.runs.statuses import RUNNABLE as RUNNABLE
+from apps.runs.statuses import SESSION_IDLE as SESSION_IDLE
 from apps.runs.statuses import TERMINAL as TERMINAL
 from apps.runs.statuses import InterruptStatus as InterruptStatus
 from apps.runs.statuses import RunStatus as RunStatus
@@ -31,6 +32,12 @@ class Run(models.Model):
     id = models.CharField(primary_key=True, max_length=32)  # r_<16hex>
     agent_id = models.CharField(max_length=128)  # caller handle, a_<16hex> by default; unique per tenant
     session_id = models.CharField(max_length=32, db_index=True)  # s_<16hex>
+    # Sessions (apps.runs.sessions): the run's place in its session (0 = the run that made it),
+    # whether its model sees the session's earlier turns (POST /v1/sessions/{id}/messages), and
+    # whether a `rollback` dropped its turn from the history later runs replay.
+    session_turn = models.PositiveIntegerField(default=0)
+    replays_session = models.BooleanField(default=False)
+    session_rolled_back = models.BooleanField(default=False)
     tenant_id = models.CharField(max_length=128, default="", blank=True)
     user_id = models.CharField(max_length=128, default="", blank=True)
     agent_name = models.CharField(max_length=128)
@@ -97,6 +104,13 @@ class Run(models.Model):
             # Per tenant, so another tenant's agent_id can be neither probed (409) nor squatted.
             # agent_id first: the index also serves an admin's lookup by agent_id alone.
             models.UniqueConstraint(fields=["agent_id", "tenant_id"], name="run_tenant_agent_id"),
+            # One in-flight run per session, cluster-wide (apps.runs.sessions): enqueued runs
+            # (`waiting_session`) and ended ones are outside the index.
+            models.UniqueConstraint(
+                fields=["session_id"],
+                name="run_session_live",
+                condition=models.Q(parent__isnull=True) & ~models.Q(status__in=SESSION_IDLE),
+            ),
         ]
         indexes = [
             models.Index(fields=["tenant_id", "user_id", "status"], name="run_user_status"),

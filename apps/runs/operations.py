@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from apps.core.errors import Conflict, Invalid, RuntimePaused
 from apps.core.redact import runtime_redactor
@@ -54,6 +54,9 @@ def run_retry(*, principal: Principal, run_id: str) -> dict[str, Any]:
             step, last_seq = reopened
             transaction.on_commit(lambda: wake_and_enqueue(run.id, last_seq, step))
             signals.send_on_commit(signals.run_resumed, run_id=run.id)
+    except IntegrityError as exc:  # another run of its session is in flight (index run_session_live)
+        reopened = None
+        raise Conflict(f"run {run.id}'s session has a run in flight", code="session_busy") from exc
     finally:
         if reopened is None:
             fairness.run_slot_release(run.id)

@@ -31,7 +31,10 @@ class RunCreateIn(BaseModel):
     interactive: bool | None = None
     max_iterations: int | None = Field(default=None, ge=1, le=2**20)
     user_tier: str | None = Field(default=None, max_length=64)
-    session_id: str | None = None  # refused below: continuation is not built yet
+    session_id: str | None = None  # append to this session, without replaying it (SPEC 4.5)
+    # With session_id, when the session has a run in flight: reject | enqueue | interrupt | rollback
+    # (apps.runs.sessions; checked there: 422 invalid_multitask_strategy).
+    multitask_strategy: str | None = Field(default=None, max_length=32)
     # Checked by apps.runs.credentials (400 invalid_credentials), so typed loosely here; never echoed.
     user_bearer: Any = Field(default=None, repr=False)
     user_credentials: dict[str, Any] | None = Field(default=None, repr=False)
@@ -66,9 +69,7 @@ class RunCreateIn(BaseModel):
     @field_validator("session_id")
     @classmethod
     def _session(cls, v: str | None) -> str | None:
-        if v is not None:
-            raise ValueError("session continuation is not supported by this build yet; omit session_id")
-        return v
+        return _ident(v, "session_id")
 
     def segment_list(self) -> list[Segment]:
         if self.segments:

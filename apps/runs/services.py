@@ -30,7 +30,7 @@ from apps.core.redact import Redactor, run_redactor, runtime_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import backpressure, registry, signals, store, tracing
+from apps.runs import backpressure, registry, sessions, signals, store, tracing
 from apps.runs.compaction_service import compaction_routing
 from apps.runs.credentials import credentials_check, run_redactor_of, seal
 from apps.runs.dispatch import enqueue_iteration, notify_events
@@ -74,6 +74,9 @@ class RunCreate:
     # user_bearer (under "user_bearer") + user_credentials: sealed on the run, never in clear (apps.runs.credentials)
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
     notify_finished: bool = False  # a trigger's run: the engine tells registry.on_run_finished listeners
+    session_id: str | None = None  # join this session (its owner's only; apps.runs.sessions): None = a new one
+    replay_session: bool = False  # the model sees the session's earlier turns (POST /v1/sessions/{id}/messages)
+    multitask_strategy: str | None = None  # with session_id, when the session is busy (apps.runs.sessions)
 
 
 def runtime_state_get() -> str:
@@ -92,6 +95,7 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         raise RuntimePaused("runtime is paused; retry after resume")
     acting_tenant_id(principal, data.tenant_id)  # the run's tenant is always the principal's
     credentials = credentials_check(data.credentials)  # 400 invalid_credentials before anything else
+    strategy = sessions.strategy_of(data.multitask_strategy)  # 422 invalid_multitask_strategy
     data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id), credentials=credentials)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     run_id = new_run_id()
@@ -109,9 +113,17 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # on, the admission lock and the insert share one transaction (apps.runs.backpressure).
         # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run.
         listened = signals.run_created.has_listeners(Run)
-        with transaction.atomic() if gated or listened or connection.in_atomic_block else contextlib.nullcontext():
-            status, promoted = backpressure.admission_status(limit) if gated else (RunStatus.QUEUED, [])
-            run = run_insert(tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id, status=status)
+        # A session's decision (apps.runs.sessions) and the insert share one transaction too.
+        atomic = gated or listened or data.session_id is not None or connection.in_atomic_block
+        with transaction.atomic() if atomic else contextlib.nullcontext():
+            place = _session_place(principal, data, strategy)
+            status, promoted = _admission(place, limit, gated=gated)
+            run = run_insert(
+                tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id, status=status, place=place
+            )
+            if place is not None and place.cancel:
+                # robust: a failed cancel is logged; the new run is committed and starts when they end
+                transaction.on_commit(partial(_session_cancel, principal, place), robust=True)
             if promoted:
                 transaction.on_commit(lambda: ring_promoted(promoted))
             if status == RunStatus.QUEUED:
@@ -125,11 +137,46 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
             )
         inserted = True
     except IntegrityError as exc:  # the unique agent_id, also under a concurrent create
+        if _constraint(exc) == "run_session_live":  # the session lock makes this a backstop only
+            raise Conflict(f"session {data.session_id} has a run in flight", code="session_busy") from exc
         raise Conflict(f"agent_id {resolved.agent_id!r} is already in use", code="agent_id_in_use") from exc
     finally:
         if not inserted:
             fairness.run_slot_release(run_id)
     return run
+
+
+def _admission(
+    place: sessions.Place | None, limit: backpressure.Limits, *, gated: bool
+) -> tuple[str, list[backpressure.Promoted]]:
+    """The new run's status, and the waiting runs its admission promoted. A run enqueued
+    behind its session is not admitted yet: its promotion sends it to admission."""
+    if place is not None and place.waits:
+        return RunStatus.WAITING_SESSION, []
+    return backpressure.admission_status(limit) if gated else (RunStatus.QUEUED, [])
+
+
+def _constraint(exc: IntegrityError) -> str:
+    diag = getattr(exc.__cause__, "diag", None)
+    return str(getattr(diag, "constraint_name", "") or "")
+
+
+def _session_place(principal: Principal, data: RunCreate, strategy: sessions.Strategy) -> sessions.Place | None:
+    if data.session_id is None:
+        return None
+    return sessions.session_place(
+        tenant_id=principal.tenant_id, user_id=data.user_id, session_id=data.session_id, strategy=strategy
+    )
+
+
+def _session_cancel(principal: Principal, place: sessions.Place) -> None:
+    """After the new run committed (interrupt, rollback): cancel the runs it displaces.
+    Each one's end (here, or its worker's) starts the next enqueued run (sessions.session_next)."""
+    for run_id in place.cancel:
+        try:
+            run_cancel(principal=principal, run_id=run_id, reason=place.reason)
+        except NotFound:  # ended and its row went meanwhile: nothing left to cancel
+            continue
 
 
 def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
@@ -208,9 +255,13 @@ def run_insert(
     parent_call_id: str = "",
     run_id: str | None = None,
     status: str = RunStatus.QUEUED,
+    place: sessions.Place | None = None,
+    transcript: list[tuple[str, list[dict[str, Any]]]] | None = None,
 ) -> Run:
     """Insert the run and its first rows (redacted with the run's credentials,
-    which are sealed on the row); the caller owns the transaction and the doorbell."""
+    which are sealed on the row); the caller owns the transaction and the doorbell.
+    `place`: its turn in an existing session (else a new session); `transcript`
+    replaces its first message (a session replay's seed)."""
     r = resolved
     d = r.agent_def.definition
     events = _first_events(data, r)
@@ -218,7 +269,9 @@ def run_insert(
     run = Run(
         id=run_id,
         agent_id=r.agent_id,
-        session_id=new_session_id(),
+        session_id=place.session_id if place else new_session_id(),
+        session_turn=place.turn if place else 0,
+        replays_session=data.replay_session,
         tenant_id=tenant_id,
         user_id=data.user_id,
         agent_name=r.agent_def.name,
@@ -251,6 +304,7 @@ def run_insert(
             first_message=[{"type": "text", "text": r.user_text}],
             events=events,
             redactor=run_redactor(data.credentials),
+            transcript=transcript,
         )
     return run
 

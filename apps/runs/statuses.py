@@ -10,6 +10,7 @@ from django.db.models import TextChoices
 class RunStatus(TextChoices):
     QUEUED = "queued"
     WAITING_SLOT = "waiting_slot"  # over `max_concurrent_runs`: not admitted yet (apps.runs.backpressure)
+    WAITING_SESSION = "waiting_session"  # enqueued behind its session's live run (apps.runs.sessions)
     RUNNING = "running"
     AWAITING_INPUT = "awaiting_input"
     WAITING_CHILDREN = "waiting_children"
@@ -24,6 +25,7 @@ class RunStatus(TextChoices):
 RUNNABLE = (RunStatus.QUEUED, RunStatus.RUNNING)
 PARKED = (
     RunStatus.WAITING_SLOT,
+    RunStatus.WAITING_SESSION,
     RunStatus.AWAITING_INPUT,
     RunStatus.WAITING_CHILDREN,
     RunStatus.AWAITING_INTERRUPT,
@@ -31,6 +33,8 @@ PARKED = (
     RunStatus.PAUSED,
 )
 TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+# Not in flight for its session: at most one run of a session is outside these (index run_session_live).
+SESSION_IDLE = (*TERMINAL, RunStatus.WAITING_SESSION)
 # The parks a tool call's answer (apps.runs.wake.run_answer) can end.
 ANSWERABLE = (RunStatus.WAITING_CHILDREN, RunStatus.AWAITING_INTERRUPT, RunStatus.WAITING_CHANNEL)
 

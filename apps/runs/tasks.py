@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.runs import engine, interrupts, services, signals, subruns, wake
+from apps.runs import engine, interrupts, services, sessions, signals, subruns, wake
 from workers import held
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
@@ -25,6 +25,7 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 def run_leases_sweep_task(**_: Any) -> int:
     """Requeue runs whose lease expired or whose doorbell was lost, and the
     doorbells dead workers held; finish parked runs whose cancel had not landed;
+    start runs enqueued behind a session that no run's end started;
     settle a pause once every run has parked; re-send lifecycle signals whose
     outbox row outlived the grace (apps.runs.signals.resend_due).
     Each sweep runs even if another failed (a Redis error must not stop the
@@ -34,6 +35,7 @@ def run_leases_sweep_task(**_: Any) -> int:
         held.recover,
         services.run_leases_sweep,
         services.run_parked_cancels_finish,
+        sessions.sessions_promote_sweep,
         _pause_settle,
         signals.resend_due,
     ):

@@ -28,6 +28,7 @@ from django.db import DatabaseError, transaction
 
 from apps.runs import backpressure, signals, store, tracing
 from apps.runs.dispatch import enqueue_iteration, notify_events, wake_and_enqueue
+from apps.runs.sessions import session_next
 from apps.runs.statuses import ANSWERABLE as ANSWERABLE
 
 log = logging.getLogger("loomcycle.runs")
@@ -81,10 +82,12 @@ def runs_admit_waiting() -> int:
 
 
 def run_slot_freed(run_id: str) -> None:
-    """After a top-level run ended and committed: its admission slot is free.
-    A no-op with `max_concurrent_runs` off (beat still promotes leftovers).
+    """After a top-level run ended and committed: the next run enqueued in its
+    session starts (apps.runs.sessions), and its admission slot is free.
+    The latter is a no-op with `max_concurrent_runs` off (beat still promotes leftovers).
     A database error is logged: the run's end is committed, and beat's sweep
     promotes within a sweep period."""
+    session_next(run_id)
     if backpressure.limits().max_concurrent_runs <= 0:
         return
     try:

@@ -88,9 +88,10 @@ def test_streams_are_documented_as_event_streams(schema: dict[str, Any]) -> None
     paths = schema["paths"]
     stream = paths["/v1/runs/{run_id}/stream"]["get"]["responses"]["200"]["content"]
     assert list(stream) == ["text/event-stream"]
-    create = paths["/v1/runs"]["post"]["responses"]
-    assert list(create["200"]["content"]) == ["text/event-stream"]
-    assert create["202"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RunCreatedOut"}
+    for path in ("/v1/runs", "/v1/sessions/{session_id}/messages"):
+        create = paths[path]["post"]["responses"]
+        assert list(create["200"]["content"]) == ["text/event-stream"]
+        assert create["202"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RunCreatedOut"}
     for path in ("/v1/chat/completions", "/v1/_llm/chat"):
         assert set(paths[path]["post"]["responses"]["200"]["content"]) == {"text/event-stream", "application/json"}
 

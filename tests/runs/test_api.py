@@ -124,8 +124,8 @@ def test_agent_id_collision_is_409(http: httpx.Client) -> None:
     assert http.post("/v1/runs", json=body).status_code == 202
     resp = http.post("/v1/runs", json=body)
     assert resp.status_code == 409 and resp.json()["code"] == "agent_id_in_use"
-    unsupported = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "session_id": "s_1"})
-    assert unsupported.status_code == 400 and "session continuation" in unsupported.json()["error"]
+    unknown = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "session_id": "s_1"})
+    assert unknown.status_code == 404 and unknown.json()["code"] == "session_not_found"
     assert Run.objects.count() == 1
 
 

@@ -68,8 +68,9 @@ def test_the_resolved_agent_is_the_orm_row() -> None:
     }
 
 
-def test_the_statuses_a_step_commit_parks_in_are_the_models_parks_but_waiting_slot() -> None:
+def test_the_statuses_a_step_commit_parks_in_are_the_models_parks_but_the_creation_waits() -> None:
     from apps.runs.models import PARKED, RunStatus
     from apps.runs.store import PARKED_STATUSES
 
-    assert set(PARKED_STATUSES) == {s.value for s in PARKED} - {RunStatus.WAITING_SLOT.value}
+    created_waiting = {RunStatus.WAITING_SLOT.value, RunStatus.WAITING_SESSION.value}  # only run creation sets them
+    assert set(PARKED_STATUSES) == {s.value for s in PARKED} - created_waiting

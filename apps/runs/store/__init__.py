@@ -17,6 +17,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
 - `compaction`: a compaction request queued as a RunInput row of its own source.
+- `sessions`: the session decision lock, an enqueued run's promotion, the rollback mark, a replay's seed.
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -56,6 +57,7 @@ from apps.runs.store.hot import (
 )
 from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
+from apps.runs.store.sessions import seed_finish, session_lock, session_promote, session_rollback_mark
 from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
 
 __all__ = [
@@ -97,6 +99,10 @@ __all__ = [
     "runs_stale_release",
     "runtime_state_lock",
     "runtime_state_set",
+    "seed_finish",
+    "session_lock",
+    "session_promote",
+    "session_rollback_mark",
     "waiting_promote",
     "waiting_withdraw",
 ]

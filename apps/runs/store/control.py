@@ -46,21 +46,28 @@ SELECT count(*) FROM ins
 
 
 def insert_run(
-    run: Run, *, first_message: list[dict[str, Any]], events: list[dict[str, Any]], redactor: Redactor
+    run: Run,
+    *,
+    first_message: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    redactor: Redactor,
+    transcript: list[tuple[str, list[dict[str, Any]]]] | None = None,
 ) -> None:
     """Insert an unsaved `Run` with its first user message (transcript idx 0)
     and its first events (seq 1..n), in one statement; `run` becomes a saved
     instance with its counters set. The ORM's three INSERTs cost ~1.7 ms of
     CPU, mostly compiling them. Through Django's cursor, so a duplicate
     `agent_id` raises Django's IntegrityError. The run's caller-supplied text
-    (system blocks, metadata) is redacted with its rows."""
+    (system blocks, metadata) is redacted with its rows. `transcript`, when
+    given, replaces the first message (a session replay's copied history)."""
     sql, fields = _insert_run_sql()
     now = timezone.now()
     run.system, run.metadata = redactor.value(run.system), redactor.value(run.metadata)
     run.created_at = run.updated_at = now
-    run.last_seq, run.transcript_len = len(events), 1  # the row's counters start past its first rows
+    rows = [("user", first_message)] if transcript is None else transcript
+    run.last_seq, run.transcript_len = len(events), len(rows)  # the row's counters start past its first rows
     params = {f"f{i}": f.get_db_prep_save(getattr(run, f.attname), connection) for i, f in enumerate(fields)}
-    params.update(_rows(events, [("user", first_message)], redactor=redactor), at=now)
+    params.update(_rows(events, rows, redactor=redactor), at=now)
     with connection.cursor() as cur:
         cur.execute(sql, params)
     run._state.adding = False

@@ -70,6 +70,8 @@ _CLAIM_COLUMNS = (
     "volumes",
     "notify_finished",
     "trace_context",
+    "session_turn",
+    "replays_session",
 )
 
 
@@ -113,9 +115,9 @@ FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
 ON CONFLICT (run_id, step, call_id) DO NOTHING
 """
 
-# The statuses a step commit can park a run in: the parks less `waiting_slot`,
-# which only run creation sets.
-PARKED_STATUSES = tuple(s.value for s in PARKED if s != RunStatus.WAITING_SLOT)
+# The statuses a step commit can park a run in: the parks less `waiting_slot` and
+# `waiting_session`, which only run creation sets.
+PARKED_STATUSES = tuple(s.value for s in PARKED if s not in (RunStatus.WAITING_SLOT, RunStatus.WAITING_SESSION))
 
 _COMMIT_SQL = f"""
 WITH d AS (SELECT %(rows)s::jsonb AS j),
@@ -209,6 +211,8 @@ class ClaimedRun:
     volumes: list[dict[str, Any]] = field(default_factory=list)
     notify_finished: bool = False
     trace_context: str = ""  # the run's root span (apps.runs.tracing), '' when it was not traced
+    session_turn: int = 0  # its place in its session (apps.runs.sessions)
+    replays_session: bool = False  # its model sees the session's earlier turns first
     first_claim: bool = False
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)

@@ -121,3 +121,32 @@ class InterruptResolveIn(BaseModel):
     resolved_by: str = Field(default="api", min_length=1, max_length=128)
     note: str = Field(default="", max_length=8192)
     model_config = {"extra": "forbid"}
+
+
+class TurnCancelIn(BaseModel):
+    """`POST /v1/runs/{run_id}/cancel` (SPEC 2.3): turn-cancel of an interactive run."""
+
+    reason: str = Field(default="", max_length=1024)
+    model_config = {"extra": "forbid"}
+
+
+class ForkIn(BaseModel):
+    """`POST /v1/runs/{run_id}/fork`: a new run in a new session from the run's
+    transcript up to and including iteration `from_step` (apps.runs.fork)."""
+
+    from_step: int  # range-checked by the service against the run (422 step_out_of_range)
+    agent: str | None = Field(default=None, min_length=1, max_length=128)
+    prompt: str | None = Field(default=None, min_length=1, max_length=1024 * 1024)
+    interactive: bool | None = None
+    agent_id: str | None = None
+    model_config = {"extra": "forbid"}
+
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, v: str | None) -> str | None:
+        return _ident(v, "agent")
+
+    @field_validator("agent_id")
+    @classmethod
+    def _agent_id(cls, v: str | None) -> str | None:
+        return _ident(v, "agent_id")

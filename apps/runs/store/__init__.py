@@ -16,6 +16,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 - `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
+- `turncancel`: the turn-cancel flag of an interactive run (set; the step commit clears it).
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -55,6 +56,7 @@ from apps.runs.store.hot import (
 from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
 from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
+from apps.runs.store.turncancel import turn_cancel_request
 
 __all__ = [
     "PARKED_STATUSES",
@@ -93,6 +95,7 @@ __all__ = [
     "runs_stale_release",
     "runtime_state_lock",
     "runtime_state_set",
+    "turn_cancel_request",
     "waiting_promote",
     "waiting_withdraw",
 ]

@@ -11,6 +11,9 @@ from apps.core.ids import IDENT_RE
 from apps.runs.prompt import Segment
 
 
+IDENT_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"  # IDENT_RE, anchored, as the OpenAPI schema states it
+
+
 def _ident(value: str | None, field: str) -> str | None:
     if value is not None and not IDENT_RE.fullmatch(value):
         raise ValueError(f"{field} must match [A-Za-z0-9_-]{{1,128}}")
@@ -135,18 +138,8 @@ class ForkIn(BaseModel):
     transcript up to and including iteration `from_step` (apps.runs.fork)."""
 
     from_step: int  # range-checked by the service against the run (422 step_out_of_range)
-    agent: str | None = Field(default=None, min_length=1, max_length=128)
+    agent: str | None = Field(default=None, pattern=IDENT_PATTERN)
     prompt: str | None = Field(default=None, min_length=1, max_length=1024 * 1024)
     interactive: bool | None = None
-    agent_id: str | None = None
+    agent_id: str | None = Field(default=None, pattern=IDENT_PATTERN)
     model_config = {"extra": "forbid"}
-
-    @field_validator("agent")
-    @classmethod
-    def _agent(cls, v: str | None) -> str | None:
-        return _ident(v, "agent")
-
-    @field_validator("agent_id")
-    @classmethod
-    def _agent_id(cls, v: str | None) -> str | None:
-        return _ident(v, "agent_id")

@@ -10,7 +10,6 @@ from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
 from apps.runs.prompt import Segment
 
-
 IDENT_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"  # IDENT_RE, anchored, as the OpenAPI schema states it
 
 

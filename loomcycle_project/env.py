@@ -318,6 +318,9 @@ if INTERRUPTION_DEFAULT_TIMEOUT_MS > INTERRUPTION_MAX_TIMEOUT_MS:  # else every 
     )
 INTERRUPTION_MAX_PENDING: int = _at_least("LOOMCYCLE_INTERRUPTION_MAX_PENDING", 10, 1)
 INTERRUPTION_SWEEP_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_SWEEP_MS", 5000, 100)
+# Context compaction (docs/compaction.md): the context window, in tokens, assumed for a model whose
+# provider declares none (the mock, Ollama, an HTTP provider without max_context_tokens).
+CONTEXT_WINDOW_DEFAULT: int = _at_least("LOOMCYCLE_CONTEXT_WINDOW_DEFAULT", 8192, 1)
 # MCP server (apps.mcp.server): the longest a `spawn_run` call with `wait` may hold its request
 # open for the run's result (a longer `wait_seconds` is cut to it).
 MCP_WAIT_CAP_MS: int = _at_least("LOOMCYCLE_MCP_WAIT_CAP_MS", 120_000, 1)
@@ -496,6 +499,8 @@ class RuntimeSettings:
     interruption_max_timeout_ms: int
     interruption_max_pending: int
     interruption_sweep_ms: int
+    # Context compaction (apps.gateway.windows).
+    context_window_default: int
     # MCP server.
     mcp_wait_cap_ms: int
     # Evaluations.

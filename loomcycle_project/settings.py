@@ -248,6 +248,7 @@ LOOMCYCLE = E.RuntimeSettings(
     interruption_default_timeout_ms=E.INTERRUPTION_DEFAULT_TIMEOUT_MS,
     interruption_max_timeout_ms=E.INTERRUPTION_MAX_TIMEOUT_MS,
     interruption_max_pending=E.INTERRUPTION_MAX_PENDING,
+    context_window_default=E.CONTEXT_WINDOW_DEFAULT,
     interruption_sweep_ms=E.INTERRUPTION_SWEEP_MS,
     mcp_wait_cap_ms=E.MCP_WAIT_CAP_MS,
     evaluation_max_judgement_bytes=E.EVALUATION_MAX_JUDGEMENT_BYTES,

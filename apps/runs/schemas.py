@@ -125,6 +125,13 @@ class InterruptResolveIn(BaseModel):
     model_config = {"extra": "forbid"}
 
 
+class RunCompactIn(BaseModel):
+    """POST /v1/runs/{id}/compact (optional body): one-off overrides of the agent's compaction settings."""
+
+    keep_last_n: int | None = Field(default=None, ge=1, le=1000)
+    keep_first: bool | None = None
+
+
 class TurnCancelIn(BaseModel):
     """`POST /v1/runs/{run_id}/cancel` (SPEC 2.3): turn-cancel of an interactive run."""
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings
+from django.db import transaction
 
 from apps.core.types import Principal
 from apps.runs import services, turncancel
@@ -168,3 +169,20 @@ def test_turn_cancel_refuses_what_has_no_turn_and_whole_run_cancel_still_ends_th
     after = http.post(f"/v1/runs/{chat.id}/cancel", headers=bob)
     assert (after.status_code, after.json()["code"]) == (409, "not_mid_turn")
     assert "has ended" in after.json()["error"]
+
+
+def test_a_turn_flagged_before_its_claim_keeps_its_input_and_never_calls_the_model(stack: WorkerPool) -> None:
+    run = scripted([{"text": "first"}, {"echo": True}])
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)
+    with transaction.atomic():  # the wake's doorbell and the flag commit together: the claim sees the flag
+        services.run_input(principal=ALICE, run_id=run.id, text="cut input")
+        turncancel.run_turn_cancel(principal=ALICE, run_id=run.id, reason="changed my mind")
+    wait_for(lambda: len(events(run.id, "awaiting_input")) == 2, timeout=30)
+    assert [e["type"] for e in events(run.id)][-3:] == ["user_input", "turn_cancelled", "awaiting_input"]
+    assert len(events(run.id, "usage")) == 1  # the first turn's only: the cut turn made no model call
+    assert [m["role"] for m in transcript(run.id)] == ["user", "assistant", "user"]
+
+    services.run_input(principal=ALICE, run_id=run.id, text="second")
+    wait_for(lambda: len(events(run.id, "awaiting_input")) == 3, timeout=30)
+    seen = json.loads(events(run.id, "text")[-1]["text"])
+    assert [m["text"] for m in seen["messages"][1:]] == ["first", "cut input\nsecond"]

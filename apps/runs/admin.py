@@ -246,6 +246,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             failed=run.status == RunStatus.FAILED,
             can_operate=self.has_operate_permission(request),
             children=selectors.run_children(run_id=run.id),
+            forks=selectors.run_forks(run_id=run.id),
             tool_calls=selectors.run_tool_calls(run_id=run.id),
             usage=usage_totals_by_run(run_ids=[run.id]).get(run.id, UsageTotals()),
             items=timeline(events),

@@ -54,7 +54,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import compacting, metrics, registry, signals, store, tracing
+from apps.runs import compacting, metrics, registry, signals, store, tracing, turncancel
 from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
@@ -64,6 +64,7 @@ from apps.runs.sessions import replayed_history
 from apps.runs.store import ClaimedRun, StepRows, Switched
 from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
 from apps.runs.toolrun import CallOutcome, run_calls
+from apps.runs.turncancel import CutKind, TurnCut
 from apps.runs.wake import run_slot_freed
 
 log = logging.getLogger("loomcycle.engine")
@@ -207,9 +208,10 @@ def _open_credentials(run: ClaimedRun) -> StepWrite | None:
 
 
 def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
-    if run.cancel_requested or cancel.is_set():
-        # A cancel signalled after the claim read the row: its reason is committed by now.
-        return cancelled_write(run.cancel_reason or _cancel_reason(run))
+    # A cancel signalled after the claim read the row: its flags are committed by now (turncancel.cut_at_claim).
+    cut = turncancel.cut_at_claim(run, cancel.is_set())
+    if cut.kind is CutKind.RUN:
+        return cancelled_write(cut.reason)
     if run.runtime_state != "running":
         return StepWrite(status=RunStatus.PAUSED, next=Next.PARK, advance=False)
     max_attempts = settings.LOOMCYCLE.max_attempts
@@ -226,9 +228,14 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     try:
         if _compact(run, rows, write, cancel):
             return _repark(run, write)
+    except ProviderCancelled:  # the summary call was cut: nothing of it is kept
+        return _model_cut(run, write, None)
+    if cut.kind is CutKind.TURN:  # flagged before this turn's model call: its input is kept, nothing else ran
+        return _turn_cancelled(run, write, cut.reason)
+    try:
         reply_text, calls, done = _call_model(run, messages_from_rows(rows), cancel, write)
-    except ProviderCancelled:
-        return cancelled_write(_cancel_reason(run))
+    except ProviderCancelled as exc:
+        return _model_cut(run, write, exc)
     except ProviderError as exc:
         write.events.append({"type": "error", "error": str(exc)})
         write.status, write.next, write.error = RunStatus.FAILED, Next.FINISH, str(exc)
@@ -240,10 +247,24 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     return _end_turn(run, write, done.stop_reason)
 
 
-def _cancel_reason(run: ClaimedRun) -> str:
-    fresh = Run.objects.filter(id=run.id).values_list("cancel_reason", flat=True).first()
-    connection.close()
-    return fresh or ""
+def _model_cut(run: ClaimedRun, write: StepWrite, exc: ProviderCancelled | None) -> StepWrite:
+    """A provider call was cut by the cancel event: the run ends, or this turn does
+    (keeping what the model had streamed of its turn, `exc`; None for a compaction's
+    summary call, of which nothing is kept), or, with neither flag set, the step is made again."""
+    cut = turncancel.cut_now(run.id)
+    if cut.kind is CutKind.RUN:
+        return cancelled_write(cut.reason)
+    if cut.kind is CutKind.NONE:
+        return StepWrite(status=RunStatus.RUNNING, next=Next.REQUEUE, advance=False)
+    if isinstance(exc, TurnCut):
+        turncancel.keep_partial_reply(write, exc)
+    return _turn_cancelled(run, write, cut.reason)
+
+
+def _turn_cancelled(run: ClaimedRun, write: StepWrite, reason: str) -> StepWrite:
+    """SPEC 4.7: the turn ends here; the run parks for input as an ended turn does."""
+    write.events.append(turncancel.turn_cancelled_event(run, reason))
+    return _end_turn(run, write, turncancel.STOP_REASON)
 
 
 def _load_rows(run: ClaimedRun, write: StepWrite) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -495,15 +516,18 @@ def _consume(stream: Any) -> tuple[str, list[ToolCall], Done]:
     text: list[str] = []
     calls: list[ToolCall] = []
     done: Done | None = None
-    for event in stream:
-        if isinstance(event, TextDelta):
-            text.append(event.text)
-        elif isinstance(event, ToolCall):
-            calls.append(event)
-        elif isinstance(event, Done):
-            done = event
-        elif isinstance(event, ThinkingDelta):
-            continue  # the whole reasoning is in done.thinking / the thinking event
+    try:
+        for event in stream:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, ToolCall):
+                calls.append(event)
+            elif isinstance(event, Done):
+                done = event
+            elif isinstance(event, ThinkingDelta):
+                continue  # the whole reasoning is in done.thinking / the thinking event
+    except ProviderCancelled as exc:  # what was streamed so far, for a turn-cancel (apps.runs.turncancel)
+        raise TurnCut("".join(text), calls) from exc
     if done is None:
         raise ProviderError("engine", 502, "provider stream ended without a done event")
     return "".join(text), calls, done
@@ -579,8 +603,12 @@ def _run_tools(
         ran = run_calls(base, calls)
     _count_tool_calls(run, ran, write)
     outcomes = _prepare_spawns(run, ran, write)
-    if cancel.is_set():
-        return cancelled_write(_cancel_reason(run))
+    cut = turncancel.cut_now(run.id) if cancel.is_set() else turncancel.NO_CUT
+    if cut.kind is CutKind.RUN:
+        return cancelled_write(cut.reason)
+    if cut.kind is CutKind.TURN:
+        turncancel.keep_finished_calls(write, calls, ran)
+        return _turn_cancelled(run, write, cut.reason)
     write.parks = [(o.call.id, o.result.park) for o in outcomes if o.result.park is not None]
     for o in outcomes:  # a parked call's own events (an interruption_pending) go out with the park
         if o.result.park is not None:

@@ -57,6 +57,15 @@ class Run(models.Model):
     lease_token = models.BigIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=1024, blank=True, default="")
+    # Turn-cancel of an interactive run (apps.runs.turncancel): the running iteration stops its
+    # model turn or tool batch and re-parks at awaiting_input; the step commit that parks clears it.
+    turn_cancel_requested = models.BooleanField(default=False)
+    turn_cancel_reason = models.CharField(max_length=1024, blank=True, default="")
+    # Fork lineage (apps.runs.fork): the run whose transcript up to `forked_at_step` this run started from.
+    forked_from_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks", db_constraint=False
+    )
+    forked_at_step = models.PositiveIntegerField(null=True, blank=True)
 
     provider = models.CharField(max_length=64)  # the candidate in use (changes on a fallback)
     model = models.CharField(max_length=256)

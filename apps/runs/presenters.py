@@ -42,6 +42,8 @@ def agent_out(run: Run) -> dict[str, Any]:
         "agent_def_id": run.agent_def_id,
         "content_sha256": run.agent_def_sha256,
         "last_seq": run.last_seq,
+        "forked_from_run": run.forked_from_run_id,
+        "forked_at_step": run.forked_at_step,
     }
 
 

@@ -10,6 +10,8 @@ from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
 from apps.runs.prompt import Segment
 
+IDENT_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"  # IDENT_RE, anchored, as the OpenAPI schema states it
+
 
 def _ident(value: str | None, field: str) -> str | None:
     if value is not None and not IDENT_RE.fullmatch(value):
@@ -129,4 +131,22 @@ class RunCompactIn(BaseModel):
 
     keep_last_n: int | None = Field(default=None, ge=1, le=1000)
     keep_first: bool | None = None
+
+
+class TurnCancelIn(BaseModel):
+    """`POST /v1/runs/{run_id}/cancel` (SPEC 2.3): turn-cancel of an interactive run."""
+
+    reason: str = Field(default="", max_length=1024)
+    model_config = {"extra": "forbid"}
+
+
+class ForkIn(BaseModel):
+    """`POST /v1/runs/{run_id}/fork`: a new run in a new session from the run's
+    transcript up to and including iteration `from_step` (apps.runs.fork)."""
+
+    from_step: int  # range-checked by the service against the run (422 step_out_of_range)
+    agent: str | None = Field(default=None, pattern=IDENT_PATTERN)
+    prompt: str | None = Field(default=None, min_length=1, max_length=1024 * 1024)
+    interactive: bool | None = None
+    agent_id: str | None = Field(default=None, pattern=IDENT_PATTERN)
     model_config = {"extra": "forbid"}

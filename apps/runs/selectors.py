@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
@@ -20,6 +21,7 @@ from apps.runs.models import (
     RunStatus,
     RuntimeStateValue,
     ToolCallRecord,
+    TranscriptEntry,
 )
 from apps.runs.statuses import ANSWERABLE
 
@@ -312,3 +314,36 @@ def interrupts_due(*, limit: int) -> list[str]:
     pending = Interrupt.objects.filter(status=InterruptStatus.PENDING)
     due = pending.filter(Q(expires_at__lte=now) | Q(run__status__in=TERMINAL)).order_by("expires_at")
     return list(due.values_list("id", flat=True)[:limit])
+
+
+@dataclass(frozen=True)
+class CancelFlags:
+    """A run's status and both cancel flags, as committed now (apps.runs.turncancel)."""
+
+    status: str
+    cancel_requested: bool
+    cancel_reason: str
+    turn_cancel_requested: bool
+    turn_cancel_reason: str
+
+
+def run_cancel_flags(*, run_id: str) -> CancelFlags:
+    """The flags the engine reads again when its cancel event fires (no tenant: the engine's own run)."""
+    row = Run.objects.filter(id=run_id).values_list(
+        "status", "cancel_requested", "cancel_reason", "turn_cancel_requested", "turn_cancel_reason"
+    )
+    found = row.first()
+    if found is None:  # deleted under a live iteration (a tenant erasure): nothing is left to run
+        return CancelFlags(RunStatus.CANCELLED, True, "run deleted", False, "")
+    return CancelFlags(*found)
+
+
+def run_transcript_through(*, run_id: str, step: int) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The run's transcript rows appended by iterations 0..`step` (apps.runs.fork), in order."""
+    rows = TranscriptEntry.objects.filter(run_id=run_id, step__lte=step).order_by("idx")
+    return [(r.role, r.content) for r in rows.only("role", "content")]
+
+
+def run_forks(*, run_id: str, limit: int = 100) -> list[Run]:
+    """The runs forked from this one (the admin's run page; no tenant: the admin reads every tenant)."""
+    return list(Run.objects.filter(forked_from_run_id=run_id).order_by("created_at")[:limit])

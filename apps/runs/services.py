@@ -58,6 +58,20 @@ UNBOUNDED_ITERATIONS = 2**20
 
 
 @dataclass(frozen=True)
+class Seed:
+    """A run that starts from copied history (a fork, apps.runs.fork): its first
+    transcript rows, events appended before the run's own, its lineage, and
+    whether it starts parked at awaiting_input (the history ended a turn and
+    no prompt was given)."""
+
+    history: list[tuple[str, list[dict[str, Any]]]]
+    events: list[dict[str, Any]]
+    from_run_id: str
+    at_step: int
+    parked: bool = False
+
+
+@dataclass(frozen=True)
 class RunCreate:
     agent: str
     segments: list[Segment]
@@ -77,6 +91,7 @@ class RunCreate:
     session_id: str | None = None  # join this session (its owner's only; apps.runs.sessions): None = a new one
     replay_session: bool = False  # the model sees the session's earlier turns (POST /v1/sessions/{id}/messages)
     multitask_strategy: str | None = None  # with session_id, when the session is busy (apps.runs.sessions)
+    seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
 
 
 def runtime_state_get() -> str:
@@ -118,6 +133,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
             status, promoted = _admission(place, limit, gated=gated)
+            if data.seed is not None and data.seed.parked and status == RunStatus.QUEUED:
+                status = RunStatus.AWAITING_INPUT  # a fork that waits for its next user turn: no doorbell
             run = run_insert(
                 tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id, status=status, place=place
             )
@@ -187,7 +204,8 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         raise Invalid(exc.message, code="unknown_agent") from exc
     d = agent_def.definition
     route = resolve_route(user_tier=data.user_tier, agent=d)  # 400/403/503 before any row exists
-    request_system, user_text = split_segments(data.segments)
+    seeded_only = data.seed is not None and not data.segments  # a fork without a new prompt
+    request_system, user_text = ([], "") if seeded_only else split_segments(data.segments)
     interactive = bool(d.get("interactive", False)) if data.interactive is None else data.interactive
     agent_cap = d.get("max_iterations") or (
         UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
@@ -298,13 +316,20 @@ def run_insert(
         status=status,
         credentials_sealed=seal(run_id=run_id, credentials=data.credentials),
     )
+    seed = data.seed
+    if seed is not None:
+        run.forked_from_run_id, run.forked_at_step = seed.from_run_id, seed.at_step
+        events = [*seed.events, *events]
+        if seed.parked:
+            events.append({"type": "awaiting_input", "awaiting_input": {"since_turn": 0}})
     with tracing.run_created(run):  # the run's root span; its context is stored with the row
         store.insert_run(
             run,
-            first_message=[{"type": "text", "text": r.user_text}],
+            # A session replay's seed `transcript` replaces the first message; a fork's history precedes it.
+            first_message=[{"type": "text", "text": r.user_text}] if r.user_text and transcript is None else None,
             events=events,
             redactor=run_redactor(data.credentials),
-            transcript=transcript,
+            history=transcript if transcript is not None else (seed.history if seed is not None else None),
         )
     return run
 
@@ -315,9 +340,10 @@ def _first_events(data: RunCreate, r: Resolved) -> list[dict[str, Any]]:
         "agent_def_version": r.agent_def.version,
         "content_sha256": r.agent_def.content_sha256,
     }
-    events: list[dict[str, Any]] = [
-        {"type": "user_input", "segments": [seg.model_dump(exclude_none=True) for seg in data.segments], **pinned}
-    ]
+    events: list[dict[str, Any]] = []
+    if data.segments:  # a fork without a new prompt has no user input of its own
+        segments = [seg.model_dump(exclude_none=True) for seg in data.segments]
+        events.append({"type": "user_input", "segments": segments, **pinned})
     if r.system:
         events.append({"type": "system_prompt", "system_prompt": "\n\n".join(r.system), **pinned})
     return events

@@ -172,7 +172,7 @@ _TENANT_PREFIXES = (
     "/v1/_channels",
 )
 _ANY_PATHS = frozenset({"/v1/_llm/chat", "/v1/chat/completions", "/v1/embeddings", "/v1/_me"})
-_RUN_WRITE_SUFFIXES = ("/resolve", "/compact", "/cancel", "/input")
+_RUN_WRITE_SUFFIXES = ("/resolve", "/compact", "/cancel", "/input", "/fork")  # /fork: beyond SPEC (apps.runs.fork)
 _READ_PREFIXES = ("/v1/runs/", "/v1/agents/", "/v1/users/", "/v1/sessions/")
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

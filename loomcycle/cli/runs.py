@@ -73,10 +73,15 @@ def send(ctx: Ctx, run_ref: str, text: str) -> None:
 @click.command()
 @click.argument("run_ref", metavar="RUN")
 @click.option("--reason", default="cancelled by loomcycle cancel")
+@click.option("--turn", is_flag=True, help="stop only the current turn of an interactive run; it re-parks for input")
 @pass_ctx
-def cancel(ctx: Ctx, run_ref: str, reason: str) -> None:
-    """Cancel a run and its live sub-runs."""
+def cancel(ctx: Ctx, run_ref: str, reason: str, turn: bool) -> None:
+    """Cancel a run and its live sub-runs (--turn: only an interactive run's current turn)."""
     run = ctx.client.runs.resolve(run_ref)
+    if turn:
+        ctx.client.runs.cancel_turn(str(run["run_id"]), reason=reason)
+        output.write_out(f"turn of {run['run_id']} cancelled; it re-parks for input")
+        return
     answer = ctx.client.runs.cancel(str(run["agent_id"]), reason=reason)
     if answer.get("cancelled"):
         output.write_out(f"cancelled {run['run_id']}")

@@ -137,6 +137,12 @@ class Runs:
         body = {"reason": reason} if reason else {}
         return dict(self._c.send(b.Call("POST", f"/v1/agents/{b.seg(agent_id)}/cancel", json=body)))
 
+    def cancel_turn(self, run_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Turn-cancel an interactive run: stop its current model turn or tool batch and re-park it
+        at `awaiting_input` (`{run_id, stopped, parked}`); 409 `not_interactive` / `not_mid_turn`."""
+        body = {"reason": reason} if reason else {}
+        return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/cancel", json=body)))
+
     def input(self, run_id: str, text: str) -> dict[str, Any]:
         """Steer a live run, or answer one parked at `awaiting_input`."""
         return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/input", json={"text": text})))

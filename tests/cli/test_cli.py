@@ -163,6 +163,8 @@ def test_send_ps_and_cancel_drive_an_interactive_run(web_proc: Web) -> None:
     ]
     assert json.loads(texts[-1])["messages"][-1]["text"] == "the second turn"
 
+    parked = cli(web_proc, "cancel", "--turn", ref["run_id"])  # parked for input: no turn to stop
+    assert parked.returncode == 4 and "not_mid_turn" in parked.stderr, parked.stderr
     cancelled = cli(web_proc, "cancel", ref["agent_id"])
     assert cancelled.stdout == f"cancelled {ref['run_id']}\n"
     wait_status(ref["run_id"], RunStatus.CANCELLED, timeout=10)

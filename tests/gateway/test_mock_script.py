@@ -162,6 +162,19 @@ def test_sleep_is_cancel_aware() -> None:
     assert time.monotonic() - started < 2.0
 
 
+def test_hold_streams_the_output_then_a_cancel_cuts_the_turn_before_it_ends() -> None:
+    cancel = threading.Event()
+    steps = [{"text": "so far", "tool": "Context", "input": {"op": "time"}, "hold_ms": 60_000}]
+    req = ProviderRequest(model=MODEL, system=[], messages=[script(steps)], tools=TOOLS, run_id="r_1")
+    stream = MockProvider("mock").stream(req, cancel)
+    first, second = next(stream), next(stream)
+    assert isinstance(first, TextDelta) and first.text == "so far"
+    assert isinstance(second, ToolCall) and (second.name, second.input) == ("Context", {"op": "time"})
+    cancel.set()  # during the hold: the turn's output is out, its Done never comes
+    with pytest.raises(ProviderCancelled):
+        next(stream)
+
+
 def test_the_gateway_path_plays_the_same_script() -> None:
     import asyncio
 
@@ -185,6 +198,7 @@ def test_the_gateway_path_plays_the_same_script() -> None:
         ('[{"echo": true, "text": "x"}]', "echo answers alone"),
         ('[{"text": "a", "repeat": true}, {"text": "b"}]', "last step only"),
         ('[{"text": "a", "sleep_ms": -1}]', "sleep_ms must be"),
+        ('[{"text": "a", "hold_ms": 300001}]', "hold_ms must be"),
         ('[{"text": "a", "error": 404}]', "error must be 429, 500"),
         ('[{"text": "a", "error": []}]', "error must be 429, 500"),
         ('[{"text": "a", "error": {}}]', "error must be 429, 500"),

@@ -93,6 +93,8 @@ def principal(*scopes: str) -> Principal:
         ("POST", "/v1/sessions/s_1/replay", "runs:create"),
         ("POST", "/v1/agents/a_1/cancel", "runs:create"),
         ("POST", "/v1/runs/r_1/input", "runs:create"),
+        ("POST", "/v1/runs/r_1/cancel", "runs:create"),
+        ("POST", "/v1/runs/r_1/fork", "runs:create"),
         ("POST", "/v1/runs/r_1/interrupts/i_1/resolve", "runs:create"),
         ("GET", "/v1/runs", "runs:read"),
         ("GET", "/v1/runs/r_1", "runs:read"),

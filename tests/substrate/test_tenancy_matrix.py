@@ -69,6 +69,7 @@ UNEXERCISED: dict[tuple[str, str], str] = {
 # Bodies that make a route reach its lookup; `{param}` is filled like the path.
 BODIES: dict[tuple[str, str], dict[str, Any] | list[dict[str, Any]]] = {
     ("POST", "/v1/runs/{run_id}/input"): {"text": "from another tenant"},
+    ("POST", "/v1/runs/{run_id}/fork"): {"from_step": 0, "prompt": "from another tenant"},
     ("POST", "/v1/runs/{run_id}/interrupts/{interrupt_id}/resolve"): {"answer": "yes"},
     ("PUT", "/v1/_memory/scopes/{scope}/{scope_id}/keys/{key}"): {"value": "from another tenant"},
     ("POST", "/v1/_memory/search"): {"query": "ship", "scope": "user", "scope_id": "{scope_id}"},

@@ -171,7 +171,13 @@ class MockProvider(Provider):
                 with waits.outside():
                     if cancel.wait(scripted.sleep_s):
                         raise ProviderCancelled()
-            yield from self._scripted(scripted, request, chars)
+            *output, done = self._scripted(scripted, request, chars)
+            yield from output
+            if scripted.hold_s > 0:  # the turn's output is out; a cancel now cuts it there
+                with waits.outside():
+                    if cancel.wait(scripted.hold_s):
+                        raise ProviderCancelled()
+            yield done
             return
         yield from self._play(variant, opts, request, chars)
 
@@ -185,8 +191,11 @@ class MockProvider(Provider):
         if variant == "mock-script":
             scripted = mock_script.answer(self.id, request, stable=self.stable)
             await asyncio.sleep(scripted.sleep_s)
-            for event in self._scripted(scripted, request, chars):
+            *output, done = self._scripted(scripted, request, chars)
+            for event in output:
                 yield event
+            await asyncio.sleep(scripted.hold_s)
+            yield done
             return
         for event in self._play(variant, opts, request, chars):
             yield event

@@ -12,7 +12,9 @@ text and no tool call) answers "ok": every call leaves a model turn.
 A step: `tool` + `input` (one tool_use), `tools` (a list of those: parallel
 calls), `text` (alone: end_turn; with `tool`/`tools`: said first), `echo`
 (the request as compact JSON), and on any step `sleep_ms` (waited, cancel-
-aware) and `error` (429 | 500 | "overloaded": the call fails like an injected
+aware), `hold_ms` (the turn's text and tool calls are streamed, then it is
+held open this long before it ends, cancel-aware: a cancel meanwhile cuts a
+turn whose output is already out) and `error` (429 | 500 | "overloaded": the call fails like an injected
 failure; `mock-stable` never fails, so it plays the rest of the step).
 
 Everything here is a pure function of the request: the same request gives the
@@ -34,7 +36,7 @@ from apps.gateway.providers.base import ProviderError, ProviderRequest, ToolCall
 MARKER = "MOCK_SCRIPT:"
 STOP_REASON_INVALID = "invalid_mock_script"
 MAX_SLEEP_MS = 300_000
-STEP_KEYS = frozenset({"tool", "input", "tools", "text", "echo", "sleep_ms", "error", "repeat"})
+STEP_KEYS = frozenset({"tool", "input", "tools", "text", "echo", "sleep_ms", "hold_ms", "error", "repeat"})
 # error value -> (HTTP status, message), as the mock's injected failures read.
 ERRORS: dict[Any, tuple[int, str]] = {
     429: (429, "rate_limited (scripted)"),
@@ -53,6 +55,7 @@ class Step:
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     echo: bool = False
     sleep_ms: int = 0
+    hold_ms: int = 0
     error: Any = None
     repeat: bool = False
 
@@ -65,6 +68,7 @@ class Answer:
     calls: list[ToolCall]
     sleep_s: float
     error: ProviderError | None
+    hold_s: float = 0.0  # after the text and tool calls, before the turn's end
 
 
 def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answer:
@@ -85,7 +89,7 @@ def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answe
     text = echo_text(request) if step.echo else step.text
     calls = [ToolCall(tool_id(request, i), name, dict(args)) for i, (name, args) in enumerate(step.calls)]
     # An empty answer would leave no model turn in the transcript, so the next call would play this step again.
-    return Answer(text or ("" if calls else "ok"), calls, step.sleep_ms / 1000.0, error)
+    return Answer(text or ("" if calls else "ok"), calls, step.sleep_ms / 1000.0, error, step.hold_ms / 1000.0)
 
 
 # --- finding and parsing the script -------------------------------------------------------
@@ -153,6 +157,7 @@ def _step(raw: Any, n: int, *, last: bool) -> Step:
         calls=_calls(raw, where),
         echo=echo,
         sleep_ms=_sleep_ms(raw.get("sleep_ms", 0), where),
+        hold_ms=_sleep_ms(raw.get("hold_ms", 0), where, key="hold_ms"),
         error=_error(raw.get("error"), where),
         repeat=repeat,
     )
@@ -183,9 +188,9 @@ def _call(raw: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
     return name, args
 
 
-def _sleep_ms(value: Any, where: str) -> int:
+def _sleep_ms(value: Any, where: str, *, key: str = "sleep_ms") -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_SLEEP_MS:
-        raise ScriptError(f"{where}: sleep_ms must be a number of milliseconds from 0 to {MAX_SLEEP_MS}")
+        raise ScriptError(f"{where}: {key} must be a number of milliseconds from 0 to {MAX_SLEEP_MS}")
     return int(value)
 
 

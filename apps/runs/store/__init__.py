@@ -18,6 +18,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
 - `compaction`: a compaction request queued as a RunInput row of its own source.
 - `sessions`: the session decision lock, an enqueued run's promotion, the rollback mark, a replay's seed.
+- `turncancel`: the turn-cancel flag of an interactive run (set; the step commit clears it).
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -59,6 +60,7 @@ from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, inter
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
 from apps.runs.store.sessions import seed_finish, session_lock, session_promote, session_rollback_mark
 from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
+from apps.runs.store.turncancel import turn_cancel_request
 
 __all__ = [
     "PARKED_STATUSES",
@@ -103,6 +105,7 @@ __all__ = [
     "session_lock",
     "session_promote",
     "session_rollback_mark",
+    "turn_cancel_request",
     "waiting_promote",
     "waiting_withdraw",
 ]

@@ -48,26 +48,26 @@ SELECT count(*) FROM ins
 def insert_run(
     run: Run,
     *,
-    first_message: list[dict[str, Any]],
+    first_message: list[dict[str, Any]] | None,
     events: list[dict[str, Any]],
     redactor: Redactor,
-    transcript: list[tuple[str, list[dict[str, Any]]]] | None = None,
+    history: list[tuple[str, list[dict[str, Any]]]] | None = None,
 ) -> None:
     """Insert an unsaved `Run` with its first user message (transcript idx 0)
     and its first events (seq 1..n), in one statement; `run` becomes a saved
     instance with its counters set. The ORM's three INSERTs cost ~1.7 ms of
     CPU, mostly compiling them. Through Django's cursor, so a duplicate
     `agent_id` raises Django's IntegrityError. The run's caller-supplied text
-    (system blocks, metadata) is redacted with its rows. `transcript`, when
-    given, replaces the first message (a session replay's copied history)."""
+    (system blocks, metadata) is redacted with its rows. A fork (apps.runs.fork)
+    passes the copied `history`, which comes first; its `first_message` may be None."""
     sql, fields = _insert_run_sql()
     now = timezone.now()
+    transcript = list(history or []) + ([("user", first_message)] if first_message is not None else [])
     run.system, run.metadata = redactor.value(run.system), redactor.value(run.metadata)
     run.created_at = run.updated_at = now
-    rows = [("user", first_message)] if transcript is None else transcript
-    run.last_seq, run.transcript_len = len(events), len(rows)  # the row's counters start past its first rows
+    run.last_seq, run.transcript_len = len(events), len(transcript)  # the row's counters start past its first rows
     params = {f"f{i}": f.get_db_prep_save(getattr(run, f.attname), connection) for i, f in enumerate(fields)}
-    params.update(_rows(events, rows, redactor=redactor), at=now)
+    params.update(_rows(events, transcript, redactor=redactor), at=now)
     with connection.cursor() as cur:
         cur.execute(sql, params)
     run._state.adding = False
@@ -303,7 +303,8 @@ _RETRY_SQL = f"""
 WITH d AS (SELECT %(rows)s::jsonb AS j), rt AS (
   UPDATE runs_run SET status = '{RunStatus.RUNNING.value}', error = '', stop_reason = '', completed_at = NULL,
     attempts = 0, lease_owner = '', lease_until = NULL, lease_token = lease_token + 1,
-    cancel_requested = false, cancel_reason = '', updated_at = now(), {_advance("%(n_e)s")}
+    cancel_requested = false, cancel_reason = '', turn_cancel_requested = false, updated_at = now(),
+    {_advance("%(n_e)s")}
   WHERE id = %(run_id)s AND status = '{RunStatus.FAILED.value}'
   RETURNING id, step, last_seq, {_bases("%(n_e)s")}
 ), {_append(run="rt", sources="rt, d", rows="d.j", step="rt.step", transcript=False)}

@@ -50,6 +50,7 @@ _CLAIM_COLUMNS = (
     "lease_token",
     "cancel_requested",
     "cancel_reason",
+    "turn_cancel_requested",
     "provider",
     "model",
     "system",
@@ -132,6 +133,8 @@ r AS (
       WHEN %(status)s IN ({_in(PARKED_STATUSES)}) AND cancel_requested THEN '{RunStatus.RUNNING.value}'
       ELSE %(status)s END,
     attempts = 0, lease_owner = '', lease_until = NULL,
+    -- a step that parks for input ended its turn: a turn-cancel still pending has nothing left to stop
+    turn_cancel_requested = turn_cancel_requested AND %(status)s <> '{RunStatus.AWAITING_INPUT.value}',
     step = %(new_step)s, {_advance("%(n_e)s", "%(n_t)s")},
     pending_inputs = pending_inputs - %(consumed)s, pending_calls = %(pending_calls)s,
     usage = COALESCE(%(usage)s::jsonb, usage),
@@ -191,6 +194,7 @@ class ClaimedRun:
     lease_token: int
     cancel_requested: bool
     cancel_reason: str
+    turn_cancel_requested: bool  # apps.runs.turncancel: stop this turn, re-park at awaiting_input
     provider: str
     model: str
     system: list[str]

@@ -15,6 +15,7 @@ class RunStatus(TextChoices):
     WAITING_CHILDREN = "waiting_children"
     AWAITING_INTERRUPT = "awaiting_interrupt"
     WAITING_CHANNEL = "waiting_channel"
+    WAITING_FANOUT = "waiting_fanout"  # a parallel_spawn child over max_concurrent_children (apps.runs.fanout)
     PAUSED = "paused"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -29,6 +30,7 @@ PARKED = (
     RunStatus.AWAITING_INTERRUPT,
     RunStatus.WAITING_CHANNEL,
     RunStatus.PAUSED,
+    RunStatus.WAITING_FANOUT,
 )
 TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 # The parks a tool call's answer (apps.runs.wake.run_answer) can end.

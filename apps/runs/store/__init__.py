@@ -15,6 +15,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 - `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
+- `fanout`: a parallel_spawn / runs:batch join and its slots (insert, count a report, start a waiting child).
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
 
 Every public name is re-exported here: `store.X` and
@@ -39,6 +40,7 @@ from apps.runs.store.control import (
     runtime_state_lock,
     runtime_state_set,
 )
+from apps.runs.store.fanout import Counted, fanout_child_claim, fanout_count, fanout_insert, fanout_start_next
 from apps.runs.store.hot import (
     PARKED_STATUSES,
     ClaimedRun,
@@ -60,6 +62,7 @@ __all__ = [
     "PARKED_STATUSES",
     "AnswerTarget",
     "ClaimedRun",
+    "Counted",
     "InputQueued",
     "RunRowsWritten",
     "StepRows",
@@ -73,6 +76,10 @@ __all__ = [
     "child_report_claim",
     "claim",
     "commit_step",
+    "fanout_child_claim",
+    "fanout_count",
+    "fanout_insert",
+    "fanout_start_next",
     "input_queue",
     "insert_run",
     "interrupt_finish",

@@ -38,7 +38,7 @@ from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
 from apps.core.tools import Park, SpawnRequest, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
-from apps.runs import store
+from apps.runs import signals, store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.fanout_models import FanOut, FanOutKind, FanOutSlot, SlotState
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
@@ -138,6 +138,13 @@ class FanOutPark:
             )
         start = len(self.started) < self.limit
         child_id = _child_insert(self.ctx, p, depth=self.depth, call_id=call_id, start=start)
+        signals.send_on_commit(
+            signals.run_created,
+            run_id=child_id,
+            tenant_id=self.ctx.tenant_id,
+            user_id=self.ctx.user_id,
+            parent_id=self.ctx.run_id,
+        )
         if start:
             self.started.append(child_id)
         state = SlotState.STARTED if start else SlotState.WAITING
@@ -241,10 +248,11 @@ def fanout_child_finished(*, child_id: str, fanout_id: str) -> bool:
     there was nothing to do (already reported, or not terminal)."""
     started: str | None = None
     with transaction.atomic():
+        join = store.fanout_lock(fanout_id=fanout_id)  # first: the lock order of apps.runs.store.fanout
         # Compare-and-set: only the first report of this child proceeds.
         if not store.fanout_child_claim(child_id=child_id):
             return False
-        counted = store.fanout_count(fanout_id=fanout_id, run_id=child_id)
+        counted = store.fanout_count(fanout=join, run_id=child_id)
         if counted is None:
             return False
         if counted.completed:

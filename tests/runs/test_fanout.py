@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 
-from apps.runs import services
+from apps.runs import batch, engine, services, subruns
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
@@ -169,3 +171,40 @@ def test_batch_timeout_cancels_what_still_runs(stack: WorkerPool, http: httpx.Cl
     assert (quick["status"], quick["final_text"]) == ("completed", "quick")
     assert late["error"] == "runs:batch timed out; run cancelled"
     assert wait_status(late["run_id"], *TERMINAL).status == RunStatus.CANCELLED
+
+
+# --- In this process (no workers): the join's steps one by one.
+
+
+def test_a_report_starts_the_next_waiting_sibling_in_its_own_transaction(no_workers: None) -> None:
+    parent = fan([child("c0"), child("c1"), child("c2")], agent="fanner")  # max_concurrent_children: 2
+    assert engine.run_iterate(run_id=parent.id, step=0) == engine.Outcome.PARK
+    ids = FanOutSlot.objects.filter(fanout__parent_run_id=parent.id).order_by("index").values_list("run_id", flat=True)
+    kids = [run_row(str(i)) for i in ids]
+    assert [k.status for k in kids] == [RunStatus.QUEUED, RunStatus.QUEUED, RunStatus.WAITING_FANOUT]
+    assert engine.run_iterate(run_id=kids[2].id, step=0) == engine.Outcome.NOOP  # a waiting child is not claimed
+    engine.run_iterate(run_id=kids[0].id, step=0)  # completes, reports, and starts kids[2]
+    assert (run_row(kids[2].id).status, run_row(parent.id).pending_calls) == (RunStatus.QUEUED, 1)
+    engine.run_iterate(run_id=kids[2].id, step=0)
+    assert run_row(parent.id).status == RunStatus.WAITING_CHILDREN  # one child still runs
+    engine.run_iterate(run_id=kids[1].id, step=0)  # the last report answers the parent's one call
+    assert (run_row(parent.id).status, run_row(parent.id).pending_calls) == (RunStatus.RUNNING, 0)
+    engine.run_iterate(run_id=parent.id, step=1)
+    assert run_row(parent.id).status == RunStatus.COMPLETED
+    assert [r["output"] for r in envelope(parent.id)] == ["c0", "c1", "c2"]
+
+
+def test_a_lost_batch_report_is_made_once_by_the_sweep(no_workers: None) -> None:
+    spawns = [batch.BatchSpawn(services.RunCreate(agent="fan-child", segments=[Segment(text="hi")])) for _ in "ab"]
+    join_id = batch.batch_start(principal=ALICE, spawns=spawns)
+    kids = [s.run_id for s in FanOutSlot.objects.filter(fanout_id=join_id).order_by("index")]
+    past = timezone.now() - timedelta(seconds=10)
+    # A worker that committed both children's ends and died before reporting them.
+    Run.objects.filter(id__in=kids).update(status=RunStatus.COMPLETED, completed_at=past)
+    assert FanOut.objects.get(id=join_id).completed_at is None
+    assert subruns.children_report_sweep() == 2
+    assert subruns.children_report_sweep() == 0  # reported exactly once
+    join = FanOut.objects.get(id=join_id)
+    assert (join.reported, join.completed_at is not None) == (2, True)
+    body = batch.batch_result(fanout_id=join_id, timed_out=False)
+    assert [(r["run_id"], r["status"]) for r in body["results"]] == [(k, "completed") for k in kids]

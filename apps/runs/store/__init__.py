@@ -40,7 +40,14 @@ from apps.runs.store.control import (
     runtime_state_lock,
     runtime_state_set,
 )
-from apps.runs.store.fanout import Counted, fanout_child_claim, fanout_count, fanout_insert, fanout_start_next
+from apps.runs.store.fanout import (
+    Counted,
+    fanout_child_claim,
+    fanout_count,
+    fanout_insert,
+    fanout_lock,
+    fanout_start_next,
+)
 from apps.runs.store.hot import (
     PARKED_STATUSES,
     ClaimedRun,
@@ -79,6 +86,7 @@ __all__ = [
     "fanout_child_claim",
     "fanout_count",
     "fanout_insert",
+    "fanout_lock",
     "fanout_start_next",
     "input_queue",
     "insert_run",

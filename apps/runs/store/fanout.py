@@ -3,8 +3,11 @@ writes the runs app's tables): the join and its slots, inserted with the
 children; a child's report counted under the join's row lock; a waiting
 sibling started; the join closed. apps.runs.fanout says who calls each.
 
-Lock order, the same for every report: the child's run row (the report's
-compare-and-set), then the FanOut row, then a waiting sibling's run row.
+Lock order, the same for every report: the FanOut row first (every report
+of one join queues there), then the child's run row (the report's
+compare-and-set), then a waiting sibling's run row, then the parent's. No
+other transaction takes a FanOut row's lock, and a cancel holds one run row
+at a time, so a report never waits in a cycle.
 """
 
 from __future__ import annotations
@@ -41,11 +44,17 @@ class Counted:
     completed: bool
 
 
-def fanout_count(*, fanout_id: str, run_id: str) -> Counted | None:
-    """Inside a transaction: mark the child's slot reported and count it. None
-    when the slot was already reported (nothing written)."""
+def fanout_lock(*, fanout_id: str) -> FanOut:
+    """Inside a transaction: the join, locked. Taken first by every report of the join."""
     # The FanOut row lock serialises every report of one join: `reported` and the slot move together.
-    fanout = FanOut.objects.select_for_update().get(id=fanout_id)
+    return FanOut.objects.select_for_update().get(id=fanout_id)
+
+
+def fanout_count(*, fanout: FanOut, run_id: str) -> Counted | None:
+    """Inside a transaction holding `fanout`'s lock (fanout_lock): mark the
+    child's slot reported and count it. None when the slot was already
+    reported (nothing written)."""
+    fanout_id = fanout.id
     moved = (
         FanOutSlot.objects.filter(fanout_id=fanout_id, run_id=run_id)
         .exclude(state=SlotState.REPORTED)

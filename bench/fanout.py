@@ -10,6 +10,7 @@ wait as `waiting_fanout` rows. Measured:
   per join its FanOut row's created_at -> completed_at (Postgres's clock);
 - the workers' RSS and the parked rows (`waiting_children` parents plus
   `waiting_fanout` children), both at their peak, sampled every 0.2 s;
+- the workers' CPU seconds (per run: what a child costs beyond its latency);
 - the host's CPU steal over the run.
 Every envelope is checked: each parent gets all its children's results,
 index-aligned. Knobs (env): the three above, BENCH_WORKERS (2),
@@ -125,11 +126,11 @@ def main() -> None:
             f"{CHILDREN} children from {PARENTS} parents, mock latency {LATENCY_MS} ms",
             flush=True,
         )
-        host0 = psutil.cpu_times()
-        t0 = time.monotonic()
+        host0, pids = psutil.cpu_times(), [w.pid for w in workers]
+        cpu0, t0 = stack.cpu_s(pids), time.monotonic()
         ids = create(counts)
         peak_rss, peak_parked = watch(ids, workers, 900)
-        wall = time.monotonic() - t0
+        wall, cpu = time.monotonic() - t0, stack.cpu_s(pids) - cpu0
         steal = stack.host_steal_pct(host0, psutil.cpu_times())
     finally:
         stop_all(workers)
@@ -138,6 +139,7 @@ def main() -> None:
     per_join = [(done - made).total_seconds() for made, done in joins]
     print(f"fan-in: all {CHILDREN} results in {wall:.1f} s (first parent created -> last parent completed)")
     print(f"per join (park -> last report): p50 {pct(per_join, 0.5):.1f} s, max {max(per_join):.1f} s")
+    print(f"workers' CPU: {cpu:.0f} s in all, {cpu / (CHILDREN + PARENTS) * 1000:.0f} ms per run")
     print(f"peak: workers' RSS {peak_rss:.0f} MiB, parked rows {peak_parked}; host steal {steal:.0f} %", flush=True)
 
 

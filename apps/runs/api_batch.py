@@ -52,10 +52,9 @@ async def runs_batch(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, BatchIn, max_bytes=MAX_BATCH_BYTES)
     principal: Principal = request_principal(request)
     fanout_id = await sync_to_async(_start, thread_sensitive=False)(principal, data)
-    completed = await batch.batch_await(fanout_id, data.timeout())
-    if not completed:
-        await sync_to_async(batch.batch_cancel_unfinished, thread_sensitive=False)(
-            principal=principal, fanout_id=fanout_id
-        )
-    body = await sync_to_async(batch.batch_result, thread_sensitive=False)(fanout_id=fanout_id, timed_out=not completed)
+    late: frozenset[str] = frozenset()
+    if not await batch.batch_await(fanout_id, data.timeout()):
+        cancel = sync_to_async(batch.batch_cancel_unfinished, thread_sensitive=False)
+        late = await cancel(principal=principal, fanout_id=fanout_id)
+    body = await sync_to_async(batch.batch_result, thread_sensitive=False)(fanout_id=fanout_id, timed_out=late)
     return JsonResponse(body)

@@ -13,7 +13,8 @@ Invariants:
   the completing report commits) and re-reads the join on each ring and every
   `REPOLL_S` as the backstop for a lost ring, until `timeout_ms`.
 - On timeout the children still running are cancelled and the response says
-  `timed_out: true`; their entries carry the status read then and an error.
+  `timed_out: true`; their entries carry the status read then (a worker may
+  still be landing the cancel) and the error `runs:batch timed out; run cancelled`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from apps.runs.models import TERMINAL, RuntimeStateValue
 
 REPOLL_S = 5.0  # the backstop re-read of the join while no ring came
 DEFAULT_TIMEOUT_MS = 300_000
+TIMED_OUT = "runs:batch timed out"
 MAX_TIMEOUT_MS = 1_800_000  # as the longest SSE stream (30 min)
 
 
@@ -117,30 +119,32 @@ async def batch_await(fanout_id: str, timeout_ms: int) -> bool:
         await bells.unsubscribe(fanout.fanout_channel(fanout_id), wake)
 
 
-def batch_cancel_unfinished(*, principal: Principal, fanout_id: str) -> None:
-    """At the timeout: cancel every child of the join that has not ended."""
+def batch_cancel_unfinished(*, principal: Principal, fanout_id: str) -> frozenset[str]:
+    """At the timeout: cancel every child of the join that has not ended; their run ids."""
     try:
-        for view in fanout.join_children(fanout_id):
-            if view.run is not None and view.run.status not in TERMINAL:
-                services.run_cancel(principal=principal, run_id=view.run.id, reason="runs:batch timed out")
+        late = [v.run.id for v in fanout.join_children(fanout_id) if v.run is not None and v.run.status not in TERMINAL]
+        for run_id in late:
+            services.run_cancel(principal=principal, run_id=run_id, reason=TIMED_OUT)
+        return frozenset(late)
     finally:
         connection.close()
 
 
-def batch_result(*, fanout_id: str, timed_out: bool) -> dict[str, Any]:
-    """SPEC 2.3's envelope: `results` index-aligned, `spawned` children made."""
+def batch_result(*, fanout_id: str, timed_out: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """SPEC 2.3's envelope: `results` index-aligned, `spawned` children made;
+    `timed_out` holds the children cancelled at the timeout (batch_cancel_unfinished)."""
     try:
         views = fanout.join_children(fanout_id)
     finally:
         connection.close()
-    results = [_entry(v) for v in views]
+    results = [_entry(v, timed_out) for v in views]
     body: dict[str, Any] = {"results": results, "spawned": sum(v.run is not None for v in views)}
     if timed_out:
         body["timed_out"] = True
     return body
 
 
-def _entry(v: fanout.ChildView) -> dict[str, Any]:
+def _entry(v: fanout.ChildView, timed_out: frozenset[str]) -> dict[str, Any]:
     r = v.run
     if r is None:
         return {
@@ -155,16 +159,16 @@ def _entry(v: fanout.ChildView) -> dict[str, Any]:
             "limits": None,
             "parent_context": v.slot.parent_context,
         }
-    error = fanout.child_error(r) if r.status in TERMINAL else "runs:batch timed out; run cancelled"
+    late = r.id in timed_out
     return {
         "agent_id": r.agent_id,
         "run_id": r.id,
         "session_id": r.session_id,
         "status": r.status,
         "stop_reason": r.stop_reason,
-        "final_text": v.final_text if r.status in TERMINAL else "",
+        "final_text": "" if late else v.final_text,
         "usage": r.usage or {},
-        "error": error,
+        "error": f"{TIMED_OUT}; run cancelled" if late else fanout.child_error(r),
         "limits": None,
         "parent_context": v.slot.parent_context,
     }

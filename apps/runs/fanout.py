@@ -112,6 +112,7 @@ class FanOutPark:
 
     def record(self, run_id: str, step: int, call_id: str) -> None:
         """Inside the parent's step commit: the children, the join and its slots."""
+        self.started = []
         fanout = FanOut(
             id=new_fanout_id(),
             kind=FanOutKind.TOOL,
@@ -257,11 +258,21 @@ def fanout_child_finished(*, child_id: str, fanout_id: str) -> bool:
             return False
         if counted.completed:
             _join_answer(counted.fanout)
-        else:
+        elif _parent_goes_on(counted.fanout):
             started = store.fanout_start_next(fanout_id=fanout_id)
     if started is not None:
         enqueue_iteration(started, 0)
     return True
+
+
+def _parent_goes_on(fanout: FanOut) -> bool:
+    """Whether waiting children should still start: not once the parent is
+    being cancelled (its cancel flags it before it cancels its descendants,
+    which finish waiting children on the spot)."""
+    if fanout.kind == FanOutKind.BATCH:
+        return True
+    parent = Run.objects.filter(id=fanout.parent_run_id, cancel_requested=False).exclude(status__in=TERMINAL)
+    return parent.exists()
 
 
 def _join_answer(fanout: FanOut) -> None:

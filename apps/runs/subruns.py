@@ -1,4 +1,5 @@
 """Sub-agents: the `Agent` tool (op `spawn`, SPEC 6.4) and the wake-up of parents.
+Op `parallel_spawn` and its join are apps.runs.fanout's; a fan-out child's report goes there.
 
 Invariants:
 - A parent never waits on a child: the iteration that spawned commits with

@@ -206,5 +206,5 @@ def test_a_lost_batch_report_is_made_once_by_the_sweep(no_workers: None) -> None
     assert subruns.children_report_sweep() == 0  # reported exactly once
     join = FanOut.objects.get(id=join_id)
     assert (join.reported, join.completed_at is not None) == (2, True)
-    body = batch.batch_result(fanout_id=join_id, timed_out=False)
+    body = batch.batch_result(fanout_id=join_id)
     assert [(r["run_id"], r["status"]) for r in body["results"]] == [(k, "completed") for k in kids]

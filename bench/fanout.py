@@ -11,7 +11,8 @@ wait as `waiting_fanout` rows. Measured:
 - the workers' RSS and the parked rows (`waiting_children` parents plus
   `waiting_fanout` children), both at their peak, sampled every 0.2 s;
 - the workers' CPU seconds (per run: what a child costs beyond its latency);
-- the host's CPU steal over the run.
+- the host's CPU steal over the run, and its load average at the end (other
+  processes on the host stretch the wall time, not the CPU per run).
 Every envelope is checked: each parent gets all its children's results,
 index-aligned. Knobs (env): the three above, BENCH_WORKERS (2),
 BENCH_CONCURRENCY (16). Every wait is bounded; every process is stopped.
@@ -141,6 +142,7 @@ def main() -> None:
     print(f"per join (park -> last report): p50 {pct(per_join, 0.5):.1f} s, max {max(per_join):.1f} s")
     print(f"workers' CPU: {cpu:.0f} s in all, {cpu / (CHILDREN + PARENTS) * 1000:.0f} ms per run")
     print(f"peak: workers' RSS {peak_rss:.0f} MiB, parked rows {peak_parked}; host steal {steal:.0f} %", flush=True)
+    print(f"host load average at the end (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
 
 
 if __name__ == "__main__":

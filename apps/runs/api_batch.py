@@ -11,7 +11,7 @@ from apps.core.errors import Unprocessable
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.runs import batch, services
-from apps.runs.batch_schemas import BatchIn, BatchSpawnIn
+from apps.runs.batch_schemas import BatchIn, BatchOut, BatchSpawnIn
 from apps.runs.credentials import credentials_from_wire
 
 router = Router(tags=["runs"])
@@ -45,6 +45,7 @@ def _start(principal: Principal, data: BatchIn) -> str:
 
 @router.post(
     "/runs:batch",
+    response={200: BatchOut},
     openapi_extra=openapi_body(BatchIn),
     summary="Fan out up to 32 runs and wait for all of them (join): index-aligned results",
 )

@@ -26,6 +26,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connection, transaction
+from django.utils import timezone
 
 from apps.core.errors import ApplicationError, RuntimePaused, Unprocessable
 from apps.core.pubsub import hub
@@ -66,6 +67,7 @@ def batch_start(*, principal: Principal, spawns: list[BatchSpawn]) -> str:
                 size=len(slots),
                 reported=refused,
                 max_concurrent=len(slots),
+                completed_at=timezone.now() if refused == len(slots) else None,  # nothing to wait for
             )
             for slot in slots:
                 slot.fanout = join

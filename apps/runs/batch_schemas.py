@@ -25,3 +25,24 @@ class BatchIn(BaseModel):
     def timeout(self) -> int:
         """The wait in ms: the request's, default 5 min, at most 30 min."""
         return min(self.timeout_ms or batch.DEFAULT_TIMEOUT_MS, batch.MAX_TIMEOUT_MS)
+
+
+class BatchResultOut(BaseModel):
+    """One child's entry (SPEC 4.9's RunOnce result plus `parent_context`)."""
+
+    agent_id: str
+    run_id: str
+    session_id: str
+    status: str
+    stop_reason: str
+    final_text: str
+    usage: dict[str, Any]
+    error: str
+    limits: dict[str, Any] | None = None
+    parent_context: dict[str, Any] | None = None
+
+
+class BatchOut(BaseModel):
+    results: list[BatchResultOut]
+    spawned: int
+    timed_out: bool | None = None  # present (true) only when the wait timed out

@@ -151,6 +151,9 @@ def test_batch_over_32_spawns_or_another_mode_is_422(
     reply = http.post("/v1/runs:batch", json={"spawns": [batch_spawn("n")], "mode": "stream"}, headers=people["bob"])
     assert (reply.status_code, reply.json()["code"]) == (422, "unsupported_mode")
     assert not Run.objects.exists()
+    ghosts = {"spawns": [{"agent": "no-such-agent", "prompt": "hi"}]}  # nothing started: answered at once
+    reply = http.post("/v1/runs:batch", json=ghosts, headers=people["bob"], timeout=10)
+    assert (reply.status_code, reply.json()["spawned"], reply.json()["results"][0]["status"]) == (200, 0, "failed")
 
 
 def test_batch_runs_are_the_callers_tenants(stack: WorkerPool, http: httpx.Client, people: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from apps.runs import batch
+from apps.runs import batch, fanout
 from apps.runs.schemas import RunCreateIn
 
 
@@ -16,8 +16,10 @@ class BatchSpawnIn(RunCreateIn):
 
 
 class BatchIn(BaseModel):
-    # The 1..32 bound is the service's (422 `invalid_spawns`), so it names the limit.
-    spawns: list[BatchSpawnIn] = Field(default_factory=list, max_length=1024)
+    # The 1..32 bound is the service's (422 `invalid_spawns`, naming the limit); the schema documents it.
+    spawns: list[BatchSpawnIn] = Field(
+        default_factory=list, max_length=1024, json_schema_extra={"minItems": 1, "maxItems": fanout.MAX_SPAWNS}
+    )
     mode: str = "join"
     timeout_ms: int | None = Field(default=None, ge=1)
     model_config = {"extra": "ignore"}

@@ -15,7 +15,7 @@ wait as `waiting_fanout` rows. Measured:
   processes on the host stretch the wall time, not the CPU per run).
 Every envelope is checked: each parent gets all its children's results,
 index-aligned. Knobs (env): the three above, BENCH_WORKERS (2),
-BENCH_CONCURRENCY (16). Every wait is bounded; every process is stopped.
+BENCH_CONCURRENCY (64). Every wait is bounded; every process is stopped.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ PARENTS = int(os.environ.get("BENCH_FANOUT_PARENTS", "32"))
 CHILDREN = int(os.environ.get("BENCH_FANOUT_CHILDREN", "1000"))
 LATENCY_MS = int(os.environ.get("BENCH_FANOUT_LATENCY_MS", "1000"))
 WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
-CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "64"))  # 32 parents x 4 children: 128 in flight
 
 os.environ.update(
     LOOMCYCLE_DATA_DIR=str(DATA),

@@ -8,6 +8,7 @@ parents, the same path at a tenth of the size."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from apps.runs import batch, engine, services, subruns
+from apps.runs import batch, engine, fanout, services, subruns
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
@@ -53,6 +54,7 @@ def envelope(run_id: str) -> list[dict[str, Any]]:
 
 def test_parallel_spawn_answers_once_with_every_result_index_aligned(stack: WorkerPool) -> None:
     spawns = [child("r0"), child("r1", sleep_ms=200), child("boom", error=500), child("r3")]
+    spawns[0]["parent_context"] = {"function_key": "k0"}
     spawns.append({"name": "no-such-agent", "prompt": "hi", "parent_context": {"function_key": "k4"}})
     parent = fan(spawns)
     done = wait_status(parent.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=40)
@@ -60,6 +62,7 @@ def test_parallel_spawn_answers_once_with_every_result_index_aligned(stack: Work
     results = envelope(parent.id)
     assert [r["index"] for r in results] == [0, 1, 2, 3, 4]
     assert [(r["ok"], r.get("output")) for r in results[:2]] == [(True, "r0"), (True, "r1")]
+    assert results[0]["parent_context"] == {"function_key": "k0"} and "parent_context" not in results[1]
     assert results[2]["ok"] is False and results[2]["error"].startswith("failed:")
     assert (results[3]["ok"], results[3]["output"]) == (True, "r3")
     refused = results[4]
@@ -114,6 +117,23 @@ def test_a_fanout_of_100_children_from_10_parents_gets_every_result(stack: Worke
     for n, p in enumerate(parents):
         assert [(r["ok"], r["output"]) for r in envelope(p.id)] == [(True, f"p{n}c{c}") for c in range(10)]
     assert FanOutSlot.objects.exclude(state="reported").count() == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "refusal"),
+    [
+        ({"spawns": [{"name": "fan-child", "prompt": "hi"}] * 33}, "1..32 entries"),
+        ({"spawns": []}, "1..32 entries"),
+        ({"name": "fan-child", "prompt": "hi", "spawns": [{"name": "fan-child", "prompt": "hi"}]}, "top-level"),
+        ({"spawns": [{"name": "fan-child", "prompt": "hi", "tools": ["Agent"]}]}, "spawns[0] must be an object"),
+        ({"spawns": [{"name": "bad name", "prompt": "hi"}]}, "spawns[0].name"),
+        ({"spawns": [{"name": "fan-child", "prompt": " "}]}, "spawns[0].prompt"),
+        ({"spawns": [{"name": "fan-child", "prompt": "hi", "parent_context": "x"}]}, "parent_context must be"),
+    ],
+)
+def test_parallel_spawn_input_that_does_not_fit_is_refused_whole(data: dict[str, Any], refusal: str) -> None:
+    with pytest.raises(fanout.EntryRefused, match=re.escape(refusal)):
+        fanout.parse_entries(data)
 
 
 # --- POST /v1/runs:batch

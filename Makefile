@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-triggers bench-circuit doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit doctor venv clean
 
 venv: $(STAMP)
 
@@ -48,6 +48,7 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/loop.py
+	$(PY) bench/fanout.py
 
 bench-gateway: $(STAMP)
 	$(PY) bench/gateway.py
@@ -60,6 +61,9 @@ bench-schedules: $(STAMP)
 
 bench-interrupts: $(STAMP)
 	$(PY) bench/interrupts.py
+
+bench-fanout: $(STAMP)
+	$(PY) bench/fanout.py
 
 # Both trigger benches (issue 19): webhook deliveries end to end, then schedule fire lag.
 bench-triggers: bench-webhooks bench-schedules

@@ -10,6 +10,7 @@ class RunsConfig(AppConfig):
         from apps.core.admission import ADMISSION
         from apps.gateway import waits
         from apps.runs import (
+            fanout,
             interrupts_admin,  # noqa: F401  (registers the pending-interrupts admin)
             registry,
         )
@@ -20,5 +21,6 @@ class RunsConfig(AppConfig):
         registry.register(CONTEXT_TOOL)
         registry.register(AGENT_TOOL)
         registry.register(INTERRUPTION_TOOL)
+        registry.on_run_finished(fanout.on_run_finished)  # runs:batch children report to their join
         # The gateway's waits (mock latency, provider-slot waits) give up the engine's admission slot.
         waits.install(ADMISSION.outside)

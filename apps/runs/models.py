@@ -283,3 +283,7 @@ class Interrupt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.status} {self.question[:60]}"
+
+
+from apps.runs.fanout_models import FanOut as FanOut  # noqa: E402  (parallel_spawn and runs:batch joins)
+from apps.runs.fanout_models import FanOutSlot as FanOutSlot  # noqa: E402

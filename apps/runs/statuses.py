@@ -16,6 +16,7 @@ class RunStatus(TextChoices):
     WAITING_CHILDREN = "waiting_children"
     AWAITING_INTERRUPT = "awaiting_interrupt"
     WAITING_CHANNEL = "waiting_channel"
+    WAITING_FANOUT = "waiting_fanout"  # a parallel_spawn child over max_concurrent_children (apps.runs.fanout)
     PAUSED = "paused"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -31,6 +32,7 @@ PARKED = (
     RunStatus.AWAITING_INTERRUPT,
     RunStatus.WAITING_CHANNEL,
     RunStatus.PAUSED,
+    RunStatus.WAITING_FANOUT,
 )
 TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 # Not in flight for its session: at most one run of a session is outside these (index run_session_live).

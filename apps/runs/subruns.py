@@ -1,4 +1,5 @@
 """Sub-agents: the `Agent` tool (op `spawn`, SPEC 6.4) and the wake-up of parents.
+Op `parallel_spawn` and its join are apps.runs.fanout's; a fan-out child's report goes there.
 
 Invariants:
 - A parent never waits on a child: the iteration that spawned commits with
@@ -28,7 +29,7 @@ from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
 from apps.core.tools import SpawnRequest, Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
-from apps.runs import store
+from apps.runs import fanout, store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
@@ -42,8 +43,10 @@ MAX_DEPTH = 3  # loomcycle's MaxAgentDepth: a top-level run is depth 0
 
 def agent_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     op = data.get("op", "spawn")
+    if op == "parallel_spawn":  # one park for up to 32 children (apps.runs.fanout)
+        return fanout.parallel_spawn_execute(ctx, data)
     if op != "spawn":
-        return ToolResult(f"op {op!r} is not supported by this build; use op=spawn", is_error=True)
+        return ToolResult(f"op {op!r} is not supported by this build; use op=spawn or parallel_spawn", is_error=True)
     name, prompt = data.get("name"), data.get("prompt")
     if not isinstance(name, str) or not is_ident(name):
         return ToolResult("name must be an agent name ([A-Za-z0-9_-]{1,128})", is_error=True)
@@ -55,15 +58,29 @@ def agent_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
 AGENT_TOOL = Tool(
     name="Agent",
     description="Run a sub-agent: op=spawn with {name, prompt}. The result is the sub-agent's final text, "
-    "prefixed with [sub-agent agent_id=...].",
+    "prefixed with [sub-agent agent_id=...]. op=parallel_spawn with spawns:[{name, prompt, parent_context?}] "
+    "(at most 32) runs them all (max_concurrent_children at a time) and answers once with "
+    '{"results":[{index, agent, ok, output?, error?}]}, index-aligned.',
     input_schema={
         "type": "object",
         "properties": {
-            "op": {"type": "string", "enum": ["spawn"]},
+            "op": {"type": "string", "enum": ["spawn", "parallel_spawn"]},
             "name": {"type": "string"},
             "prompt": {"type": "string"},
+            "spawns": {
+                "type": "array",
+                "maxItems": 32,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "prompt": {"type": "string"},
+                        "parent_context": {"type": "object"},
+                    },
+                    "required": ["name", "prompt"],
+                },
+            },
         },
-        "required": ["name", "prompt"],
     },
     execute=agent_execute,
 )
@@ -159,6 +176,9 @@ def _child_result(child: Run) -> tuple[str, bool]:
 
 def run_child_finished(*, child_id: str) -> bool:
     """Report a terminal child to its parent, exactly once. False if nothing to do."""
+    fanout_id = fanout.fanout_of(child_id)
+    if fanout_id is not None:  # a parallel_spawn or runs:batch child: its join answers (apps.runs.fanout)
+        return fanout.fanout_child_finished(child_id=child_id, fanout_id=fanout_id)
     with transaction.atomic():
         # Compare-and-set: only the first report of this child proceeds.
         if not store.child_report_claim(child_id=child_id):
@@ -181,6 +201,7 @@ def children_report_sweep(*, settle_seconds: float = 2.0) -> int:
         ).values_list("id", flat=True)[:500]
     )
     reported = sum(run_child_finished(child_id=i) for i in ids)
+    reported += fanout.batch_report_sweep(settle_seconds=settle_seconds)  # runs:batch children have no parent
     if reported:
         log.info("sweeper reported %d finished child run(s) to their parents", reported)
     return reported

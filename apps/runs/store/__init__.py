@@ -15,6 +15,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 - `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
+- `fanout`: a parallel_spawn / runs:batch join and its slots (insert, count a report, start a waiting child).
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
 - `compaction`: a compaction request queued as a RunInput row of its own source.
 - `sessions`: the session decision lock, an enqueued run's promotion, the rollback mark, a replay's seed.
@@ -43,6 +44,14 @@ from apps.runs.store.control import (
     runtime_state_lock,
     runtime_state_set,
 )
+from apps.runs.store.fanout import (
+    Counted,
+    fanout_child_claim,
+    fanout_count,
+    fanout_insert,
+    fanout_lock,
+    fanout_start_next,
+)
 from apps.runs.store.hot import (
     PARKED_STATUSES,
     ClaimedRun,
@@ -67,6 +76,7 @@ __all__ = [
     "AnswerTarget",
     "ClaimedRun",
     "CompactQueued",
+    "Counted",
     "InputQueued",
     "RunRowsWritten",
     "StepRows",
@@ -81,6 +91,11 @@ __all__ = [
     "claim",
     "commit_step",
     "compact_request_queue",
+    "fanout_child_claim",
+    "fanout_count",
+    "fanout_insert",
+    "fanout_lock",
+    "fanout_start_next",
     "input_queue",
     "insert_run",
     "interrupt_finish",

@@ -1,0 +1,61 @@
+"""`POST /v1/runs:batch` (SPEC 2.3): auth -> schema -> service -> envelope.
+The rules (limits, the join, the wait) are apps.runs.batch's."""
+
+from __future__ import annotations
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, JsonResponse
+from ninja import Router
+
+from apps.core.errors import Unprocessable
+from apps.core.http import openapi_body, parse_body, request_principal
+from apps.core.types import Principal
+from apps.runs import batch, services
+from apps.runs.batch_schemas import BatchIn, BatchOut, BatchSpawnIn
+from apps.runs.credentials import credentials_from_wire
+
+router = Router(tags=["runs"])
+
+MAX_BATCH_BYTES = 8 * 1024 * 1024  # SPEC 2.0's body cap for runs:batch
+
+
+def _spawn(data: BatchSpawnIn) -> batch.BatchSpawn:
+    create = services.RunCreate(
+        agent=data.agent,
+        segments=data.segment_list(),
+        tools=data.tools,
+        allowed_hosts=data.allowed_hosts,
+        user_id=data.user_id or "",
+        tenant_id=data.tenant_id or "",
+        agent_id=data.agent_id,
+        metadata=data.metadata,
+        interactive=data.interactive,
+        max_iterations=data.max_iterations,
+        user_tier=data.user_tier,
+        credentials=credentials_from_wire(user_bearer=data.user_bearer, user_credentials=data.user_credentials),
+    )
+    return batch.BatchSpawn(create=create, parent_context=data.parent_context)
+
+
+def _start(principal: Principal, data: BatchIn) -> str:
+    if data.mode != "join":
+        raise Unprocessable('mode must be "join" (the only mode)', code="unsupported_mode")
+    return batch.batch_start(principal=principal, spawns=[_spawn(s) for s in data.spawns])
+
+
+@router.post(
+    "/runs:batch",
+    response={200: BatchOut},
+    openapi_extra=openapi_body(BatchIn),
+    summary="Fan out up to 32 runs and wait for all of them (join): index-aligned results",
+)
+async def runs_batch(request: HttpRequest) -> JsonResponse:
+    data = parse_body(request, BatchIn, max_bytes=MAX_BATCH_BYTES)
+    principal: Principal = request_principal(request)
+    fanout_id = await sync_to_async(_start, thread_sensitive=False)(principal, data)
+    late: frozenset[str] = frozenset()
+    if not await batch.batch_await(fanout_id, data.timeout()):
+        cancel = sync_to_async(batch.batch_cancel_unfinished, thread_sensitive=False)
+        late = await cancel(principal=principal, fanout_id=fanout_id)
+    body = await sync_to_async(batch.batch_result, thread_sensitive=False)(fanout_id=fanout_id, timed_out=late)
+    return JsonResponse(body)

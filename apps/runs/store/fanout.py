@@ -1,0 +1,88 @@
+"""The fan-out join's writes (part of apps/runs/store/, the one package that
+writes the runs app's tables): the join and its slots, inserted with the
+children; a child's report counted under the join's row lock; a waiting
+sibling started; the join closed. apps.runs.fanout says who calls each.
+
+Lock order, the same for every report: the FanOut row first (every report
+of one join queues there), then the child's run row (the report's
+compare-and-set), then a waiting sibling's run row, then the parent's. No
+other transaction takes a FanOut row's lock, and a cancel holds one run row
+at a time, so a report never waits in a cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import F
+from django.utils import timezone
+
+from apps.runs.fanout_models import FanOut, FanOutSlot, SlotState
+from apps.runs.models import TERMINAL, Run, RunStatus
+
+
+def fanout_insert(fanout: FanOut, slots: list[FanOutSlot]) -> None:
+    """Insert an unsaved join and its slots; inside the transaction that inserts the children."""
+    fanout.save(force_insert=True)
+    FanOutSlot.objects.bulk_create(slots)
+
+
+def fanout_child_claim(*, child_id: str) -> bool:
+    """Compare-and-set: True for the first report of a terminal child only
+    (the flag `reported_to_parent` means "reported to its join" for a batch child)."""
+    claimed = Run.objects.filter(id=child_id, reported_to_parent=False, status__in=TERMINAL).update(
+        reported_to_parent=True
+    )
+    return bool(claimed)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A report counted: the join (locked, as updated) and whether this report completed it."""
+
+    fanout: FanOut
+    completed: bool
+
+
+def fanout_lock(*, fanout_id: str) -> FanOut:
+    """Inside a transaction: the join, locked. Taken first by every report of the join."""
+    # The FanOut row lock serialises every report of one join: `reported` and the slot move together.
+    return FanOut.objects.select_for_update().get(id=fanout_id)
+
+
+def fanout_count(*, fanout: FanOut, run_id: str) -> Counted | None:
+    """Inside a transaction holding `fanout`'s lock (fanout_lock): mark the
+    child's slot reported and count it. None when the slot was already
+    reported (nothing written)."""
+    fanout_id = fanout.id
+    moved = (
+        FanOutSlot.objects.filter(fanout_id=fanout_id, run_id=run_id)
+        .exclude(state=SlotState.REPORTED)
+        .update(state=SlotState.REPORTED)
+    )
+    if not moved:
+        return None
+    FanOut.objects.filter(id=fanout_id).update(reported=F("reported") + 1)
+    fanout.reported += 1
+    completed = fanout.reported >= fanout.size
+    if completed:
+        fanout.completed_at = timezone.now()
+        FanOut.objects.filter(id=fanout_id).update(completed_at=fanout.completed_at)
+    return Counted(fanout=fanout, completed=completed)
+
+
+def fanout_start_next(*, fanout_id: str) -> str | None:
+    """Inside a transaction holding the FanOut row lock: start the lowest-index
+    waiting child (its run `waiting_fanout` -> `queued`, its slot `started`).
+    The started run's id, for a doorbell after commit; None when none waits.
+    A waiting child cancelled meanwhile is skipped (its own report counts it)."""
+    while True:
+        slot = FanOutSlot.objects.filter(fanout_id=fanout_id, state=SlotState.WAITING).order_by("index").first()
+        if slot is None:
+            return None
+        FanOutSlot.objects.filter(id=slot.id).update(state=SlotState.STARTED)
+        # Conditional: a cancel that finished the waiting child first wins.
+        if Run.objects.filter(id=slot.run_id, status=RunStatus.WAITING_FANOUT).update(
+            status=RunStatus.QUEUED, updated_at=timezone.now()
+        ):
+            return slot.run_id

@@ -318,6 +318,11 @@ if INTERRUPTION_DEFAULT_TIMEOUT_MS > INTERRUPTION_MAX_TIMEOUT_MS:  # else every 
     )
 INTERRUPTION_MAX_PENDING: int = _at_least("LOOMCYCLE_INTERRUPTION_MAX_PENDING", 10, 1)
 INTERRUPTION_SWEEP_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_SWEEP_MS", 5000, 100)
+# Resident children (Agent op=open, SPEC 4.8): how long one may sit idle (parked between turns)
+# before beat closes it, when its open gives no idle_ttl_seconds (loomcycle's 30 min); how many
+# one parent may hold open at once (loomcycle's 8).
+RESIDENT_CHILD_IDLE_TTL_SECONDS: int = _at_least("LOOMCYCLE_RESIDENT_CHILD_IDLE_TTL_SECONDS", 1800, 1)
+RESIDENT_MAX_CHILDREN: int = _at_least("LOOMCYCLE_RESIDENT_MAX_CHILDREN", 8, 1)
 # MCP server (apps.mcp.server): the longest a `spawn_run` call with `wait` may hold its request
 # open for the run's result (a longer `wait_seconds` is cut to it).
 MCP_WAIT_CAP_MS: int = _at_least("LOOMCYCLE_MCP_WAIT_CAP_MS", 120_000, 1)
@@ -496,6 +501,9 @@ class RuntimeSettings:
     interruption_max_timeout_ms: int
     interruption_max_pending: int
     interruption_sweep_ms: int
+    # Resident children.
+    resident_child_idle_ttl_seconds: int
+    resident_max_children: int
     # MCP server.
     mcp_wait_cap_ms: int
     # Evaluations.

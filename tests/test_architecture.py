@@ -25,12 +25,24 @@ def test_the_import_contracts_are_kept() -> None:
 # --- One owner of run state (issue 18): apps/runs/store/ is the only package that writes `runs_*` tables.
 
 RUN_MODELS = frozenset(
-    {"Run", "RunEvent", "TranscriptEntry", "RunInput", "ToolCallRecord", "RuntimeState", "SignalOutbox", "Interrupt"}
+    {
+        "Run",
+        "RunEvent",
+        "TranscriptEntry",
+        "RunInput",
+        "ToolCallRecord",
+        "RuntimeState",
+        "SignalOutbox",
+        "Interrupt",
+        "ResidentChild",
+    }
 )
 WRITE_METHODS = frozenset(
     {"create", "bulk_create", "get_or_create", "update_or_create", "update", "bulk_update", "delete"}
 )
-RUN_TABLE = r"runs_(?:run|runevent|transcriptentry|runinput|toolcallrecord|runtimestate|signaloutbox|interrupt)\b"
+RUN_TABLE = (
+    r"runs_(?:run|runevent|transcriptentry|runinput|toolcallrecord|runtimestate|signaloutbox|interrupt|residentchild)\b"
+)
 SQL_WRITE = re.compile(rf"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+{RUN_TABLE}", re.I)
 SQL_ANY = re.compile(rf"\b{RUN_TABLE}")
 OWNER = "apps/runs/store/"

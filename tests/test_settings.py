@@ -100,6 +100,7 @@ def test_beat_periods_come_from_the_runtime_settings() -> None:
         "channels-wake-due": conf.channels_wake_tick_ms / 1000.0,
         "channels-expired-sweep": conf.channels_sweep_ms / 1000.0,
         "interrupts-expire": conf.interruption_sweep_ms / 1000.0,
+        "resident-sweep": conf.sweep_seconds,
         "gateway-audit-prune": 3600.0,
         "triggers-finished-sweep": conf.sweep_seconds,
     }  # the scheduler tick is absent: LOOMCYCLE_SCHEDULER_ENABLED is off in tests

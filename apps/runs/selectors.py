@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, QuerySet, Value
 from django.utils import timezone
 
 from apps.core.errors import Conflict, Invalid, NotFound
@@ -15,11 +16,13 @@ from apps.runs.models import (
     TERMINAL,
     Interrupt,
     InterruptStatus,
+    ResidentChild,
     Run,
     RunEvent,
     RunStatus,
     RuntimeStateValue,
     ToolCallRecord,
+    TranscriptEntry,
 )
 from apps.runs.statuses import ANSWERABLE
 
@@ -306,3 +309,77 @@ def interrupts_due(*, limit: int) -> list[str]:
     pending = Interrupt.objects.filter(status=InterruptStatus.PENDING)
     due = pending.filter(Q(expires_at__lte=now) | Q(run__status__in=TERMINAL)).order_by("expires_at")
     return list(due.values_list("id", flat=True)[:limit])
+
+
+# --- Resident children (apps.runs.resident).
+
+
+def run_spawn_context(*, run_id: str) -> tuple[int, str | None]:
+    """A parent's depth and user tier, as a child it spawns inherits them."""
+    depth, routing = Run.objects.filter(id=run_id).values_list("depth", "routing").get()
+    return int(depth), (routing or {}).get("user_tier") or None
+
+
+def resident_of(*, parent_id: str, child_id: str) -> ResidentChild | None:
+    """The resident row of `child_id` if `parent_id` opened it; None for anyone else's (or no such child)."""
+    return ResidentChild.objects.filter(child_id=child_id, parent_id=parent_id).first()
+
+
+def resident_parent_id(*, child_id: str) -> str | None:
+    return ResidentChild.objects.filter(child_id=child_id).values_list("parent_id", flat=True).first()
+
+
+def resident_open_count(*, parent_id: str) -> int:
+    return ResidentChild.objects.filter(parent_id=parent_id, is_open=True).count()
+
+
+def resident_open_children(*, parent_id: str) -> list[str]:
+    return list(ResidentChild.objects.filter(parent_id=parent_id, is_open=True).values_list("child_id", flat=True))
+
+
+def resident_child_run(*, child_id: str) -> tuple[str, int]:
+    """The child run's status and how many inputs it has not consumed yet."""
+    status, pending = Run.objects.filter(id=child_id).values_list("status", "pending_inputs").get()
+    return str(status), int(pending)
+
+
+def resident_output(*, child_id: str, since: int) -> tuple[list[str], int]:
+    """The text of each assistant message the child added at transcript index `since` or
+    later, and the index to read from next time (past the last of them)."""
+    rows = TranscriptEntry.objects.filter(run_id=child_id, idx__gte=since, role="assistant").order_by("idx")
+    texts, next_idx = [], since
+    for idx, content in rows.values_list("idx", "content"):
+        text = "".join(str(b.get("text", "")) for b in content or [] if b.get("type") == "text")
+        if text:
+            texts.append(text)
+        next_idx = idx + 1
+    return texts, next_idx
+
+
+def resident_idle_due(*, now: datetime, limit: int) -> list[tuple[str, str]]:
+    """(child, parent) of open rows parked idle (no waiting call) past their idle TTL at `now`."""
+    deadline = ExpressionWrapper(
+        Value(now) - F("idle_ttl_seconds") * Value(timedelta(seconds=1)), output_field=DateTimeField()
+    )
+    rows = ResidentChild.objects.filter(
+        is_open=True, waiter_call_id="", child__status=RunStatus.AWAITING_INPUT, last_used_at__lt=deadline
+    )
+    return [(str(c), str(p)) for c, p in rows.values_list("child_id", "parent_id")[:limit]]
+
+
+def resident_ended_due(*, limit: int) -> list[tuple[str, str]]:
+    """(child, parent) of open rows whose parent or child run ended (their close was lost)."""
+    rows = ResidentChild.objects.filter(Q(parent__status__in=TERMINAL) | Q(child__status__in=TERMINAL), is_open=True)
+    return [(str(c), str(p)) for c, p in rows.values_list("child_id", "parent_id")[:limit]]
+
+
+def resident_waiting_due(*, now: datetime, limit: int) -> list[str]:
+    """Children a parent's call waits on whose turn is over, or whose wait timed out (a lost or due report)."""
+    over = (
+        Q(is_open=False)
+        | Q(child__status__in=TERMINAL)
+        | Q(child__status=RunStatus.AWAITING_INPUT, child__pending_inputs=0)
+        | Q(waiter_until__lt=now)
+    )
+    rows = ResidentChild.objects.filter(over).exclude(waiter_call_id="")
+    return [str(c) for c in rows.values_list("child_id", flat=True)[:limit]]

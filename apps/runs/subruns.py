@@ -32,6 +32,8 @@ from apps.runs import store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
+from apps.runs.resident_tool import OPS as RESIDENT_OPS
+from apps.runs.resident_tool import resident_execute
 from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
 from apps.runs.wake import run_answer
 
@@ -42,6 +44,8 @@ MAX_DEPTH = 3  # loomcycle's MaxAgentDepth: a top-level run is depth 0
 
 def agent_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     op = data.get("op", "spawn")
+    if op in RESIDENT_OPS:  # resident children (apps.runs.resident_tool)
+        return resident_execute(ctx, data)
     if op != "spawn":
         return ToolResult(f"op {op!r} is not supported by this build; use op=spawn", is_error=True)
     name, prompt = data.get("name"), data.get("prompt")
@@ -55,15 +59,19 @@ def agent_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
 AGENT_TOOL = Tool(
     name="Agent",
     description="Run a sub-agent: op=spawn with {name, prompt}. The result is the sub-agent's final text, "
-    "prefixed with [sub-agent agent_id=...].",
+    "prefixed with [sub-agent agent_id=...]. A resident sub-agent stays alive between messages: "
+    "op=open {name, prompt} (answers its first reply and child_run_id), op=send {child_run_id, prompt} "
+    "(answers its reply), op=poll {child_run_id}, op=cancel {child_run_id}, op=close {child_run_id}.",
     input_schema={
         "type": "object",
         "properties": {
-            "op": {"type": "string", "enum": ["spawn"]},
+            "op": {"type": "string", "enum": ["spawn", *RESIDENT_OPS]},
             "name": {"type": "string"},
             "prompt": {"type": "string"},
+            "child_run_id": {"type": "string"},
+            "timeout_ms": {"type": "integer", "minimum": 1},
+            "idle_ttl_seconds": {"type": "integer", "minimum": 1},
         },
-        "required": ["name", "prompt"],
     },
     execute=agent_execute,
 )
@@ -88,6 +96,7 @@ def spawn_prepare(
     user_tier: str | None = None,
     parent_id: str | None = None,
     credentials: Mapping[str, str] | None = None,
+    interactive: bool | None = None,
 ) -> Spawn:
     """Resolve the child before any write; refusals become the call's is_error result.
     The child inherits its parent's caller narrowing: a caller who narrowed a
@@ -111,6 +120,7 @@ def spawn_prepare(
         tools=caller,
         allowed_hosts=hosts,
         parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
+        interactive=interactive,  # True for a resident child (apps.runs.resident_tool)
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
     inherited = dict(credentials or {})

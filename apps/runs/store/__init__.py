@@ -16,6 +16,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 - `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
+- `resident`: the resident children's rows (insert, lock, waiting call, read cursor, close).
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -54,6 +55,15 @@ from apps.runs.store.hot import (
 )
 from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
+from apps.runs.store.resident import (
+    resident_close,
+    resident_insert,
+    resident_lock,
+    resident_read,
+    resident_touch,
+    resident_waiter_clear,
+    resident_waiter_set,
+)
 from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
 
 __all__ = [
@@ -85,6 +95,13 @@ __all__ = [
     "pending_inputs",
     "pool_purge",
     "record_tool_starts",
+    "resident_close",
+    "resident_insert",
+    "resident_lock",
+    "resident_read",
+    "resident_touch",
+    "resident_waiter_clear",
+    "resident_waiter_set",
     "retry_failed",
     "run_restore",
     "runs_pause_unleased",

@@ -134,6 +134,7 @@ def test_the_scheduler_tick_is_in_beat_only_when_enabled() -> None:
             {"LOOMCYCLE_INTERRUPTION_DEFAULT_TIMEOUT_MS": "120000", "LOOMCYCLE_INTERRUPTION_MAX_TIMEOUT_MS": "60000"},
             "LOOMCYCLE_INTERRUPTION_DEFAULT_TIMEOUT_MS (120000) is above LOOMCYCLE_INTERRUPTION_MAX_TIMEOUT_MS (60000)",
         ),
+        ({"LOOMCYCLE_RESIDENT_MAX_CHILDREN": "0"}, "LOOMCYCLE_RESIDENT_MAX_CHILDREN must be at least 1 (got 0)"),
     ],
 )
 def test_a_setting_out_of_its_range_refuses_to_start(variables: dict[str, str], message: str) -> None:

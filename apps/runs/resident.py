@@ -128,14 +128,16 @@ def resident_report(*, child_id: str, now: datetime | None = None) -> bool:
             return False
         extra = {"timed_out": True} if state == State.RUNNING else {}
         text = json.dumps(answer_of(row, state, out, status, **extra))
-        run_answer(run_id=parent_id, call_id=row.waiter_call_id, tool_name=TOOL, text=text, is_error=False)
+        failed = status == RunStatus.FAILED
+        run_answer(run_id=parent_id, call_id=row.waiter_call_id, tool_name=TOOL, text=text, is_error=failed)
     return True
 
 
 def resident_refuse(*, parent_id: str, call_id: str, message: str) -> None:
-    """Answer a parked open/send that its park's commit refused (the cap, a full input queue)."""
-    with transaction.atomic():
-        run_answer(run_id=parent_id, call_id=call_id, tool_name=TOOL, text=message, is_error=True)
+    """Inside the parent's park commit: answer an open/send that the commit refuses (the cap
+    counted under the parent's row lock, a full input queue), so the refusal commits with the
+    park and cannot be lost with the process."""
+    run_answer(run_id=parent_id, call_id=call_id, tool_name=TOOL, text=message, is_error=True)
 
 
 def resident_turn_ended(*, child_id: str) -> None:

@@ -65,7 +65,6 @@ MAX_IDLE_TTL_SECONDS = 7 * 86_400
 class _Parked:
     """What a parked open/send learnt in its park's commit, for its after-commit step."""
 
-    refusal: str = ""
     child_id: str = ""
     woke_step: int | None = None
 
@@ -159,7 +158,7 @@ def _record_open(
 
     cap = settings.LOOMCYCLE.resident_max_children
     if selectors.resident_open_count(parent_id=run_id) >= cap:  # parallel opens of one step count each other here
-        parked.refusal = _cap_message(cap)
+        resident_refuse(parent_id=run_id, call_id=call_id, message=_cap_message(cap))
         return
     (child_id,) = children_insert(
         parent_id=run_id, tenant_id=ctx.tenant_id, user_id=ctx.user_id, depth=depth, spawns=[spawn]
@@ -184,9 +183,7 @@ def _record_open(
 
 
 def _after_open(parked: _Parked, run_id: str, call_id: str) -> None:
-    if parked.refusal:
-        resident_refuse(parent_id=run_id, call_id=call_id, message=parked.refusal)
-    elif parked.child_id:
+    if parked.child_id:
         enqueue_iteration(parked.child_id, 0)
 
 
@@ -214,14 +211,14 @@ def _record_send(parked: _Parked, prompt: str, timeout_ms: int | None, run_id: s
     """Inside the parent's park commit: the child's next user turn, and the call waiting for it."""
     child_id = parked.child_id
     row = store.resident_lock(child_id=child_id, parent_id=run_id)
-    if row is None:
-        parked.refusal = f"not a resident child of this run: {child_id}"
+    if row is None:  # checked before the park; rows go only with their parent
+        resident_refuse(parent_id=run_id, call_id=call_id, message=f"not a resident child of this run: {child_id}")
         return
     status, _ = selectors.resident_child_run(child_id=child_id)
     if row.is_open and status not in TERMINAL:  # else the waiting call is answered `closed` after the commit
         queued = store.input_queue(run_id=child_id, text=prompt, cap=settings.LOOMCYCLE.steer_queue_cap)
         if not queued.accepted:
-            parked.refusal = "the child's input queue is full"
+            resident_refuse(parent_id=run_id, call_id=call_id, message="the child's input queue is full")
             return
         if queued.woke:
             parked.woke_step = queued.step
@@ -230,9 +227,6 @@ def _record_send(parked: _Parked, prompt: str, timeout_ms: int | None, run_id: s
 
 
 def _after_send(parked: _Parked, run_id: str, call_id: str) -> None:
-    if parked.refusal:
-        resident_refuse(parent_id=run_id, call_id=call_id, message=parked.refusal)
-        return
     if parked.woke_step is not None:
         enqueue_iteration(parked.child_id, parked.woke_step)
     resident_report(child_id=parked.child_id)  # a child closed meanwhile: the call is answered now

@@ -174,12 +174,14 @@ def resident_run_ended(*, run_id: str) -> None:
     is answered; if it opened resident children, they are closed. A failure is logged:
     beat's sweep closes what is left."""
     try:
-        if selectors.resident_parent_id(child_id=run_id) is not None:
+        is_child, children = selectors.resident_touching(run_id=run_id)  # one query for most runs: neither
+        if is_child:
             status, _ = selectors.resident_child_run(child_id=run_id)
             with transaction.atomic():
                 store.resident_close(child_id=run_id, reason=f"child run {status}", now=timezone.now())
             resident_report(child_id=run_id)
-        resident_children_close(parent_id=run_id)
+        for child_id in children:
+            resident_close(child_id=child_id, reason=Closed.PARENT_ENDED)
     except DatabaseError:
         log.exception("run %s ended; closing its resident rows failed, beat's sweep will", run_id)
 

@@ -333,6 +333,13 @@ def resident_open_count(*, parent_id: str) -> int:
     return ResidentChild.objects.filter(parent_id=parent_id, is_open=True).count()
 
 
+def resident_touching(*, run_id: str) -> tuple[bool, list[str]]:
+    """One query: whether `run_id` is a resident child, and the resident children it holds open."""
+    rows = ResidentChild.objects.filter(Q(child_id=run_id) | Q(parent_id=run_id, is_open=True))
+    found = list(rows.values_list("child_id", "parent_id"))
+    return any(c == run_id for c, _ in found), [c for c, p in found if p == run_id]
+
+
 def resident_open_children(*, parent_id: str) -> list[str]:
     return list(ResidentChild.objects.filter(parent_id=parent_id, is_open=True).values_list("child_id", flat=True))
 

@@ -181,6 +181,14 @@ def test_the_parents_end_closes_its_children(stack: WorkerPool) -> None:
     assert ended.stop_reason == "resident child: parent run ended"
     assert ResidentChild.objects.get(child_id=ended.id).close_reason == "parent run ended"
 
+    cancelled = parent(open_call(script({"text": "ready"})), {"text": "opened"})
+    _, child = opened(cancelled)
+    services.run_cancel(principal=ALICE, agent_id=cancelled.agent_id)
+    wait_status(
+        child.id, RunStatus.CANCELLED
+    )  # by the cancel's cascade, or by the close of its row: whichever ran first
+    assert wait_for(lambda: not ResidentChild.objects.get(child_id=child.id).is_open)
+
 
 def test_a_parent_may_address_only_its_own_children(stack: WorkerPool) -> None:
     owner = parent(open_call(script({"text": "ready"})), {"text": "opened"})

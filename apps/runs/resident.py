@@ -164,11 +164,6 @@ def resident_close(*, child_id: str, reason: str) -> bool:
     return closed
 
 
-def resident_children_close(*, parent_id: str, reason: str = Closed.PARENT_ENDED) -> int:
-    """Close every open resident child of `parent_id`."""
-    return sum(resident_close(child_id=c, reason=reason) for c in selectors.resident_open_children(parent_id=parent_id))
-
-
 def resident_run_ended(*, run_id: str) -> None:
     """After a run ended: if it was a resident child, its row closes and a call waiting on it
     is answered; if it opened resident children, they are closed. A failure is logged:

@@ -340,10 +340,6 @@ def resident_touching(*, run_id: str) -> tuple[bool, list[str]]:
     return any(c == run_id for c, _ in found), [c for c, p in found if p == run_id]
 
 
-def resident_open_children(*, parent_id: str) -> list[str]:
-    return list(ResidentChild.objects.filter(parent_id=parent_id, is_open=True).values_list("child_id", flat=True))
-
-
 def resident_child_run(*, child_id: str) -> tuple[str, int]:
     """The child run's status and how many inputs it has not consumed yet."""
     status, pending = Run.objects.filter(id=child_id).values_list("status", "pending_inputs").get()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -104,7 +104,7 @@ def _cap_message(cap: int) -> str:
     return f"resident child cap reached ({cap} open for this run); close one before opening another"
 
 
-def _deadline(timeout_ms: int | None) -> Any:
+def _deadline(timeout_ms: int | None) -> datetime | None:
     return timezone.now() + timedelta(milliseconds=timeout_ms) if timeout_ms else None
 
 
@@ -235,13 +235,21 @@ def _after_send(parked: _Parked, run_id: str, call_id: str) -> None:
 def _poll(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     child_id = _child_id(data)
     _owned(ctx, child_id)
+    return _read(ctx, child_id)
+
+
+def _read(ctx: ToolContext, child_id: str, *, just_closed: bool = False, **extra: Any) -> ToolResult:
+    """The child's state and the output the parent has not read, which is read now (under the
+    parent's and the row's locks). `just_closed`: this call has closed the child."""
     with transaction.atomic():
         row = store.resident_lock(child_id=child_id, parent_id=ctx.run_id)
-        assert row is not None  # owned above; rows are never deleted while their parent lives
+        if row is None:  # checked by the caller; rows go only with their parent
+            raise ToolRefusal(f"not a resident child of this run: {child_id}")
         status, pending = selectors.resident_child_run(child_id=child_id)
         out = output_since(child_id=child_id, since=row.read_idx)
         store.resident_read(child_id=child_id, read_idx=out.next_idx)
-    return ToolResult(json.dumps(answer_of(row, state_of(row, status, pending), out, status)))
+    state = State.CLOSED if just_closed else state_of(row, status, pending)
+    return ToolResult(json.dumps(answer_of(row, state, out, status, **extra)))
 
 
 def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
@@ -255,25 +263,14 @@ def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         body = answer_of(row, state, Output("", row.read_idx, False), status, cancelled=False)
         return ToolResult(json.dumps(body))
     resident_close(child_id=child_id, reason=Closed.CANCELLED)
-    return _closed_read(ctx, child_id, cancelled=True)
-
-
-def _closed_read(ctx: ToolContext, child_id: str, **extra: Any) -> ToolResult:
-    """The answer after this call closed the child: state closed, the output not read yet."""
-    with transaction.atomic():
-        row = store.resident_lock(child_id=child_id, parent_id=ctx.run_id)
-        assert row is not None
-        status, _ = selectors.resident_child_run(child_id=child_id)
-        out = output_since(child_id=child_id, since=row.read_idx)
-        store.resident_read(child_id=child_id, read_idx=out.next_idx)
-    return ToolResult(json.dumps(answer_of(row, State.CLOSED, out, status, **extra)))
+    return _read(ctx, child_id, just_closed=True, cancelled=True)
 
 
 def _close(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     child_id = _child_id(data)
     _owned(ctx, child_id)
     resident_close(child_id=child_id, reason=Closed.BY_PARENT)  # idempotent: False when closed already
-    return _closed_read(ctx, child_id, closed=True)
+    return _read(ctx, child_id, just_closed=True, closed=True)
 
 
 HANDLERS = {"open": _open, "send": _send, "poll": _poll, "cancel": _cancel, "close": _close}

@@ -318,6 +318,9 @@ if INTERRUPTION_DEFAULT_TIMEOUT_MS > INTERRUPTION_MAX_TIMEOUT_MS:  # else every 
     )
 INTERRUPTION_MAX_PENDING: int = _at_least("LOOMCYCLE_INTERRUPTION_MAX_PENDING", 10, 1)
 INTERRUPTION_SWEEP_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_SWEEP_MS", 5000, 100)
+# Context compaction (docs/compaction.md): the context window, in tokens, assumed for a model whose
+# provider declares none (the mock, Ollama, an HTTP provider without max_context_tokens).
+CONTEXT_WINDOW_DEFAULT: int = _at_least("LOOMCYCLE_CONTEXT_WINDOW_DEFAULT", 8192, 1)
 # Resident children (Agent op=open, SPEC 4.8): how long one may sit idle (parked between turns)
 # before beat closes it, when its open gives no idle_ttl_seconds (loomcycle's 30 min); how many
 # one parent may hold open at once (loomcycle's 8).
@@ -501,6 +504,8 @@ class RuntimeSettings:
     interruption_max_timeout_ms: int
     interruption_max_pending: int
     interruption_sweep_ms: int
+    # Context compaction (apps.gateway.windows).
+    context_window_default: int
     # Resident children.
     resident_child_idle_ttl_seconds: int
     resident_max_children: int

@@ -248,6 +248,7 @@ LOOMCYCLE = E.RuntimeSettings(
     interruption_default_timeout_ms=E.INTERRUPTION_DEFAULT_TIMEOUT_MS,
     interruption_max_timeout_ms=E.INTERRUPTION_MAX_TIMEOUT_MS,
     interruption_max_pending=E.INTERRUPTION_MAX_PENDING,
+    context_window_default=E.CONTEXT_WINDOW_DEFAULT,
     interruption_sweep_ms=E.INTERRUPTION_SWEEP_MS,
     resident_child_idle_ttl_seconds=E.RESIDENT_CHILD_IDLE_TTL_SECONDS,
     resident_max_children=E.RESIDENT_MAX_CHILDREN,

@@ -173,7 +173,7 @@ def stack(workers: procs.WorkerPool) -> procs.WorkerPool:
 
 @contextlib.contextmanager
 def daphne(
-    stack_env: dict[str, str], logdir: Path, name: str = "daphne", start_timeout: float = 30.0, **env: str
+    stack_env: dict[str, str], logdir: Path, name: str = "daphne", start_timeout: float = 90.0, **env: str
 ) -> Iterator[str]:
     """A web process on a free loopback port (extra `env` on top of the stack's); yields its base URL
     once /healthz answers (within `start_timeout` seconds)."""

@@ -54,7 +54,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import metrics, registry, resident, signals, store, tracing
+from apps.runs import compacting, metrics, registry, resident, signals, store, tracing
 from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
@@ -110,6 +110,7 @@ class StepWrite:
     switched: Switched | None = None  # the candidate a provider fallback moved to
     deliveries: list[signals.Delivery] = field(default_factory=list)  # lifecycle signals recorded with the commit
     metrics: Batch = field(default_factory=Batch)  # provider and tool calls made, flushed after the commit
+    compact: list[compacting.Request] = field(default_factory=list)  # compaction requests drained this step
 
 
 def run_iterate(*, run_id: str, step: int) -> Outcome:
@@ -219,10 +220,12 @@ def _execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     write = StepWrite(status=RunStatus.RUNNING, next=Next.REQUEUE, usage=run.usage)
     if run.step >= run.max_iterations:  # resumed after sub-agents with no iteration left
         return _finish(write, "max_iterations")
-    messages = _load_messages(run, write)
+    rows = _load_rows(run, write)
     connection.close()  # hand the connection back to the pool before the provider call
     try:
-        reply_text, calls, done = _call_model(run, messages, cancel, write)
+        if _compact(run, rows, write, cancel):
+            return _repark(run, write)
+        reply_text, calls, done = _call_model(run, messages_from_rows(rows), cancel, write)
     except ProviderCancelled:
         return cancelled_write(_cancel_reason(run))
     except ProviderError as exc:
@@ -242,17 +245,56 @@ def _cancel_reason(run: ClaimedRun) -> str:
     return fresh or ""
 
 
-def _load_messages(run: ClaimedRun, write: StepWrite) -> list[dict[str, Any]]:
+def _load_rows(run: ClaimedRun, write: StepWrite) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The transcript with this step's drained inputs appended; a compaction request
+    among them is noted in `write.compact` instead (apps.runs.compacting)."""
     rows = list(run.transcript)
     if run.pending_inputs:
         for input_id, text, source in store.pending_inputs(run_id=run.id):
+            if compacting.is_request(source):
+                write.consumed_inputs.append(input_id)
+                write.compact.append(compacting.request_of(source, text))
+                continue
             content = [{"type": "text", "text": text}]
             rows.append(("user", content))
             write.transcript.append(("user", content))
             write.consumed_inputs.append(input_id)
             segment = {"role": "user", "type": "trusted-text", "text": text}
             write.events.append({"type": "user_input", "segments": [segment], "source": source})
-    return messages_from_rows(rows)
+    return rows
+
+
+def _compact(
+    run: ClaimedRun, rows: list[tuple[str, list[dict[str, Any]]]], write: StepWrite, cancel: threading.Event
+) -> bool:
+    """Compact before the model call when asked or due (apps.runs.compacting): the marker
+    joins `rows` and the step's transcript. True when that was all this wake was for."""
+    only = compacting.only_compacts(run, rows, write.compact)
+    plan = compacting.plan(run, rows, write.compact)
+    if isinstance(plan, compacting.Skipped):
+        write.events.append(compacting.skipped_event(plan))
+    elif plan is not None:
+        retries = Policy(**(run.routing or {}).get("policy") or {}).retry_attempts
+        try:
+            summary, _, done = _call_with_retries(run.provider, plan.request, cancel, write, retries)
+        except ProviderError as exc:  # the history stays as it was; the model call goes on with it
+            log.warning("run %s: compaction's summary call failed: %s", run.id, exc)
+            write.events.append(compacting.failed_event(plan, exc))
+            return only
+        write.events.append({"type": "usage", "usage": done.usage.as_dict()})
+        _record_usage(run, write, done)
+        marker, event = compacting.applied(run, plan, summary, marker_idx=len(rows))
+        rows.append(marker)
+        write.transcript.append(marker)
+        write.events.append(event)
+    return only
+
+
+def _repark(run: ClaimedRun, write: StepWrite) -> StepWrite:
+    """Back to awaiting_input after a compaction-only wake: no model turn, the step unchanged."""
+    write.events.append({"type": "awaiting_input", "awaiting_input": {"since_turn": run.step}})
+    write.status, write.next, write.advance = RunStatus.AWAITING_INPUT, Next.PARK, False
+    return write
 
 
 def _call_model(
@@ -478,8 +520,13 @@ def _record_reply(run: ClaimedRun, write: StepWrite, text: str, calls: list[Tool
         write.events.append({"type": "tool_call", "tool_use": block})
     if content:
         write.transcript.append(("assistant", content))
+    write.events.append({"type": "usage", "usage": done.usage.as_dict()})
+    _record_usage(run, write, done)
+
+
+def _record_usage(run: ClaimedRun, write: StepWrite, done: Done) -> None:
+    """One provider call's ledger row, and the run's usage totals with it."""
     usage = done.usage.as_dict()
-    write.events.append({"type": "usage", "usage": usage})
     cost = cost_usd(done.usage.provider, done.usage.model, done.usage)
     write.ledger.append(
         {
@@ -492,7 +539,7 @@ def _record_reply(run: ClaimedRun, write: StepWrite, text: str, calls: list[Tool
             "cost_usd": None if cost is None else str(cost),
         }
     )
-    write.usage = _add_usage(run.usage or {}, usage)
+    write.usage = _add_usage(write.usage or run.usage or {}, usage)  # a compaction's call, then the turn's
 
 
 def _add_usage(total: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:

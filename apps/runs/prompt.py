@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from apps.core.errors import Invalid
+from apps.runs.compaction import visible_rows
 
 UNTRUSTED_KINDS = frozenset(
     {
@@ -68,9 +69,10 @@ def system_blocks(agent_prompt: str, request_system: list[str], metadata: dict[s
 
 def messages_from_rows(rows: list[tuple[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """Merge consecutive same-role rows (tool results after one assistant turn
-    become one user message, as the provider APIs require)."""
+    become one user message, as the provider APIs require), after the latest
+    compaction marker's rebuild (apps.runs.compaction.visible)."""
     messages: list[dict[str, Any]] = []
-    for role, content in rows:
+    for role, content in visible_rows(rows):
         if messages and messages[-1]["role"] == role:
             messages[-1]["content"].extend(content)
         else:

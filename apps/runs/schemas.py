@@ -121,3 +121,11 @@ class InterruptResolveIn(BaseModel):
     resolved_by: str = Field(default="api", min_length=1, max_length=128)
     note: str = Field(default="", max_length=8192)
     model_config = {"extra": "forbid"}
+
+
+class RunCompactIn(BaseModel):
+    """POST /v1/runs/{id}/compact (optional body): one-off overrides of the agent's compaction settings."""
+
+    keep_last_n: int | None = Field(default=None, ge=1, le=1000)
+    keep_first: bool | None = None
+    model_config = {"extra": "forbid"}

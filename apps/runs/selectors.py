@@ -166,6 +166,12 @@ def run_allowed_hosts_of(run_id: str) -> list[str]:
     return list(found or [])
 
 
+def run_routing(*, run_id: str) -> dict[str, Any]:
+    """The run's pinned routing ({} for an unknown run): its compaction settings, which sub-agents inherit."""
+    found: dict[str, Any] | None = Run.objects.filter(id=run_id).values_list("routing", flat=True).first()
+    return dict(found or {})
+
+
 def runtime_state() -> str:
     """The runtime-wide pause switch (`running` when its row does not exist yet)."""
     with connection.cursor() as cur:  # on every run creation: plain SQL, no ORM compile

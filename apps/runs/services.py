@@ -31,6 +31,7 @@ from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
 from apps.runs import backpressure, registry, signals, store, tracing
+from apps.runs.compaction_service import compaction_routing
 from apps.runs.credentials import credentials_check, run_redactor_of, seal
 from apps.runs.dispatch import enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
@@ -165,7 +166,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
-        routing=routing_of(route, d),
+        routing=routing_of(route, d) | compaction_routing(d, data.parent_id),
     )
 
 

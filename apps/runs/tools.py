@@ -3,8 +3,9 @@
 Ops: `self` (who am I), `tools` (what may I call), `time` (now, UTC),
 `history` (this run's transcript so far, with text previews), `agents` (the
 agents this run's tenant can name, and whether this run may spawn them),
-`skills` (what `Skill` op=list shows) and `help` (topics bundled with the
-package as apps/runs/help/*.md). Every read is scoped to the run's tenant
+`skills` (what `Skill` op=list shows), `help` (topics bundled with the
+package as apps/runs/help/*.md) and `compact` (compact this run's context
+before its next model call: apps.runs.compaction_service). Every read is scoped to the run's tenant
 and the shared tenant.
 """
 
@@ -19,12 +20,13 @@ from django.db import close_old_connections, connection
 from apps.core.timefmt import iso_z
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result
 from apps.runs import helptopics, registry
+from apps.runs.compaction_service import run_compact_self
 from apps.runs.models import TranscriptEntry
 from apps.substrate.kinds import get_kind
 from apps.substrate.selectors import defs_visible
 from apps.substrate.skills import agent_skill_patterns, skills_list
 
-_OPS = ("self", "tools", "time", "history", "agents", "skills", "help")
+_OPS = ("self", "tools", "time", "history", "agents", "skills", "help", "compact")
 _PREVIEW = 200
 
 
@@ -97,6 +99,8 @@ def context_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         return db_tool_result(lambda: _skills(ctx, data))
     if op == "help":
         return _help(data)
+    if op == "compact":
+        return db_tool_result(lambda: run_compact_self(run_id=ctx.run_id))
     if op == "self":
         out: dict[str, Any] = {
             "agent_name": ctx.agent_name,
@@ -134,7 +138,8 @@ CONTEXT_TOOL = Tool(
     name="Context",
     description="Introspect the current run: op=self (identity), tools (allowed tools), time (UTC now), "
     "history (this run's transcript, optional limit), agents (agents you can name, optional prefix), "
-    "skills (skills you may load, optional pattern), help (topic index; topic=<name> reads one).",
+    "skills (skills you may load, optional pattern), help (topic index; topic=<name> reads one), "
+    "compact (summarise the earlier conversation before your next model call, keeping the latest turns).",
     input_schema={
         "type": "object",
         "properties": {

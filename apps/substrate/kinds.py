@@ -124,7 +124,41 @@ def normalise_agent(name: str, raw: dict[str, Any], strict: bool) -> dict[str, A
             raise Refused(f"agent {name!r}: {key} must be a non-negative integer")
     if definition.get("max_iterations") == 0:
         raise Refused(f"agent {name!r}: max_iterations must be a positive integer")
+    compaction_error = _compaction_error(definition.get("compaction"))
+    if compaction_error:
+        raise Refused(f"agent {name!r}: compaction: {compaction_error}")
     return definition
+
+
+_COMPACTION_BOOLS = ("enabled", "keep_first", "memory_flush")
+_COMPACTION_PERCENTS = ("target_percentage", "autocompact_at_pct")
+
+
+def _compaction_error(block: Any) -> str | None:
+    """What is wrong with an agent's `compaction` block (docs/compaction.md), None when nothing.
+    Unset (null) fields are allowed everywhere; 0 means "off" for the percentages."""
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        return "must be a mapping"
+    unknown = sorted(set(block) - {*_COMPACTION_BOOLS, *_COMPACTION_PERCENTS, "keep_last_n", "model"})
+    if unknown:
+        return f"unknown field {unknown[0]!r}"
+    for key in _COMPACTION_BOOLS:
+        if block.get(key) is not None and not isinstance(block[key], bool):
+            return f"{key} must be true or false"
+    for key in _COMPACTION_PERCENTS:
+        if not _int_in(block.get(key), 0, 100):
+            return f"{key} must be an integer from 0 (off) to 100"
+    if not _int_in(block.get("keep_last_n"), 0, 1000):
+        return "keep_last_n must be an integer from 0 (the default, 2) to 1000"
+    if block.get("model") is not None and (not isinstance(block["model"], str) or len(block["model"]) > 256):
+        return "model must be a model name of at most 256 characters"
+    return None
+
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high)
 
 
 # --- SkillDef -----------------------------------------------------------------

@@ -324,7 +324,8 @@ def test_the_help_files_are_package_data() -> None:
 def test_context_refuses_unknown_ops_naming_the_new_ones() -> None:
     result = context_execute(ctx(), {"op": "lineage"})
     assert result.is_error is True
-    assert result.text == "unknown op 'lineage'; expected one of self, tools, time, history, agents, skills, help"
+    ops = "self, tools, time, history, agents, skills, help, compact"
+    assert result.text == f"unknown op 'lineage'; expected one of {ops}"
 
 
 # --- through a real run -----------------------------------------------------------------

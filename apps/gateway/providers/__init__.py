@@ -1,6 +1,7 @@
 """Provider drivers. `get_provider(id)` is the one entry point the engine uses."""
 
 from apps.gateway.providers.base import (
+    PURPOSE_COMPACTION,
     Capabilities,
     Done,
     Provider,
@@ -17,6 +18,7 @@ from apps.gateway.providers.base import (
 from apps.gateway.providers.registry import get_provider, has_provider, provider_ids
 
 __all__ = [
+    "PURPOSE_COMPACTION",
     "Capabilities",
     "Done",
     "Provider",

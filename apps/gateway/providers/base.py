@@ -40,6 +40,9 @@ class ToolSpec:
     input_schema: dict[str, Any]
 
 
+PURPOSE_COMPACTION = "compaction"
+
+
 @dataclass(frozen=True)
 class ProviderRequest:
     """`messages` are provider-neutral: {"role": "user"|"assistant", "content": [blocks]}
@@ -64,6 +67,9 @@ class ProviderRequest:
     # The run the call is for ("" outside a run, e.g. the gateway); drivers
     # send it nowhere, the mock derives deterministic tool ids from it.
     run_id: str = ""
+    # What the call is for: "" a model turn, PURPOSE_COMPACTION a context summary
+    # (apps.runs.compacting). Drivers send it nowhere; the mock answers a summary.
+    purpose: str = ""
 
 
 @dataclass(frozen=True)

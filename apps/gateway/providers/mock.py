@@ -64,6 +64,7 @@ from apps.core.ids import new_mock_tool_id
 from apps.gateway import waits
 from apps.gateway.providers import mock_script
 from apps.gateway.providers.base import (
+    PURPOSE_COMPACTION,
     Capabilities,
     Done,
     Provider,
@@ -161,6 +162,9 @@ class MockProvider(Provider):
             raise ProviderCancelled()
         if variant == "mock-crash" and settings.LOOMCYCLE.mock_allow_crash:
             os.kill(os.getpid(), signal.SIGKILL)
+        if request.purpose == PURPOSE_COMPACTION:  # every variant summarises alike (docs/testing.md)
+            yield from self._emit(mock_script.summary_text(request), [], request, chars, min_output=1)
+            return
         if variant == "mock-script":
             scripted = mock_script.answer(self.id, request, stable=self.stable)
             if scripted.sleep_s > 0:

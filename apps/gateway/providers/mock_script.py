@@ -220,6 +220,16 @@ def tool_id(request: ProviderRequest, i: int) -> str:
     return "mock_tu_" + hashlib.sha256(seed.encode()).hexdigest()[:16]
 
 
+def summary_text(request: ProviderRequest) -> str:
+    """A compaction summary (`request.purpose` is PURPOSE_COMPACTION), the same for
+    the same request: how many characters of conversation it was given and the
+    first 16 hex of their SHA-256. Never a `MOCK_SCRIPT:` marker: the kept turns'
+    scripts are the ones that play after a compaction."""
+    text = "\n".join(str(b.get("text", "")) for m in request.messages for b in m["content"] if b.get("type") == "text")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"[mock summary] {len(text)} characters of conversation, sha256 {digest}"
+
+
 def echo_text(request: ProviderRequest) -> str:
     """The request as compact JSON: system, offered tool names, each message's role and text."""
     messages = [

@@ -16,6 +16,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `outbox`: the lifecycle signals' outbox (insert, delete, the re-send claim).
 - `snapshot`: a snapshot's runs restored (insert-or-ignore) and resumed.
 - `interrupts`: the Interruption.ask rows (insert, lock, the one move out of `pending`).
+- `compaction`: a compaction request queued as a RunInput row of its own source.
 - `resident`: the resident children's rows (insert, lock, waiting call, read cursor, close).
 
 Every public name is re-exported here: `store.X` and
@@ -23,6 +24,7 @@ Every public name is re-exported here: `store.X` and
 """
 
 from apps.runs.store.admission import admission_lock_and_count, waiting_promote, waiting_withdraw
+from apps.runs.store.compaction import CompactQueued, compact_request_queue
 from apps.runs.store.control import (
     AnswerTarget,
     InputQueued,
@@ -70,6 +72,7 @@ __all__ = [
     "PARKED_STATUSES",
     "AnswerTarget",
     "ClaimedRun",
+    "CompactQueued",
     "InputQueued",
     "RunRowsWritten",
     "StepRows",
@@ -83,6 +86,7 @@ __all__ = [
     "child_report_claim",
     "claim",
     "commit_step",
+    "compact_request_queue",
     "input_queue",
     "insert_run",
     "interrupt_finish",

@@ -32,7 +32,7 @@ def run_get(
 ) -> Run:
     """`tenant_id` None reads every tenant (admins: `Principal.read_tenant`);
     `owner` confines an isolated member to its own runs (`Principal.read_user`)."""
-    qs = Run.objects.select_related("parent")  # parent_agent_id is in every response
+    qs = Run.objects.select_related("parent", "resident")  # parent_agent_id, resident: in every response
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     if owner is not None:
@@ -55,7 +55,7 @@ def runs_for_user(
     sees no other user's runs."""
     if reader is not None and reader != user_id:
         return []
-    qs = Run.objects.select_related("parent").filter(user_id=user_id).order_by("-created_at")
+    qs = Run.objects.select_related("parent", "resident").filter(user_id=user_id).order_by("-created_at")
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     return list(_with_status(qs, status)[:1000])
@@ -80,7 +80,7 @@ def runs_list(
     """The runs a principal may see, newest first, at most 1000: its tenant's (`tenant_id`
     None: every tenant, for admins), only its own user's for an isolated member (`reader`),
     of one agent name when `agent` is given."""
-    qs = Run.objects.select_related("parent").order_by("-created_at")
+    qs = Run.objects.select_related("parent", "resident").order_by("-created_at")
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     if reader is not None:

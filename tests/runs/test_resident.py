@@ -18,8 +18,10 @@ from django.utils import timezone
 
 from apps.runs import services
 from apps.runs.models import ResidentChild, Run, RunEvent, RunStatus
+from apps.runs.presenters import agent_out
 from apps.runs.prompt import Segment
 from apps.runs.resident import resident_sweep
+from apps.runs.selectors import run_get
 from apps.runs.tasks import resident_sweep_task
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
@@ -100,6 +102,9 @@ def test_open_send_poll_cancel_close_drive_one_resident_child(stack: WorkerPool)
     assert (child.tenant_id, child.user_id, child.allowed_hosts) == (held.tenant_id, "u1", held.allowed_hosts)
     row = ResidentChild.objects.get(child_id=child.id)
     assert row.is_open and row.waiter_call_id == ""
+    shown = agent_out(run_get(tenant_id=ALICE.read_tenant, run_id=child.id))  # GET /v1/agents/{id}'s body
+    assert (shown["resident"], shown["resident_state"], shown["parent_agent_id"]) == (True, "idle", held.agent_id)
+    assert agent_out(run_get(tenant_id=ALICE.read_tenant, run_id=run.id))["resident"] is False
     assert row.idle_ttl_seconds == settings.LOOMCYCLE.resident_child_idle_ttl_seconds
 
     # `ping` carries no script: the child plays the next step of its open prompt's script.

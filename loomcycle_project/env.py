@@ -321,6 +321,11 @@ INTERRUPTION_SWEEP_MS: int = _at_least("LOOMCYCLE_INTERRUPTION_SWEEP_MS", 5000, 
 # Context compaction (docs/compaction.md): the context window, in tokens, assumed for a model whose
 # provider declares none (the mock, Ollama, an HTTP provider without max_context_tokens).
 CONTEXT_WINDOW_DEFAULT: int = _at_least("LOOMCYCLE_CONTEXT_WINDOW_DEFAULT", 8192, 1)
+# Resident children (Agent op=open, SPEC 4.8): how long one may sit idle (parked between turns)
+# before beat closes it, when its open gives no idle_ttl_seconds (loomcycle's 30 min); how many
+# one parent may hold open at once (loomcycle's 8).
+RESIDENT_CHILD_IDLE_TTL_SECONDS: int = _at_least("LOOMCYCLE_RESIDENT_CHILD_IDLE_TTL_SECONDS", 1800, 1)
+RESIDENT_MAX_CHILDREN: int = _at_least("LOOMCYCLE_RESIDENT_MAX_CHILDREN", 8, 1)
 # MCP server (apps.mcp.server): the longest a `spawn_run` call with `wait` may hold its request
 # open for the run's result (a longer `wait_seconds` is cut to it).
 MCP_WAIT_CAP_MS: int = _at_least("LOOMCYCLE_MCP_WAIT_CAP_MS", 120_000, 1)
@@ -501,6 +506,9 @@ class RuntimeSettings:
     interruption_sweep_ms: int
     # Context compaction (apps.gateway.windows).
     context_window_default: int
+    # Resident children.
+    resident_child_idle_ttl_seconds: int
+    resident_max_children: int
     # MCP server.
     mcp_wait_cap_ms: int
     # Evaluations.

@@ -100,6 +100,7 @@ def test_beat_periods_come_from_the_runtime_settings() -> None:
         "channels-wake-due": conf.channels_wake_tick_ms / 1000.0,
         "channels-expired-sweep": conf.channels_sweep_ms / 1000.0,
         "interrupts-expire": conf.interruption_sweep_ms / 1000.0,
+        "resident-sweep": conf.sweep_seconds,
         "gateway-audit-prune": 3600.0,
         "triggers-finished-sweep": conf.sweep_seconds,
     }  # the scheduler tick is absent: LOOMCYCLE_SCHEDULER_ENABLED is off in tests
@@ -133,6 +134,7 @@ def test_the_scheduler_tick_is_in_beat_only_when_enabled() -> None:
             {"LOOMCYCLE_INTERRUPTION_DEFAULT_TIMEOUT_MS": "120000", "LOOMCYCLE_INTERRUPTION_MAX_TIMEOUT_MS": "60000"},
             "LOOMCYCLE_INTERRUPTION_DEFAULT_TIMEOUT_MS (120000) is above LOOMCYCLE_INTERRUPTION_MAX_TIMEOUT_MS (60000)",
         ),
+        ({"LOOMCYCLE_RESIDENT_MAX_CHILDREN": "0"}, "LOOMCYCLE_RESIDENT_MAX_CHILDREN must be at least 1 (got 0)"),
     ],
 )
 def test_a_setting_out_of_its_range_refuses_to_start(variables: dict[str, str], message: str) -> None:

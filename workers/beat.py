@@ -36,6 +36,7 @@ def beat_schedule(
         "channels-wake-due": _every("channels.wake_due", channels_wake_tick_s),
         "channels-expired-sweep": _every("maintenance.channels_expired_sweep", channels_sweep_s),
         "interrupts-expire": _every("maintenance.interrupts_expire", interrupts_sweep_s),
+        "resident-sweep": _every("maintenance.resident_sweep", sweep_s),
         "gateway-audit-prune": _every("maintenance.gateway_audit_prune", 3600.0),
         "triggers-finished-sweep": _every("maintenance.triggers_finished_sweep", sweep_s),
     }

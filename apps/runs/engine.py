@@ -54,7 +54,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import compacting, metrics, registry, signals, store, tracing, turncancel
+from apps.runs import compacting, metrics, registry, resident, signals, store, tracing, turncancel
 from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.live import LIVE, WORKER_ID
@@ -777,6 +777,7 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             connection.close()
     if write.next == Next.FINISH and run.notify_finished:  # registry.on_run_finished listeners
         _announce_finished(run.id, write.status)
+    _resident_after_commit(run, write)
     if write.next == Next.FINISH and run.parent_id:
         run_child_finished(child_id=run.id)
     elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
@@ -784,6 +785,21 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
         _slot_freed(run.id)
     # Last: the deployment's receivers never delay or abort the runtime's own after-commit work.
     signals.deliver_all(write.deliveries, close_connection=True)
+
+
+def _resident_after_commit(run: ClaimedRun, write: StepWrite) -> None:
+    """A resident child's turn ended (its parent's waiting call is answered), or a run that
+    may be or hold resident children ended (apps.runs.resident). Other runs pay nothing."""
+    if run.parent_id and write.next == Next.PARK and write.status == RunStatus.AWAITING_INPUT:
+        hook = partial(resident.resident_turn_ended, child_id=run.id)
+    elif write.next == Next.FINISH and (run.parent_id or "Agent" in run.tools):
+        hook = partial(resident.resident_run_ended, run_id=run.id)
+    else:
+        return
+    try:
+        hook()
+    finally:
+        connection.close()
 
 
 def _signalled(write: StepWrite) -> bool:

@@ -285,5 +285,42 @@ class Interrupt(models.Model):
         return f"{self.id} {self.status} {self.question[:60]}"
 
 
+class ResidentChild(models.Model):
+    """A resident child (Agent op=open, SPEC 4.8): an interactive sub-run its parent
+    drives turn by turn, parked at `awaiting_input` between turns. `waiter_call_id`
+    is the parent's Agent call (open or send) parked until the child's turn ends;
+    `read_idx` is the child's transcript index up to which the parent has read its
+    output. Leaves `open` exactly once (closed by the parent, idle TTL, the parent's
+    end, or the child run's own end). Written only by apps.runs.store.resident."""
+
+    # db_constraint=False: inserted in the parent's step commit that updates the run row (module docstring).
+    child = models.OneToOneField(
+        Run, primary_key=True, on_delete=models.CASCADE, related_name="resident", db_constraint=False
+    )
+    parent = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="resident_children", db_constraint=False)
+    tenant_id = models.CharField(max_length=128, default="", blank=True)
+    agent_name = models.CharField(max_length=128)
+    is_open = models.BooleanField(default=True)
+    close_reason = models.CharField(max_length=256, blank=True, default="")
+    idle_ttl_seconds = models.PositiveIntegerField()
+    read_idx = models.PositiveIntegerField(default=0)
+    waiter_call_id = models.CharField(max_length=128, blank=True, default="")  # "" = the parent waits for nothing
+    waiter_until = models.DateTimeField(null=True, blank=True)  # the waiting call's timeout_ms deadline
+    opened_at = models.DateTimeField()
+    last_used_at = models.DateTimeField()  # the last open/send, or the end of the last turn
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The per-parent cap and the parent's-end close count open rows of one parent.
+            models.Index(fields=["parent"], name="resident_open_parent", condition=models.Q(is_open=True)),
+            # beat's sweep scans open rows only.
+            models.Index(fields=["last_used_at"], name="resident_open_used", condition=models.Q(is_open=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.child_id} of {self.parent_id} {'open' if self.is_open else 'closed'}"
+
+
 from apps.runs.fanout_models import FanOut as FanOut  # noqa: E402  (parallel_spawn and runs:batch joins)
 from apps.runs.fanout_models import FanOutSlot as FanOutSlot  # noqa: E402

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from apps.core.timefmt import ts
-from apps.runs.models import PARKED, RUNNABLE, Interrupt, Run, RunStatus
+from apps.runs.models import PARKED, RUNNABLE, Interrupt, ResidentChild, Run, RunStatus
+from apps.runs.resident import state_of
 
 _AWAITED = {
     RunStatus.WAITING_CHANNEL: "channel",
@@ -39,12 +40,23 @@ def agent_out(run: Run) -> dict[str, Any]:
         "interactive": run.interactive,
         "awaited_state": _AWAITED.get(RunStatus(run.status), ""),
         "awaited_on": "",
+        **_resident(run),
         "agent_def_id": run.agent_def_id,
         "content_sha256": run.agent_def_sha256,
         "last_seq": run.last_seq,
         "forked_from_run": run.forked_from_run_id,
         "forked_at_step": run.forked_at_step,
     }
+
+
+def _resident(run: Run) -> dict[str, Any]:
+    """Whether the run is a resident child (Agent op=open) and its state as its parent sees it
+    (idle | running | closed; "" for any other run). The selectors join the row in."""
+    try:
+        row = run.resident
+    except ResidentChild.DoesNotExist:
+        return {"resident": False, "resident_state": ""}
+    return {"resident": True, "resident_state": state_of(row, run.status, run.pending_inputs).value}
 
 
 def interrupt_out(row: Interrupt) -> dict[str, Any]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, DateTimeField, ExpressionWrapper, F, Q, QuerySet, Value
 from django.utils import timezone
 
 from apps.core.errors import Conflict, Invalid, NotFound
@@ -16,6 +17,7 @@ from apps.runs.models import (
     TERMINAL,
     Interrupt,
     InterruptStatus,
+    ResidentChild,
     Run,
     RunEvent,
     RunStatus,
@@ -31,7 +33,7 @@ def run_get(
 ) -> Run:
     """`tenant_id` None reads every tenant (admins: `Principal.read_tenant`);
     `owner` confines an isolated member to its own runs (`Principal.read_user`)."""
-    qs = Run.objects.select_related("parent")  # parent_agent_id is in every response
+    qs = Run.objects.select_related("parent", "resident")  # parent_agent_id, resident: in every response
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     if owner is not None:
@@ -54,7 +56,7 @@ def runs_for_user(
     sees no other user's runs."""
     if reader is not None and reader != user_id:
         return []
-    qs = Run.objects.select_related("parent").filter(user_id=user_id).order_by("-created_at")
+    qs = Run.objects.select_related("parent", "resident").filter(user_id=user_id).order_by("-created_at")
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     return list(_with_status(qs, status)[:1000])
@@ -79,7 +81,7 @@ def runs_list(
     """The runs a principal may see, newest first, at most 1000: its tenant's (`tenant_id`
     None: every tenant, for admins), only its own user's for an isolated member (`reader`),
     of one agent name when `agent` is given."""
-    qs = Run.objects.select_related("parent").order_by("-created_at")
+    qs = Run.objects.select_related("parent", "resident").order_by("-created_at")
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     if reader is not None:
@@ -347,3 +349,80 @@ def run_transcript_through(*, run_id: str, step: int) -> list[tuple[str, list[di
 def run_forks(*, run_id: str, limit: int = 100) -> list[Run]:
     """The runs forked from this one (the admin's run page; no tenant: the admin reads every tenant)."""
     return list(Run.objects.filter(forked_from_run_id=run_id).order_by("created_at")[:limit])
+
+
+# --- Resident children (apps.runs.resident).
+
+
+def run_spawn_context(*, run_id: str) -> tuple[int, str | None]:
+    """A parent's depth and user tier, as a child it spawns inherits them."""
+    depth, routing = Run.objects.filter(id=run_id).values_list("depth", "routing").get()
+    return int(depth), (routing or {}).get("user_tier") or None
+
+
+def resident_of(*, parent_id: str, child_id: str) -> ResidentChild | None:
+    """The resident row of `child_id` if `parent_id` opened it; None for anyone else's (or no such child)."""
+    return ResidentChild.objects.filter(child_id=child_id, parent_id=parent_id).first()
+
+
+def resident_parent_id(*, child_id: str) -> str | None:
+    return ResidentChild.objects.filter(child_id=child_id).values_list("parent_id", flat=True).first()
+
+
+def resident_open_count(*, parent_id: str) -> int:
+    return ResidentChild.objects.filter(parent_id=parent_id, is_open=True).count()
+
+
+def resident_touching(*, run_id: str) -> tuple[bool, list[str]]:
+    """One query: whether `run_id` is a resident child, and the resident children it holds open."""
+    rows = ResidentChild.objects.filter(Q(child_id=run_id) | Q(parent_id=run_id, is_open=True))
+    found = list(rows.values_list("child_id", "parent_id"))
+    return any(c == run_id for c, _ in found), [c for c, p in found if p == run_id]
+
+
+def resident_child_run(*, child_id: str) -> tuple[str, int]:
+    """The child run's status and how many inputs it has not consumed yet."""
+    status, pending = Run.objects.filter(id=child_id).values_list("status", "pending_inputs").get()
+    return str(status), int(pending)
+
+
+def resident_output(*, child_id: str, since: int) -> tuple[list[str], int]:
+    """The text of each assistant message the child added at transcript index `since` or
+    later, and the index to read from next time (past the last of them)."""
+    rows = TranscriptEntry.objects.filter(run_id=child_id, idx__gte=since, role="assistant").order_by("idx")
+    texts, next_idx = [], since
+    for idx, content in rows.values_list("idx", "content"):
+        text = "".join(str(b.get("text", "")) for b in content or [] if b.get("type") == "text")
+        if text:
+            texts.append(text)
+        next_idx = idx + 1
+    return texts, next_idx
+
+
+def resident_idle_due(*, now: datetime, limit: int) -> list[tuple[str, str]]:
+    """(child, parent) of open rows parked idle (no waiting call) past their idle TTL at `now`."""
+    deadline = ExpressionWrapper(
+        Value(now) - F("idle_ttl_seconds") * Value(timedelta(seconds=1)), output_field=DateTimeField()
+    )
+    rows = ResidentChild.objects.filter(
+        is_open=True, waiter_call_id="", child__status=RunStatus.AWAITING_INPUT, last_used_at__lt=deadline
+    )
+    return [(str(c), str(p)) for c, p in rows.values_list("child_id", "parent_id")[:limit]]
+
+
+def resident_ended_due(*, limit: int) -> list[tuple[str, str]]:
+    """(child, parent) of open rows whose parent or child run ended (their close was lost)."""
+    rows = ResidentChild.objects.filter(Q(parent__status__in=TERMINAL) | Q(child__status__in=TERMINAL), is_open=True)
+    return [(str(c), str(p)) for c, p in rows.values_list("child_id", "parent_id")[:limit]]
+
+
+def resident_waiting_due(*, now: datetime, limit: int) -> list[str]:
+    """Children a parent's call waits on whose turn is over, or whose wait timed out (a lost or due report)."""
+    over = (
+        Q(is_open=False)
+        | Q(child__status__in=TERMINAL)
+        | Q(child__status=RunStatus.AWAITING_INPUT, child__pending_inputs=0)
+        | Q(waiter_until__lt=now)
+    )
+    rows = ResidentChild.objects.filter(over).exclude(waiter_call_id="")
+    return [str(c) for c in rows.values_list("child_id", flat=True)[:limit]]

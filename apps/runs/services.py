@@ -45,6 +45,7 @@ from apps.runs.models import (
     RuntimeStateValue,
 )
 from apps.runs.prompt import Segment, split_segments, system_blocks
+from apps.runs.resident import resident_run_ended
 from apps.runs.rollback import release_slot_unless_committed
 from apps.runs.selectors import paused_runs_count, run_get, run_notifies_finished, runs_liveness, runtime_state
 from apps.runs.subruns import run_child_finished
@@ -368,6 +369,28 @@ def run_cancel(
     if run.status in TERMINAL:
         return {"cancelled": False, "agent_id": run.agent_id, "status": run.status}
     reason = reason or "cancelled by api"
+    descendants = _cancel_tree(run, reason)
+    return {
+        "cancelled": True,
+        "agent_id": run.agent_id,
+        "cascaded": [d.agent_id for d in descendants],
+        "reason": reason,
+    }
+
+
+def run_stop(*, run_id: str, reason: str) -> bool:
+    """Cancel a run and its live descendants for the runtime itself, with no caller to
+    check (a resident child closed by its parent, its idle TTL or its parent's end).
+    False when the run had ended already."""
+    run = Run.objects.filter(id=run_id).first()
+    if run is None or run.status in TERMINAL:
+        return False
+    _cancel_tree(run, reason)
+    return True
+
+
+def _cancel_tree(run: Run, reason: str) -> list[Run]:
+    """Finish (or signal the lease holder of) `run` and its live descendants; the descendants."""
     # Descendants hold the parent's credentials or fewer (apps.runs.subruns): its redactor covers them.
     redactor = run_redactor_of(run_id=run.id, sealed=run.credentials_sealed)
     descendants = _live_descendants(run)
@@ -381,12 +404,7 @@ def run_cancel(
         publish_cancel(signal)  # leased runs: the worker holding the lease finishes them
     # The deployment's run_finished receivers run after every run of the tree is finished or signalled.
     transaction.on_commit(lambda: signals.deliver_all(finished))
-    return {
-        "cancelled": True,
-        "agent_id": run.agent_id,
-        "cascaded": [d.agent_id for d in descendants],
-        "reason": reason,
-    }
+    return descendants
 
 
 def _finish_unleased(run_id: str, reason: str, redactor: Redactor, finished: list[signals.Delivery]) -> bool:
@@ -398,6 +416,7 @@ def _finish_unleased(run_id: str, reason: str, redactor: Redactor, finished: lis
             return False
         transaction.on_commit(lambda: notify_events(run_id, seq))
         transaction.on_commit(lambda: run_child_finished(child_id=run_id))  # a no-op for top-level runs
+        transaction.on_commit(lambda: resident_run_ended(run_id=run_id))  # its resident rows (apps.runs.resident)
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
         transaction.on_commit(lambda: run_slot_freed(run_id))  # its admission slot (or queue place) is free
         transaction.on_commit(lambda: _announce_if_notified(run_id, RunStatus.CANCELLED))

@@ -33,6 +33,8 @@ from apps.runs import fanout, store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
+from apps.runs.resident_tool import OPS as RESIDENT_OPS
+from apps.runs.resident_tool import resident_execute
 from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
 from apps.runs.wake import run_answer
 
@@ -45,8 +47,12 @@ def agent_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     op = data.get("op", "spawn")
     if op == "parallel_spawn":  # one park for up to 32 children (apps.runs.fanout)
         return fanout.parallel_spawn_execute(ctx, data)
+    if op in RESIDENT_OPS:  # resident children (apps.runs.resident_tool)
+        return resident_execute(ctx, data)
     if op != "spawn":
-        return ToolResult(f"op {op!r} is not supported by this build; use op=spawn or parallel_spawn", is_error=True)
+        return ToolResult(
+            f"op {op!r} is unknown; one of spawn, parallel_spawn, {', '.join(RESIDENT_OPS)}", is_error=True
+        )
     name, prompt = data.get("name"), data.get("prompt")
     if not isinstance(name, str) or not is_ident(name):
         return ToolResult("name must be an agent name ([A-Za-z0-9_-]{1,128})", is_error=True)
@@ -60,11 +66,13 @@ AGENT_TOOL = Tool(
     description="Run a sub-agent: op=spawn with {name, prompt}. The result is the sub-agent's final text, "
     "prefixed with [sub-agent agent_id=...]. op=parallel_spawn with spawns:[{name, prompt, parent_context?}] "
     "(at most 32) runs them all (max_concurrent_children at a time) and answers once with "
-    '{"results":[{index, agent, ok, output?, error?}]}, index-aligned.',
+    '{"results":[{index, agent, ok, output?, error?}]}, index-aligned. A resident sub-agent stays alive between '
+    "messages: op=open {name, prompt} (answers its first reply and child_run_id), op=send {child_run_id, prompt} "
+    "(answers its reply), op=poll {child_run_id}, op=cancel {child_run_id}, op=close {child_run_id}.",
     input_schema={
         "type": "object",
         "properties": {
-            "op": {"type": "string", "enum": ["spawn", "parallel_spawn"]},
+            "op": {"type": "string", "enum": ["spawn", "parallel_spawn", *RESIDENT_OPS]},
             "name": {"type": "string"},
             "prompt": {"type": "string"},
             "spawns": {
@@ -80,6 +88,9 @@ AGENT_TOOL = Tool(
                     "required": ["name", "prompt"],
                 },
             },
+            "child_run_id": {"type": "string"},
+            "timeout_ms": {"type": "integer", "minimum": 1},
+            "idle_ttl_seconds": {"type": "integer", "minimum": 1},
         },
     },
     execute=agent_execute,
@@ -105,6 +116,7 @@ def spawn_prepare(
     user_tier: str | None = None,
     parent_id: str | None = None,
     credentials: Mapping[str, str] | None = None,
+    interactive: bool | None = None,
 ) -> Spawn:
     """Resolve the child before any write; refusals become the call's is_error result.
     The child inherits its parent's caller narrowing: a caller who narrowed a
@@ -128,6 +140,7 @@ def spawn_prepare(
         tools=caller,
         allowed_hosts=hosts,
         parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
+        interactive=interactive,  # True for a resident child (apps.runs.resident_tool)
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
     inherited = dict(credentials or {})

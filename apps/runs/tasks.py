@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.runs import engine, interrupts, services, sessions, signals, subruns, wake
+from apps.runs import engine, interrupts, resident, services, sessions, signals, subruns, wake
 from workers import held
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
@@ -78,3 +78,10 @@ def interrupts_expire_task(**_: Any) -> int:
     """Time out interruptions past their deadline (each wakes its run once), and cancel
     pending ones whose run ended."""
     return interrupts.interrupts_expire_due()
+
+
+@shared_task(base=AgentTask, name="maintenance.resident_sweep")
+def resident_sweep_task(**_: Any) -> int:
+    """Close resident children idle past their TTL, or whose parent or own run ended, and
+    answer parent calls whose child's turn is over or whose wait timed out."""
+    return resident.resident_sweep()

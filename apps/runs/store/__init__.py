@@ -20,6 +20,7 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `compaction`: a compaction request queued as a RunInput row of its own source.
 - `sessions`: the session decision lock, an enqueued run's promotion, the rollback mark, a replay's seed.
 - `turncancel`: the turn-cancel flag of an interactive run (set; the step commit clears it).
+- `resident`: the resident children's rows (insert, lock, waiting call, read cursor, close).
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.
@@ -67,6 +68,15 @@ from apps.runs.store.hot import (
 )
 from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
+from apps.runs.store.resident import (
+    resident_close,
+    resident_insert,
+    resident_lock,
+    resident_read,
+    resident_touch,
+    resident_waiter_clear,
+    resident_waiter_set,
+)
 from apps.runs.store.sessions import seed_finish, session_lock, session_promote, session_rollback_mark
 from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
 from apps.runs.store.turncancel import turn_cancel_request
@@ -108,6 +118,13 @@ __all__ = [
     "pending_inputs",
     "pool_purge",
     "record_tool_starts",
+    "resident_close",
+    "resident_insert",
+    "resident_lock",
+    "resident_read",
+    "resident_touch",
+    "resident_waiter_clear",
+    "resident_waiter_set",
     "retry_failed",
     "run_restore",
     "runs_pause_unleased",

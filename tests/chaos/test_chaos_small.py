@@ -42,7 +42,7 @@ from workers import held
 
 pytestmark = pytest.mark.usefixtures("agents")
 
-TOOL_RUNS, STEPS, SPAWNS, INTERACTIVE = 16, 3, 4, 4
+TOOL_RUNS, STEPS, SPAWNS, INTERACTIVE = 24, 4, 4, 4
 KILLS = 3
 DEADLINE_S = 150.0
 
@@ -50,7 +50,7 @@ DEADLINE_S = 150.0
 def _script(i: int) -> str:
     steps: list[dict[str, Any]] = [
         {
-            "sleep_ms": 150,
+            "sleep_ms": 400,
             "tools": [
                 {"tool": "Channel", "input": {"op": "publish", "channel": "chaos-effects", "value": f"{i}:{s}"}},
                 {"tool": "Memory", "input": {"op": "set", "scope": "user", "key": f"chaos/{i}/{s}", "value": s}},
@@ -77,10 +77,15 @@ def _events() -> int:
     return RunEvent.objects.count()
 
 
+def _in_flight() -> bool:
+    """Work a fault can hit: a run queued or inside an iteration (parked runs wait for the test)."""
+    return Run.objects.filter(status__in=(RunStatus.QUEUED, RunStatus.RUNNING)).exists()
+
+
 def _after_progress(n: int) -> None:
-    """Pace the next fault: wait until `n` more events committed (or nothing is left to run)."""
+    """Pace the next fault: wait until `n` more events committed (or nothing is in flight)."""
     target = _events() + n
-    wait_for(lambda: _events() >= target or not Run.objects.exclude(status__in=TERMINAL).exists(), timeout=60)
+    wait_for(lambda: _events() >= target or not _in_flight(), timeout=60)
 
 
 def _db_now() -> Any:
@@ -100,7 +105,7 @@ def _busiest(stack: WorkerPool) -> tuple[int, str]:
         if not held:
             return None
         pid = max(held, key=lambda p: held[p])
-        return (pid, owners[pid]) if held[pid] or not Run.objects.exclude(status__in=TERMINAL).exists() else None
+        return (pid, owners[pid]) if held[pid] or not _in_flight() else None
 
     found: tuple[int, str] = wait_for(pick, timeout=60)
     return found

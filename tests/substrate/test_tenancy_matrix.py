@@ -50,8 +50,6 @@ _PARAM = re.compile(r"\{(?:\w+:)?(\w+)\}")
 
 # Routes no generic probe can exercise, each with why (the "listed explicitly").
 UNEXERCISED: dict[tuple[str, str], str] = {
-    ("POST", "/v1/runs"): "creates a run in the caller's own tenant from an agent name (yaml agents are shared "
-    "by design); it reads no tenant resource, and its by-id follow-ups are in the matrix",
     ("POST", "/v1/hooks"): "registers a hook in the caller's tenant; it names no existing resource",
     ("POST", "/v1/_channels"): "declares a channel in the caller's tenant (names are per tenant): it names no "
     "existing resource, and a same-named declaration is the caller's own",
@@ -68,6 +66,14 @@ UNEXERCISED: dict[tuple[str, str], str] = {
 
 # Bodies that make a route reach its lookup; `{param}` is filled like the path.
 BODIES: dict[tuple[str, str], dict[str, Any] | list[dict[str, Any]]] = {
+    # Appending a run to a session names the session (yaml agents are shared by design).
+    ("POST", "/v1/runs"): {
+        "agent": "echo",
+        "prompt": "from another tenant",
+        "background": True,
+        "session_id": "{session_id}",
+    },
+    ("POST", "/v1/sessions/{session_id}/messages"): {"prompt": "from another tenant", "background": True},
     ("POST", "/v1/runs/{run_id}/input"): {"text": "from another tenant"},
     ("POST", "/v1/runs/{run_id}/fork"): {"from_step": 0, "prompt": "from another tenant"},
     ("POST", "/v1/runs/{run_id}/interrupts/{interrupt_id}/resolve"): {"answer": "yes"},
@@ -217,7 +223,9 @@ def _seed(http: httpx.Client, alice: dict[str, str], web: str) -> Acme:
     )
     wait_status(asked["run_id"], RunStatus.AWAITING_INTERRUPT, timeout=30)
     interrupt = wait_for(lambda: Interrupt.objects.filter(run_id=asked["run_id"]).first())
-    acme.values.update(run_id=run["run_id"], agent_id=run["agent_id"], interrupt_id=interrupt.id)
+    acme.values.update(
+        run_id=run["run_id"], agent_id=run["agent_id"], interrupt_id=interrupt.id, session_id=run["session_id"]
+    )
     # The interrupt routes name the asking run: /runs/{run_id}/interrupts/... use it (below).
     acme.values["asking_run_id"] = asked["run_id"]
 
@@ -263,7 +271,9 @@ def _seed(http: httpx.Client, alice: dict[str, str], web: str) -> Acme:
     acme.values["operatortokendef"] = "acme-token"
     tokens.token_create(name="acme-token", tenant_id="acme", subject="acme-bot", scopes=["runs:read"])
     acme.values["snapshot_id"] = "snap_0000000000000001"  # operator-only routes: no tenant owns a snapshot
-    acme.ids = {v for k, v in acme.values.items() if k in ("run_id", "agent_id", "interrupt_id", "asking_run_id")}
+    acme.ids = {
+        v for k, v in acme.values.items() if k in ("run_id", "agent_id", "interrupt_id", "asking_run_id", "session_id")
+    }
     return acme
 
 

@@ -61,7 +61,6 @@ class Closed(StrEnum):
     """Why a row left `open` (the answer's `reason`; the child run's end adds its status)."""
 
     BY_PARENT = "closed by parent"
-    CANCELLED = "cancelled by parent"
     IDLE_TTL = "idle ttl expired"
     PARENT_ENDED = "parent run ended"
 

@@ -9,8 +9,9 @@ apps.runs.resident (its invariants are there):
   parks the parent until that turn ends (or `timeout_ms` passes: `timed_out`, state
   `running`), answering with the output the parent had not read.
 - `poll {child_run_id}` never parks: the state and the output not read yet.
-- `cancel {child_run_id}` stops a child in a turn by closing it (this build has no
-  turn-cancel: docs/compat.md); an idle child has nothing to cancel (`cancelled: false`).
+- `cancel {child_run_id}` stops the child's current turn only (the turn-cancel of
+  apps.runs.turncancel: its partial output is kept, it re-parks idle and stays open);
+  an idle child has nothing to cancel (`cancelled: false`).
 - `close {child_run_id}` closes the child (idempotent).
 A parent addresses only children it opened: any other id is `is_error`, whether it
 exists or not. At most `LOOMCYCLE_RESIDENT_MAX_CHILDREN` are open per parent; the
@@ -35,6 +36,7 @@ from apps.core.tools import Park, SpawnRequest, ToolContext, ToolRefusal, ToolRe
 from apps.gateway.providers import ToolCall
 from apps.runs import selectors, signals, store
 from apps.runs.dispatch import enqueue_iteration
+from apps.runs.live import publish_cancel
 from apps.runs.models import TERMINAL, ResidentChild, RunStatus
 from apps.runs.resident import (
     TOOL,
@@ -50,6 +52,7 @@ from apps.runs.resident import (
 )
 
 OPS = ("open", "send", "poll", "cancel", "close")
+TURN_CANCEL_REASON = "cancelled by parent"
 FIELDS = {
     "open": frozenset({"op", "name", "prompt", "idle_ttl_seconds", "timeout_ms"}),
     "send": frozenset({"op", "child_run_id", "prompt", "timeout_ms"}),
@@ -262,8 +265,12 @@ def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     if state == State.IDLE:
         body = answer_of(row, state, Output("", row.read_idx, False), status, cancelled=False)
         return ToolResult(json.dumps(body))
-    resident_close(child_id=child_id, reason=Closed.CANCELLED)
-    return _read(ctx, child_id, just_closed=True, cancelled=True)
+    # A turn-cancel of the child (apps.runs.turncancel): its worker keeps what the turn
+    # produced, answers undispatched calls with errors and re-parks it idle; it stays open.
+    flagged = store.turn_cancel_request(run_id=child_id, reason=TURN_CANCEL_REASON)
+    if flagged:
+        transaction.on_commit(partial(publish_cancel, [child_id]))
+    return _read(ctx, child_id, cancelled=flagged)
 
 
 def _close(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:

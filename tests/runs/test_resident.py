@@ -151,16 +151,24 @@ def test_a_send_past_its_timeout_answers_running_and_poll_reads_the_rest(stack: 
     assert ResidentChild.objects.get(child_id=child.id).waiter_call_id == ""
 
 
-def test_cancel_of_a_child_in_a_turn_closes_it(stack: WorkerPool) -> None:
-    run = parent(open_call(script({"text": "never", "sleep_ms": 60_000}), timeout_ms=1), {"text": "opened"})
+def test_cancel_of_a_child_in_a_turn_cancels_the_turn_and_keeps_the_child(stack: WorkerPool) -> None:
+    child_script = script({"text": "partial", "hold_ms": 60_000}, {"text": "second turn"})
+    run = parent(open_call(child_script, timeout_ms=1), {"text": "opened"})
     wait_for(lambda: swept(lambda: answers(run.id)), timeout=10)
     first = answers(run.id)[0]
     assert (first["state"], first["timed_out"]) == ("running", True)
     wait_status(run.id, RunStatus.AWAITING_INPUT)
-    cancel = turn(run, agent(op="cancel", child_run_id=first["child_run_id"]), {"text": "done"}, count=2)[1]
-    assert (cancel["state"], cancel["cancelled"], cancel["reason"]) == ("closed", True, "cancelled by parent")
-    ended = wait_status(first["child_run_id"], RunStatus.CANCELLED, timeout=10)
-    assert ended.stop_reason == "resident child: cancelled by parent"
+    child_id = first["child_run_id"]
+    cancel = turn(run, agent(op="cancel", child_run_id=child_id), {"text": "done"}, count=2)[1]
+    assert (cancel["cancelled"], cancel["is_error"]) == (True, False)
+    # The child's turn is cut (turn_cancelled), it re-parks for input and stays open.
+    wait_for(lambda: RunEvent.objects.filter(run_id=child_id, type="turn_cancelled").exists(), timeout=10)
+    wait_status(child_id, RunStatus.AWAITING_INPUT, timeout=10)
+    assert ResidentChild.objects.get(child_id=child_id).is_open
+    # The cut turn's partial text was kept, so the parent reads it before the next turn's.
+    send = turn(run, agent(op="send", child_run_id=child_id, prompt="again"), {"text": "done"}, count=3)[2]
+    assert send["state"] == "idle" and send["output"].startswith("partial") and send["output"].endswith("second turn")
+    assert_consecutive(child_id)
 
 
 def test_an_idle_child_past_its_ttl_is_closed_by_the_sweep(stack: WorkerPool) -> None:

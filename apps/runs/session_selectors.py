@@ -7,11 +7,13 @@ same answer as an unknown id (no existence leak)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 from django.db.models import Subquery
 
 from apps.core.errors import NotFound
+from apps.runs.compaction import visible_rows
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.statuses import SESSION_IDLE
 
@@ -63,7 +65,12 @@ def session_runs(*, tenant_id: str, user_id: str, session_id: str) -> list[Sessi
 def session_history(*, tenant_id: str, session_id: str, before_turn: int | None = None) -> Rows:
     """The transcript rows a continuation replays: the session's top-level runs
     before `before_turn` (all when None), in turn order, less those a `rollback`
-    dropped; each run's rows in their order."""
+    dropped; each run's rows in their order. A run that did not replay the session
+    (its first turn, or one appended with `session_id`) contributes its compacted
+    form (apps.runs.compaction.visible_rows): its markers were made against its own
+    rows only, so left raw, the latest one would cut the earlier turns out of the
+    whole history. A replaying run's markers were made against the prefix before it,
+    so its rows stay raw."""
     qs = TranscriptEntry.objects.filter(
         run__session_id=session_id,
         run__tenant_id=tenant_id,
@@ -72,8 +79,14 @@ def session_history(*, tenant_id: str, session_id: str, before_turn: int | None 
     )
     if before_turn is not None:
         qs = qs.filter(run__session_turn__lt=before_turn)
-    rows = qs.order_by("run__session_turn", "run_id", "idx").values_list("role", "content")
-    return [(str(role), list(content)) for role, content in rows]
+    rows = qs.order_by("run__session_turn", "run_id", "idx").values_list(
+        "run_id", "run__replays_session", "role", "content"
+    )
+    out: Rows = []
+    for (_, replays), group in groupby(rows, key=lambda r: (r[0], r[1])):
+        own: Rows = [(str(role), list(content)) for _, _, role, content in group]
+        out.extend(own if replays else visible_rows(own))
+    return out
 
 
 def session_transcript_runs(*, head: SessionHead) -> list[Run]:

@@ -20,23 +20,26 @@ def _ident(value: str | None, field: str) -> str | None:
 
 
 class RunCreateIn(BaseModel):
-    agent: str = Field(min_length=1, max_length=128)
+    agent: str = Field(min_length=1, max_length=128, json_schema_extra={"pattern": IDENT_PATTERN})
     prompt: str | None = None
     segments: list[Segment] | None = None
     tools: list[str] | None = None
     # SPEC 6.1: omitted/null = the operator's hosts, [] = no network, a list = operator ∩ caller.
     allowed_hosts: list[str] | None = Field(default=None, max_length=256)
-    user_id: str | None = None
+    user_id: str | None = Field(default=None, json_schema_extra={"pattern": IDENT_PATTERN})
     tenant_id: str | None = Field(default=None, max_length=128)  # the token's tenant wins (SPEC 8)
-    agent_id: str | None = None
+    agent_id: str | None = Field(default=None, json_schema_extra={"pattern": IDENT_PATTERN})
     metadata: dict[str, Any] | None = None
     interactive: bool | None = None
     max_iterations: int | None = Field(default=None, ge=1, le=2**20)
     user_tier: str | None = Field(default=None, max_length=64)
-    session_id: str | None = None  # append to this session, without replaying it (SPEC 4.5)
+    # Append to this session, without replaying it (SPEC 4.5).
+    session_id: str | None = Field(default=None, json_schema_extra={"pattern": IDENT_PATTERN})
     # With session_id, when the session has a run in flight: reject | enqueue | interrupt | rollback
     # (apps.runs.sessions; checked there: 422 invalid_multitask_strategy).
-    multitask_strategy: str | None = Field(default=None, max_length=32)
+    multitask_strategy: str | None = Field(
+        default=None, max_length=32, description="reject (default) | enqueue | interrupt | rollback"
+    )
     # Checked by apps.runs.credentials (400 invalid_credentials), so typed loosely here; never echoed.
     user_bearer: Any = Field(default=None, repr=False)
     user_credentials: dict[str, Any] | None = Field(default=None, repr=False)

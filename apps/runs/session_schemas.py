@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from apps.core.ids import IDENT_RE
-from apps.runs.schemas import RunCreateIn
+from apps.runs.schemas import IDENT_PATTERN, RunCreateIn
 
 # What the session decides for a continuation: a body naming one is refused, not ignored.
 _SESSION_FIXED = ("agent", "session_id", "user_id", "tenant_id")
@@ -30,7 +30,7 @@ class SessionMessageIn(RunCreateIn):
 class SessionReplayIn(BaseModel):
     """POST /v1/sessions/{id}/replay: the new session's agent (the source session's when omitted)."""
 
-    agent: str | None = Field(default=None, min_length=1, max_length=128)
+    agent: str | None = Field(default=None, min_length=1, max_length=128, json_schema_extra={"pattern": IDENT_PATTERN})
     model_config = {"extra": "forbid"}
 
     @field_validator("agent")

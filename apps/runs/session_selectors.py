@@ -101,6 +101,12 @@ def session_events(*, run_ids: list[str]) -> list[RunEvent]:
     return events
 
 
+def session_has_later_turn(*, tenant_id: str, session_id: str, turn: int) -> bool:
+    """Whether the session has a top-level run after `turn` (a retry may re-open only
+    the latest turn: under store.session_lock, no later one appears meanwhile)."""
+    return bool(_top(session_id).filter(tenant_id=tenant_id, session_turn__gt=turn).exists())
+
+
 def session_waiting_of(*, run_id: str) -> str | None:
     """The session of top-level run `run_id` when a run waits behind it there, else None."""
     session = Run.objects.filter(id=run_id, parent__isnull=True).values("session_id")[:1]

@@ -23,6 +23,7 @@ from apps.core.identity import acting_user_id
 from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.runs import services, sessions, store
+from apps.runs.compaction import is_marker
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.runs.session_selectors import SessionHead, session_events, session_head, session_transcript_runs
@@ -68,7 +69,13 @@ def session_replay(*, principal: Principal, session_id: str, agent: str | None) 
             tenant_id=principal.tenant_id, data=data, resolved=resolved, status=RunStatus.COMPLETED, transcript=rows
         )
         store.seed_finish(run_id=seed.id)
-    return {"new_session_id": seed.session_id, "seed_run_id": seed.id, "events_copied": len(rows), "compacted": False}
+    compacted = any(is_marker(role) for role, _ in rows)  # a continuation's marker, copied as it is
+    return {
+        "new_session_id": seed.session_id,
+        "seed_run_id": seed.id,
+        "events_copied": len(rows),
+        "compacted": compacted,
+    }
 
 
 def session_transcript(*, principal: Principal, session_id: str) -> dict[str, Any]:

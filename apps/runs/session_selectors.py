@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Subquery
 
 from apps.core.errors import NotFound
-from apps.runs.compaction import visible_rows
+from apps.runs.compaction import MARKER_ROLE, visible_rows
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.statuses import SESSION_IDLE
 
@@ -87,6 +87,21 @@ def session_history(*, tenant_id: str, session_id: str, before_turn: int | None 
         own: Rows = [(str(role), list(content)) for _, _, role, content in group]
         out.extend(own if replays else visible_rows(own))
     return out
+
+
+def session_compacted(*, tenant_id: str, session_id: str) -> bool:
+    """Whether a run of the history a replay copies (top-level, not rolled back) was
+    compacted: its marker is copied as it is (a replaying run) or applied (the others'
+    compacted form, session_history)."""
+    return bool(
+        TranscriptEntry.objects.filter(
+            run__session_id=session_id,
+            run__tenant_id=tenant_id,
+            run__parent__isnull=True,
+            run__session_rolled_back=False,
+            role=MARKER_ROLE,
+        ).exists()
+    )
 
 
 def session_transcript_runs(*, head: SessionHead) -> list[Run]:

@@ -108,11 +108,18 @@ def promote_waiting() -> list[Promoted]:
 def withdraw_waiting(run_id: str) -> bool:
     """Remove a run that is still waiting for its slot (a streaming request
     that waited past `queue_timeout_ms`, or whose client left): True when it
-    was removed, False when it was admitted meanwhile (and must run)."""
+    was removed, False when it was admitted meanwhile (and must run). The run was
+    its session's live one: a run enqueued behind it there is promoted after the
+    commit (as a run's end does, apps.runs.sessions)."""
+    # apps.runs.sessions imports this module (admission decides a promoted run's status)
+    from apps.runs.sessions import session_promote_after_commit
+
     with transaction.atomic():
-        if not store.waiting_withdraw(run_id):
+        session_id = store.waiting_withdraw(run_id)
+        if session_id is None:
             return False
         transaction.on_commit(lambda: fairness.run_slot_release(run_id))
+        transaction.on_commit(lambda: session_promote_after_commit(session_id))
     return True
 
 

@@ -13,15 +13,21 @@ Invariants:
 - the cut never leaves a tool_use without its tool_result (422
   `split_tool_pair`: iteration N still waits for a call's answer);
 - 0 <= from_step < the source's committed iterations (422 `step_out_of_range`);
-- the source is read as the caller may see it (another tenant's run: 404); the
-  fork belongs to the caller's tenant (a run creation's rule: the credential's
-  tenant, which is the source's for a tenant's credential) and the source's
+- the source is read as the caller may see it (another tenant's run: 404), and
+  only in the caller's own tenant: an admin credential reads every tenant, but
+  forking another tenant's run would copy its transcript into the admin's
+  tenant, so that is a 404 too. The fork belongs to that tenant and the source's
   user, starts through `run_create` (the same admission, fairness and
   doorbell), and records its lineage (`forked_from_run`, `forked_at_step`) and
   a `forked` event;
 - a cut that ends on the model's own turn needs a next user turn: `prompt`
   gives it; without one an interactive fork starts parked at
-  `awaiting_input`, a non-interactive one is refused (422 `prompt_required`).
+  `awaiting_input` (outside the admission queue: apps.runs.services), a
+  non-interactive one is refused (422 `prompt_required`);
+- a continuation run (`replays_session`) is forked with the session history it
+  was built on: the rows its model saw before its own (sessions.replayed_history,
+  as the engine's `_load_rows` reads them) come first, then its own rows through
+  `from_step`.
 The fork carries no credentials (`user_bearer`, `user_credentials`), and its
 system prompt is its agent's own: the source's request system segments and
 metadata are not copied.
@@ -32,12 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from apps.core.errors import Unprocessable
+from apps.core.errors import NotFound, Unprocessable
 from apps.core.types import Principal
 from apps.runs.models import Run
 from apps.runs.prompt import Segment
 from apps.runs.selectors import run_get, run_transcript_through
 from apps.runs.services import RunCreate, Seed, run_create
+from apps.runs.sessions import replayed_history
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,8 @@ class ForkRequest:
 def run_fork(*, principal: Principal, run_id: str, request: ForkRequest) -> Run:
     """Start the fork of `run_id` at `request.from_step` (the module's invariants)."""
     source = run_get(tenant_id=principal.read_tenant, run_id=run_id, owner=principal.read_user)
+    if source.tenant_id != principal.tenant_id:  # an admin reading across tenants: never copy a transcript over
+        raise NotFound(f"unknown run {run_id}", code="not_found")
     history = fork_history(source=source, from_step=request.from_step)
     interactive = source.interactive if request.interactive is None else request.interactive
     ends_turn = history[-1][0] == "assistant"
@@ -98,6 +107,9 @@ def fork_history(*, source: Run, from_step: int) -> list[tuple[str, list[dict[st
             "fork from an earlier step, or once they are answered",
             code="split_tool_pair",
         )
+    if source.replays_session:  # what its model saw before its own rows (engine._load_rows)
+        earlier = replayed_history(tenant_id=source.tenant_id, session_id=source.session_id, turn=source.session_turn)
+        return earlier + rows
     return rows
 
 

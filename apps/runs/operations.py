@@ -3,13 +3,17 @@ apps.runs.services. Invariants:
 - a retry re-opens only a `failed` top-level run, by compare-and-set on its
   status (store.retry_failed), at its last committed step: the transcript as
   committed is what the next iteration sends; its doorbell goes out on commit;
+- a retry re-opens only its session's latest turn (409 `retry_not_latest_turn`
+  otherwise: an older turn re-opened would answer out of order, after turns
+  that already replayed its end), checked under the session's lock
+  (store.session_lock), as every session decision is;
 - a retried run takes a fairness slot again as run creation does (429 over
   cap), is admitted without the admission queue (an operator's act), and has
   no user credentials (they were erased when it failed);
 - a bulk cancel is `run_cancel` once per live top-level run that matches.
 
-There is no "requeue from step N": that needs a fork of a run at a past step,
-which no service offers yet.
+There is no "requeue from step N" here: that is a fork of the run at that step
+(POST /v1/runs/{id}/fork, apps.runs.fork), a new run in a new session.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from apps.runs.dispatch import wake_and_enqueue
 from apps.runs.models import RunStatus, RuntimeStateValue
 from apps.runs.selectors import run_get, runs_live_top_level, runtime_state
 from apps.runs.services import run_cancel
+from apps.runs.session_selectors import session_has_later_turn
 
 BULK_CANCEL_MAX = 1000
 
@@ -47,6 +52,13 @@ def run_retry(*, principal: Principal, run_id: str) -> dict[str, Any]:
     reopened = None
     try:
         with transaction.atomic():
+            store.session_lock(run.session_id)
+            if session_has_later_turn(tenant_id=run.tenant_id, session_id=run.session_id, turn=run.session_turn):
+                raise Conflict(
+                    f"run {run.id} is turn {run.session_turn} of session {run.session_id}, which has later turns: "
+                    "only a session's latest turn can be retried",
+                    code="retry_not_latest_turn",
+                )
             event = {"type": "retried", "by": principal.subject, "from_step": run.step}
             reopened = store.retry_failed(run_id=run.id, event=event, redactor=runtime_redactor())
             if reopened is None:  # another retry (or nothing) got there first

@@ -121,7 +121,11 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # (apps.runs.rollback).
         release_slot_unless_committed(run_id)
     limit = backpressure.limits()
-    gated = data.parent_id is None and limit.max_concurrent_runs > 0
+    # A fork parked at awaiting_input skips the admission queue: it runs no model turn until its input
+    # wakes it, and holds an admission slot from its insert, as every interactive run parked at
+    # awaiting_input does (backpressure counts it as admitted).
+    parked_seed = data.seed is not None and data.seed.parked
+    gated = data.parent_id is None and limit.max_concurrent_runs > 0 and not parked_seed
     inserted = False
     try:
         # One statement (autocommit) unless the caller holds a transaction: then a savepoint,
@@ -134,14 +138,17 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
             status, promoted = _admission(place, limit, gated=gated)
-            if data.seed is not None and data.seed.parked and status == RunStatus.QUEUED:
+            if parked_seed and status == RunStatus.QUEUED:
                 status = RunStatus.AWAITING_INPUT  # a fork that waits for its next user turn: no doorbell
             run = run_insert(
                 tenant_id=principal.tenant_id, data=data, resolved=resolved, run_id=run_id, status=status, place=place
             )
             if place is not None and place.cancel:
-                # robust: a failed cancel is logged; the new run is committed and starts when they end
+                # Their cancel flags commit with this run (sessions.session_place); this finishes and
+                # announces them now. robust: a failed cancel is logged; the flags still end them.
                 transaction.on_commit(partial(_session_cancel, principal, place), robust=True)
+            if place is not None and place.waits:  # the live run may end before this commits
+                transaction.on_commit(partial(sessions.session_promote_after_commit, place.session_id))
             if promoted:
                 transaction.on_commit(lambda: ring_promoted(promoted))
             if status == RunStatus.QUEUED:
@@ -188,8 +195,9 @@ def _session_place(principal: Principal, data: RunCreate, strategy: sessions.Str
 
 
 def _session_cancel(principal: Principal, place: sessions.Place) -> None:
-    """After the new run committed (interrupt, rollback): cancel the runs it displaces.
-    Each one's end (here, or its worker's) starts the next enqueued run (sessions.session_next)."""
+    """After the new run committed (interrupt, rollback): finish the runs it displaces
+    (their cancel flags committed with it). Each one's end (here, or its worker's)
+    starts the next enqueued run (sessions.session_next)."""
     for run_id in place.cancel:
         try:
             run_cancel(principal=principal, run_id=run_id, reason=place.reason)

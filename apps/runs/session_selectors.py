@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Subquery
 
 from apps.core.errors import NotFound
-from apps.runs.compaction import visible_rows
+from apps.runs.compaction import MARKER_ROLE, visible_rows
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.statuses import SESSION_IDLE
 
@@ -89,6 +89,21 @@ def session_history(*, tenant_id: str, session_id: str, before_turn: int | None 
     return out
 
 
+def session_compacted(*, tenant_id: str, session_id: str) -> bool:
+    """Whether a run of the history a replay copies (top-level, not rolled back) was
+    compacted: its marker is copied as it is (a replaying run) or applied (the others'
+    compacted form, session_history)."""
+    return bool(
+        TranscriptEntry.objects.filter(
+            run__session_id=session_id,
+            run__tenant_id=tenant_id,
+            run__parent__isnull=True,
+            run__session_rolled_back=False,
+            role=MARKER_ROLE,
+        ).exists()
+    )
+
+
 def session_transcript_runs(*, head: SessionHead) -> list[Run]:
     return list(_top(head.id).filter(tenant_id=head.tenant_id).order_by("session_turn", "id"))
 
@@ -99,6 +114,12 @@ def session_events(*, run_ids: list[str]) -> list[RunEvent]:
     events = list(RunEvent.objects.filter(run_id__in=run_ids))
     events.sort(key=lambda e: (order[e.run_id], e.seq))
     return events
+
+
+def session_has_later_turn(*, tenant_id: str, session_id: str, turn: int) -> bool:
+    """Whether the session has a top-level run after `turn` (a retry may re-open only
+    the latest turn: under store.session_lock, no later one appears meanwhile)."""
+    return bool(_top(session_id).filter(tenant_id=tenant_id, session_turn__gt=turn).exists())
 
 
 def session_waiting_of(*, run_id: str) -> str | None:

@@ -25,7 +25,13 @@ from apps.core.types import Principal
 from apps.runs import services, sessions, store
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
-from apps.runs.session_selectors import SessionHead, session_events, session_head, session_transcript_runs
+from apps.runs.session_selectors import (
+    SessionHead,
+    session_compacted,
+    session_events,
+    session_head,
+    session_transcript_runs,
+)
 
 
 def _owned(principal: Principal, session_id: str) -> SessionHead:
@@ -68,7 +74,13 @@ def session_replay(*, principal: Principal, session_id: str, agent: str | None) 
             tenant_id=principal.tenant_id, data=data, resolved=resolved, status=RunStatus.COMPLETED, transcript=rows
         )
         store.seed_finish(run_id=seed.id)
-    return {"new_session_id": seed.session_id, "seed_run_id": seed.id, "events_copied": len(rows), "compacted": False}
+    compacted = session_compacted(tenant_id=head.tenant_id, session_id=session_id)
+    return {
+        "new_session_id": seed.session_id,
+        "seed_run_id": seed.id,
+        "events_copied": len(rows),
+        "compacted": compacted,
+    }
 
 
 def session_transcript(*, principal: Principal, session_id: str) -> dict[str, Any]:

@@ -6,7 +6,10 @@ request's `multitask_strategy` (LangGraph's server's four):
 - `enqueue`: the new run is inserted `waiting_session` (a parked row, no
   worker, no doorbell) and starts when the session's live run ends;
 - `interrupt`: every live run of the session is cancelled (what it wrote stays
-  in the session's history) and the new run is enqueued behind their ends;
+  in the session's history) and the new run is enqueued behind their ends. The
+  cancel flags commit with the new run (so the claim's cancel check and the
+  parked-cancel sweep finish them even if the process dies right after the
+  commit); the after-commit hook finishes and announces them at once;
 - `rollback`: as `interrupt`, and the cancelled runs' turns are dropped from
   the history later runs replay (`session_rolled_back`; their rows stay).
 
@@ -20,7 +23,9 @@ Invariants:
   after-commit hook `session_next`, called wherever a top-level run's slot is
   freed: the engine's finish, a cancel) and by the lease sweep as a backstop
   (`sessions_promote_sweep`). Promotion is a conditional UPDATE under the
-  lock, so it happens once.
+  lock, so it happens once, and it skips a run flagged for cancel. A run
+  enqueued also tries a promotion after its own commit (the live run it
+  queued behind may have ended before that commit, finding no waiting row).
 - A run that replays its session sees the transcript rows of the session's
   earlier turns (not rolled back) before its own: they are read at each of its
   iterations, never copied (no history that grows with the square of the turns).
@@ -73,14 +78,15 @@ class Place:
     session_id: str
     turn: int
     waits: bool  # inserted `waiting_session`: a run of the session is live
-    cancel: tuple[str, ...] = ()  # live runs to cancel once the new run committed (interrupt, rollback)
+    cancel: tuple[str, ...] = ()  # live runs flagged for cancel with the new run, finished after (interrupt, rollback)
     reason: str = ""
 
 
 def session_place(*, tenant_id: str, user_id: str, session_id: str, strategy: Strategy) -> Place:
     """Inside run_create's transaction: lock the session, check it is this owner's
     (NotFound otherwise, as for an unknown id), and apply `strategy` if a run of it is
-    live (409 `session_busy` for `reject`). A rollback's marks commit with the new run."""
+    live (409 `session_busy` for `reject`). A rollback's marks, and the cancel flags of
+    the runs interrupt/rollback displace, commit with the new run."""
     store.session_lock(session_id)
     runs = session_runs(tenant_id=tenant_id, user_id=user_id, session_id=session_id)
     if not runs:
@@ -97,7 +103,9 @@ def session_place(*, tenant_id: str, user_id: str, session_id: str, strategy: St
     ids = [r.id for r in reversed(live)]  # the enqueued ones first: none of them is promoted on the way
     if strategy == Strategy.ROLLBACK:
         store.session_rollback_mark(run_ids=ids)
-    return Place(session_id, turn, waits=True, cancel=tuple(ids), reason=f"multitask_strategy={strategy.value}")
+    reason = f"multitask_strategy={strategy.value}"
+    store.session_cancel_mark(run_ids=ids, reason=reason)
+    return Place(session_id, turn, waits=True, cancel=tuple(ids), reason=reason)
 
 
 def session_next(run_id: str) -> None:
@@ -128,6 +136,16 @@ def session_promote(session_id: str) -> bool:
     return True
 
 
+def session_promote_after_commit(session_id: str) -> None:
+    """After a run enqueued in the session committed: promote, in case the live run
+    it queued behind ended before that commit (its `session_next` found no waiting
+    row then). A database error is logged: the lease sweep promotes it."""
+    try:
+        session_promote(session_id)
+    except DatabaseError:
+        log.exception("session %s: promoting after an enqueue failed, the lease sweep will", session_id)
+
+
 def sessions_promote_sweep() -> int:
     """Beat (the lease sweep): start enqueued runs whose session has nothing in flight."""
     started = sum(session_promote(session_id) for session_id in sessions_stalled())
@@ -149,13 +167,23 @@ def history_repaired(rows: Rows) -> Rows:
     """The rows with an error `tool_result` after every assistant row whose tool_use
     is not answered before the next assistant row (a turn interrupted mid-call), so a
     replayed history never separates a tool_use from a result (the provider APIs
-    refuse that)."""
+    refuse that). Linear: one backward pass collects, for each assistant row, the
+    ids answered by the user rows up to the next assistant row; one forward pass
+    writes."""
+    answered_after: dict[int, set[str]] = {}
+    following: set[str] = set()
+    for i in range(len(rows) - 1, -1, -1):
+        role, content = rows[i]
+        if role == "assistant":
+            answered_after[i], following = following, set()
+        else:
+            following.update(str(b.get("tool_use_id")) for b in content if b.get("type") == "tool_result")
     out: Rows = []
     for i, (role, content) in enumerate(rows):
         out.append((role, content))
         if role != "assistant":
             continue
-        missing = [u for u in _tool_use_ids(content) if u not in _answered(rows[i + 1 :])]
+        missing = [u for u in _tool_use_ids(content) if u not in answered_after[i]]
         if missing:
             out.append(("user", [_no_result(u) for u in missing]))
     return out
@@ -163,16 +191,6 @@ def history_repaired(rows: Rows) -> Rows:
 
 def _tool_use_ids(content: list[dict[str, Any]]) -> list[str]:
     return [str(b.get("id")) for b in content if b.get("type") == "tool_use"]
-
-
-def _answered(following: Rows) -> set[str]:
-    """The tool_use ids answered by the user rows up to the next assistant row."""
-    ids: set[str] = set()
-    for role, content in following:
-        if role == "assistant":
-            break
-        ids.update(str(b.get("tool_use_id")) for b in content if b.get("type") == "tool_result")
-    return ids
 
 
 def _no_result(tool_use_id: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ workers and a web process; the agents play mock-script (tests/loomcycle.test.yam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -15,16 +16,19 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 from django.urls import reverse
 
+from apps.core.errors import NotFound
 from apps.core.types import Principal
-from apps.runs import services
+from apps.runs import backpressure, services
+from apps.runs.fork import ForkRequest, run_fork
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
-from tests.conftest import wait_for, wait_status
+from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents")
 
 ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
+PARK = {"op": "subscribe", "channel": "handoff", "wait_ms": 120_000, "max_messages": 1}
 SOURCE_SCRIPT = [
     {"text": "looking", "tool": "Context", "input": {"op": "time"}},
     {"tool": "Context", "input": {"op": "self"}},
@@ -157,3 +161,23 @@ def test_a_fork_refuses_a_step_out_of_range_a_split_pair_and_another_tenants_run
     assert (split.status_code, split.json()["code"]) == (422, "split_tool_pair")
     assert Run.objects.filter(forked_from_run_id__in=[source.id, waiting.id]).count() == 0  # nothing was started
     services.run_cancel(principal=ACME, run_id=waiting.id, reason="test over")
+
+
+def test_an_admin_never_forks_another_tenants_run_into_its_own(source: Run) -> None:
+    request = ForkRequest(from_step=0, prompt="x")
+    with pytest.raises(NotFound) as hidden:  # ALICE (admin, tenant "") reads acme's run: no copy across tenants
+        run_fork(principal=ALICE, run_id=source.id, request=request)
+    assert hidden.value.code == "not_found"
+    assert not Run.objects.filter(forked_from_run_id=source.id).exists()
+
+
+def test_a_parked_fork_skips_the_admission_queue(source: Run, settings: Any) -> None:
+    """With admission full, a fork that waits for its next user turn parks at awaiting_input (it holds
+    an admission slot, as every parked interactive run does) instead of queueing for a model turn."""
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, max_concurrent_runs=1, max_queue_depth=50)
+    holder = scripted([{"tool": "Channel", "input": PARK}])  # live, admitted or waiting: the next run would wait
+    assert backpressure.limits().max_concurrent_runs == 1
+    parked = run_fork(principal=ACME, run_id=source.id, request=ForkRequest(from_step=2, interactive=True))
+    assert Run.objects.get(id=parked.id).status == RunStatus.AWAITING_INPUT  # not waiting_slot, then queued
+    for run in (parked, holder):
+        services.run_cancel(principal=ACME, run_id=run.id, reason="test over")

@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from apps.core.errors import Conflict, NotFound, Unprocessable
 from apps.core.types import Principal
 from apps.runs import services, session_services
+from apps.runs.compaction import MARKER_ROLE, SUMMARY_HEADER
+from apps.runs.fork import ForkRequest, run_fork
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment, messages_from_rows
-from tests.conftest import ALICE, wait_status
+from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
@@ -173,6 +176,7 @@ def test_replay_copies_the_history_into_a_new_session_for_another_agent(stack: W
     seed = Run.objects.get(id=out["seed_run_id"])
     assert out["new_session_id"] == seed.session_id != first.session_id
     assert out["events_copied"] == TranscriptEntry.objects.filter(run_id=first.id).count() == 4
+    assert out["compacted"] is False  # nothing of the session was compacted
     assert (seed.status, seed.stop_reason, seed.agent_name) == (
         RunStatus.COMPLETED,
         "session_replay",
@@ -185,3 +189,45 @@ def test_replay_copies_the_history_into_a_new_session_for_another_agent(stack: W
     with pytest.raises(Conflict) as gone:
         session_services.session_replay(principal=ALICE, session_id=first.session_id, agent="no-such-agent")
     assert gone.value.code == "agent_gone"
+
+
+def test_a_fork_of_a_continuation_keeps_the_session_history_it_was_built_on(stack: WorkerPool) -> None:
+    first = start("P0", [{"text": "first answer"}])
+    wait_status(first.id, RunStatus.COMPLETED, timeout=30)
+    second = say(first.session_id, "P1", [{"text": "second answer"}])
+    wait_status(second.id, RunStatus.COMPLETED, timeout=30)
+    request = ForkRequest(from_step=0, prompt=f"P2 MOCK_SCRIPT: {json.dumps([{'echo': True}])}")
+    forked = run_fork(principal=ALICE, run_id=second.id, request=request)
+    seen = echoed(forked)  # what the continuation's model saw at step 0, then the fork's prompt
+    assert [m["text"][:2] for m in seen] == ["P0", "fi", "P1", "se", "P2"]
+
+
+def test_a_compacted_appended_turn_keeps_the_earlier_turns_in_a_continuation(
+    stack: WorkerPool, http: httpx.Client
+) -> None:
+    first = start("P0", [{"text": "first answer"}])
+    wait_status(first.id, RunStatus.COMPLETED, timeout=30)
+    data = services.RunCreate(
+        agent="compactor", segments=prompt("T1", [{"text": "one"}]), user_id="u1", session_id=first.session_id
+    )
+    appended = services.run_create(principal=ALICE, data=data)  # session_id: its own rows only, no replay
+    awaiting(appended, 1)
+    services.run_input(principal=ALICE, run_id=appended.id, text=prompt("T2", [{"text": "two"}])[0].text)
+    awaiting(appended, 2)
+    assert http.post(f"/v1/runs/{appended.id}/compact").status_code == 202
+    awaiting(appended, 3)  # woken, compacted (turn one summarised), parked again
+    assert TranscriptEntry.objects.filter(run_id=appended.id, role=MARKER_ROLE).count() == 1
+    services.run_cancel(principal=ALICE, run_id=appended.id)
+    later = say(first.session_id, "P3", [{"echo": True}])
+    seen = echoed(later)
+    # turn 0 whole (the marker was made against the appended run's rows only), then its compacted form
+    assert [m["text"][:2] for m in seen[:2]] == ["P0", "fi"]
+    assert seen[2]["text"].startswith(SUMMARY_HEADER) and seen[-1]["text"].startswith("P3")
+    out = session_services.session_replay(principal=ALICE, session_id=first.session_id, agent=None)
+    assert out["compacted"] is True
+
+
+def awaiting(run: Run, turns: int) -> None:
+    """Wait until the run has parked at awaiting_input `turns` times and is parked now."""
+    wait_for(lambda: RunEvent.objects.filter(run_id=run.id, type="awaiting_input").count() >= turns, timeout=30)
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)

@@ -77,7 +77,13 @@ from apps.runs.store.resident import (
     resident_waiter_clear,
     resident_waiter_set,
 )
-from apps.runs.store.sessions import seed_finish, session_lock, session_promote, session_rollback_mark
+from apps.runs.store.sessions import (
+    seed_finish,
+    session_cancel_mark,
+    session_lock,
+    session_promote,
+    session_rollback_mark,
+)
 from apps.runs.store.snapshot import RunRowsWritten, run_restore, runs_resume_restored
 from apps.runs.store.turncancel import turn_cancel_request
 
@@ -134,6 +140,7 @@ __all__ = [
     "runtime_state_lock",
     "runtime_state_set",
     "seed_finish",
+    "session_cancel_mark",
     "session_lock",
     "session_promote",
     "session_rollback_mark",

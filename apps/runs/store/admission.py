@@ -56,12 +56,14 @@ def waiting_promote(count: int) -> list[tuple[str, int, int]]:
         return [(str(r), int(s), int(q)) for r, s, q in cur.fetchall()]
 
 
-def waiting_withdraw(run_id: str) -> bool:
+def waiting_withdraw(run_id: str) -> str | None:
     """Inside a transaction: delete the run if it still waits for its slot
-    (under its row lock: a concurrent promotion skips it, or already flipped it)."""
-
+    (under its row lock: a concurrent promotion skips it, or already flipped it);
+    the deleted run's session id (a run enqueued behind it there must be
+    promoted), None when nothing was deleted."""
     waiting = Run.objects.select_for_update().filter(id=run_id, status=RunStatus.WAITING_SLOT).first()
     if waiting is None:
-        return False
+        return None
+    session_id = waiting.session_id
     waiting.delete()
-    return True
+    return session_id

@@ -1,7 +1,7 @@
 """Session writes (part of apps/runs/store/, the one package that writes the
 runs app's tables): the per-session decision lock, the promotion of a run
 enqueued behind its session, the `rollback` mark, and a replay's seed run
-made terminal.
+made terminal, and the cancel flags an interrupt sets with its insert.
 
 The hard invariant, one in-flight run per session, is the partial unique
 index `run_session_live` (apps.runs.models): whatever races, Postgres refuses a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from apps.runs.statuses import SESSION_IDLE, RunStatus
+from apps.runs.statuses import SESSION_IDLE, TERMINAL, RunStatus
 from apps.runs.store.append import _in
 
 # Transaction-scoped: released by the commit or rollback of the deciding transaction,
@@ -28,6 +28,7 @@ _PROMOTE_SQL = f"""
 WITH picked AS MATERIALIZED (
   SELECT w.id FROM runs_run w
   WHERE w.session_id = %(session)s AND w.parent_id IS NULL AND w.status = '{RunStatus.WAITING_SESSION.value}'
+    AND NOT w.cancel_requested
     AND NOT EXISTS (
       SELECT 1 FROM runs_run l
       WHERE l.session_id = w.session_id AND l.parent_id IS NULL AND l.status NOT IN ({_in(SESSION_IDLE)})
@@ -60,6 +61,18 @@ def session_rollback_mark(*, run_ids: list[str]) -> None:
     Their rows stay: transcripts are append-only; continuation skips them."""
     with connection.cursor() as cur:
         cur.execute("UPDATE runs_run SET session_rolled_back = true WHERE id = ANY(%s)", [run_ids])
+
+
+def session_cancel_mark(*, run_ids: list[str], reason: str) -> None:
+    """Inside the transaction that inserts an interrupting run: flag the runs it
+    displaces for cancel (those still live), so they end even if the after-commit
+    cancel is lost (the claim's cancel check; services.run_parked_cancels_finish)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE runs_run SET cancel_requested = true, cancel_reason = %s"
+            f" WHERE id = ANY(%s) AND status NOT IN ({_in(TERMINAL)})",
+            [reason, run_ids],
+        )
 
 
 def seed_finish(*, run_id: str) -> None:

@@ -187,7 +187,7 @@ def test_history_repair_is_linear_in_the_rows() -> None:
         rows.append(("assistant", [{"type": "tool_use", "id": f"t{i}", "name": "Context", "input": {}}]))
         rows.append(("user", [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"}]))
     rows.append(("assistant", [{"type": "tool_use", "id": "last", "name": "Context", "input": {}}]))
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a loaded host waits, it does not count
     repaired = sessions.history_repaired(rows)
-    assert time.perf_counter() - started < 2.0  # quadratic: minutes
+    assert time.process_time() - started < 2.0  # linear: ~0.2 s; the quadratic pass took 4.8 s
     assert repaired[:-1] == rows and repaired[-1][1][0]["tool_use_id"] == "last"

@@ -210,12 +210,18 @@ def _send(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     return ToolResult("", park=park)
 
 
+WAITER_BUSY = "a call already waits on this child: send again after it is answered (or poll)"
+
+
 def _record_send(parked: _Parked, prompt: str, timeout_ms: int | None, run_id: str, _step: int, call_id: str) -> None:
     """Inside the parent's park commit: the child's next user turn, and the call waiting for it."""
     child_id = parked.child_id
     row = store.resident_lock(child_id=child_id, parent_id=run_id)
     if row is None:  # checked before the park; rows go only with their parent
         resident_refuse(parent_id=run_id, call_id=call_id, message=f"not a resident child of this run: {child_id}")
+        return
+    if row.waiter_call_id:  # one waiting call per child: a second would overwrite the first, which never answers
+        resident_refuse(parent_id=run_id, call_id=call_id, message=WAITER_BUSY)
         return
     status, _ = selectors.resident_child_run(child_id=child_id)
     if row.is_open and status not in TERMINAL:  # else the waiting call is answered `closed` after the commit
@@ -226,7 +232,9 @@ def _record_send(parked: _Parked, prompt: str, timeout_ms: int | None, run_id: s
         if queued.woke:
             parked.woke_step = queued.step
             signals.send_on_commit(signals.run_resumed, run_id=child_id)
-    store.resident_waiter_set(child_id=child_id, call_id=call_id, until=_deadline(timeout_ms), now=timezone.now())
+    until = _deadline(timeout_ms)
+    if not store.resident_waiter_set(child_id=child_id, call_id=call_id, until=until, now=timezone.now()):
+        resident_refuse(parent_id=run_id, call_id=call_id, message=WAITER_BUSY)  # unreachable under the lock
 
 
 def _after_send(parked: _Parked, run_id: str, call_id: str) -> None:

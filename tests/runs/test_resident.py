@@ -232,3 +232,15 @@ def test_opens_past_the_cap_are_refused(stack: WorkerPool) -> None:
     assert len(got) == cap + 1 and len(refused) == 1
     assert refused[0]["error"].startswith(f"resident child cap reached ({cap} open for this run)")
     assert ResidentChild.objects.filter(parent_id=run.id, is_open=True).count() == cap
+
+
+def test_two_sends_to_one_child_in_one_step_refuse_the_second_and_answer_the_first(stack: WorkerPool) -> None:
+    run = parent(open_call(script({"text": "ready"}, {"text": "pong"})), {"text": "opened"})
+    _, child = opened(run)
+    sends = [{"tool": "Agent", "input": {"op": "send", "child_run_id": child.id, "prompt": p}} for p in ("a", "b")]
+    got = turn(run, {"tools": sends}, {"text": "done"}, count=3)[1:]  # the parent does not hang
+    refused = [a for a in got if a["is_error"]]
+    answered = [a for a in got if not a["is_error"]]
+    assert len(refused) == 1 and refused[0]["error"].startswith("a call already waits on this child")
+    assert (answered[0]["state"], answered[0]["output"]) == ("idle", "pong")
+    assert ResidentChild.objects.get(child_id=child.id).waiter_call_id == ""

@@ -264,3 +264,20 @@ def test_batch_refuses_an_interactive_run(stack: WorkerPool, http: httpx.Client,
     )
     [result] = reply.json()["results"]  # its definition says interactive: it is run to its end all the same
     assert (result["status"], result["final_text"]) == ("completed", "by-def")
+
+
+def test_cancelling_a_waiting_child_starts_no_sibling(no_workers: None) -> None:
+    parent = fan([child(f"c{i}") for i in range(4)], agent="fanner")  # max_concurrent_children: 2
+    assert engine.run_iterate(run_id=parent.id, step=0) == engine.Outcome.PARK
+    ids = FanOutSlot.objects.filter(fanout__parent_run_id=parent.id).order_by("index").values_list("run_id", flat=True)
+    kids = [run_row(str(i)) for i in ids]
+    services.run_cancel(principal=ALICE, agent_id=kids[2].agent_id)  # a waiting child: it held no place
+    assert run_row(kids[2].id).status == RunStatus.CANCELLED
+    assert [run_row(k.id).status for k in kids] == [
+        RunStatus.QUEUED,
+        RunStatus.QUEUED,
+        RunStatus.CANCELLED,
+        RunStatus.WAITING_FANOUT,  # still two at a time
+    ]
+    engine.run_iterate(run_id=kids[0].id, step=0)  # a started child's end frees a place: kids[3] takes it
+    assert run_row(kids[3].id).status == RunStatus.QUEUED

@@ -281,3 +281,14 @@ def test_cancelling_a_waiting_child_starts_no_sibling(no_workers: None) -> None:
     ]
     engine.run_iterate(run_id=kids[0].id, step=0)  # a started child's end frees a place: kids[3] takes it
     assert run_row(kids[3].id).status == RunStatus.QUEUED
+
+
+def test_the_lease_sweep_cancels_live_children_of_an_ended_parent(no_workers: None) -> None:
+    parent = fan([child(f"c{i}") for i in range(3)], agent="fanner")  # two queued, one waiting_fanout
+    assert engine.run_iterate(run_id=parent.id, step=0) == engine.Outcome.PARK
+    # A cancel whose cascade was lost (a crash after the parent's own cancel committed).
+    Run.objects.filter(id=parent.id).update(status=RunStatus.CANCELLED)
+    assert services.run_orphans_cancel() == 3
+    kids = Run.objects.filter(parent_id=parent.id)
+    assert {(k.status, k.stop_reason) for k in kids} == {(RunStatus.CANCELLED, "parent run ended")}
+    assert services.run_orphans_cancel() == 0  # nothing left: one set of effects

@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from apps.runs import services
+from apps.runs import engine, services
 from apps.runs.models import ResidentChild, Run, RunEvent, RunStatus
 from apps.runs.presenters import agent_out
 from apps.runs.prompt import Segment
@@ -244,3 +244,15 @@ def test_two_sends_to_one_child_in_one_step_refuse_the_second_and_answer_the_fir
     assert len(refused) == 1 and refused[0]["error"].startswith("a call already waits on this child")
     assert (answered[0]["state"], answered[0]["output"]) == ("idle", "pong")
     assert ResidentChild.objects.get(child_id=child.id).waiter_call_id == ""
+
+
+def test_the_sweep_stops_the_run_of_a_closed_row(no_workers: None) -> None:
+    run = parent(open_call(script({"text": "ready"})), {"text": "opened"})
+    assert engine.run_iterate(run_id=run.id, step=0) == engine.Outcome.PARK
+    row = ResidentChild.objects.get(parent_id=run.id)
+    # A close whose stop of the child's run was lost (a crash between the two).
+    ResidentChild.objects.filter(child_id=row.child_id).update(is_open=False, close_reason="closed by parent")
+    assert run_row(row.child_id).status == RunStatus.QUEUED
+    assert resident_sweep() >= 1
+    assert run_row(row.child_id).stop_reason == "resident child: closed by parent"
+    assert run_row(row.child_id).status == RunStatus.CANCELLED

@@ -50,6 +50,7 @@ from apps.runs.resident import (
     resident_report,
     state_of,
 )
+from apps.runs.statuses import ANSWERABLE
 
 OPS = ("open", "send", "poll", "cancel", "close")
 TURN_CANCEL_REASON = "cancelled by parent"
@@ -263,6 +264,12 @@ def _read(ctx: ToolContext, child_id: str, *, just_closed: bool = False, **extra
     return ToolResult(json.dumps(answer_of(row, state, out, status, **extra)))
 
 
+NOT_CUT = (
+    "the child's turn is parked on its own wait (its sub-agents, a question or a channel) and is not cut; "
+    "use close to stop the child"
+)
+
+
 def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     child_id = _child_id(data)
     row = _owned(ctx, child_id)
@@ -278,7 +285,11 @@ def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     flagged = store.turn_cancel_request(run_id=child_id, reason=TURN_CANCEL_REASON)
     if flagged:
         transaction.on_commit(partial(publish_cancel, [child_id]))
-    return _read(ctx, child_id, cancelled=flagged)
+        return _read(ctx, child_id, cancelled=True)
+    # Not runnable: the child parked meanwhile (idle now), or its turn is parked on its own wait,
+    # which a turn-cancel does not cut: then the answer says to close it.
+    status, _ = selectors.resident_child_run(child_id=child_id)
+    return _read(ctx, child_id, cancelled=False, **({"note": NOT_CUT} if status in ANSWERABLE else {}))
 
 
 def _close(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:

@@ -289,7 +289,9 @@ def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     # Not runnable: the child parked meanwhile (idle now), or its turn is parked on its own wait,
     # which a turn-cancel does not cut: then the answer says to close it.
     status, _ = selectors.resident_child_run(child_id=child_id)
-    return _read(ctx, child_id, cancelled=False, **({"note": NOT_CUT} if status in ANSWERABLE else {}))
+    if status in ANSWERABLE:
+        return _read(ctx, child_id, cancelled=False, note=NOT_CUT)
+    return _read(ctx, child_id, cancelled=False)
 
 
 def _close(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:

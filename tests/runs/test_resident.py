@@ -26,6 +26,7 @@ from apps.runs.tasks import resident_sweep_task
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.runs.test_engine import assert_consecutive
+from tests.runs.test_interrupts import ASK
 
 pytestmark = pytest.mark.usefixtures("agents")
 
@@ -256,3 +257,20 @@ def test_the_sweep_stops_the_run_of_a_closed_row(no_workers: None) -> None:
     assert resident_sweep() >= 1
     assert run_row(row.child_id).stop_reason == "resident child: closed by parent"
     assert run_row(row.child_id).status == RunStatus.CANCELLED
+
+
+def test_cancel_of_a_child_parked_on_its_own_wait_says_to_close_it(no_workers: None) -> None:
+    asks = script({"tools": [{"tool": "Interruption", "input": ASK}]}, {"text": "done"})
+    run = parent(agent(op="open", name="asker", prompt=asks, timeout_ms=1), {"text": "opened"})
+    assert engine.run_iterate(run_id=run.id, step=0) == engine.Outcome.PARK
+    child = Run.objects.get(parent_id=run.id)
+    engine.run_iterate(run_id=child.id, step=0)
+    assert run_row(child.id).status == RunStatus.AWAITING_INTERRUPT  # its turn waits on its own question
+    resident_sweep()  # the open's 1 ms wait is over: answered `running`, timed out
+    engine.run_iterate(run_id=run.id, step=run_row(run.id).step)
+    services.run_input(principal=ALICE, run_id=run.id, text=script(agent(op="cancel", child_run_id=child.id)))
+    engine.run_iterate(run_id=run.id, step=run_row(run.id).step)
+    cancel = answers(run.id)[1]
+    assert (cancel["state"], cancel["cancelled"], cancel["is_error"]) == ("running", False, False)
+    assert "use close" in cancel["note"]
+    assert run_row(child.id).status == RunStatus.AWAITING_INTERRUPT  # untouched

@@ -53,6 +53,11 @@ def batch_start(*, principal: Principal, spawns: list[BatchSpawn]) -> str:
     """Create the children and their join (one transaction); the join's id."""
     if not 1 <= len(spawns) <= fanout.MAX_SPAWNS:
         raise Unprocessable(f"spawns must hold 1..{fanout.MAX_SPAWNS} runs", code="invalid_spawns")
+    if any(s.create.interactive for s in spawns):
+        raise Unprocessable(
+            "a batch joins on its runs' ends: interactive runs (which park for input) are refused",
+            code="interactive_not_allowed",
+        )
     if services.runtime_state_get() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
     try:
@@ -82,7 +87,9 @@ def _child(principal: Principal, index: int, spawn: BatchSpawn) -> FanOutSlot:
     agent = spawn.create.agent
     try:
         with transaction.atomic():
-            run = services.run_create(principal=principal, data=dataclasses.replace(spawn.create, notify_finished=True))
+            # Never interactive, whatever the agent's definition says: the join waits for its end.
+            data = dataclasses.replace(spawn.create, notify_finished=True, interactive=False)
+            run = services.run_create(principal=principal, data=data)
     except ApplicationError as exc:
         error = f"{exc.code}: {exc.message}"
         return FanOutSlot(

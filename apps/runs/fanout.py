@@ -258,7 +258,7 @@ def fanout_child_finished(*, child_id: str, fanout_id: str) -> bool:
             return False
         if counted.completed:
             _join_answer(counted.fanout)
-        elif _parent_goes_on(counted.fanout):
+        elif counted.was_started and _parent_goes_on(counted.fanout):  # a place freed: the next one takes it
             started = store.fanout_start_next(fanout_id=fanout_id)
     if started is not None:
         enqueue_iteration(started, 0)

@@ -134,6 +134,12 @@ class Run(models.Model):
                 name="run_top_live",
                 condition=models.Q(parent__isnull=True) & ~models.Q(status__in=["completed", "failed", "cancelled"]),
             ),
+            # The lease sweep's orphan backstop (services.run_orphans_cancel): live child runs only.
+            models.Index(
+                fields=["parent"],
+                name="run_child_live",
+                condition=models.Q(parent__isnull=False) & ~models.Q(status__in=["completed", "failed", "cancelled"]),
+            ),
             # The sweeper's look for parked runs with a cancel that had not landed (few or none).
             models.Index(
                 fields=["status"],

@@ -201,8 +201,11 @@ def resident_close_if_idle(*, child_id: str, parent_id: str, now: datetime) -> b
 
 def resident_sweep(*, now: datetime | None = None) -> int:
     """Beat: close idle children past their TTL at `now` (default: this host's clock),
-    close rows whose parent or child run ended, and answer waiting calls whose turn is
-    over or whose wait timed out. Safe to overlap: every change is conditional."""
+    close rows whose parent or child run ended, stop the runs of closed rows still live (a close
+    whose stop was lost to a crash), and answer waiting calls whose turn is over or whose wait
+    timed out. Safe to overlap: every change is conditional."""
+    from apps.runs.services import run_stop
+
     now = now or timezone.now()
     done = 0
     for child_id, parent_id in selectors.resident_idle_due(now=now, limit=SWEEP_BATCH):
@@ -213,6 +216,8 @@ def resident_sweep(*, now: datetime | None = None) -> int:
         else:
             resident_run_ended(run_id=child_id)
             done += 1
+    for child_id, reason in selectors.resident_closed_live(limit=SWEEP_BATCH):  # a close whose stop was lost
+        done += run_stop(run_id=child_id, reason=f"resident child: {reason}")
     for child_id in selectors.resident_waiting_due(now=now, limit=SWEEP_BATCH):
         done += resident_report(child_id=child_id, now=now)
     if done:

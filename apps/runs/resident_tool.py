@@ -50,6 +50,7 @@ from apps.runs.resident import (
     resident_report,
     state_of,
 )
+from apps.runs.statuses import ANSWERABLE
 
 OPS = ("open", "send", "poll", "cancel", "close")
 TURN_CANCEL_REASON = "cancelled by parent"
@@ -210,12 +211,18 @@ def _send(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     return ToolResult("", park=park)
 
 
+WAITER_BUSY = "a call already waits on this child: send again after it is answered (or poll)"
+
+
 def _record_send(parked: _Parked, prompt: str, timeout_ms: int | None, run_id: str, _step: int, call_id: str) -> None:
     """Inside the parent's park commit: the child's next user turn, and the call waiting for it."""
     child_id = parked.child_id
     row = store.resident_lock(child_id=child_id, parent_id=run_id)
     if row is None:  # checked before the park; rows go only with their parent
         resident_refuse(parent_id=run_id, call_id=call_id, message=f"not a resident child of this run: {child_id}")
+        return
+    if row.waiter_call_id:  # one waiting call per child: a second would overwrite the first, which never answers
+        resident_refuse(parent_id=run_id, call_id=call_id, message=WAITER_BUSY)
         return
     status, _ = selectors.resident_child_run(child_id=child_id)
     if row.is_open and status not in TERMINAL:  # else the waiting call is answered `closed` after the commit
@@ -226,7 +233,9 @@ def _record_send(parked: _Parked, prompt: str, timeout_ms: int | None, run_id: s
         if queued.woke:
             parked.woke_step = queued.step
             signals.send_on_commit(signals.run_resumed, run_id=child_id)
-    store.resident_waiter_set(child_id=child_id, call_id=call_id, until=_deadline(timeout_ms), now=timezone.now())
+    until = _deadline(timeout_ms)
+    if not store.resident_waiter_set(child_id=child_id, call_id=call_id, until=until, now=timezone.now()):
+        resident_refuse(parent_id=run_id, call_id=call_id, message=WAITER_BUSY)  # unreachable under the lock
 
 
 def _after_send(parked: _Parked, run_id: str, call_id: str) -> None:
@@ -255,6 +264,12 @@ def _read(ctx: ToolContext, child_id: str, *, just_closed: bool = False, **extra
     return ToolResult(json.dumps(answer_of(row, state, out, status, **extra)))
 
 
+NOT_CUT = (
+    "the child's turn is parked on its own wait (its sub-agents, a question or a channel) and is not cut; "
+    "use close to stop the child"
+)
+
+
 def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     child_id = _child_id(data)
     row = _owned(ctx, child_id)
@@ -270,7 +285,13 @@ def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     flagged = store.turn_cancel_request(run_id=child_id, reason=TURN_CANCEL_REASON)
     if flagged:
         transaction.on_commit(partial(publish_cancel, [child_id]))
-    return _read(ctx, child_id, cancelled=flagged)
+        return _read(ctx, child_id, cancelled=True)
+    # Not runnable: the child parked meanwhile (idle now), or its turn is parked on its own wait,
+    # which a turn-cancel does not cut: then the answer says to close it.
+    status, _ = selectors.resident_child_run(child_id=child_id)
+    if status in ANSWERABLE:
+        return _read(ctx, child_id, cancelled=False, note=NOT_CUT)
+    return _read(ctx, child_id, cancelled=False)
 
 
 def _close(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:

@@ -416,6 +416,12 @@ def resident_ended_due(*, limit: int) -> list[tuple[str, str]]:
     return [(str(c), str(p)) for c, p in rows.values_list("child_id", "parent_id")[:limit]]
 
 
+def resident_closed_live(*, limit: int) -> list[tuple[str, str]]:
+    """(child, close reason) of closed rows whose child run is not terminal (its stop was lost)."""
+    rows = ResidentChild.objects.filter(is_open=False).exclude(child__status__in=TERMINAL)
+    return [(str(c), str(r)) for c, r in rows.values_list("child_id", "close_reason")[:limit]]
+
+
 def resident_waiting_due(*, now: datetime, limit: int) -> list[str]:
     """Children a parent's call waits on whose turn is over, or whose wait timed out (a lost or due report)."""
     over = (
@@ -426,3 +432,9 @@ def resident_waiting_due(*, now: datetime, limit: int) -> list[str]:
     )
     rows = ResidentChild.objects.filter(over).exclude(waiter_call_id="")
     return [str(c) for c in rows.values_list("child_id", flat=True)[:limit]]
+
+
+def runs_orphaned(*, limit: int) -> list[str]:
+    """Up to `limit` live runs whose parent run has ended (one query): nobody waits for them."""
+    rows = Run.objects.filter(parent__status__in=TERMINAL).exclude(status__in=TERMINAL).order_by("created_at")
+    return [str(i) for i in rows.values_list("id", flat=True)[:limit]]

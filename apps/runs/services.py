@@ -47,7 +47,14 @@ from apps.runs.models import (
 from apps.runs.prompt import Segment, split_segments, system_blocks
 from apps.runs.resident import resident_run_ended
 from apps.runs.rollback import release_slot_unless_committed
-from apps.runs.selectors import paused_runs_count, run_get, run_notifies_finished, runs_liveness, runtime_state
+from apps.runs.selectors import (
+    paused_runs_count,
+    run_get,
+    run_notifies_finished,
+    runs_liveness,
+    runs_orphaned,
+    runtime_state,
+)
 from apps.runs.subruns import run_child_finished
 from apps.runs.wake import ring_promoted, run_slot_freed
 from apps.substrate.models import AgentDef
@@ -398,15 +405,20 @@ def run_stop(*, run_id: str, reason: str) -> bool:
 
 
 def _cancel_tree(run: Run, reason: str) -> list[Run]:
-    """Finish (or signal the lease holder of) `run` and its live descendants; the descendants."""
+    """Finish (or signal the lease holder of) `run` and its live descendants; the descendants.
+    The root is flagged BEFORE its descendants are read: a child inserted by a park that commits
+    meanwhile is either read here or inserted under a flagged parent (which starts no more
+    waiting siblings). What a crash mid-way leaves, the lease sweep's orphan backstop ends
+    (run_orphans_cancel)."""
     # Descendants hold the parent's credentials or fewer (apps.runs.subruns): its redactor covers them.
     redactor = run_redactor_of(run_id=run.id, sealed=run.credentials_sealed)
-    descendants = _live_descendants(run)
-    targets = [(run, reason)] + [(d, "parent run cancelled") for d in descendants]
     signal: list[str] = []
     finished: list[signals.Delivery] = []
-    for target, why in targets:
-        if not _finish_unleased(target.id, why, redactor, finished):
+    if not _finish_unleased(run.id, reason, redactor, finished):
+        signal.append(run.id)
+    descendants = _live_descendants(run)
+    for target in descendants:
+        if not _finish_unleased(target.id, "parent run cancelled", redactor, finished):
             signal.append(target.id)
     if signal:
         publish_cancel(signal)  # leased runs: the worker holding the lease finishes them
@@ -560,6 +572,19 @@ def run_parked_cancels_finish() -> int:
     if finished:
         log.info("sweeper finished %d parked run(s) whose cancel had not landed", finished)
     return finished
+
+
+ORPHAN_BATCH = 200
+
+
+def run_orphans_cancel() -> int:
+    """Beat backstop: cancel (with what they spawned) live runs whose parent has ended: children a
+    park inserted while its parent's cancel read its tree, `waiting_fanout` children of an ended
+    parent, what a crash in the middle of a cascade left. Bounded per sweep; the count cancelled."""
+    done = sum(run_stop(run_id=run_id, reason="parent run ended") for run_id in runs_orphaned(limit=ORPHAN_BATCH))
+    if done:
+        log.warning("sweeper cancelled %d run(s) whose parent had ended", done)
+    return done
 
 
 def run_slots_reconcile() -> int:

@@ -22,14 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models import AutoField, Model
+from django.db.models import AutoField, Model, Q
 
-from apps.core.errors import ApplicationError, Invalid
+from apps.core.errors import ApplicationError, Conflict, Invalid
 from apps.core.ids import is_ident
 from apps.core.rows import row_dump
 from apps.runs import signals, store
 from apps.runs.dispatch import enqueue_iteration
-from apps.runs.models import PARKED, Run, RunStatus, RuntimeStateValue
+from apps.runs.fanout_models import FanOut, FanOutSlot
+from apps.runs.models import PARKED, ResidentChild, Run, RunStatus, RuntimeStateValue
 from apps.runs.registry import resolve_volumes
 from apps.runs.selectors import runtime_state
 from apps.runs.store.snapshot import CHILD_TABLES
@@ -51,10 +52,17 @@ class RunsRestored:
     run_tenants: dict[str, str]  # the runs this restore wrote, with their tenants
 
 
+class SnapshotUnresumable(Conflict):
+    code = "snapshot_unresumable"
+
+
 def paused_runs_export() -> list[dict[str, Any]]:
-    """Every parked run, parents before children, each with its child rows."""
+    """Every parked run, parents before children, each with its child rows. Refused (409
+    `snapshot_unresumable`) while a run is tied to a fan-out join not yet complete or to an open
+    resident child: those rows are not carried, and a run restored without them would never resume."""
     runs = list(Run.objects.filter(status__in=PARKED).order_by("depth", "created_at", "id"))
     ids = {run.id for run in runs}
+    _refuse_unresumable(ids)
     children: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for key, model in CHILD_TABLES.items():
         for child in model.objects.filter(run_id__in=ids).order_by("run_id", "id").iterator():
@@ -66,6 +74,25 @@ def paused_runs_export() -> list[dict[str, Any]]:
             row["parent_id"] = None
         out.append({"run": row, **{key: children[run.id][key] for key in CHILD_TABLES}})
     return out
+
+
+def _refuse_unresumable(ids: set[str]) -> None:
+    """Raise when a run of `ids` is the parent or a child of an incomplete fan-out join (a batch's
+    children included), or the parent or the run of an open resident child."""
+    open_joins = FanOut.objects.filter(completed_at__isnull=True)
+    tied = set(open_joins.filter(parent_run_id__in=ids).values_list("parent_run_id", flat=True))
+    slots = FanOutSlot.objects.filter(fanout__completed_at__isnull=True, run_id__in=ids)
+    tied |= {str(r) for r in slots.values_list("run_id", flat=True)}
+    resident = ResidentChild.objects.filter(is_open=True).filter(Q(parent_id__in=ids) | Q(child_id__in=ids))
+    for parent_id, child_id in resident.values_list("parent_id", "child_id"):
+        tied |= {str(parent_id), str(child_id)} & ids
+    if tied:
+        shown = ", ".join(sorted(tied)[:5])
+        raise SnapshotUnresumable(
+            f"{len(tied)} parked run(s) wait on a fan-out or a resident child ({shown}); a snapshot does not "
+            "carry those, so they could not resume: capture once they have ended",
+            details={"run_ids": sorted(tied)[:100]},
+        )
 
 
 def _local_keys(model: type[Model]) -> tuple[str, ...]:

@@ -116,7 +116,7 @@ def spawn_prepare(
     user_tier: str | None = None,
     parent_id: str | None = None,
     credentials: Mapping[str, str] | None = None,
-    interactive: bool | None = None,
+    interactive: bool = False,
 ) -> Spawn:
     """Resolve the child before any write; refusals become the call's is_error result.
     The child inherits its parent's caller narrowing: a caller who narrowed a
@@ -140,7 +140,9 @@ def spawn_prepare(
         tools=caller,
         allowed_hosts=hosts,
         parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
-        interactive=interactive,  # True for a resident child (apps.runs.resident_tool)
+        # True for a resident child (apps.runs.resident_tool) only: a spawn / parallel_spawn child
+        # must end and report, whatever its agent definition's `interactive` says.
+        interactive=interactive,
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
     inherited = dict(credentials or {})

@@ -25,6 +25,7 @@ def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
 def run_leases_sweep_task(**_: Any) -> int:
     """Requeue runs whose lease expired or whose doorbell was lost, and the
     doorbells dead workers held; finish parked runs whose cancel had not landed;
+    cancel live runs whose parent has ended (a cascade that did not reach them);
     start runs enqueued behind a session that no run's end started;
     settle a pause once every run has parked; re-send lifecycle signals whose
     outbox row outlived the grace (apps.runs.signals.resend_due).
@@ -35,6 +36,7 @@ def run_leases_sweep_task(**_: Any) -> int:
         held.recover,
         services.run_leases_sweep,
         services.run_parked_cancels_finish,
+        services.run_orphans_cancel,
         sessions.sessions_promote_sweep,
         _pause_settle,
         signals.resend_due,

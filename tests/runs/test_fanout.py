@@ -231,3 +231,64 @@ def test_a_lost_batch_report_is_made_once_by_the_sweep(no_workers: None) -> None
     assert (join.reported, join.completed_at is not None) == (2, True)
     body = batch.batch_result(fanout_id=join_id)
     assert [(r["run_id"], r["status"]) for r in body["results"]] == [(k, "completed") for k in kids]
+
+
+def test_spawned_children_of_an_interactive_definition_end_and_report(no_workers: None) -> None:
+    # `compactor`'s definition says interactive: true; a spawn / parallel_spawn child must end all the same.
+    kid = {"name": "compactor", "prompt": script([{"text": "one-shot"}])}
+    steps = [
+        {"tool": "Agent", "input": {"op": "parallel_spawn", "spawns": [kid]}},
+        {"tool": "Agent", "input": {"op": "spawn", **kid}},
+        {"text": "done"},
+    ]
+    data = services.RunCreate(agent="fanner-wide", segments=[Segment(text=script(steps))], user_id="alice")
+    parent = services.run_create(principal=ALICE, data=data)
+    for step in (0, 1):  # each step parks on one child; the child's end wakes the parent
+        assert engine.run_iterate(run_id=parent.id, step=step) == engine.Outcome.PARK
+        [kid_run] = Run.objects.filter(parent_id=parent.id, status=RunStatus.QUEUED)
+        assert kid_run.interactive is False
+        engine.run_iterate(run_id=kid_run.id, step=0)
+        assert run_row(kid_run.id).status == RunStatus.COMPLETED
+    engine.run_iterate(run_id=parent.id, step=2)
+    assert run_row(parent.id).status == RunStatus.COMPLETED
+    texts = [e.payload["text"] for e in RunEvent.objects.filter(run_id=parent.id, type="tool_result").order_by("seq")]
+    assert "one-shot" in texts[0] and texts[1].endswith("one-shot")
+
+
+def test_batch_refuses_an_interactive_run(stack: WorkerPool, http: httpx.Client, people: dict[str, Any]) -> None:
+    body = {"spawns": [{**batch_spawn("n"), "interactive": True}]}
+    reply = http.post("/v1/runs:batch", json=body, headers=people["bob"])
+    assert (reply.status_code, reply.json()["code"]) == (422, "interactive_not_allowed")
+    reply = http.post(
+        "/v1/runs:batch", json={"spawns": [batch_spawn("by-def", agent="compactor")]}, headers=people["bob"], timeout=60
+    )
+    [result] = reply.json()["results"]  # its definition says interactive: it is run to its end all the same
+    assert (result["status"], result["final_text"]) == ("completed", "by-def")
+
+
+def test_cancelling_a_waiting_child_starts_no_sibling(no_workers: None) -> None:
+    parent = fan([child(f"c{i}") for i in range(4)], agent="fanner")  # max_concurrent_children: 2
+    assert engine.run_iterate(run_id=parent.id, step=0) == engine.Outcome.PARK
+    ids = FanOutSlot.objects.filter(fanout__parent_run_id=parent.id).order_by("index").values_list("run_id", flat=True)
+    kids = [run_row(str(i)) for i in ids]
+    services.run_cancel(principal=ALICE, agent_id=kids[2].agent_id)  # a waiting child: it held no place
+    assert run_row(kids[2].id).status == RunStatus.CANCELLED
+    assert [run_row(k.id).status for k in kids] == [
+        RunStatus.QUEUED,
+        RunStatus.QUEUED,
+        RunStatus.CANCELLED,
+        RunStatus.WAITING_FANOUT,  # still two at a time
+    ]
+    engine.run_iterate(run_id=kids[0].id, step=0)  # a started child's end frees a place: kids[3] takes it
+    assert run_row(kids[3].id).status == RunStatus.QUEUED
+
+
+def test_the_lease_sweep_cancels_live_children_of_an_ended_parent(no_workers: None) -> None:
+    parent = fan([child(f"c{i}") for i in range(3)], agent="fanner")  # two queued, one waiting_fanout
+    assert engine.run_iterate(run_id=parent.id, step=0) == engine.Outcome.PARK
+    # A cancel whose cascade was lost (a crash after the parent's own cancel committed).
+    Run.objects.filter(id=parent.id).update(status=RunStatus.CANCELLED)
+    assert services.run_orphans_cancel() == 3
+    kids = Run.objects.filter(parent_id=parent.id)
+    assert {(k.status, k.stop_reason) for k in kids} == {(RunStatus.CANCELLED, "parent run ended")}
+    assert services.run_orphans_cancel() == 0  # nothing left: one set of effects

@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from apps.runs import services
+from apps.runs import engine, services
 from apps.runs.models import ResidentChild, Run, RunEvent, RunStatus
 from apps.runs.presenters import agent_out
 from apps.runs.prompt import Segment
@@ -26,6 +26,7 @@ from apps.runs.tasks import resident_sweep_task
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.runs.test_engine import assert_consecutive
+from tests.runs.test_interrupts import ASK
 
 pytestmark = pytest.mark.usefixtures("agents")
 
@@ -232,3 +233,44 @@ def test_opens_past_the_cap_are_refused(stack: WorkerPool) -> None:
     assert len(got) == cap + 1 and len(refused) == 1
     assert refused[0]["error"].startswith(f"resident child cap reached ({cap} open for this run)")
     assert ResidentChild.objects.filter(parent_id=run.id, is_open=True).count() == cap
+
+
+def test_two_sends_to_one_child_in_one_step_refuse_the_second_and_answer_the_first(stack: WorkerPool) -> None:
+    run = parent(open_call(script({"text": "ready"}, {"text": "pong"})), {"text": "opened"})
+    _, child = opened(run)
+    sends = [{"tool": "Agent", "input": {"op": "send", "child_run_id": child.id, "prompt": p}} for p in ("a", "b")]
+    got = turn(run, {"tools": sends}, {"text": "done"}, count=3)[1:]  # the parent does not hang
+    refused = [a for a in got if a["is_error"]]
+    answered = [a for a in got if not a["is_error"]]
+    assert len(refused) == 1 and refused[0]["error"].startswith("a call already waits on this child")
+    assert (answered[0]["state"], answered[0]["output"]) == ("idle", "pong")
+    assert ResidentChild.objects.get(child_id=child.id).waiter_call_id == ""
+
+
+def test_the_sweep_stops_the_run_of_a_closed_row(no_workers: None) -> None:
+    run = parent(open_call(script({"text": "ready"})), {"text": "opened"})
+    assert engine.run_iterate(run_id=run.id, step=0) == engine.Outcome.PARK
+    row = ResidentChild.objects.get(parent_id=run.id)
+    # A close whose stop of the child's run was lost (a crash between the two).
+    ResidentChild.objects.filter(child_id=row.child_id).update(is_open=False, close_reason="closed by parent")
+    assert run_row(row.child_id).status == RunStatus.QUEUED
+    assert resident_sweep() >= 1
+    assert run_row(row.child_id).stop_reason == "resident child: closed by parent"
+    assert run_row(row.child_id).status == RunStatus.CANCELLED
+
+
+def test_cancel_of_a_child_parked_on_its_own_wait_says_to_close_it(no_workers: None) -> None:
+    asks = script({"tools": [{"tool": "Interruption", "input": ASK}]}, {"text": "done"})
+    run = parent(agent(op="open", name="asker", prompt=asks, timeout_ms=1), {"text": "opened"})
+    assert engine.run_iterate(run_id=run.id, step=0) == engine.Outcome.PARK
+    child = Run.objects.get(parent_id=run.id)
+    engine.run_iterate(run_id=child.id, step=0)
+    assert run_row(child.id).status == RunStatus.AWAITING_INTERRUPT  # its turn waits on its own question
+    resident_sweep()  # the open's 1 ms wait is over: answered `running`, timed out
+    engine.run_iterate(run_id=run.id, step=run_row(run.id).step)
+    services.run_input(principal=ALICE, run_id=run.id, text=script(agent(op="cancel", child_run_id=child.id)))
+    engine.run_iterate(run_id=run.id, step=run_row(run.id).step)
+    cancel = answers(run.id)[1]
+    assert (cancel["state"], cancel["cancelled"], cancel["is_error"]) == ("running", False, False)
+    assert "use close" in cancel["note"]
+    assert run_row(child.id).status == RunStatus.AWAITING_INTERRUPT  # untouched

@@ -17,9 +17,14 @@ from django.db import transaction
 from apps.core.errors import Conflict, Invalid
 from apps.runs import engine, store
 from apps.runs.models import Interrupt, Run, RuntimeStateValue
+from apps.runs.prompt import Segment
+from apps.runs.selectors import runtime_state
+from apps.runs.services import RunCreate, run_create, runtime_pause_start
+from apps.runs.snapshot import SnapshotUnresumable
 from apps.snapshots import services
 from apps.snapshots.envelope import canonical, checksum_of
 from apps.snapshots.errors import RunsNotParked
+from tests.conftest import ALICE
 from tests.runs.test_interrupts import ask_run
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
@@ -198,3 +203,39 @@ def test_a_volume_unknown_here_is_a_400(captured: Captured) -> None:
     assert (refused.value.status, refused.value.code) == (400, "snapshot_invalid")
     assert "volume 'nowhere' cannot be bound here" in refused.value.message
     assert not Run.objects.filter(id=captured.run.id).exists()
+
+
+def _fan_parent() -> str:
+    steps = [{"tool": "Agent", "input": {"op": "parallel_spawn", "spawns": [fan_child("a"), fan_child("b")]}}]
+    return run_create(principal=ALICE, data=RunCreate(agent="fanner", segments=[Segment(text=mock(steps))])).id
+
+
+def _resident_parent() -> str:
+    steps = [{"tool": "Agent", "input": {"op": "open", "name": "resident-child", "prompt": mock([{"text": "hi"}])}}]
+    data = RunCreate(agent="resident-parent", segments=[Segment(text=mock(steps))], interactive=True)
+    return run_create(principal=ALICE, data=data).id
+
+
+def fan_child(text: str) -> dict[str, Any]:
+    return {"name": "fan-child", "prompt": mock([{"text": text}])}
+
+
+def mock(steps: list[dict[str, Any]]) -> str:
+    return f"MOCK_SCRIPT: {json.dumps(steps)}"
+
+
+@pytest.mark.parametrize("make_parent", [_fan_parent, _resident_parent])
+def test_capture_refuses_runs_tied_to_a_fanout_or_a_resident_child(make_parent: Any) -> None:
+    """Their join / resident rows are not carried: exported, they could never resume."""
+    parent_id = make_parent()
+    assert engine.run_iterate(run_id=parent_id, step=0) == engine.Outcome.PARK  # its children are queued
+    runtime_pause_start()  # parks the unleased children `paused`: nothing runnable is left
+    try:
+        assert runtime_state() == RuntimeStateValue.PAUSED
+        with pytest.raises(SnapshotUnresumable) as refused:
+            services.snapshot_capture(label="mid fan-out")
+    finally:
+        _set_state(RuntimeStateValue.RUNNING)
+    assert (refused.value.status, refused.value.code) == (409, "snapshot_unresumable")
+    kids = set(Run.objects.filter(parent_id=parent_id).values_list("id", flat=True))
+    assert set(refused.value.details["run_ids"]) == {parent_id, *kids}

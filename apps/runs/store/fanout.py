@@ -38,10 +38,13 @@ def fanout_child_claim(*, child_id: str) -> bool:
 
 @dataclass(frozen=True)
 class Counted:
-    """A report counted: the join (locked, as updated) and whether this report completed it."""
+    """A report counted: the join (locked, as updated), whether this report completed it, and
+    whether the child's slot was `started` (it held one of the join's concurrent places: only
+    then may its report start a waiting sibling; a child cancelled while `waiting` held none)."""
 
     fanout: FanOut
     completed: bool
+    was_started: bool
 
 
 def fanout_lock(*, fanout_id: str) -> FanOut:
@@ -53,14 +56,19 @@ def fanout_lock(*, fanout_id: str) -> FanOut:
 def fanout_count(*, fanout: FanOut, run_id: str) -> Counted | None:
     """Inside a transaction holding `fanout`'s lock (fanout_lock): mark the
     child's slot reported and count it. None when the slot was already
-    reported (nothing written)."""
+    reported (nothing written). The slot's state is read and moved under the join's lock, which
+    every writer of this join's slots holds."""
     fanout_id = fanout.id
-    moved = (
+    before = (
         FanOutSlot.objects.filter(fanout_id=fanout_id, run_id=run_id)
         .exclude(state=SlotState.REPORTED)
-        .update(state=SlotState.REPORTED)
+        .values_list("id", "state")
+        .first()
     )
-    if not moved:
+    if before is None:
+        return None
+    slot_id, state = before
+    if not FanOutSlot.objects.filter(id=slot_id, state=state).update(state=SlotState.REPORTED):
         return None
     FanOut.objects.filter(id=fanout_id).update(reported=F("reported") + 1)
     fanout.reported += 1
@@ -68,21 +76,21 @@ def fanout_count(*, fanout: FanOut, run_id: str) -> Counted | None:
     if completed:
         fanout.completed_at = timezone.now()
         FanOut.objects.filter(id=fanout_id).update(completed_at=fanout.completed_at)
-    return Counted(fanout=fanout, completed=completed)
+    return Counted(fanout=fanout, completed=completed, was_started=state == SlotState.STARTED)
 
 
 def fanout_start_next(*, fanout_id: str) -> str | None:
     """Inside a transaction holding the FanOut row lock: start the lowest-index
     waiting child (its run `waiting_fanout` -> `queued`, its slot `started`).
     The started run's id, for a doorbell after commit; None when none waits.
-    A waiting child cancelled meanwhile is skipped (its own report counts it)."""
-    while True:
-        slot = FanOutSlot.objects.filter(fanout_id=fanout_id, state=SlotState.WAITING).order_by("index").first()
-        if slot is None:
-            return None
-        FanOutSlot.objects.filter(id=slot.id).update(state=SlotState.STARTED)
+    A waiting child cancelled meanwhile is skipped and its slot left `waiting`: its own report
+    counts it, and starts no sibling (it never held a place)."""
+    waiting = FanOutSlot.objects.filter(fanout_id=fanout_id, state=SlotState.WAITING).order_by("index")
+    for slot_id, run_id in waiting.values_list("id", "run_id"):
         # Conditional: a cancel that finished the waiting child first wins.
-        if Run.objects.filter(id=slot.run_id, status=RunStatus.WAITING_FANOUT).update(
+        if Run.objects.filter(id=run_id, status=RunStatus.WAITING_FANOUT).update(
             status=RunStatus.QUEUED, updated_at=timezone.now()
         ):
-            return slot.run_id
+            FanOutSlot.objects.filter(id=slot_id).update(state=SlotState.STARTED)
+            return str(run_id)
+    return None

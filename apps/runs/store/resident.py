@@ -33,9 +33,14 @@ def resident_lock(*, child_id: str, parent_id: str, skip_locked: bool = False) -
     return rows.filter(parent_id=parent_id).first()
 
 
-def resident_waiter_set(*, child_id: str, call_id: str, until: datetime | None, now: datetime) -> None:
-    """Under `resident_lock`: the parent's call `call_id` waits for this child's turn to end."""
-    ResidentChild.objects.filter(child_id=child_id).update(waiter_call_id=call_id, waiter_until=until, last_used_at=now)
+def resident_waiter_set(*, child_id: str, call_id: str, until: datetime | None, now: datetime) -> bool:
+    """Under `resident_lock`: the parent's call `call_id` waits for this child's turn to end.
+    Conditional on no call waiting already (one waiter per child, never overwritten); False
+    when one does."""
+    moved = ResidentChild.objects.filter(child_id=child_id, waiter_call_id="").update(
+        waiter_call_id=call_id, waiter_until=until, last_used_at=now
+    )
+    return bool(moved)
 
 
 def resident_waiter_clear(*, child_id: str, call_id: str, read_idx: int, now: datetime) -> bool:

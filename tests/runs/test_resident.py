@@ -166,9 +166,10 @@ def test_cancel_of_a_child_in_a_turn_cancels_the_turn_and_keeps_the_child(stack:
     wait_for(lambda: RunEvent.objects.filter(run_id=child_id, type="turn_cancelled").exists(), timeout=10)
     wait_status(child_id, RunStatus.AWAITING_INPUT, timeout=10)
     assert ResidentChild.objects.get(child_id=child_id).is_open
-    # The cut turn's partial text was kept, so the parent reads it before the next turn's.
+    # The cut turn's partial text, when the cut came after the mock streamed it, is kept and read
+    # before the next turn's; a cut before it keeps nothing. Either way the child plays on.
     send = turn(run, agent(op="send", child_run_id=child_id, prompt="again"), {"text": "done"}, count=3)[2]
-    assert send["state"] == "idle" and send["output"].startswith("partial") and send["output"].endswith("second turn")
+    assert send["state"] == "idle" and send["output"] in ("second turn", "partial\nsecond turn"), send
     assert_consecutive(child_id)
 
 

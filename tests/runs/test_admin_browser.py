@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings
+from django.contrib.admin.utils import quote as admin_quote
 from django.contrib.auth.models import Permission, User
 from playwright.sync_api import Browser, Page, sync_playwright
 from websockets.exceptions import ConnectionClosed
@@ -108,8 +109,9 @@ def test_a_live_runs_page_tails_new_events_over_the_websocket(
     run = scripted([{"text": "first turn"}, {"text": "second turn, live"}], interactive=True)
     wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)
     page = admin_page
-    page.goto(f"{web}/admin/runs/run/{run.id}/change/")
-    page.wait_for_selector("#tail-status:has-text('connected')", timeout=60_000)  # a bound: once, in CI, 20 s was short
+    # The admin's own quoting: a raw id such as r_25… would unquote `_25` to `%` (a 302 to the list).
+    page.goto(f"{web}/admin/runs/run/{admin_quote(run.id)}/change/")
+    page.wait_for_selector("#tail-status:has-text('connected')", timeout=20_000)
     before = page.locator("#timeline li").count()
     services.run_input(principal=ACME, run_id=run.id, text="go on")
     page.wait_for_selector("#timeline li:has-text('second turn, live')", timeout=30_000)

@@ -3,6 +3,8 @@ The rules (limits, the join, the wait) are apps.runs.batch's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
@@ -10,9 +12,9 @@ from ninja import Router
 from apps.core.errors import Unprocessable
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
-from apps.runs import batch, services
+from apps.runs import batch
+from apps.runs.api import run_create_data
 from apps.runs.batch_schemas import BatchIn, BatchOut, BatchSpawnIn
-from apps.runs.credentials import credentials_from_wire
 
 router = Router(tags=["runs"])
 
@@ -20,20 +22,8 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024  # SPEC 2.0's body cap for runs:batch
 
 
 def _spawn(data: BatchSpawnIn) -> batch.BatchSpawn:
-    create = services.RunCreate(
-        agent=data.agent,
-        segments=data.segment_list(),
-        tools=data.tools,
-        allowed_hosts=data.allowed_hosts,
-        user_id=data.user_id or "",
-        tenant_id=data.tenant_id or "",
-        agent_id=data.agent_id,
-        metadata=data.metadata,
-        interactive=data.interactive,
-        max_iterations=data.max_iterations,
-        user_tier=data.user_tier,
-        credentials=credentials_from_wire(user_bearer=data.user_bearer, user_credentials=data.user_credentials),
-    )
+    # POST /v1/runs's mapping; a batch child never joins a session (SPEC: runs:batch ignores session_id).
+    create = dataclasses.replace(run_create_data(data), session_id=None, multitask_strategy=None)
     return batch.BatchSpawn(create=create, parent_context=data.parent_context)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -78,7 +78,7 @@ class InterruptAdmin(ReadOnlyAdmin):
     def answer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if not request.user.has_perm("runs.change_interrupt"):
             raise PermissionDenied
-        row = get_object_or_404(Interrupt, pk=object_id)
+        row = get_object_or_404(Interrupt, pk=unquote(object_id))
         form = AnswerForm(request.POST or None, interrupt=row)
         if request.method == "POST" and form.is_valid():
             try:

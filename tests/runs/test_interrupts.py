@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.contrib.admin.utils import quote
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -259,7 +260,8 @@ def test_the_admin_answer_form_resolves_through_the_service(stack: WorkerPool, a
     row = parked(run)
     listing = admin_client.get(reverse("admin:runs_interrupt_changelist"))
     assert listing.status_code == 200 and row.id in listing.content.decode()
-    url = reverse("admin:runs_interrupt_answer", args=[row.id])
+    url = reverse("admin:runs_interrupt_answer", args=[quote(row.id)])
+    assert f'<a href="{url}">answer</a>' in listing.content.decode()  # the listing links the form
     page = admin_client.get(url)
     assert page.status_code == 200 and ASK["question"] in page.content.decode()
     wrong = admin_client.post(url, {"disposition": "declined", "answer": "yes"})

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.test import Client
 from django.urls import reverse
 
@@ -225,7 +226,7 @@ def test_django_admin_shows_next_fire_last_run_and_fire_history(admin_client: Cl
     listing = admin_client.get(reverse("admin:triggers_schedulestate_changelist")).content.decode()
     assert "in-admin" in listing and f'<a href="/v1/runs/{run_ids[-1]}">' in listing
     assert "Nov. 24, 2026, 12:03" in listing  # the next fire
-    page = admin_client.get(reverse("admin:triggers_schedulestate_change", args=[row.id])).content.decode()
+    page = admin_client.get(reverse("admin:triggers_schedulestate_change", args=[quote(row.id)])).content.decode()
     assert all(f'<a href="/v1/runs/{run_id}">' in page for run_id in run_ids)  # both fires, linked
     assert f"schedule_def__id__exact={row.id}" in page
     fires_page = admin_client.get(

@@ -17,6 +17,8 @@ import functools
 import importlib.util
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,6 +348,48 @@ HOOKS_CHAIN_BUDGET_MS: int = _at_least("LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS", 60_000
 # the host name when unset.
 METRICS_ENABLED: bool = env.bool("LOOMCYCLE_METRICS_ENABLED", default=True)
 REPLICA_ID: str = env.str("LOOMCYCLE_REPLICA_ID", default="")
+
+
+def _git_commit() -> str | None:
+    """The commit of the checkout this code runs from (12 hex digits), or None when
+    none is readable: no git binary, not a checkout (an installed package, a
+    container image without .git), or git refusing (an unsafe owner)."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        done = subprocess.run(
+            [git, "-C", str(BASE_DIR), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # git unusable here: the version is the package's alone
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{7,40}", commit) else None
+
+
+def worker_version() -> str:
+    """LOOMCYCLE_WORKER_VERSION, else `<package version>+g<commit>` when the checkout's
+    commit is readable, else the package version. Read once per process (settings load):
+    every iteration this process commits records it (apps.runs.store.hot)."""
+    from loomcycle_project import __version__
+
+    explicit: str = env.str("LOOMCYCLE_WORKER_VERSION", default="").strip()
+    if explicit:
+        if len(explicit) > WORKER_VERSION_MAX_CHARS:
+            raise ImproperlyConfigured(f"LOOMCYCLE_WORKER_VERSION is longer than {WORKER_VERSION_MAX_CHARS} characters")
+        return explicit
+    commit = _git_commit()
+    return f"{__version__}+g{commit}" if commit else __version__
+
+
+# The code version each iteration records beside its events (docs/operations.md, "Upgrades").
+WORKER_VERSION_MAX_CHARS = 64
+WORKER_VERSION: str = worker_version()
+
 # The file beat's scheduler keeps fresh from its tick loop (workers/heartbeat.py), which the
 # container healthcheck reads (`python -m loomcycle_project.healthcheck beat`).
 BEAT_HEARTBEAT_FILE: str = env.str("LOOMCYCLE_BEAT_HEARTBEAT_FILE", default=str(DATA_DIR / "beat-heartbeat"))
@@ -546,3 +590,5 @@ class RuntimeSettings:
     tracing_exporters: tuple[str, ...] = ()
     # Snapshots (apps.snapshots).
     snapshot_max_bytes: int = 536_870_912
+    # The code version this process's iterations record (apps.runs.store.hot; docs/operations.md).
+    worker_version: str = ""

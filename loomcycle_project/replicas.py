@@ -28,7 +28,6 @@ from django.conf import settings
 from django.http import HttpRequest
 from redis import RedisError
 
-import loomcycle_project
 from apps.core.middleware import HybridMiddleware
 from apps.core.redis import sync_client
 from apps.core.timefmt import iso_z
@@ -68,7 +67,7 @@ def web_beat() -> None:
     try:
         sync_client().set(
             WEB_PRESENCE_PREFIX + WEB_ID,
-            presence_value(kind="web", process_id=WEB_ID, version=loomcycle_project.__version__),
+            presence_value(kind="web", process_id=WEB_ID, version=settings.LOOMCYCLE.worker_version),
             ex=ttl,
         )
     except (RedisError, OSError) as exc:

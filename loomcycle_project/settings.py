@@ -278,6 +278,7 @@ LOOMCYCLE = E.RuntimeSettings(
     beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,
     tracing_exporters=E.TRACING_EXPORTERS,
     snapshot_max_bytes=E.SNAPSHOT_MAX_BYTES,
+    worker_version=E.WORKER_VERSION,
 )
 
 # Beat's periods, from the knobs above (read once: beat's schedule is fixed when it starts).

@@ -62,8 +62,10 @@ def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 class WorkerPool:
     """N Celery worker processes (threads pool); can kill one and top up."""
 
-    def __init__(self, env: dict[str, str], logdir: Path, size: int = 2, concurrency: int = 16) -> None:
-        self.env, self.logdir, self.size, self.concurrency = env, logdir, size, concurrency
+    def __init__(
+        self, env: dict[str, str], logdir: Path, size: int = 2, concurrency: int = 16, tag: str = "test"
+    ) -> None:
+        self.env, self.logdir, self.size, self.concurrency, self.tag = env, logdir, size, concurrency, tag
         self.procs: list[subprocess.Popen[bytes]] = []
         self.beat: subprocess.Popen[bytes] | None = None
         self._n = 0
@@ -80,13 +82,13 @@ class WorkerPool:
             "-Q",
             "runs,maintenance",
             "-n",
-            f"test{self._n}@%h",
+            f"{self.tag}{self._n}@%h",
             "--without-gossip",
             "--without-mingle",
             "--loglevel",
             "INFO",
         ]
-        proc = spawn(argv, self.env, self.logdir / f"worker{self._n}.log")
+        proc = spawn(argv, self.env, self.logdir / f"{'worker' if self.tag == 'test' else self.tag}{self._n}.log")
         self.procs.append(proc)
         return proc
 

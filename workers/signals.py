@@ -40,12 +40,12 @@ def _presence_set(name: str) -> None:
     the doorbells this worker held (workers/held.py). Its value is the worker's
     `replicas[]` entry in /healthz (`presence_value`)."""
     from apps.core.redis import sync_client
-    from loomcycle_project import __version__
 
     ttl = max(1, math.ceil(settings.LOOMCYCLE.lease_seconds))
+    version = settings.LOOMCYCLE.worker_version  # old and new side by side during a rolling deploy
     try:
         sync_client().set(
-            PRESENCE_PREFIX + name, presence_value(kind="worker", process_id=name, version=__version__), ex=ttl
+            PRESENCE_PREFIX + name, presence_value(kind="worker", process_id=name, version=version), ex=ttl
         )
     except (RedisError, OSError):  # retried next beat; a missed one costs duplicate doorbells at worst
         log.exception("worker presence update failed")

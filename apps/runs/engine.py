@@ -191,10 +191,15 @@ def _flush_metrics(write: StepWrite, outcome: Outcome, committed: str | None, el
 def _claim(run_id: str, step: int) -> ClaimedRun | None:
     lease = settings.LOOMCYCLE.lease_seconds
     try:
-        return store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
+        run = store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
     except (psycopg.OperationalError, OperationalError):  # the database stayed away (store._hot retried for a lease)
         wake_and_enqueue(run_id, None, step)  # the claim did not commit: no attempt, and the doorbell rings on
         raise
+    if run is not None and run.attempts > 1:  # an earlier claim of this iteration never committed
+        log.warning(
+            "run %s step %s claimed again (attempt %d): an earlier attempt did not commit", run_id, step, run.attempts
+        )
+    return run
 
 
 def _open_credentials(run: ClaimedRun) -> StepWrite | None:

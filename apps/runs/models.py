@@ -161,6 +161,12 @@ class RunEvent(models.Model):
     type = models.CharField(max_length=48)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The code version (settings.LOOMCYCLE.worker_version) of the worker whose iteration
+    # appended this event: its claim (`started`) or its step commit. "" for events appended
+    # outside an iteration (run creation, an answer, a cancel, input). A database default,
+    # so code that predates the column (a worker still running during a rolling deploy)
+    # inserts events without naming it (docs/operations.md, "Upgrades").
+    worker_version = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="runevent_run_seq")]

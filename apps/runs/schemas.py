@@ -104,9 +104,11 @@ class PauseIn(BaseModel):
 
 class EventOut(BaseModel):
     seq: int
+    step: int  # the iteration that appended the event
     type: str
     payload: Any
     created_at: str
+    worker_version: str  # the code version of the worker that ran that iteration ("" outside one)
 
 
 class EventsOut(BaseModel):

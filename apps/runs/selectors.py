@@ -92,8 +92,21 @@ def runs_list(
 
 
 def run_events_since(*, run_id: str, from_seq: int, limit: int = 500) -> list[dict[str, Any]]:
+    """The run's events with seq > from_seq, in seq order: seq, step (the iteration that
+    appended it), type, payload, created_at, and worker_version (the code version of
+    the worker whose iteration appended it; "" for one appended outside an iteration)."""
     rows = RunEvent.objects.filter(run_id=run_id, seq__gt=from_seq).order_by("seq")[:limit]
-    return [{"seq": r.seq, "type": r.type, "payload": r.payload, "created_at": r.created_at} for r in rows]
+    return [
+        {
+            "seq": r.seq,
+            "step": r.step,
+            "type": r.type,
+            "payload": r.payload,
+            "created_at": r.created_at,
+            "worker_version": r.worker_version,
+        }
+        for r in rows
+    ]
 
 
 def run_status(*, run_id: str) -> str | None:

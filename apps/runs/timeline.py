@@ -33,6 +33,7 @@ class TimelineItem:
     text: str = ""
     detail: str = ""  # indented JSON: a tool call's input, an event's payload
     is_error: bool = False
+    worker_version: str = ""  # the code version of the worker whose iteration appended it
 
 
 def timeline(events: list[dict[str, Any]]) -> list[TimelineItem]:
@@ -42,7 +43,12 @@ def timeline(events: list[dict[str, Any]]) -> list[TimelineItem]:
 
 def _item(row: dict[str, Any]) -> TimelineItem:
     kind, p = str(row["type"]), row["payload"]
-    base: dict[str, Any] = {"seq": int(row["seq"]), "step": int(row.get("step") or 0), "at": row.get("created_at")}
+    base: dict[str, Any] = {
+        "seq": int(row["seq"]),
+        "step": int(row.get("step") or 0),
+        "at": row.get("created_at"),
+        "worker_version": str(row.get("worker_version") or ""),
+    }
     if kind in _PRESENTERS:
         return _PRESENTERS[kind](base, p)
     return TimelineItem(**base, kind=ItemKind.EVENT, title=kind, detail=_pretty(_without_type(p)))

@@ -45,15 +45,26 @@ def _bases(n_events: str, n_transcript: str = "0") -> str:
     return f"last_seq - {n_events} AS seq_base, transcript_len - {n_transcript} AS idx_base"
 
 
-def _append(*, run: str, sources: str, rows: str, step: str, at: str = "now()", transcript: bool = True) -> str:
+def _append(
+    *,
+    run: str,
+    sources: str,
+    rows: str,
+    step: str,
+    at: str = "now()",
+    transcript: bool = True,
+    version: str = "''",
+) -> str:
     """3/3: writable CTEs `ev` (and `tx`) inserting the events `{rows}->'e'` at
     seq seq_base+1.. and the transcript rows `{rows}->'t'` ({role, content}) at
     idx idx_base+0.., where `run` is the CTE of the run row this statement
     updated or inserted (it returns id, seq_base, idx_base: `_bases`). No run
-    row (a lost fence or compare-and-set) appends nothing."""
+    row (a lost fence or compare-and-set) appends nothing. `version`: the SQL
+    of the events' worker_version (an iteration's appends pass the worker's;
+    others leave it '')."""
     ctes = f"""ev AS (
-  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at)
-  SELECT {run}.id, {run}.seq_base + x.n, {step}, x.v->>'type', x.v, {at}
+  INSERT INTO runs_runevent (run_id, seq, step, type, payload, created_at, worker_version)
+  SELECT {run}.id, {run}.seq_base + x.n, {step}, x.v->>'type', x.v, {at}, {version}
   FROM {sources}, jsonb_array_elements({rows}->'e') WITH ORDINALITY AS x(v, n)
 )"""
     if transcript:

@@ -100,7 +100,7 @@ WITH s AS ({_ASYNC_COMMIT}), c AS (
     AND (lease_until IS NULL OR lease_until < now())
   RETURNING {", ".join(_CLAIM_COLUMNS)}, started_at = now() AS first_claim, {_bases("(started_at = now())::int")}
 ), st AS (SELECT c.*, CASE WHEN c.first_claim THEN '{{"e": [{{"type": "started"}}]}}'::jsonb END AS j FROM c),
-{_append(run="st", sources="st", rows="st.j", step="0", transcript=False)}
+{_append(run="st", sources="st", rows="st.j", step="0", transcript=False, version="%(version)s")}
 SELECT {", ".join(f"c.{col}" for col in _CLAIM_COLUMNS)}, c.first_claim,
   COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), '{RuntimeStateValue.RUNNING.value}'),
   (SELECT COALESCE(json_agg(json_build_array(t.role, t.content) ORDER BY t.idx), '[]')
@@ -148,7 +148,7 @@ r AS (
     updated_at = now(), last_heartbeat_at = now()
   WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
   RETURNING id, status, {_bases("%(n_e)s", "%(n_t)s")}
-), {_append(run="r", sources="r, d", rows="d.j", step="%(step)s")}, i AS (
+), {_append(run="r", sources="r, d", rows="d.j", step="%(step)s", version="%(version)s")}, i AS (
   UPDATE runs_runinput SET consumed_step = %(step)s
   FROM r, d WHERE runs_runinput.run_id = r.id
     AND runs_runinput.id IN (SELECT (jsonb_array_elements_text(d.j->'i'))::bigint)
@@ -327,7 +327,8 @@ def pool_purge() -> None:
 
 def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
     """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere."""
-    row = _hot(_CLAIM_SQL, {"owner": owner, "lease": lease_seconds, "id": run_id, "step": step})
+    params = {"owner": owner, "lease": lease_seconds, "id": run_id, "step": step, "version": _version()}
+    row = _hot(_CLAIM_SQL, params)
     if row is None:
         return None
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
@@ -335,6 +336,11 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]
     return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)
+
+
+def _version() -> str:
+    """The code version this process's iteration events record (LOOMCYCLE_WORKER_VERSION)."""
+    return settings.LOOMCYCLE.worker_version
 
 
 def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
@@ -402,6 +408,7 @@ def commit_step(
         "model": switched.model if switched else None,
         "candidate_idx": switched.candidate_idx if switched else None,
         "fallbacks": switched.fallbacks if switched else None,
+        "version": _version(),
     }
     landed = functools.partial(_step_landed, run, params["new_step"]) if advance else None
     row = _hot(_COMMIT_SQL, params, landed=landed)

@@ -26,8 +26,10 @@ def start_workers(
     count: int,
     concurrency: int,
     logdir: Path,
+    cwd: Path = ROOT,
 ) -> list[subprocess.Popen[bytes]]:
-    """`count` threads-pool workers; returns once each answers a ping (60 s at most)."""
+    """`count` threads-pool workers running the code under `cwd` (this checkout by default);
+    returns once each answers a ping (60 s at most)."""
     procs = []
     for i in range(count):
         argv = [
@@ -49,7 +51,7 @@ def start_workers(
             "--loglevel",
             "WARNING",
         ]
-        procs.append(spawn(argv, env, logdir / f"{tag}{i}.log"))
+        procs.append(spawn(argv, env, logdir / f"{tag}{i}.log", cwd=cwd))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         replies = app.control.ping(timeout=1.0) or []
@@ -59,15 +61,15 @@ def start_workers(
     raise SystemExit(f"{tag} workers did not come up; see {logdir}/{tag}*.log")
 
 
-def start_beat(env: dict[str, str], logdir: Path) -> subprocess.Popen[bytes]:
+def start_beat(env: dict[str, str], logdir: Path, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "celery", "-A", "workers.celery:app", "beat", "--loglevel", "WARNING"]
-    return spawn([*argv, "-s", str(logdir / "beat-schedule")], env, logdir / "beat.log")
+    return spawn([*argv, "-s", str(logdir / "beat-schedule")], env, logdir / "beat.log", cwd=cwd)
 
 
-def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     out = log.open("ab")
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:

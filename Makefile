@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy doctor venv clean
 
 venv: $(STAMP)
 
@@ -64,6 +64,14 @@ bench-interrupts: $(STAMP)
 
 bench-fanout: $(STAMP)
 	$(PY) bench/fanout.py
+
+# Rolling deploy under load (issue 25, docs/reliability.md "Rolling deploy"): RUNS runs mid-flight
+# while a newer checkout (changed tool description, expand migration) is migrated live, its
+# workers started and the old ones warm-stopped. Knobs: RUNS; ROLLING_LATENCY_MS (2000),
+# ROLLING_CONCURRENCY (64), ROLLING_DEPLOY_AT (0.1), ROLLING_DEADLINE_S (1200) from the environment.
+rolling-deploy: RUNS ?= 500
+rolling-deploy: $(STAMP)
+	ROLLING_RUNS=$(RUNS) $(PY) bench/rolling.py
 
 # Both trigger benches (issue 19): webhook deliveries end to end, then schedule fire lag.
 bench-triggers: bench-webhooks bench-schedules

@@ -57,7 +57,7 @@ DATA = ROOT / ".loomcycle" / "rolling"
 RUNS = int(os.environ.get("ROLLING_RUNS", "500"))
 LATENCY_MS = int(os.environ.get("ROLLING_LATENCY_MS", "2000"))
 CONCURRENCY = int(os.environ.get("ROLLING_CONCURRENCY", "64"))
-DEPLOY_AT = float(os.environ.get("ROLLING_DEPLOY_AT", "0.2"))
+DEPLOY_AT = float(os.environ.get("ROLLING_DEPLOY_AT", "0.1"))
 DEADLINE_S = float(os.environ.get("ROLLING_DEADLINE_S", "1200"))
 STOP_GRACE_S = 180.0  # the old workers' warm shutdown: their running iterations commit first
 
@@ -504,7 +504,12 @@ def report(ids: dict[str, list[str]], info: Deploy, figures: dict[str, Any]) -> 
         "SELECT worker_version, count(DISTINCT (run_id, step)) FROM runs_runevent "
         "WHERE worker_version <> '' GROUP BY 1 ORDER BY 1"
     )
-    print(f"iterations per worker_version: {dict(by_version)}", flush=True)
+    after = one(
+        "SELECT count(DISTINCT (run_id, step)) FROM runs_runevent WHERE worker_version <> '' AND created_at > %s",
+        (info.cut_at,),
+    )
+    print(f"worker_version old {info.old_version!r}, new {info.new_version!r}", flush=True)
+    print(f"iterations per worker_version: {dict(by_version)}; committed after the cut-over: {after}", flush=True)
     print("deploy phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in info.phases.items()), flush=True)
     print(
         f"deploy total (clone to last old worker gone): {sum(info.phases.values()):.1f} s; "

@@ -57,7 +57,7 @@ DATA = ROOT / ".loomcycle" / "rolling"
 RUNS = int(os.environ.get("ROLLING_RUNS", "500"))
 LATENCY_MS = int(os.environ.get("ROLLING_LATENCY_MS", "2000"))
 CONCURRENCY = int(os.environ.get("ROLLING_CONCURRENCY", "64"))
-DEPLOY_AT = float(os.environ.get("ROLLING_DEPLOY_AT", "0.1"))
+DEPLOY_AT = float(os.environ.get("ROLLING_DEPLOY_AT", "0.05"))
 DEADLINE_S = float(os.environ.get("ROLLING_DEADLINE_S", "1200"))
 STOP_GRACE_S = 180.0  # the old workers' warm shutdown: their running iterations commit first
 
@@ -130,7 +130,7 @@ class Kind:
 
 
 KINDS = {
-    "tools": Kind("roll-tools", [_tool()] * 5 + [_text("done")], 0.65, 6, 5, RunStatus.COMPLETED),
+    "tools": Kind("roll-tools", [_tool()] * 8 + [_text("done")], 0.65, 9, 8, RunStatus.COMPLETED),
     "spawn": Kind(
         "roll-spawner",
         [
@@ -264,7 +264,7 @@ def newer_checkout(into: Path) -> str:
 
 
 def migrate(checkout: Path, env: dict[str, str]) -> str:
-    argv = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "1"]
+    argv = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "2"]  # -v 2: each migration's time
     done = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise SystemExit(f"the new checkout's migrate failed:\n{done.stdout}\n{done.stderr}")

@@ -68,7 +68,8 @@ bench-fanout: $(STAMP)
 # Rolling deploy under load (issue 25, docs/reliability.md "Rolling deploy"): RUNS runs mid-flight
 # while a newer checkout (changed tool description, expand migration) is migrated live, its
 # workers started and the old ones warm-stopped. Knobs: RUNS; ROLLING_LATENCY_MS (2000),
-# ROLLING_CONCURRENCY (64), ROLLING_DEPLOY_AT (0.05), ROLLING_DEADLINE_S (1200) from the environment.
+# ROLLING_CONCURRENCY (64), ROLLING_DEPLOY_AT (0.05), ROLLING_WAVE2 (0.6),
+# ROLLING_DEADLINE_S (1200) from the environment.
 rolling-deploy: RUNS ?= 500
 rolling-deploy: $(STAMP)
 	ROLLING_RUNS=$(RUNS) $(PY) bench/rolling.py

@@ -16,7 +16,9 @@ deploy starts:
 2. that checkout's `manage.py migrate` against the live database;
 3. new workers (same shape) and a new beat from it, with a new
    LOOMCYCLE_WORKER_VERSION; the old beat is stopped;
-4. the parked asks and interactive runs are answered;
+4. the parked asks and interactive runs are answered, and the second wave of
+   runs is created (ROLLING_WAVE2 of the plain tool runs: traffic goes on
+   during the deploy, so runs are mid-flight on both versions at the cut);
 5. the old workers are warm-stopped (SIGTERM: Celery's warm shutdown lets the
    iterations they run commit; doorbells they had taken go back to the queue).
 
@@ -58,6 +60,7 @@ RUNS = int(os.environ.get("ROLLING_RUNS", "500"))
 LATENCY_MS = int(os.environ.get("ROLLING_LATENCY_MS", "2000"))
 CONCURRENCY = int(os.environ.get("ROLLING_CONCURRENCY", "64"))
 DEPLOY_AT = float(os.environ.get("ROLLING_DEPLOY_AT", "0.05"))
+WAVE2 = float(os.environ.get("ROLLING_WAVE2", "0.6"))
 DEADLINE_S = float(os.environ.get("ROLLING_DEADLINE_S", "1200"))
 STOP_GRACE_S = 180.0  # the old workers' warm shutdown: their running iterations commit first
 
@@ -147,14 +150,19 @@ KINDS = {
     ),
     "ask": Kind(
         "roll-asker",
-        [_tool(), {"tool": "Interruption", "input": ASK}, _tool(), _text("done")],
+        [_tool(), {"tool": "Interruption", "input": ASK}, _tool(), _tool(), _tool(), _text("done")],
         0.10,
-        4,
-        3,
+        6,
+        5,
         RunStatus.COMPLETED,
     ),
     "chat": Kind(
-        "roll-chat", [_tool(), _text("turn one"), _tool(), _text("turn two")], 0.10, 4, 2, RunStatus.AWAITING_INPUT
+        "roll-chat",
+        [_tool(), _text("turn one"), _tool(), _tool(), _tool(), _text("turn two")],
+        0.10,
+        6,
+        4,
+        RunStatus.AWAITING_INPUT,
     ),
 }
 LEAF_ITERATIONS, LEAF_TOOL_CALLS = 3, 2
@@ -175,14 +183,21 @@ def create(kind: str) -> str:
         connection.close()
 
 
-def create_all() -> dict[str, list[str]]:
-    plan = [kind for kind, n in counts().items() for _ in range(n)]
+def waves() -> tuple[list[str], list[str]]:
+    """The kinds of the runs created before the deploy, and of those created once the new
+    workers are up (WAVE2 of the plain tool runs: traffic that goes on during the deploy)."""
+    n = counts()
+    later = int(n["tools"] * WAVE2)
+    first = [kind for kind, k in n.items() for _ in range(k - (later if kind == "tools" else 0))]
+    return first, ["tools"] * later
+
+
+def create_all(plan: list[str], into: dict[str, list[str]]) -> None:
+    """Create the runs of `plan` (kinds), adding their ids to `into` by kind."""
     with ThreadPoolExecutor(8) as pool:
         ids = list(pool.map(create, plan))
-    out: dict[str, list[str]] = {kind: [] for kind in KINDS}
     for kind, run_id in zip(plan, ids, strict=True):
-        out[kind].append(run_id)
-    return out
+        into.setdefault(kind, []).append(run_id)
 
 
 def expected_iterations(n: dict[str, int]) -> int:
@@ -338,7 +353,12 @@ class Fleet:
 
 
 def deploy(
-    fleet: Fleet, checkout: Path, old: list[subprocess.Popen[bytes]], old_beat: Any, ids: dict[str, list[str]]
+    fleet: Fleet,
+    checkout: Path,
+    old: list[subprocess.Popen[bytes]],
+    old_beat: Any,
+    ids: dict[str, list[str]],
+    second: list[str],
 ) -> Deploy:
     """Steps 1-5 of the module docstring, timed; returns once every old worker has exited."""
     info = Deploy(
@@ -367,6 +387,8 @@ def deploy(
     info.phases["new workers up, beat replaced"], t = time.monotonic() - t, time.monotonic()
     answer(ids)
     info.phases["parked runs answered"], t = time.monotonic() - t, time.monotonic()
+    create_all(second, ids)
+    info.phases["second wave of runs created"], t = time.monotonic() - t, time.monotonic()
     info.live_at_stop = Run.objects.exclude(status__in=[RunStatus.COMPLETED, RunStatus.FAILED]).count()
     info.leased_by_old = leased_by([p.pid for p in old])
     for p in old:
@@ -538,7 +560,8 @@ def main() -> None:
     n = counts()
     print(
         f"rolling deploy: {RUNS} runs {n}, model calls {LATENCY_MS} ms, 2+2 workers x {CONCURRENCY} threads; "
-        f"{os.cpu_count()} cores, {platform.platform()}; deploy after {DEPLOY_AT:.0%} of "
+        f"{os.cpu_count()} cores, {platform.platform()}; {len(waves()[1])} tool runs created during the deploy, "
+        f"which starts after {DEPLOY_AT:.0%} of "
         f"{expected_iterations(n)} iterations",
         flush=True,
     )
@@ -559,7 +582,9 @@ def main() -> None:
         fleet.add(*old)
         old_beat = stack.start_beat(env, DATA)
         fleet.add(old_beat)
-        ids = create_all()
+        first, second = waves()
+        ids: dict[str, list[str]] = {kind: [] for kind in KINDS}
+        create_all(first, ids)
         target = int(expected_iterations(n) * DEPLOY_AT)
         wait(lambda: committed_iterations() >= target, "the deploy point", DEADLINE_S)
         wait(
@@ -567,7 +592,7 @@ def main() -> None:
             "the asks and chats parked",
             DEADLINE_S,
         )
-        info = deploy(fleet, checkout / "src", old, old_beat, ids)
+        info = deploy(fleet, checkout / "src", old, old_beat, ids, second)
         done = wait(lambda: all_ended(ids), "every run ended", DEADLINE_S)
         loads = os.getloadavg()
         figures = {

@@ -115,10 +115,10 @@ def test_a_rolling_cut_over_completes_every_run_and_each_step_records_the_versio
     chat = start(
         [{"tool": "Context", "input": {"op": "time"}}, {"text": "turn one"}, {"text": "turn two"}], interactive=True
     )
-    wait_status(chat.id, RunStatus.AWAITING_INPUT, timeout=60)
+    wait_status(chat.id, RunStatus.AWAITING_INPUT, timeout=120)  # bounds include a worker's start on a busy host
     new.ensure()
     (new_pid,) = new.pids()
-    wait_for(lambda: _up(new_pid), timeout=60)
+    wait_for(lambda: _up(new_pid), timeout=120)
     step = {"tool": "Context", "input": {"op": "tools"}, "sleep_ms": 400}
     runs = [start([step] * STEPS + [{"text": "done"}]) for _ in range(TOOL_RUNS)]
     # Mid-flight: the old worker holds a lease (an iteration it must be allowed to commit).

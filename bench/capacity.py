@@ -456,7 +456,9 @@ def cancel() -> None:
         holders = Counter(Run.objects.filter(id__in=ids).values_list("lease_owner", flat=True))
         agent_ids = dict(Run.objects.filter(id__in=ids).values_list("id", "agent_id"))
         with Sampler(up) as s:
-            sent, codes = cancel_all([agent_ids[r] for r in ids])
+            t0 = time.monotonic()
+            sent, answered, codes = cancel_all([agent_ids[r] for r in ids])
+            sending = time.monotonic() - t0
             wait_until("every run cancelled", lambda: count(ids, status__in=TERMINAL) >= len(ids), 120)
         ends = cancelled_at(ids)
     by_agent = {agent_ids[r]: r for r in ids}
@@ -470,15 +472,20 @@ def cancel() -> None:
         "latency_p50_ms": round(pct(latency, 0.5) * 1000),
         "latency_p99_ms": round(pct(latency, 0.99) * 1000),
         "latency_max_ms": round(max(latency) * 1000),
+        "http_round_trip_p50_ms": round(pct(list(answered.values()), 0.5) * 1000),
+        "http_round_trip_p99_ms": round(pct(list(answered.values()), 0.99) * 1000),
+        "cancels_sent_per_s": round(len(sent) / sending, 1),
         "load_peak": round(s.load_peak, 1),
         "steal_pct": round(s.steal, 1),
     }
     publish("cancel", figures)
 
 
-def cancel_all(agent_ids: list[str]) -> tuple[dict[str, float], Counter[int]]:
-    """POST /v1/agents/{id}/cancel for each, CANCEL_CLIENTS at a time: each request's send time, the codes."""
+def cancel_all(agent_ids: list[str]) -> tuple[dict[str, float], dict[str, float], Counter[int]]:
+    """POST /v1/agents/{id}/cancel for each, CANCEL_CLIENTS at a time: each request's send time and
+    round trip (s), the status codes."""
     sent: dict[str, float] = {}
+    answered: dict[str, float] = {}  # the request's round trip (s)
     codes: Counter[int] = Counter()
     local = threading.local()
 
@@ -487,10 +494,11 @@ def cancel_all(agent_ids: list[str]) -> tuple[dict[str, float], Counter[int]]:
         local.client = client
         sent[agent_id] = time.time()
         codes[client.post(f"/v1/agents/{agent_id}/cancel", json={"reason": "capacity"}).status_code] += 1
+        answered[agent_id] = time.time() - sent[agent_id]
 
     with ThreadPoolExecutor(CANCEL_CLIENTS) as pool:
         list(pool.map(one, agent_ids))
-    return sent, codes
+    return sent, answered, codes
 
 
 def cancelled_at(ids: list[str]) -> dict[str, datetime]:

@@ -30,7 +30,8 @@ beat; Flower off), on its own embedded Postgres/Redis under
   worker process so that all are in the call at once; once every run has
   been claimed, each is cancelled through `POST /v1/agents/{id}/cancel`
   (CAPACITY_CANCEL_CLIENTS (8) HTTP clients). Latency: the request sent ->
-  the run's terminal `done {cancelled: true}` event (p50/p99/max).
+  the run's terminal `done {cancelled: true}` event (p50/p99/max), and each
+  request's HTTP round trip (p50/p99).
 
 Every phase prints its figures with the host's load average (1 min, peak
 sampled) and CPU steal over the phase, and appends them to

@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy doctor venv clean
+.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity doctor venv clean
 
 venv: $(STAMP)
 
@@ -76,6 +76,14 @@ rolling-deploy: $(STAMP)
 
 # Both trigger benches (issue 19): webhook deliveries end to end, then schedule fire lag.
 bench-triggers: bench-webhooks bench-schedules
+
+# Capacity (issue 25; docs/reliability.md, "Capacity"): in-call, parked and cancel on the stack
+# `make run` starts. SUITE=all|incall|parked|cancel; scale knobs are CAPACITY_* variables (bench/capacity.py),
+# e.g. `make capacity SUITE=parked CAPACITY_PARKED_RUNS=20000`.
+SUITE ?= all
+
+capacity: $(STAMP)
+	CAPACITY_SUITE=$(SUITE) $(PY) bench/capacity.py
 
 # The circuit bench, with its LangGraph peer in a separate venv (.venv-peer).
 PEER_STAMP := .venv-peer/.installed-$(shell sha256sum requirements/bench-peer.txt | cut -c1-12)

@@ -113,11 +113,13 @@ def main() -> int:
     shutil.rmtree(DATA, ignore_errors=True)
     print(f"infra_restarts: {RUNS} tool runs + {EACH} of each parked kind per fault, {WORKERS} workers", flush=True)
     failed = 0
-    with infra_stack(DATA, workers=WORKERS) as stack, httpx.Client(base_url=stack.base_url, timeout=30) as http:
-        for fault in ("redis", "postgres"):
-            result = phase(stack, http, fault)
-            report(result)
-            failed += len(result["violations"])
+    template = ROOT / ".loomcycle" / "infra-template"
+    with infra_stack(DATA, workers=WORKERS, template_root=template) as stack:
+        with httpx.Client(base_url=stack.base_url, timeout=30) as http:
+            for fault in ("redis", "postgres"):
+                result = phase(stack, http, fault)
+                report(result)
+                failed += len(result["violations"])
     return 1 if failed else 0
 
 

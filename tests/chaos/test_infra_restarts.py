@@ -37,12 +37,13 @@ QUEUED = 6  # runs whose doorbells wait in the broker's list when Redis loses it
 
 @pytest.fixture(scope="module")
 def infra() -> Iterator[InfraStack]:
-    base = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "tmp"
-    base.mkdir(parents=True, exist_ok=True)
-    data = Path(tempfile.mkdtemp(prefix="infra-", dir=base))
+    root = Path(os.environ["LOOMCYCLE_DATA_DIR"])
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="infra-", dir=root / "tmp"))  # not pytest's tmp tree: server_tmp says why
     grace = {"LOOMCYCLE_REQUEUE_GRACE_SECONDS": str(GRACE_S)}
+    template = root / "infra-template"  # a migrated cluster kept across sessions: no migrate from empty
     try:
-        with infra_stack(data, workers=2, concurrency=8, extra_env=grace) as stack:
+        with infra_stack(data, workers=2, concurrency=8, extra_env=grace, template_root=template) as stack:
             yield stack
     finally:
         shutil.rmtree(data, ignore_errors=True)
@@ -54,9 +55,12 @@ def http(infra: InfraStack) -> Iterator[httpx.Client]:
         yield client
 
 
-def _control(stack: InfraStack) -> Any:
-    """Celery remote control of the stack's workers, through its own broker."""
-    return Celery("infra-control", broker=stack.env["REDIS_URL"]).control
+def _consumers(stack: InfraStack, action: str) -> Any:
+    """`add_consumer`/`cancel_consumer` of the runs queue on every worker of the stack, over a
+    new broker connection (kombu's pool would lend one that died with a restarted server)."""
+    app = Celery("infra-control", broker=stack.env["REDIS_URL"])
+    with app.connection_for_write() as conn:
+        return getattr(app.control, action)(RUNS, reply=True, timeout=5, limit=len(stack.pool.pids()), connection=conn)
 
 
 def _progress_delays(stack: InfraStack, run_ids: list[str], since: Any) -> list[float]:
@@ -84,22 +88,26 @@ def test_a_redis_restart_that_loses_its_data_loses_no_run_and_stops_no_worker(
 ) -> None:
     w = wl.workload_start(http, infra, tag="redis", tool_runs=4, steps=3, each=1)
     wl.wait_parked(infra, w)
-    in_flight = _in_flight(infra, w)
-    workers = len(infra.pool.pids())
-    _control(infra).cancel_consumer(RUNS, reply=True, timeout=5, limit=workers)
+    # Inside a long model call when Redis dies: its worker holds a delivered, unacked doorbell,
+    # which Celery's reconnect tries to restore (and, before the fix, stopped the worker doing so).
+    slow = wl._post(http, "chaos", 'MOCK_SCRIPT: [{"sleep_ms": 15000, "text": "slow"}]')
+    wl.wait_until(lambda: infra.sql("SELECT lease_owner FROM runs_run WHERE id = %s", (slow,))[0][0], 60, "slow claim")
+    in_flight = [slow, *_in_flight(infra, w)]
+    _consumers(infra, "cancel_consumer")
     try:
         queued = [wl._post(http, "echo", "hello") for _ in range(QUEUED)]  # their doorbells wait in Redis
         pids = infra.pool.pids()
         infra.restart_redis(lose_data=True)
         restarted = infra.sql("SELECT now()")[0][0]
-    finally:  # a new control connection: the old one died with the server
-        resume = lambda: _control(infra).add_consumer(RUNS, reply=True, timeout=5, limit=workers)  # noqa: E731
-        wl.wait_until(resume, 60, "workers consuming again")
+    finally:
+        wl.wait_until(lambda: _consumers(infra, "add_consumer"), 60, "workers consuming again")
     assert infra.pool.pids() == pids  # no worker stopped on the lost broker
     delays = _progress_delays(infra, [*queued, *in_flight], restarted)
     wl.unpark(http, infra, w)
     wl.finish(http, infra, w)
-    assert set(wl.statuses(infra, queued).values()) == {"completed"}
+    done = [*queued, slow]
+    wl.wait_until(lambda: set(wl.statuses(infra, done).values()) <= set(wl.TERMINAL), 60, "queued and slow runs ended")
+    assert set(wl.statuses(infra, done).values()) == {"completed"}
     assert wl.contract_violations(infra, w, "redis") == []
     assert max(delays) < RECOVERY_BOUND_S < GRACE_S
 

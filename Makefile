@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity doctor venv clean
+.PHONY: run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity doctor venv clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,17 @@ bench-fanout: $(STAMP)
 rolling-deploy: RUNS ?= 500
 rolling-deploy: $(STAMP)
 	ROLLING_RUNS=$(RUNS) $(PY) bench/rolling.py
+
+# Infrastructure restarts (issue 25): Redis restarted with its data lost, then Postgres restarted,
+# each under a mixed workload; docs/reliability.md. Knobs: INFRA_RUNS (tool runs per fault), INFRA_EACH
+# (runs of each parked kind), INFRA_PG_DOWN_S (seconds Postgres stays down), INFRA_WORKERS.
+INFRA_RUNS ?= 24
+INFRA_EACH ?= 4
+INFRA_PG_DOWN_S ?= 3
+INFRA_WORKERS ?= 2
+bench-infra: $(STAMP)
+	INFRA_RUNS=$(INFRA_RUNS) INFRA_EACH=$(INFRA_EACH) INFRA_PG_DOWN_S=$(INFRA_PG_DOWN_S) \
+	  INFRA_WORKERS=$(INFRA_WORKERS) $(PY) bench/infra_restarts.py
 
 # Both trigger benches (issue 19): webhook deliveries end to end, then schedule fire lag.
 bench-triggers: bench-webhooks bench-schedules

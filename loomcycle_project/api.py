@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from django.db import DataError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from apps.core.database import connection_lost
 from apps.core.errors import ApplicationError
 from apps.runs.api import router as runs_router
 from apps.substrate.api import mount as substrate_routes
@@ -15,6 +16,8 @@ from apps.substrate.auth import BearerAuth
 from loomcycle_project.openapi import LoomcycleAPI
 
 log = logging.getLogger("loomcycle.api")
+
+DATABASE_RETRY_AFTER_S = 2  # a restart of Postgres takes seconds
 
 api = LoomcycleAPI(
     title="loomcycle",
@@ -71,6 +74,18 @@ def on_data_error(request: HttpRequest, exc: DataError) -> HttpResponse:
     request's data, so a 400; routes validate first, this is the backstop."""
     log.warning("%s %s: the store refused a value: %s", request.method, request.path, exc)
     return error_response(400, "invalid_value", "a value in the request cannot be stored (too long or out of range)")
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def on_database_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """The database went away (a Postgres restart): a 503 the client may retry, not our bug."""
+    if not connection_lost(exc):
+        return on_unexpected_error(request, exc)
+    log.warning("%s %s: database unavailable: %s", request.method, request.path, exc)
+    response = error_response(503, "database_unavailable", "the database is unavailable; retry shortly")
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+    return response
 
 
 @api.exception_handler(Exception)

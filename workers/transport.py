@@ -165,6 +165,14 @@ class QoS(kombu_redis.QoS):
             self._execute(pipe, self._take_acks(pipe))
 
     def restore_unacked_once(self, stderr: Any = None) -> Any:
+        if self.channel.connection.client is None:
+            # After a lost broker, Celery's consumer collects the connection (which detaches the
+            # transport) and then closes it, closing this channel: kombu's restore would build a
+            # client from the detached transport and raise AttributeError, which stops the worker.
+            # Nothing can be restored without the broker anyway: the delivered tasks keep running
+            # here, and a lost doorbell is re-rung by the lease sweep (architecture.md).
+            log.warning("broker connection lost; %d delivered message(s) not restored", len(self._delivered))
+            return None
         try:
             self.flush_acks()
         except (RedisError, OSError):  # left unflushed, those messages are restored and redelivered as no-ops

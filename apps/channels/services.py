@@ -23,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from redis import RedisError
 
 from apps.channels.errors import (
     ChannelCursorRegression,
@@ -44,6 +46,8 @@ from apps.channels.streams import OLDEST_CURSORS, Published, Read, Stream, bell,
 from apps.core.errors import ApplicationError, Invalid
 from apps.core.redis import sync_client
 from apps.substrate.models import ChannelDef, DefSource
+
+log = logging.getLogger("loomcycle.channels")
 
 SWEEP_BATCH = 1000
 
@@ -255,12 +259,20 @@ def _trim(stream: Stream, keep: int | None, just_inserted: str) -> int:
 
 
 def after_publish(done: Published) -> None:
-    """Ring live readers, answer parked runs waiting on the stream (if visible now)."""
+    """Answer parked runs waiting on the stream (if visible now), then ring live readers.
+    The waits come first: they are rows, and their answer must not depend on Redis. The
+    ring is at most once (readers re-poll Postgres), so a Redis error is logged, not raised:
+    the message is committed and the publish succeeded."""
     from apps.channels.waits import waits_answer_stream
 
-    sync_client().publish(bell(done.stream.tenant_id, done.stream.channel), done.message_id)
     if not done.deferred:
         waits_answer_stream(done.stream)
+    try:
+        sync_client().publish(bell(done.stream.tenant_id, done.stream.channel), done.message_id)
+    except RedisError as exc:
+        log.warning(
+            "channel %s: message %s committed, live readers not rung: %s", done.stream.channel, done.message_id, exc
+        )
 
 
 # --- subscribe, ack ----------------------------------------------------------------

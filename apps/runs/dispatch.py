@@ -17,6 +17,20 @@ from workers.queues import ITERATE_TASK, RUNS
 log = logging.getLogger("loomcycle.engine")
 
 
+# Set in Redis by the lease sweep; absent means Redis lost its data (or is new): see broker_emptied.
+BROKER_MARK_KEY = "lc:broker:mark"
+
+
+def broker_emptied() -> bool:
+    """True when the broker's Redis has no mark: it restarted without its data (or was
+    flushed, or is new), so the doorbells queued in it are lost (apps.runs.services.run_leases_sweep)."""
+    return not sync_client().exists(BROKER_MARK_KEY)
+
+
+def broker_mark() -> None:
+    sync_client().set(BROKER_MARK_KEY, "1")
+
+
 def run_channel(run_id: str) -> str:
     return f"lc:run:{run_id}"
 

@@ -33,7 +33,7 @@ from apps.gateway.resolver import Route, resolve_route
 from apps.runs import backpressure, registry, sessions, signals, store, tracing
 from apps.runs.compaction_service import compaction_routing
 from apps.runs.credentials import credentials_check, run_redactor_of, seal
-from apps.runs.dispatch import enqueue_iteration, notify_events
+from apps.runs.dispatch import broker_emptied, broker_mark, enqueue_iteration, notify_events
 from apps.runs.live import publish_cancel
 from apps.runs.models import (
     PARKED,
@@ -548,13 +548,22 @@ def run_leases_sweep() -> int:
     unleased past the grace period (a doorbell lost before it was sent).
     Each run gets at most one doorbell per grace period. Leases are compared
     with Postgres's clock, as the claim and the heartbeat set them: a sweeper
-    host whose clock runs ahead must not take live leases."""
+    host whose clock runs ahead must not take live leases.
+    After Redis lost its data (`broker_emptied`), every doorbell queued in it is
+    gone: the grace is 0 for that one sweep, so every unleased runnable run is
+    rung at once (a run whose doorbell was in fact sent since gets a duplicate,
+    a no-op at the claim). The mark is set again only after the requeue committed."""
+    emptied = broker_emptied()
+    grace = 0.0 if emptied else settings.LOOMCYCLE.requeue_grace_seconds
     with transaction.atomic():
-        stale = store.runs_stale_release(grace_seconds=settings.LOOMCYCLE.requeue_grace_seconds)
-        if not stale:
-            return 0
-        transaction.on_commit(lambda: _enqueue_all(stale))
-    log.info("sweeper requeued %d run(s)", len(stale))
+        stale = store.runs_stale_release(grace_seconds=grace)
+        if stale:
+            transaction.on_commit(lambda: _enqueue_all(stale))
+    if emptied:
+        log.warning("Redis lost its data (no broker mark): rang %d unleased run(s) at once", len(stale))
+        broker_mark()
+    if stale:
+        log.info("sweeper requeued %d run(s)", len(stale))
     return len(stale)
 
 

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from opentelemetry import context as otel_context
 
+from apps.core.database import connection_lost
 from apps.core.http import storable, storable_text
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
@@ -74,10 +75,20 @@ def _execute_checked(ctx: ToolContext, call: ToolCall) -> ToolResult:
 
 
 def _run_tool(tool: Tool, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    """The tool itself; an exception inside it is the model's is_error result."""
+    """The tool itself; an exception inside it is the model's is_error result, except a lost
+    database connection (a Postgres restart): not the tool's failure, so it ends the iteration
+    uncommitted, and the run is claimed again once its lease expires (the tool runs again)."""
     try:
         return tool.execute(ctx, data)
     except Exception as exc:
+        if connection_lost(exc):
+            log.warning(
+                "tool %s lost the database connection (run %s step %s); iteration abandoned",
+                tool.name,
+                ctx.run_id,
+                ctx.step,
+            )
+            raise
         log.exception("tool %s raised (run %s step %s)", tool.name, ctx.run_id, ctx.step)
         return ToolResult(f"tool {tool.name!r} failed: {type(exc).__name__}: {exc}", is_error=True)
 

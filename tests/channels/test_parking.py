@@ -203,3 +203,21 @@ def test_a_publish_waits_for_a_checker_instead_of_skipping_the_wait(http: httpx.
     publisher.join()
     wait_status(run_id, RunStatus.COMPLETED, timeout=5)  # answered by the publisher, not at the 60 s deadline
     assert json.loads(_results(run_id)[0]["text"])["messages"][0]["value"] == "contended"
+
+
+def test_a_publish_while_redis_is_down_still_wakes_the_parked_subscriber(
+    http: httpx.Client, stack: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Redis only rings live readers; the parked wait is a row. A publish whose ring fails (Redis
+    restarting: a real client of a socket nobody listens on) answers the wait and succeeds."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    run_id = _parked(http, "down-waiter", {"op": "subscribe", "channel": "handoff", "wait_ms": 60_000})
+    dead = redis.Redis(unix_socket_path=str(tmp_path / "no-redis.sock"), retry=Retry(NoBackoff(), 0))
+    monkeypatch.setattr(services, "sync_client", lambda: dead)
+    sent = _publish(HANDOFF, "while redis is down")
+    wait_status(run_id, RunStatus.COMPLETED)
+    (result,) = _results(run_id)
+    assert [m["id"] for m in json.loads(result["text"])["messages"]] == [sent.message_id]

@@ -111,3 +111,46 @@ def test_no_new_call_starts_after_cancel(tools: None) -> None:
     cancelled.set()
     calls = [ToolCall(f"c{i}", "TSleep", {"s": 0}) for i in range(3)]
     assert run_calls(ctx(("TSleep",), cancelled), calls) == []
+
+
+def _backend_gone(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    """A tool whose own database connection is terminated under it, as a Postgres restart does."""
+    import os
+
+    import psycopg
+
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as own:
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (own.info.backend_pid,))
+        own.execute("SELECT 1")
+    return ToolResult("unreachable: the connection was terminated")
+
+
+def _times_out(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
+    import os
+
+    import psycopg
+
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as own:
+        own.execute("SET statement_timeout = 1")
+        own.execute("SELECT pg_sleep(1)")
+    return ToolResult("unreachable: the statement timed out")
+
+
+def test_a_tool_that_loses_the_database_ends_the_iteration_instead_of_failing_the_call() -> None:
+    import psycopg
+
+    added = [
+        Tool("TGone", "loses its db", {"type": "object"}, _backend_gone),
+        Tool("TSlow", "times out", {"type": "object"}, _times_out),
+    ]
+    for tool in added:
+        registry.register(tool)
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            run_calls(ctx(("TGone",)), [ToolCall("c1", "TGone", {})])
+        (timed_out,) = run_calls(ctx(("TSlow",)), [ToolCall("c2", "TSlow", {})])  # not a lost connection
+        assert timed_out.result.is_error and "QueryCanceled" in timed_out.result.text
+    finally:
+        for tool in added:
+            registry._REGISTRY.pop(tool.name, None)

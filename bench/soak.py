@@ -611,7 +611,10 @@ def summarise(sampler: Sampler, driver: Driver, knobs: Knobs, stuck: int) -> dic
         },
         "memory": memory,
         "restarts": restarts,
-        "windows": window_stats(sampler.overheads, knobs.window_s),
+        "windows": [
+            {**w, "load1": host_in_window(rows, w["start_s"], knobs.window_s)}
+            for w in window_stats(sampler.overheads, knobs.window_s)
+        ],
         "overall_p50_ms": pct([v for _, v in sampler.overheads], 0.5),
         "overall_p99_ms": pct([v for _, v in sampler.overheads], 0.99),
         "iterations": len(sampler.overheads),
@@ -629,6 +632,12 @@ def summarise(sampler: Sampler, driver: Driver, knobs: Knobs, stuck: int) -> dic
         "counts": dict(driver.counts),
         "last_errors": list(driver.errors)[-20:],
     }
+
+
+def host_in_window(rows: list[dict[str, Any]], start_s: float, window_s: float) -> float:
+    """The mean 1-minute load average of the samples taken in [start_s, start_s + window_s)."""
+    loads = [row["load1"] for row in rows if start_s <= row["elapsed_s"] < start_s + window_s]
+    return sum(loads) / len(loads) if loads else float("nan")
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
@@ -650,10 +659,10 @@ def report(summary: dict[str, Any], knobs: Knobs, command: str) -> None:
             f"{role:<10} {v['start']:7.0f} {v['baseline']:7.0f} {v['end']:7.0f} {v['max']:7.0f} {v['ratio']:9.2f}  "
             f"{'PASS' if v['pass'] else ('n/a' if v['pass'] is None else 'FAIL')}"
         )
-    print(f"\n{'window':<14} {'iterations':>10} {'p50 ms':>8} {'p99 ms':>8}   (engine overhead per iteration)")
+    print(f"\n{'window':<14} {'iterations':>10} {'p50 ms':>8} {'p99 ms':>8} {'load':>6}  (iteration overhead)")
     for w in summary["windows"]:
         span = f"{w['start_s'] / 60:g}-{(w['start_s'] + knobs.window_s) / 60:g} min"
-        print(f"{span:<14} {w['n']:>10} {w['p50_ms']:8.1f} {w['p99_ms']:8.1f}")
+        print(f"{span:<14} {w['n']:>10} {w['p50_ms']:8.1f} {w['p99_ms']:8.1f} {w['load1']:6.1f}")
     print(
         f"{'all':<14} {summary['iterations']:>10} {summary['overall_p50_ms']:8.1f} {summary['overall_p99_ms']:8.1f}\n"
     )

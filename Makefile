@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity doctor venv clean
+.PHONY: run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity soak doctor venv clean
 
 venv: $(STAMP)
 
@@ -84,6 +84,13 @@ INFRA_WORKERS ?= 2
 bench-infra: $(STAMP)
 	INFRA_RUNS=$(INFRA_RUNS) INFRA_EACH=$(INFRA_EACH) INFRA_PG_DOWN_S=$(INFRA_PG_DOWN_S) \
 	  INFRA_WORKERS=$(INFRA_WORKERS) $(PY) bench/infra_restarts.py
+
+# The soak (docs/reliability.md, "Soak"): the stack as `make run` starts it, under a steady mixed
+# load through the API for DURATION seconds; knobs SOAK_RATE, SOAK_WORKERS, ... (bench/soak.py).
+DURATION ?= 300
+
+soak: $(STAMP)
+	SOAK_DURATION=$(DURATION) $(PY) bench/soak.py
 
 # Both trigger benches (issue 19): webhook deliveries end to end, then schedule fire lag.
 bench-triggers: bench-webhooks bench-schedules

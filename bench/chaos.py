@@ -128,7 +128,7 @@ class Chaos:
         harness.wait_until(
             lambda: all(r.attaches > before[r.run_id] or r.finished for r in hit), 120, "SSE readers reattached"
         )
-        fault.measured = max(r.reattach_s[-1] if r.reattach_s else time.monotonic() - t0 for r in hit)
+        fault.measured = max((r.reattach_s[-1] if r.reattach_s else time.monotonic() - t0 for r in hit), default=None)
         return fault
 
     def stall_worker(self) -> Fault:

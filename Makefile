@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity soak doctor venv clean
+.PHONY: run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity soak chaos doctor venv clean
 
 venv: $(STAMP)
 
@@ -114,6 +114,12 @@ $(PEER_STAMP): requirements/bench-peer.txt
 
 bench-circuit: $(STAMP) $(PEER_STAMP)
 	$(PY) bench/circuit.py
+
+# The large chaos run (issue 25, docs/reliability.md): N runs (60: about a minute; N=1000 is the
+# published run, >= 100 worker kills) under every fault kind, SEED for the RNG (random, printed).
+N ?= 60
+chaos: $(STAMP)
+	CHAOS_N=$(N) $(if $(SEED),CHAOS_SEED=$(SEED)) $(PY) bench/chaos.py
 
 clean:
 	rm -rf .loomcycle/test .pytest_cache .mypy_cache .ruff_cache

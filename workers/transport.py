@@ -171,7 +171,7 @@ class QoS(kombu_redis.QoS):
             # client from the detached transport and raise AttributeError, which stops the worker.
             # Nothing can be restored without the broker anyway: the delivered tasks keep running
             # here, and a lost doorbell is re-rung by the lease sweep (architecture.md).
-            log.warning("broker connection lost; %d delivered message(s) not restored", len(self._delivered))
+            log.warning("broker connection lost; %d delivered message(s) not restored", len(self._delivered or ()))
             return None
         try:
             self.flush_acks()

@@ -320,17 +320,20 @@ def start_up(env: dict[str, str], port: int, knobs: Knobs) -> subprocess.Popen[b
 
 
 def wait_healthy(base: str, up: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+    deadline, last = time.monotonic() + timeout, "no answer yet"
     while time.monotonic() < deadline:
         if up.poll() is not None:
             raise SystemExit(f"manage.py up exited with {up.returncode}; see {DATA / 'up.log'}")
         try:
-            if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+            status = httpx.get(base + "/healthz", timeout=2).status_code
+        except httpx.HTTPError as exc:  # not listening yet: retried until the deadline, then reported
+            last = repr(exc)
+        else:
+            if status == 200:
                 return
-        except httpx.HTTPError:  # not listening yet: retried until the deadline
-            pass
+            last = f"status {status}"
         time.sleep(0.5)
-    raise SystemExit(f"{base}/healthz did not answer 200 within {timeout:.0f} s; see {DATA / 'up.log'}")
+    raise SystemExit(f"{base}/healthz did not answer 200 within {timeout:.0f} s ({last}); see {DATA / 'up.log'}")
 
 
 def stop_up(up: subprocess.Popen[bytes]) -> None:

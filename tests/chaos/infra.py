@@ -24,6 +24,7 @@ chaos run's invariants through SQL on that stack's database.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -80,10 +81,8 @@ def kill_redis(data_dir: Path, *, lose_data: bool = True) -> None:
     if lose_data:
         os.kill(pid, signal.SIGKILL)
     else:
-        try:
+        with contextlib.suppress(redis.ConnectionError):  # the server closes the link as it exits: success
             _redis_client(data_dir).shutdown(save=True)
-        except redis.ConnectionError:  # the server closes the link as it exits: that is the success
-            pass
     _wait_gone(pid)
     if lose_data:
         for name in ("dump.rdb", "appendonly.aof"):

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from tests.chaos.harness import wait_until
 from tests.chaos.infra import InfraStack
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -142,16 +142,6 @@ def workload_start(
 
 def statuses(stack: InfraStack, run_ids: list[str]) -> dict[str, str]:
     return dict(stack.sql("SELECT id, status FROM runs_run WHERE id = ANY(%s)", (run_ids,)))  # type: ignore[arg-type]
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def wait_parked(stack: InfraStack, w: Workload, timeout: float = 60) -> None:

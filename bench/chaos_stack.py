@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,16 +54,7 @@ class Stack:
         return stack
 
     def _web(self, port: int) -> Web:
-        argv = [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "loomcycle_project.asgi:application",
-        ]
+        argv = procs.web_argv(port)
         web = Web(port, procs.spawn(argv, self.env, self.logdir / f"web-{port}.log"))
         procs.wait_http(web.base + "/healthz", timeout=120)
         return web

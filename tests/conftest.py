@@ -178,16 +178,7 @@ def daphne(
     """A web process on a free loopback port (extra `env` on top of the stack's); yields its base URL
     once /healthz answers (within `start_timeout` seconds)."""
     port = procs.free_port()
-    argv = [
-        procs.sys.executable,
-        "-m",
-        "daphne",
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "loomcycle_project.asgi:application",
-    ]
+    argv = procs.web_argv(port)
     proc = procs.spawn(argv, {**stack_env, **env}, logdir / f"{name}.log")
     base = f"http://127.0.0.1:{port}"
     try:

@@ -122,6 +122,11 @@ class WorkerPool:
             self.beat = None
 
 
+def web_argv(port: int) -> list[str]:
+    """A Daphne web process of the runtime on a loopback port."""
+    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "loomcycle_project.asgi:application"]
+
+
 def wait_http(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | None = None

@@ -184,16 +184,7 @@ class InfraStack:
 
     def start_web(self) -> None:
         port = procs.free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "loomcycle_project.asgi:application",
-        ]
+        argv = procs.web_argv(port)
         self.web = procs.spawn(argv, self.env, self.logs / "daphne.log")
         self.base_url = f"http://127.0.0.1:{port}"
         procs.wait_http(self.base_url + "/healthz", timeout=90)

@@ -42,7 +42,7 @@ def hostapp_web(workers: procs.WorkerPool, stack_env: dict[str, str], logdir: Pa
     pool = procs.WorkerPool(env, logdir / "hostapp")
     pool.ensure()
     port = procs.free_port()
-    daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "loomcycle_project.asgi:application"]
+    daphne = procs.web_argv(port)
     web = procs.spawn(daphne, env, logdir / "hostapp" / "daphne.log")
     base = f"http://127.0.0.1:{port}"
     try:

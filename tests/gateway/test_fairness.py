@@ -451,7 +451,7 @@ def fair_stack(workers: procs.WorkerPool, stack_env: dict[str, str], logdir: Pat
     pool = procs.WorkerPool(env, logdir / "fairness")
     pool.ensure()
     port = procs.free_port()
-    daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "loomcycle_project.asgi:application"]
+    daphne = procs.web_argv(port)
     web = procs.spawn(daphne, env, logdir / "fairness" / "daphne.log")
     base = f"http://127.0.0.1:{port}"
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -368,7 +367,7 @@ def alt_web(
         "LOOMCYCLE_CONFIG_FILES": f"{stack_env['LOOMCYCLE_CONFIG_FILES']},{config}",
     }
     port = procs.free_port()
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "loomcycle_project.asgi:application"]
+    argv = procs.web_argv(port)
     proc = procs.spawn(argv, env, logdir / "daphne-alt.log")
     try:
         procs.wait_http(f"http://127.0.0.1:{port}/healthz")

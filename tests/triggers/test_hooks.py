@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ def hook_web(workers: procs.WorkerPool, stack_env: dict[str, str], logdir: Path)
     pool = procs.WorkerPool(env, logdir / "hooks")
     pool.ensure()
     port = procs.free_port()
-    daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "loomcycle_project.asgi:application"]
+    daphne = procs.web_argv(port)
     web = procs.spawn(daphne, env, logdir / "hooks" / "daphne.log")
     base = f"http://127.0.0.1:{port}"
     try:

@@ -32,12 +32,15 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
+from redis.exceptions import RedisError
 
 from apps.core import logcontext
 from apps.core.admission import ADMISSION, tools_after_s
+from apps.core.database import connection_lost
 from apps.core.errors import ApplicationError
 from apps.core.metrics import Batch
 from apps.core.redact import run_redactor
+from apps.core.redis import sync_client
 from apps.core.tools import Park, ToolContext, ToolResult, VolumeBinding
 from apps.gateway import fairness
 from apps.gateway.pricing import cost_usd
@@ -85,6 +88,7 @@ class Outcome(StrEnum):
 
     NOOP = "noop"  # lost the claim: a stale, future or duplicate doorbell
     FENCE_LOST = "fence_lost"  # the lease moved on during the iteration: its work was discarded
+    HANDED_BACK = "handed_back"  # the database went away mid-iteration: the claim was released uncommitted
     REQUEUE = Next.REQUEUE.value
     PARK = Next.PARK.value
     FINISH = Next.FINISH.value
@@ -135,8 +139,12 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
         with tracing.active(span):
             if run.first_claim:
                 notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
-            write = _open_credentials(run) or _execute(run, cancel)
-            committed = _commit(run, write)
+            write = _execute_or_lost(run, cancel)
+            committed = _commit(run, write) if write is not None else None
+    if write is None:  # the database connection was lost: nothing of this attempt is kept
+        with tracing.active(span, end=True):
+            tracing.iteration_done(span, outcome=Outcome.HANDED_BACK.value, status=None, events=0)
+        return _hand_back(run)
     # Outside LIVE.track (the next step may already be claimed in this process), inside the
     # iteration's span: the next doorbell carries it (workers/doorbell.py).
     with tracing.active(span, end=True):
@@ -150,6 +158,52 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
     _flush_metrics(write, outcome, committed, elapsed)
     _log_outcome(run, write, committed, elapsed)
     return outcome
+
+
+def _execute_or_lost(run: ClaimedRun, cancel: threading.Event) -> StepWrite | None:
+    """The iteration's write; None when it lost its database connection (a Postgres
+    restart or failover, `apps.core.database.connection_lost`) before its commit."""
+    try:
+        return _open_credentials(run) or _execute(run, cancel)
+    except Exception as exc:
+        if not connection_lost(exc):
+            raise
+        log.warning("run %s step %s lost the database connection mid-iteration (%s)", run.id, run.step, exc)
+        return None
+
+
+# Hand-backs of one step that do not count as attempts. A database that goes away every
+# time the step runs (a tool whose query takes the server down) is the step's doing: past
+# this many, its hand-backs count, and LOOMCYCLE_MAX_ATTEMPTS ends it as a poison iteration.
+HAND_BACKS_FREE = 5
+HAND_BACK_KEY_TTL_S = 3600
+
+
+def _hand_back(run: ClaimedRun) -> Outcome:
+    """Release the claim uncommitted and ring the step's doorbell again, without waiting
+    for the lease to expire. The attempt is not counted (up to HAND_BACKS_FREE per step):
+    a database that went away is not the iteration failing, and LOOMCYCLE_MAX_ATTEMPTS is
+    the limit on lost workers. Should the database stay away for a whole lease, this raises,
+    and the sweeper takes the run back once its lease has expired, as after a crash."""
+    free = _hand_back_free(run.id, run.step)
+    if store.claim_hand_back(run_id=run.id, step=run.step, token=run.lease_token, free=free):
+        wake_and_enqueue(run.id, None, run.step)
+    return Outcome.HANDED_BACK
+
+
+def _hand_back_free(run_id: str, step: int) -> bool:
+    """Whether this hand-back of (run, step) is within HAND_BACKS_FREE (a Redis counter;
+    when Redis does not answer either, the attempt counts)."""
+    key = f"lc:handback:{run_id}:{step}"
+    try:
+        pipe = sync_client().pipeline(transaction=False)
+        pipe.incr(key)
+        pipe.expire(key, HAND_BACK_KEY_TTL_S)
+        count = int(pipe.execute()[0])
+    except RedisError as exc:
+        log.warning("run %s step %s: hand-back not counted in Redis (%s); the attempt counts", run_id, step, exc)
+        return False
+    return count <= HAND_BACKS_FREE
 
 
 def _settle(run: ClaimedRun, write: StepWrite, committed: str | None) -> Outcome:

@@ -77,7 +77,8 @@ def _execute_checked(ctx: ToolContext, call: ToolCall) -> ToolResult:
 def _run_tool(tool: Tool, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     """The tool itself; an exception inside it is the model's is_error result, except a lost
     database connection (a Postgres restart): not the tool's failure, so it ends the iteration
-    uncommitted, and the run is claimed again once its lease expires (the tool runs again)."""
+    uncommitted, and the engine hands the claim back and rings the step again (the tool runs
+    again; apps.runs.engine._hand_back)."""
     try:
         return tool.execute(ctx, data)
     except Exception as exc:

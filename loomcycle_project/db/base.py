@@ -31,6 +31,7 @@ inside Django's rollback path, so it must not raise; one that does is logged.
 from __future__ import annotations
 
 import logging
+import os
 import select
 from collections.abc import Callable
 from typing import Any
@@ -68,7 +69,21 @@ def check_idle_connection(conn: Any, pool: Any = None) -> None:
         raise
 
 
+def application_name(pid: int | None = None) -> str:
+    """The libpq application_name of this process's connections, `loomcycle:<pid>`, so
+    `pg_stat_activity` tells which web, worker or beat process holds a connection."""
+    return f"loomcycle:{os.getpid() if pid is None else pid}"
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    def get_connection_params(self) -> dict[str, Any]:
+        """Django's, with `application_name` (application_name()) unless the database URL's
+        options or PGAPPNAME name one. Read when this process first connects (after a fork)."""
+        params: dict[str, Any] = super().get_connection_params()
+        if "application_name" not in params and not os.environ.get("PGAPPNAME"):
+            params["application_name"] = application_name()
+        return params
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # (savepoint ids active at registration, callback), as Django's run_on_commit

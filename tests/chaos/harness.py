@@ -40,6 +40,7 @@ from apps.core.redis import sync_client
 from apps.memory.models import MemoryEntry
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.models import RUNNABLE, TERMINAL, Run, RunEvent, RunStatus, ToolCallRecord, TranscriptEntry
+from loomcycle_project.db.base import application_name
 from workers import held
 
 EFFECTS = "chaos-effects"  # the global channel every tool run publishes to
@@ -168,11 +169,23 @@ def pick_victim(pool: Pool, rng: random.Random | None = None, keep: int = 0, tim
     return found
 
 
+def db_sessions(pid: int, *, active_only: bool = False) -> int:
+    """The database sessions of process `pid` (by its application_name, loomcycle_project.db),
+    or only those running a statement (`active_only`)."""
+    sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    with connection.cursor() as cur:
+        cur.execute(sql + (" AND state = 'active'" if active_only else ""), [application_name(pid)])
+        (count,) = cur.fetchone()
+        return int(count)
+
+
 def kill_worker(pool: Pool, rng: random.Random | None = None, keep: int = 0) -> Fault:
     """SIGKILL a worker holding leases (`keep` others registered), then top the pool up; its
-    leased runs are the affected."""
+    leased runs are the affected. They are read once the worker's database sessions have
+    ended: a claim it sent just before its death still commits, and is counted."""
     victim, owner = pick_victim(pool, rng, keep)
     pool.kill(victim)
+    wait_until(lambda: db_sessions(victim) == 0, 30, "the killed worker's database sessions ending")
     fault = Fault("kill_worker", db_now(), leased_by(owner))  # its leases are still its own after the kill
     pool.ensure()
     return fault
@@ -183,7 +196,8 @@ def stall_worker(pool: Pool, lease_timeout: float = 60, keep: int = 0) -> Fault:
     expired, then SIGCONT: its late commits meet the fence. The affected are the runs it held."""
     victim, owner = pick_victim(pool, keep=keep)
     os.killpg(victim, signal.SIGSTOP)
-    try:
+    try:  # read once the statements it had sent are done: a claim among them is counted
+        wait_until(lambda: db_sessions(victim, active_only=True) == 0, 30, "the stalled worker's statements ending")
         fault = Fault("stall_worker", db_now(), leased_by(owner))
         wait_until(
             lambda: not Run.objects.filter(lease_owner=owner, lease_until__gt=timezone.now()).exists(),

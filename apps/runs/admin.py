@@ -2,8 +2,9 @@
 
 Read-only views over apps.runs.selectors (no add, edit or delete), and
 operator actions that call the same services the REST API calls (cancel,
-runtime pause/resume) or apps.runs.operations (retry a failed run, bulk
-cancel), as the principal `admin:<username>` with the admin scope. Viewing
+runtime pause/resume, fork from a step: apps.runs.fork) or
+apps.runs.operations (retry a failed run, bulk cancel), as the principal
+`admin:<username>` with the admin scope (a fork: within the run's own tenant). Viewing
 needs `runs.view_run`, acting `runs.change_run`. A refusal is a message on
 the page, never a 500. The admin holds no run logic of its own.
 """
@@ -30,6 +31,7 @@ from apps.core.ids import IDENT_RE
 from apps.core.types import ADMIN_SCOPE, Principal
 from apps.gateway.selectors import UsageTotals, usage_totals_by_run
 from apps.runs import operations, selectors, services
+from apps.runs.fork import ForkRequest, run_fork
 from apps.runs.models import TERMINAL, Run, RunStatus
 from apps.runs.timeline import timeline
 
@@ -44,9 +46,11 @@ class Verb(enum.StrEnum):
 SHARED = "(shared)"
 
 
-def operator(request: HttpRequest) -> Principal:
-    """The admin user as a principal: the operator plane, every tenant."""
-    return Principal(tenant_id="", subject=f"admin:{request.user.get_username()}", scopes=frozenset({ADMIN_SCOPE}))
+def operator(request: HttpRequest, tenant_id: str = "") -> Principal:
+    """The admin user as a principal: the operator plane, every tenant (reads); `tenant_id`
+    is the tenant it writes in (a fork belongs to its source's tenant)."""
+    subject = f"admin:{request.user.get_username()}"
+    return Principal(tenant_id=tenant_id, subject=subject, scopes=frozenset({ADMIN_SCOPE}))
 
 
 class _DistinctFilter(admin.SimpleListFilter):
@@ -95,6 +99,11 @@ class UsageChangeList(ChangeList):
         totals = usage_totals_by_run(run_ids=[r.id for r in self.result_list])
         for run in self.result_list:
             run.console_usage = totals.get(run.id, UsageTotals())
+
+
+class ForkForm(forms.Form):
+    from_step = forms.IntegerField(min_value=0)
+    prompt = forms.CharField(required=False, max_length=65536, strip=True)
 
 
 class BulkCancelForm(forms.Form):
@@ -217,6 +226,7 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             path("bulk-cancel/", view(self.bulk_cancel_view), name="runs_run_bulk_cancel"),
             path("<str:object_id>/cancel/", view(require_POST(self.cancel_view)), name="runs_run_cancel"),
             path("<str:object_id>/retry/", view(require_POST(self.retry_view)), name="runs_run_retry"),
+            path("<str:object_id>/fork/", view(require_POST(self.fork_view)), name="runs_run_fork"),
             *super().get_urls(),
         ]
 
@@ -265,6 +275,30 @@ class RunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return self._operate(request, object_id, Verb.RETRY)
+
+    def fork_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Requeue from step N: a new run forked from the transcript through step N (apps.runs.fork,
+        as `POST /v1/runs/{id}/fork`), in the source's tenant. The fork's page on success; the
+        refusal as a message on the source's page otherwise."""
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        run_id = unquote(object_id)
+        back = HttpResponseRedirect(reverse("admin:runs_run_change", args=[object_id]))
+        form = ForkForm(request.POST)
+        if not form.is_valid():
+            problems = "; ".join(f"{name}: {' '.join(map(str, errs))}" for name, errs in form.errors.items())
+            self.message_user(request, f"{run_id}: fork refused: {problems}", messages.ERROR)
+            return back
+        step, prompt = form.cleaned_data["from_step"], form.cleaned_data["prompt"] or None
+        try:
+            source = selectors.run_get(tenant_id=None, run_id=run_id)
+            who = operator(request, tenant_id=source.tenant_id)
+            fork = run_fork(principal=who, run_id=run_id, request=ForkRequest(from_step=step, prompt=prompt))
+        except ApplicationError as exc:
+            self.message_user(request, f"{run_id}: fork refused: {exc.message} ({exc.code})", messages.ERROR)
+            return back
+        self.message_user(request, f"{run_id}: forked at step {step} as {fork.id}", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:runs_run_change", args=[quote(fork.id)]))
 
     def runtime_view(self, request: HttpRequest) -> HttpResponse:
         """The runtime's pause switch: GET shows it, POST `op=pause|resume` flips it through the API's services."""

@@ -13,7 +13,8 @@ apps.runs.services. Invariants:
 - a bulk cancel is `run_cancel` once per live top-level run that matches.
 
 There is no "requeue from step N" here: that is a fork of the run at that step
-(POST /v1/runs/{id}/fork, apps.runs.fork), a new run in a new session.
+(apps.runs.fork, behind POST /v1/runs/{id}/fork and the admin's Fork button), a
+new run in a new session.
 """
 
 from __future__ import annotations

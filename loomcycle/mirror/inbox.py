@@ -99,6 +99,8 @@ class Inbox:
 
     def _plan_for(self, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         live = [r for r in runs if r.get("interactive") and r.get("live")]
+        if not live:  # the pass saw the tenant's newest 1000 runs: ask for this agent's live ones by name
+            live = [r for r in self.client.runs.list(status="running", agent=self.agent) if r.get("interactive")]
         if not live:
             return {"kind": "start"}
         if live[0]["state"] != "awaiting_input":

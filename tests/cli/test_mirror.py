@@ -22,7 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
-from apps.runs.models import Run, RunEvent, RunStatus
+from apps.core.types import Principal
+from apps.runs import services
+from apps.runs.models import Run, RunEvent, RunInput, RunStatus
+from apps.runs.prompt import Segment
 from tests import procs
 from tests.cli.conftest import Web, cli, cli_argv, cli_env, json_lines, script
 from tests.conftest import wait_for, wait_status
@@ -241,3 +244,23 @@ def test_an_inbox_file_is_delivered_once_when_the_mirror_is_killed_mid_delivery(
     assert steered == ["the second turn", "the third turn"]
     assert Run.objects.filter(agent_name="scripted").count() == 1
     cli(web_proc, "cancel", run.id)
+
+
+def test_an_inbox_file_reaches_a_live_run_older_than_the_newest_thousand(web_proc: Web, tmp_path: Path) -> None:
+    """A pass lists the tenant's newest 1000 runs; the agent's live run behind them still gets
+    the file as a turn (asked for by agent name), and no second run is started."""
+    started = cli(web_proc, "run", "--background", "--interactive", "scripted", script({"text": "one"}, {"echo": True}))
+    ref = json.loads(started.stdout)
+    old = wait_status(ref["run_id"], RunStatus.AWAITING_INPUT, timeout=30)
+    who = Principal(tenant_id=old.tenant_id, subject="flood", scopes=frozenset({"substrate:admin"}))
+    for _ in range(1000):  # newer runs of another agent push it out of the pass's listing
+        services.run_create(principal=who, data=services.RunCreate(agent="echo", segments=[Segment(text="hi")]))
+    root = tmp_path / "m"
+    inbox = root / "agents" / "scripted" / "inbox"
+    inbox.mkdir(parents=True)
+    (inbox / "turn.txt").write_text("behind a thousand")
+    done = cli(web_proc, "mirror", "--once", str(root))
+    assert done.returncode == 0, done.stderr
+    assert (inbox / ".processed" / "turn.txt").exists()
+    assert RunInput.objects.filter(run_id=old.id, text="behind a thousand").exists()
+    assert not Run.objects.filter(agent_name="scripted", created_at__gt=old.created_at).exists()

@@ -76,12 +76,19 @@ def test_every_operation_documents_success_and_error_responses(schema: dict[str,
         responses = op["responses"]
         success = [r for status, r in responses.items() if status.startswith("2")]
         assert success and all(r.get("content") for r in success), (method, path)
-        for status in ("400", "401", "404", "500"):
+        for status in ("400", "401", "404", "422", "500"):
             error_schema = responses[status]["content"]["application/json"]["schema"]
             assert error_schema == {"$ref": "#/components/schemas/Error"}, (method, path, status)
+        assert ("413" in responses and "415" in responses) == ("requestBody" in op), (method, path)
         assert op["security"] == [{"BearerAuth": []}], (method, path)
     assert schema["components"]["securitySchemes"]["BearerAuth"] == {"type": "http", "scheme": "bearer"}
     assert set(schema["components"]["schemas"]["Error"]["required"]) == {"code", "error"}
+
+
+def test_an_interrupt_answer_documents_that_the_ask_may_have_expired(schema: dict[str, Any]) -> None:
+    resolve = schema["paths"]["/v1/runs/{run_id}/interrupts/{interrupt_id}/resolve"]["post"]["responses"]
+    assert "interrupt_expired" in resolve["410"]["description"]
+    assert all("410" not in op["responses"] for _, path, op in operations(schema) if not path.endswith("/resolve"))
 
 
 def test_streams_are_documented_as_event_streams(schema: dict[str, Any]) -> None:

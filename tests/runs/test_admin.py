@@ -169,6 +169,27 @@ def test_retry_reopens_a_failed_run_at_its_last_committed_step(root: Client) -> 
     assert RunEvent.objects.filter(run_id=run.id, type="text").last().payload["text"] == "the time is known"  # type: ignore[union-attr]
 
 
+def test_fork_from_step_n_starts_a_new_run_in_the_sources_tenant(root: Client) -> None:
+    run = start(ACME, script=TOOL_THEN_TEXT)
+    done = drive(run.id)
+    assert (done.status, done.step) == (RunStatus.COMPLETED, 2)
+    page = root.get(run_url("change", run.id)).content.decode()
+    assert 'name="from_step" min="0" max="1" value="1"' in page  # the last committed step by default
+    resp = root.post(run_url("fork", run.id), {"from_step": "0", "prompt": "once more"}, follow=True)
+    fork = Run.objects.get(forked_from_run_id=run.id)
+    assert texts(resp) == [f"{run.id}: forked at step 0 as {fork.id}"]
+    assert resp.redirect_chain[-1][0] == run_url("change", fork.id)
+    assert (fork.tenant_id, fork.agent_name, fork.forked_at_step) == ("acme", "scripted", 0)
+    assert fork.session_id != run.session_id
+    assert RunEvent.objects.filter(run_id=fork.id, type="forked").exists()
+    out_of_range = root.post(run_url("fork", run.id), {"from_step": "7"}, follow=True)
+    refusal = f"from_step 7 is out of range: run {run.id} has committed steps 0..1 (step_out_of_range)"
+    assert texts(out_of_range) == [f"{run.id}: fork refused: {refusal}"]
+    not_a_step = root.post(run_url("fork", run.id), {"from_step": "-1"}, follow=True)
+    assert texts(not_a_step)[0].startswith(f"{run.id}: fork refused: from_step:")
+    assert Run.objects.filter(forked_from_run_id=run.id).count() == 1
+
+
 def test_bulk_cancel_reaches_only_the_named_tenant_and_refuses_an_unscoped_request(root: Client) -> None:
     a1, a2, b1 = start(ACME), start(ACME, agent="echo"), start(BETA)
     url = reverse("admin:runs_run_bulk_cancel")
@@ -231,6 +252,7 @@ def test_a_viewer_reads_but_every_action_is_refused() -> None:
     assert "Cancel this run" not in viewer.get(change_url(run.id)).content.decode()
     assert viewer.post(run_url("cancel", run.id)).status_code == 403
     assert viewer.post(run_url("retry", run.id)).status_code == 403
+    assert viewer.post(run_url("fork", run.id), {"from_step": "0"}).status_code == 403
     assert viewer.post(reverse("admin:runs_run_runtime"), {"op": "pause"}).status_code == 403
     assert viewer.get(reverse("admin:runs_run_bulk_cancel")).status_code == 403
     assert Run.objects.get(id=run.id).status == RunStatus.QUEUED

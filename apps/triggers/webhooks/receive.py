@@ -8,7 +8,9 @@ What an unauthenticated caller can make us write is bounded:
 - any other refusal is recorded with its verdict, but only within the
   definition's rate limit: a refused delivery takes a token from the same
   bucket as an accepted one, and once the bucket is empty the caller gets
-  429 `rate_limited` and no row is written."""
+  429 `rate_limited` and no row is written;
+- a replay (a delivery id already acted on) is answered with the first copy's
+  outcome whatever the rate, and recorded only when it gets a token."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from apps.core.errors import ApplicationError
@@ -143,7 +146,7 @@ def _sync_timeout_ms(hook: Hook, sync: bool) -> int:
 
 
 def _deliver(hook: Hook, incoming: Incoming, body: bytes, delivery_id: str) -> Accepted:
-    replay = delivery_replay(hook=hook, delivery_id=delivery_id)
+    replay = delivery_replay(hook=hook, delivery_id=delivery_id, may_record=partial(_replay_token, hook))
     if replay is not None:
         return Accepted(hook, replay)
     wait_ms = _sync_timeout_ms(hook, incoming.sync)
@@ -154,6 +157,17 @@ def _deliver(hook: Hook, incoming: Incoming, body: bytes, delivery_id: str) -> A
     if mapped is not None:
         return Accepted(hook, delivery_spawn(hook=hook, delivery_id=delivery_id, mapped=mapped), wait_ms)
     return Accepted(hook, delivery_publish(hook=hook, delivery_id=delivery_id, body=body))
+
+
+def _replay_token(hook: Hook) -> bool:
+    """A replay is answered with its first copy's outcome whatever the rate (a sender's
+    retry after a lost answer must not be refused), but recorded only when it gets a
+    token: what a replayer, signed or not, can make us write stays bounded by the limit."""
+    try:
+        take(tenant_id=hook.owner, name=hook.name, limit=_limit(hook))
+    except (RateLimited, RuntimeUnavailable):
+        return False
+    return True
 
 
 def webhook_receive(incoming: Incoming) -> Accepted:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -98,19 +99,21 @@ def deliveries_prune() -> int:
     return deleted
 
 
-def delivery_replay(*, hook: Hook, delivery_id: str) -> Delivered | None:
-    """The first copy's outcome, recorded as a replay; None when this id is new."""
+def delivery_replay(*, hook: Hook, delivery_id: str, may_record: Callable[[], bool] = lambda: True) -> Delivered | None:
+    """The first copy's outcome, recorded as a replay when `may_record()` says so (the
+    receiver asks the rate limiter); None when this id is new."""
     first = first_delivery(owner=hook.owner, name=hook.name, delivery_id=delivery_id)
     if first is None:
         return None
-    delivery_record(
-        owner=hook.owner,
-        name=hook.name,
-        delivery_id=delivery_id,
-        verdict=Verdict.ACCEPTED_REPLAY,
-        run_id=first.run_id,
-        channel=first.channel,
-    )
+    if may_record():
+        delivery_record(
+            owner=hook.owner,
+            name=hook.name,
+            delivery_id=delivery_id,
+            verdict=Verdict.ACCEPTED_REPLAY,
+            run_id=first.run_id,
+            channel=first.channel,
+        )
     return Delivered(delivery_id=delivery_id, run_id=first.run_id, channel=first.channel, deduped=True)
 
 

@@ -102,6 +102,20 @@ def test_the_admin_shows_a_finished_runs_tool_calls(
     assert '"op": "time"' in page.inner_text("#timeline li.tool_call pre.detail")
     assert page.locator("#tail-status").count() == 0  # finished: no live tail
 
+    page.fill("#fork input[name=from_step]", "0")  # requeue from step 0: a fork, on its own page
+    page.fill("#fork input[name=prompt]", "MOCK_SCRIPT: " + json.dumps([{"text": "forked and answered"}]))
+    page.click("#fork input[type=submit]")
+    page.wait_for_selector("#forked-from a")
+    fork = Run.objects.get(forked_from_run_id=run.id)
+    assert page.inner_text("#forked-from") == f"{run.id} at step 0"
+    assert f"forked at step 0 as {fork.id}" in page.inner_text(".messagelist")
+    wait_status(fork.id, RunStatus.COMPLETED, timeout=30)
+    page.reload()
+    assert page.inner_text("#run-status") == "completed"
+    shot = artifacts / "admin-fork.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+
 
 def test_a_live_runs_page_tails_new_events_over_the_websocket(
     web: str, stack: procs.WorkerPool, admin_page: Page, artifacts: Path

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from celery import Celery
+from celery import Celery, current_app
 
 from tests.chaos import infra_workload as wl
 from tests.chaos.infra import InfraStack, infra_stack
@@ -58,7 +58,8 @@ def http(infra: InfraStack) -> Iterator[httpx.Client]:
 def _consumers(stack: InfraStack, action: str) -> Any:
     """`add_consumer`/`cancel_consumer` of the runs queue on every worker of the stack, over a
     new broker connection (kombu's pool would lend one that died with a restarted server)."""
-    app = Celery("infra-control", broker=stack.env["REDIS_URL"])
+    # Not the current app: later tests of this process use `current_app`, whose broker is the session's.
+    app = Celery("infra-control", broker=stack.env["REDIS_URL"], set_as_current=False)
     with app.connection_for_write() as conn:
         return getattr(app.control, action)(RUNS, reply=True, timeout=5, limit=len(stack.pool.pids()), connection=conn)
 
@@ -124,3 +125,9 @@ def test_a_postgres_restart_loses_no_run(infra: InfraStack, http: httpx.Client) 
     wl.finish(http, infra, w)
     assert infra.pool.pids() == pids
     assert wl.contract_violations(infra, w, "pg") == []
+
+
+def test_the_stacks_control_app_leaves_the_current_app_alone(infra: InfraStack) -> None:
+    before = current_app._get_current_object()
+    _consumers(infra, "add_consumer")  # a no-op on workers that consume already
+    assert current_app._get_current_object() is before and current_app.main != "infra-control"

@@ -14,12 +14,12 @@ from loomcycle.cli.defs import agent, agents, channel, memory
 from loomcycle.cli.mirror import mirror
 from loomcycle.cli.run import run
 from loomcycle.cli.runs import cancel, logs, pause, ps, resume, send
-from loomcycle.client import ApiError, ConnectionFailed
+from loomcycle.client import ApiError, ConnectionFailed, LoomcycleError
 
 
 class _Group(click.Group):
-    """Shows a LoomcycleError as one line on stderr with its code, and exits 4 (refused) or
-    5 (unreachable); Ctrl-C exits 130."""
+    """Shows a LoomcycleError as one line on stderr with its code, and exits 4 (refused, by the
+    API or by the client before sending) or 5 (unreachable); Ctrl-C exits 130."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -30,6 +30,9 @@ class _Group(click.Group):
         except ConnectionFailed as exc:
             output.fail(f"cannot reach the runtime: {exc.message}")
             sys.exit(EXIT_UNREACHABLE)
+        except LoomcycleError as exc:  # refused by the client itself, before any write
+            output.fail(f"{exc.code}: {exc.message}")
+            sys.exit(EXIT_REFUSED)
         except KeyboardInterrupt:  # Ctrl-C in `logs -f`, `channel tail -f`, ...: nothing to undo
             sys.exit(EXIT_INTERRUPTED)
         finally:

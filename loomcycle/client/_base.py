@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from loomcycle.client.errors import LoomcycleError
 from loomcycle.client.events import Event, RunRef
 
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -186,6 +187,19 @@ def channel_publish_call(name: str, payload: Any, ttl: int | None) -> Call:
 def channel_await_call(name: str, from_cursor: str, max_messages: int, wait_ms: int) -> Call:
     body = {"channels": [name], "mode": "any", "from_cursor": from_cursor, "max_messages": max_messages}
     return Call("POST", "/v1/_channels/_await", json={**body, "wait_ms": wait_ms})
+
+
+def check_apply_tenant(name: str, me: dict[str, Any]) -> None:
+    """`apply` of a static yaml name by a caller in the shared tenant (open mode, the legacy
+    token): there the yaml entry outranks every runtime version (SPEC 5.1), so a fork would be
+    promoted yet never run. Refused before anything is written."""
+    if not me.get("tenant_id"):
+        raise LoomcycleError(
+            f"agent {name!r} is a static yaml entry and this caller is in the shared tenant, where the yaml "
+            "entry outranks any runtime version: apply it under another name, drop it from the yaml, "
+            "or use a tenant's token",
+            code="static_in_shared_tenant",
+        )
 
 
 def agent_apply_call(name: str, definition: dict[str, Any], *, static: bool, description: str) -> Call:

@@ -233,8 +233,12 @@ class Agents:
 
     async def apply(self, name: str, definition: dict[str, Any], *, description: str = "") -> dict[str, Any]:
         """Make `definition` the active version of `name`: a fork of a static yaml entry,
-        else a create (identical content returns the active row, `deduplicated: true`)."""
+        else a create (identical content returns the active row, `deduplicated: true`). A static
+        name is refused in the shared tenant (LoomcycleError `static_in_shared_tenant`): there
+        the yaml entry outranks every runtime version."""
         static = any(row.get("name") == name and row.get("static") for row in await self.list())
+        if static:
+            b.check_apply_tenant(name, await self._c.send(b.Call("GET", "/v1/_me")))
         call = b.agent_apply_call(name, definition, static=static, description=description)
         return dict(await self._c.send(call))
 

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from loomcycle.client import AsyncClient, BadRequest, Client, ConnectionFailed, NotFound
+from apps.substrate.models import AgentDef
+from loomcycle.client import AsyncClient, BadRequest, Client, ConnectionFailed, LoomcycleError, NotFound
 from tests.cli.conftest import Web, script
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
@@ -47,3 +48,18 @@ async def _async_round_trip(url: str) -> None:
 
 def test_the_async_client_runs_reads_and_cancels(web_proc: Web) -> None:
     asyncio.run(_async_round_trip(web_proc.url))
+
+
+async def _async_apply(url: str) -> dict[str, object]:
+    async with AsyncClient(url) as lc:
+        return await lc.agents.apply("scripted", {"system_prompt": "forked"})
+
+
+def test_apply_refuses_a_static_name_in_the_shared_tenant(web_proc: Web) -> None:
+    """Open mode is the shared tenant, where the yaml entry outranks every runtime version."""
+    with Client(web_proc.url) as lc, pytest.raises(LoomcycleError) as sync_refused:
+        lc.agents.apply("scripted", {"system_prompt": "forked"})
+    with pytest.raises(LoomcycleError) as async_refused:
+        asyncio.run(_async_apply(web_proc.url))
+    assert sync_refused.value.code == async_refused.value.code == "static_in_shared_tenant"
+    assert not AgentDef.objects.filter(name="scripted", source="runtime").exists()  # nothing was written

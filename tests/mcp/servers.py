@@ -1,17 +1,20 @@
 """A streamable-HTTP MCP server for the tests, built with the official SDK
 (`MCPServer`) and served by uvicorn on a loopback port in a thread of the test
-process. It records the Authorization header of every request it gets; `garble` fails
-with a NUL in its error; its
+process. It records the headers, JSON-RPC method, session id and status of every request
+it gets, and can forget its sessions as the SDK's server does when one expires (`expire`);
+`garble` fails with a NUL in its error; its
 `grow` tool adds a tool and tells the caller its list changed; `wait` sets `WAITING`
 and sleeps (the cancel test)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -27,22 +30,81 @@ def _free_port() -> int:
         return port
 
 
-class Recorder:
-    """ASGI middleware keeping (Host, Authorization) of each HTTP request."""
+@dataclass
+class Seen:
+    """One HTTP request the server got: its JSON-RPC method (or the HTTP method when the
+    body is not one JSON-RPC message), its Mcp-Session-Id ("" without one), its headers
+    (lower-case names) and the status it was answered with."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    method: str
+    session: str
+    headers: dict[str, str]
+    status: int = 0
+
+
+class Recorder:
+    """ASGI middleware keeping (Host, Authorization) of each HTTP request, and each
+    request as `Seen`. `expire` makes the SDK's session manager forget every open session
+    before the next request that names one (`always`: before every such request), so
+    that request gets the SDK's own 404 "Session not found", as an expired session does."""
+
+    def __init__(self, app: Any, server: MCPServer) -> None:
+        self.app, self.server = app, server
         self.seen: list[tuple[str, str]] = []
+        self.requests: list[Seen] = []
+        self.expiring: str = ""  # "", "next" or "always"
+
+    def expire(self, *, always: bool = False) -> None:
+        self.expiring = "always" if always else "next"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            self.seen.append((headers.get(b"host", b"").decode(), headers.get(b"authorization", b"").decode()))
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers") or []}
+        self.seen.append((headers.get("host", ""), headers.get("authorization", "")))
+        seen = Seen(method=scope["method"], session=headers.get("mcp-session-id", ""), headers=headers)
+        self.requests.append(seen)
+        if seen.session and self.expiring:
+            self.expiring = "" if self.expiring == "next" else self.expiring
+            await self._forget_sessions()
+        body = bytearray()
+
+        async def receiving() -> Any:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                seen.method = _rpc_method(bytes(body)) or seen.method
+            return message
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                seen.status = message["status"]
+            await send(message)
+
+        await self.app(scope, receiving, sending)
+
+    async def _forget_sessions(self) -> None:
+        """What the SDK's manager does when a session's idle timeout ends it (its private API:
+        the public one has no way to end a session from the server's side)."""
+        manager = self.server.session_manager
+        for session_id, transport in list(manager._server_instances.items()):
+            await manager._discard_session(session_id, transport)
+
+    def calls(self, method: str) -> list[Seen]:
+        return [r for r in self.requests if r.method == method]
 
     def authorizations(self, host: str) -> set[str]:
         """The Authorization values of the requests addressed to `host` (any port)."""
         return {auth for seen_host, auth in self.seen if seen_host.rsplit(":", 1)[0] == host}
+
+
+def _rpc_method(body: bytes) -> str:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return ""
+    return str(message.get("method", "")) if isinstance(message, dict) else ""
 
 
 WAITING = threading.Event()  # set when a `wait` call has started
@@ -92,20 +154,21 @@ def build() -> MCPServer:
 def serving() -> Iterator[tuple[int, Recorder]]:
     """The server on a free loopback port until the block ends: (port, recorder)."""
     port = _free_port()
-    recorder = Recorder(build().streamable_http_app())
+    server = build()
+    recorder = Recorder(server.streamable_http_app(), server)
     config = uvicorn.Config(
         recorder, host="127.0.0.1", port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
     )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="mcp-test-server", daemon=True)
+    served = uvicorn.Server(config)
+    thread = threading.Thread(target=served.run, name="mcp-test-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
-    while not server.started:  # uvicorn's own flag: bound and accepting
+    while not served.started:  # uvicorn's own flag: bound and accepting
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test MCP server did not start")
         time.sleep(0.02)
     try:
         yield port, recorder
     finally:
-        server.should_exit = server.force_exit = True  # workers may still hold a session stream open
+        served.should_exit = served.force_exit = True  # workers may still hold a session stream open
         thread.join(timeout=10)

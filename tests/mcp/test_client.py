@@ -279,3 +279,45 @@ def test_the_mcp_endpoints_session_manager_is_started_again_after_its_task_ends(
         return second is not first and manager._task is not None and not manager._task.done()
 
     assert asyncio.run(restarted())
+
+
+def _loopback_server(name: str, port: int) -> Any:
+    overlay = {"transport": "streamable-http", "url": f"http://localhost:{port}/mcp"}
+    mcpserver_op("acme", {"op": "create", "name": name, "overlay": overlay, "discover": False})
+    row = selectors.server_resolve(tenant_id="acme", name=name)
+    assert row is not None
+    return row
+
+
+def test_an_http_session_the_server_forgot_is_opened_again_once_and_the_call_answered(
+    loopback: tuple[int, Recorder],
+) -> None:
+    port, recorder = loopback
+    row = _loopback_server("forgetful", port)
+    recorder.requests.clear()
+    first = services.mcp_call(row=row, tool="echo", args={"text": "one"}, credentials={})
+    assert (first.text, first.is_error) == ("echo: one", False)
+    [before] = recorder.calls("tools/call")
+    recorder.expire()  # the server forgets the session, as one whose idle timeout ran out
+    again = services.mcp_call(row=row, tool="echo", args={"text": "two"}, credentials={})
+    assert (again.text, again.is_error) == ("echo: two", False)
+    tool_calls = recorder.calls("tools/call")
+    assert [(c.session == before.session, c.status) for c in tool_calls] == [(True, 200), (True, 404), (False, 200)]
+    assert len(recorder.calls("initialize")) == 2  # the pooled session, then the one opened again
+    assert tool_calls[2].session != ""
+
+
+def test_a_server_that_keeps_forgetting_its_session_gives_an_error_result_after_one_retry(
+    loopback: tuple[int, Recorder],
+) -> None:
+    port, recorder = loopback
+    row = _loopback_server("amnesiac", port)
+    recorder.requests.clear()
+    recorder.expire(always=True)
+    try:
+        out = services.mcp_call(row=row, tool="echo", args={"text": "x"}, credentials={})
+    finally:
+        recorder.expiring = ""
+    assert out.is_error and out.text == "mcp server 'amnesiac': tool 'echo' failed: Session not found"
+    assert [c.status for c in recorder.calls("tools/call")] == [404, 404]
+    assert len(recorder.calls("initialize")) == 2

@@ -23,11 +23,13 @@ from tests.conftest import wait_for, wait_status
 from tests.mcp.conftest import mcpserver_op
 from tests.mcp.servers import WAITING, Recorder
 from tests.procs import WorkerPool
+from tests.runs.test_redaction import _pg_dump
 
 pytestmark = pytest.mark.usefixtures("agents", "mcp_net")
 
 ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
 BEARER = "bearer-of-alice-0123456789"
+TRACKER_KEY = "trk-key-5f4e3d2c1b0a"
 
 
 def run(steps: list[dict[str, Any]], **kw: Any) -> Run:
@@ -96,6 +98,57 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
     # listed without the run's credentials (the cache is shared by every run of the tenant).
     assert wait_for(lambda: _cached_names(created["def_id"]) == ["echo", "fail", "garble", "wait", "grow", "shout"])
     assert recorder.authorizations("localhost") == {f"Bearer {BEARER}", ""}
+
+
+def _escaped(text: str) -> str:
+    """`text` as \\uXXXX escapes, for inside a JSON string: the prompt carrying the mock's
+    script holds no secret in clear, and the mock's tool input has it verbatim."""
+    return "".join(f"\\u{ord(c):04x}" for c in text)
+
+
+def test_a_run_credential_fills_an_http_servers_header_at_call_time_and_is_stored_nowhere(
+    stack: WorkerPool, loopback: tuple[int, Recorder], stack_env: dict[str, str]
+) -> None:
+    port, recorder = loopback
+    overlay = {
+        "transport": "streamable-http",
+        "url": f"http://localhost:{port}/mcp",
+        "headers": {"X-Api-Key": "${run.credentials.tracker_key}"},
+    }
+    recorder.requests.clear()
+    created = mcpserver_op("acme", {"op": "create", "name": "tracker", "overlay": overlay})
+    assert created["discovery"]["ok"] and "echo" in created["discovery"]["tools"]
+    assert recorder.calls("tools/list") and all("x-api-key" not in r.headers for r in recorder.requests)
+    recorder.requests.clear()
+
+    script = json.dumps([{"tool": "mcp__tracker__echo", "input": {"text": "key=@KEY@"}}, {"text": "done"}])
+    prompt = "Use the tools. MOCK_SCRIPT: " + script.replace("@KEY@", _escaped(TRACKER_KEY))
+    assert TRACKER_KEY not in prompt
+    data = run_services.RunCreate(
+        agent="mcp-user", segments=[Segment(text=prompt)], credentials={"tracker_key": TRACKER_KEY}
+    )
+    done = run_services.run_create(principal=ACME, data=data)
+    wait_status(done.id, RunStatus.COMPLETED, timeout=60)
+    [called] = recorder.calls("tools/call")
+    assert called.headers["x-api-key"] == TRACKER_KEY  # the server saw the run's credential
+    assert {r.headers.get("x-api-key") for r in recorder.requests} == {TRACKER_KEY}  # on every request of the session
+    echoed = results(done.id)["mcp__tracker__echo"]
+    # The server echoed the key back; the result is redacted before the model or the database sees it.
+    assert echoed == {"text": "echo: key=[redacted:run.credentials.tracker_key]", "error": False}
+
+    # A run without the credential gets an error result, and nothing is sent.
+    recorder.requests.clear()
+    bare = run([{"tool": "mcp__tracker__echo", "input": {"text": "x"}}, {"text": "done"}])
+    wait_status(bare.id, RunStatus.COMPLETED, timeout=60)
+    refused = results(bare.id)["mcp__tracker__echo"]
+    assert refused["error"]
+    assert "'${run.credentials.tracker_key}' names a credential this run does not carry" in refused["text"]
+    # Nothing from that run (the first run's pooled session, keyed, may still be on its GET stream).
+    assert all(r.headers.get("x-api-key") == TRACKER_KEY for r in recorder.requests)
+
+    dump = _pg_dump(stack_env["DATABASE_URL"])
+    assert done.id in dump and "[redacted:run.credentials.tracker_key]" in dump
+    assert TRACKER_KEY not in dump
 
 
 def _cached_names(def_id: str) -> list[str]:

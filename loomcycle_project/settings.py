@@ -314,7 +314,13 @@ def logging_config(log_format: str, level: str) -> dict[str, Any]:
         "filters": {"run_context": {"()": "apps.core.logcontext.RunContextFilter"}},
         "handlers": {"console": console},
         "root": {"handlers": ["console"], "level": level},
-        "loggers": {"django.db.backends": {"level": "WARNING"}},
+        "loggers": {
+            "django.db.backends": {"level": "WARNING"},
+            # Their DEBUG records are wire traces that quote response headers, where a service
+            # may echo a run's credential (HTTP tool: httpcore; MCP client: httpcore2).
+            "httpcore": {"level": "INFO"},
+            "httpcore2": {"level": "INFO"},
+        },
     }
 
 

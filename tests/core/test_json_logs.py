@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,13 @@ ACME = Principal(tenant_id="acme", subject="u", scopes=frozenset({"substrate:ten
 SCRIPT = [{"tools": [{"tool": "Context", "input": {"op": "self"}}]}, {"text": "done"}]
 
 
-@pytest.fixture
-def json_worker(no_workers: None, stack_env: dict[str, str], logdir: Path) -> Iterator[Path]:
-    """One worker (the session's are stopped) logging JSON at DEBUG, so every library's
-    records go through the formatter too; yields its log file (stdout and stderr)."""
-    log = logdir / "json-worker.log"
+@contextmanager
+def json_logging_worker(env: dict[str, str], log: Path, name: str = "json") -> Iterator[Path]:
+    """One worker process (`<name>@host`, 4 threads, queues runs and maintenance) with `env`,
+    logging JSON at DEBUG, so every library's records go through the formatter too; yields
+    its log file (stdout and stderr) and stops it on leaving."""
     env = {
-        **stack_env,
+        **env,
         "LOOMCYCLE_LOG_FORMAT": "json",
         "LOOMCYCLE_LOG_LEVEL": "DEBUG",
         # This host runs the suite as root, which Celery warns about before logging is set up
@@ -44,14 +45,21 @@ def json_worker(no_workers: None, stack_env: dict[str, str], logdir: Path) -> It
         "PYTHONWARNINGS": "ignore:You're running the worker with superuser privileges",
     }
     argv = [*procs.CELERY, "--quiet", "worker", "--pool", "threads", "-c", "4", "-Q", "runs,maintenance", "-l", "DEBUG"]
-    proc = procs.spawn([*argv, "-n", "json@%h", "--without-gossip", "--without-mingle"], env, log)
+    proc = procs.spawn([*argv, "-n", f"{name}@%h", "--without-gossip", "--without-mingle"], env, log)
     try:
         yield log
     finally:
         procs.stop(proc)
 
 
-def _records(log: Path) -> list[dict[str, Any]]:
+@pytest.fixture
+def json_worker(no_workers: None, stack_env: dict[str, str], logdir: Path) -> Iterator[Path]:
+    """One JSON worker (the session's are stopped); yields its log file."""
+    with json_logging_worker(stack_env, logdir / "json-worker.log") as log:
+        yield log
+
+
+def json_records(log: Path) -> list[dict[str, Any]]:
     """Every line of the log, each parsed as one JSON object (a line that is not fails the test)."""
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     records = []
@@ -75,7 +83,7 @@ def test_a_json_worker_logs_each_line_as_json_with_the_runs_ids(json_worker: Pat
     run = services.run_create(principal=ACME, data=data)
     wait_status(run.id, RunStatus.COMPLETED, timeout=60)
     _wait_for_line(json_worker, f'"run_id": "{run.id}"', "run finished")  # logged after the commit
-    records = _records(json_worker)
+    records = json_records(json_worker)
     assert all({"timestamp", "level", "logger", "message"} <= r.keys() for r in records)
     mine = [r for r in records if r.get("run_id") == run.id]
     assert {r["tenant"] for r in mine} == {"acme"}

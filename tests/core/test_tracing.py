@@ -124,8 +124,9 @@ class _Handler(BaseHTTPRequestHandler):
         return  # the test reads spans, not access logs
 
 
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
+@contextmanager
+def otlp_receiver() -> Iterator[Receiver]:
+    """A `Receiver` serving on a loopback port until the block ends."""
     server = Receiver()
     thread = threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True)
     thread.start()
@@ -136,7 +137,13 @@ def receiver() -> Iterator[Receiver]:
         server.server_close()
 
 
-def _otel_env(receiver: Receiver) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    with otlp_receiver() as server:
+        yield server
+
+
+def otel_env(receiver: Receiver) -> dict[str, str]:
     """A process exports to `receiver`, every 100 ms."""
     return {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
@@ -152,7 +159,7 @@ def traced(
     `receiver`, for this module's tests; the session's untraced workers are stopped (as
     `no_workers` does) so that only these run iterations."""
     workers.stop()
-    otel = _otel_env(receiver)
+    otel = otel_env(receiver)
     pool = WorkerPool({**stack_env, **otel}, logdir / "tracing", size=2, concurrency=1)
     pool.ensure()  # the workers start while the web process does
     try:
@@ -382,7 +389,7 @@ def test_a_run_created_by_manage_py_mcp_is_rooted_there(
     async def work(client: Client) -> tuple[bool, dict[str, Any]]:
         return await call(client, "spawn_run", {**spawn, "wait_seconds": 60})
 
-    error, spawned = over_stdio(["mcp", "--token", token], {**stack_env, **_otel_env(receiver)}, work)
+    error, spawned = over_stdio(["mcp", "--token", token], {**stack_env, **otel_env(receiver)}, work)
     assert not error and spawned["status"] == "completed", spawned
     run_id = spawned["run_id"]
     spans = wait_for(lambda: _once_named(receiver, "run.create", run_id), timeout=20)

@@ -1,22 +1,28 @@
 """The network tools in real runs: mock-script agents on real workers fetch
 loopback pages (the workers' LOOMCYCLE_HTTP_* come from tests/conftest.py
 stack_env: hosts `localhost` and `127.0.0.1`, only `localhost` non-public),
-refuse with reasons, and pass the host policy to sub-agents."""
+refuse with reasons, and pass the host policy to sub-agents. A run's credentials
+reach the server in HTTP headers and no worker log line or exported span."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
 
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools.network import NO_HOSTS
-from tests.conftest import ALICE, wait_status
+from tests.conftest import ALICE, wait_for, wait_status
+from tests.core.test_json_logs import json_logging_worker, json_records
+from tests.core.test_tracing import Receiver, Span, otel_env, otlp_receiver
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "net")
@@ -97,3 +103,65 @@ def test_post_runs_takes_allowed_hosts_and_refuses_bad_entries(stack: WorkerPool
     assert good.status_code == 202, good.text
     created = wait_status(good.json()["run_id"], RunStatus.COMPLETED, timeout=30)
     assert created.allowed_hosts == ["localhost"]
+
+
+# Per-run credentials (docs/tools.md): filled in at the HTTP boundary, never in a log line or a span.
+API_KEY = "cred-api-7Hq2nM4pZx91-unseen"
+BEARER = "bearer.Unseen-5Rk8Wq2Lm0Tz4Yc"
+
+
+def _echo(request: Request) -> Response:
+    """A service that echoes the credentials it was sent (body and a header), as an echo API would."""
+    sent = {"caller": request.headers.get("X-Caller"), "key": request.headers.get("X-Api-Key")}
+    return Response(json.dumps(sent), content_type="application/json", headers={"X-Echo-Key": str(sent["key"])})
+
+
+@pytest.fixture
+def observed(no_workers: None, stack_env: dict[str, str], logdir: Path) -> Iterator[tuple[Path, Receiver]]:
+    """The only worker (the session's are stopped): JSON logs at DEBUG into its log file,
+    spans exported to an OTLP receiver on loopback."""
+    with (
+        otlp_receiver() as receiver,
+        json_logging_worker({**stack_env, **otel_env(receiver)}, logdir / "creds-worker.log", "creds") as log,
+    ):
+        yield log, receiver
+
+
+def test_credentials_reach_the_server_but_no_log_line_or_span(
+    observed: tuple[Path, Receiver], httpserver: HTTPServer
+) -> None:
+    log, receiver = observed
+    httpserver.expect_request("/echo").respond_with_handler(_echo)
+    url = f"http://localhost:{httpserver.port}/echo"
+    # Not `Authorization: Bearer ...`: the prompt that carries the script is stored (and read
+    # back by mock-script) redacted, and that pattern is masked in it (Tier B).
+    headers = {"X-Caller": "caller ${run.user_bearer}", "X-Api-Key": "${run.credentials.api}"}
+    done = run(
+        [{"tool": "HTTP", "input": {"url": url, "headers": headers}}, {"text": "called"}],
+        credentials={"user_bearer": BEARER, "api": API_KEY},
+    )
+    wait_status(done.id, RunStatus.COMPLETED, timeout=60)
+
+    [(sent, _)] = httpserver.log  # the server received the values themselves
+    assert (sent.headers["X-Caller"], sent.headers["X-Api-Key"]) == (f"caller {BEARER}", API_KEY)
+    [echoed] = results(done.id)  # the echo went through the worker; the model read it masked
+    assert not echoed["error"] and "X-Echo-Key: [redacted:run.credentials.api]" in echoed["text"]
+    assert "caller [redacted:run.user_bearer]" in echoed["text"]
+    assert API_KEY not in echoed["text"] and BEARER not in echoed["text"]
+
+    wait_for(lambda: any(done.id in line and "run finished" in line for line in log.read_text().splitlines()))
+    records = json_records(log)  # DEBUG and up, the run's own among them
+    assert any(r["level"] == "DEBUG" for r in records)
+    assert [r for r in records if r.get("run_id") == done.id and r["message"].startswith("iteration committed")]
+    leaked = [line for line in log.read_text().splitlines() if API_KEY in line or BEARER in line]
+    assert leaked == [], leaked[:3]
+
+    def exported() -> list[Span]:
+        spans = receiver.snapshot()
+        mine = [s for s in spans if s.attributes.get("loomcycle.run_id") == done.id]
+        tool = [s for s in mine if s.name == "tool HTTP"]
+        return spans if len([s for s in mine if s.name == "run.iterate"]) == 2 and tool else []
+
+    spans = wait_for(exported, timeout=20)
+    texts = [json.dumps([s.name, s.attributes, s.events], default=str) for s in spans]
+    assert [t for t in texts if API_KEY in t or BEARER in t] == []

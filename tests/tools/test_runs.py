@@ -1,8 +1,8 @@
 """Volumes and file tools through real runs (real workers, mock-script agents of
 tests/loomcycle.test.yaml): bindings on the run row, ro and missing volumes,
 sub-agents within their parent's volumes, ephemeral volumes purged at the end of
-the top-level run, a Bash command killed by the run's cancel, and the
-VolumeDef admin routes."""
+the top-level run, a Bash command killed by the run's cancel and holding no
+database connection while it runs, and the VolumeDef admin routes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,8 @@ from apps.tools.volumes import (
     static_volumes,
     volumes_root,
 )
-from tests.conftest import ALICE, wait_for, wait_status
+from loomcycle_project.db.base import application_name
+from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.tools.test_bash import gone
 from tests.tools.test_files import ctx_for
@@ -220,6 +222,45 @@ def test_cancel_kills_a_running_bash_within_a_second(stack: WorkerPool, work: Pa
     took = (done.completed_at - asked).total_seconds()
     assert took < 1.0, f"cancel took {took:.2f} s"
     gone(pid)
+
+
+def _worker_sessions(pid: int, since: datetime) -> list[tuple[str, bool, str]]:
+    """The Postgres sessions of worker process `pid` (application_name `loomcycle:<pid>`):
+    (state, whether its transaction or statement began before `since`, its query)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT state, coalesce(xact_start, query_start) < %s, query FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
+            [since, application_name(pid)],
+        )
+        return [(state, bool(before), query) for state, before, query in cur.fetchall()]
+
+
+@pytest.mark.usefixtures("agents")
+def test_a_running_bash_command_holds_no_database_connection(stack: WorkerPool, work: Path) -> None:
+    """docs/tools.md: the call holds no DB connection while the command runs. The worker's
+    pool may keep a connection open, idle; none is in use (active, or idle in a transaction)."""
+    (work / "hold").touch()  # the command waits while it exists
+    command = "echo $PPID > worker.pid; while [ -e hold ]; do sleep 0.05; done; echo released"
+    run = scripted("files-rw", [{"tool": "Bash", "input": {"command": command}}, {"text": "done"}])
+    pid = int(wait_for(lambda: (work / "worker.pid").exists() and (work / "worker.pid").read_text().strip(), 30))
+    assert pid in stack.pids()  # the shell's parent: the worker process running the iteration
+    with connection.cursor() as cur:  # on Postgres's clock, as pg_stat_activity's times
+        cur.execute("SELECT now()")
+        (started,) = cur.fetchone()
+
+    def nothing_in_use() -> bool:
+        sessions = _worker_sessions(pid, started)
+        assert sessions, "no session named after the worker"  # its pool keeps one: the name matches
+        held = [s for s in sessions if s[0] != "idle" and s[1]]
+        assert held == [], f"busy since before the command started: {held}"
+        return all(state == "idle" for state, _, _ in sessions)  # a beat task's brief query: look again
+
+    wait_for(nothing_in_use, timeout=10)
+    assert (work / "hold").exists() and run_row(run.id).status == RunStatus.RUNNING  # still in the command
+    (work / "hold").unlink()
+    wait_status(run.id, RunStatus.COMPLETED, timeout=30)
+    assert results(run.id) == [("Bash", "released\n", False)]
 
 
 # --- admin routes --------------------------------------------------------------------------

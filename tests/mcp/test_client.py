@@ -12,13 +12,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import mcp_types
 import pytest
 from django.urls import reverse
+from mcp.shared.exceptions import MCPError
 
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.mcp import selectors, services
 from apps.mcp.client import calls
 from apps.mcp.client.servers import ServerSpec, server_spec
+from apps.mcp.client.sessions import gone
 from apps.mcp.server.http import _Manager
 from apps.runs import registry
 from apps.substrate.kinds import Refused, get_kind
@@ -321,3 +324,13 @@ def test_a_server_that_keeps_forgetting_its_session_gives_an_error_result_after_
     assert out.is_error and out.text == "mcp server 'amnesiac': tool 'echo' failed: Session not found"
     assert [c.status for c in recorder.calls("tools/call")] == [404, 404]
     assert len(recorder.calls("initialize")) == 2
+
+
+def test_only_an_expired_session_or_a_closed_connection_counts_as_gone() -> None:
+    """The classification behind the one re-initialise: a call whose error merely mentions a
+    session is the call's own failure and is not sent again (a tool would run twice)."""
+    assert gone(MCPError(mcp_types.INVALID_REQUEST, "Session not found"))  # the SDK server's 404
+    assert gone(MCPError(mcp_types.INVALID_REQUEST, "Session terminated"))  # the SDK client's bare 404
+    assert gone(MCPError(mcp_types.CONNECTION_CLOSED, "Connection closed"))
+    assert not gone(MCPError(mcp_types.INTERNAL_ERROR, "the upstream session with the tracker was lost"))
+    assert not gone(MCPError(mcp_types.INVALID_PARAMS, "session_id must be a string"))

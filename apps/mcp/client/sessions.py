@@ -64,9 +64,14 @@ class McpBusy(Exception):
 
 
 def gone(exc: BaseException) -> bool:
-    """Whether `exc` says the session is unusable (server died, session expired or closed)."""
+    """Whether `exc` says the session is unusable (server died, session expired or closed).
+    An expired session is an INVALID_REQUEST error naming the session: the SDK server's 404
+    "Session not found", or the SDK client's "Session terminated" for a bare 404. Any other
+    error is the call's own, even one whose text says "session": re-sending it would run a
+    tool twice."""
     if isinstance(exc, MCPError):
-        return exc.code == types.CONNECTION_CLOSED or "session" in exc.message.lower()
+        expired = exc.code == types.INVALID_REQUEST and "session" in exc.message.lower()
+        return exc.code == types.CONNECTION_CLOSED or expired
     return isinstance(exc, _GONE_ERRORS)
 
 

@@ -16,10 +16,11 @@ Invariants:
 - the source is read as the caller may see it (another tenant's run: 404), and
   only in the caller's own tenant: an admin credential reads every tenant, but
   forking another tenant's run would copy its transcript into the admin's
-  tenant, so that is a 404 too. The fork belongs to that tenant and the source's
-  user, starts through `run_create` (the same admission, fairness and
-  doorbell), and records its lineage (`forked_from_run`, `forked_at_step`) and
-  a `forked` event;
+  tenant, so that is a 404 too. The fork belongs to that tenant; it starts
+  through `run_create` (the same admission, fairness and doorbell, and the
+  same identity rule: the source's user is kept only for a caller that may name
+  the user, apps.core.identity, else the fork is the caller's own), and records
+  its lineage (`forked_from_run`, `forked_at_step`) and a `forked` event;
 - a cut that ends on the model's own turn needs a next user turn: `prompt`
   gives it; without one an interactive fork starts parked at
   `awaiting_input` (outside the admission queue: apps.runs.services), a

@@ -4,6 +4,7 @@ engine, inherited by sub-agents, cleared at the end, never in an API answer."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -24,15 +25,15 @@ from apps.runs.credentials import (
 from apps.runs.models import Run, RunInput, RunStatus
 from apps.runs.prompt import Segment
 from apps.runs.subruns import children_insert, spawn_prepare
-from tests.conftest import ALICE, wait_status
+from tests.conftest import ALICE, wait_for, wait_status
 
 pytestmark = pytest.mark.usefixtures("agents")
 
 CREDS = {"user_bearer": "bearer.Tok-1234567890abcdef", "github": "cred-gh-9f8e7d6c5b4a"}
 
 
-def _create(agent: str = "echo", credentials: dict[str, str] | None = None) -> Run:
-    data = services.RunCreate(agent=agent, segments=[Segment(text="hi")], credentials=credentials or CREDS)
+def _create(agent: str = "echo", credentials: dict[str, str] | None = None, prompt: str = "hi") -> Run:
+    data = services.RunCreate(agent=agent, segments=[Segment(text=prompt)], credentials=credentials or CREDS)
     return services.run_create(principal=ALICE, data=data)
 
 
@@ -143,6 +144,23 @@ def test_sub_agents_inherit_exactly_the_parents_credentials() -> None:
     services.run_cancel(principal=ALICE, agent_id=parent.agent_id)  # and the child with it
     # A session worker may hold the child: its cancel then lands at the worker's commit.
     assert wait_status(child_id, RunStatus.CANCELLED).credentials_sealed == ""
+
+
+@pytest.mark.usefixtures("stack")
+def test_parallel_spawn_children_inherit_exactly_the_parents_credentials() -> None:
+    kid = {"name": "fan-child", "prompt": 'MOCK_SCRIPT: [{"sleep_ms": 60000}]'}  # live while we look
+    fan = {"op": "parallel_spawn", "spawns": [kid, kid]}
+    prompt = f"MOCK_SCRIPT: {json.dumps([{'tool': 'Agent', 'input': fan}, {'text': 'done'}])}"
+    parent = _create(agent="fanner-wide", prompt=prompt)
+    wait_for(lambda: Run.objects.filter(parent_id=parent.id).count() == 2, timeout=30)
+    children = list(Run.objects.filter(parent_id=parent.id))
+    sealed_parent = Run.objects.get(id=parent.id).credentials_sealed
+    for child in children:
+        assert unseal(run_id=child.id, sealed=child.credentials_sealed) == CREDS
+        assert child.credentials_sealed != sealed_parent  # sealed for the child
+    services.run_cancel(principal=ALICE, agent_id=parent.agent_id)  # and the children with it
+    for child in children:
+        assert wait_status(child.id, RunStatus.CANCELLED).credentials_sealed == ""
 
 
 def test_a_cancel_clears_the_sealed_credentials_and_steering_text_is_stored_redacted() -> None:

@@ -110,6 +110,50 @@ def test_a_fork_reproduces_steps_0_to_n_and_the_model_sees_exactly_that_history(
     assert f">{done.id}</a> (at step 0, completed)" in source_page
 
 
+def test_a_fork_with_an_agent_override_runs_that_agent_on_the_source_history(
+    source: Run, http: httpx.Client, people: dict[str, Any]
+) -> None:
+    """`agent` names another agent of the tenant (an acme definition here): the fork is that
+    agent's run (its system prompt and tools), over the source's transcript through the step."""
+    reviewer = {"provider": "mock", "model": "mock-script", "tools": ["Context"], "system_prompt": "You review."}
+    made_def = http.post(
+        "/v1/_agentdef", headers=people["alice"], json={"op": "create", "name": "acme-reviewer", "overlay": reviewer}
+    )
+    assert made_def.status_code == 200, made_def.text
+    prompt = 'Review this. MOCK_SCRIPT: [{"echo": true}]'
+    made = fork(http, source.id, people["bob"], from_step=1, prompt=prompt, agent="acme-reviewer")
+    assert made.status_code == 201, made.text
+    body = made.json()
+    assert (body["forked_from_run"], body["forked_at_step"]) == (source.id, 1)
+    assert body["session_id"] != source.session_id
+    done = wait_status(body["run_id"], RunStatus.COMPLETED, timeout=30)
+
+    assert (done.agent_name, done.agent_def.tenant_id, done.agent_def.name) == (
+        "acme-reviewer",
+        "acme",
+        "acme-reviewer",
+    )
+    assert (done.forked_from_run_id, done.forked_at_step) == (source.id, 1)
+    assert (source.user_id, done.user_id) == ("alice", "bob")  # bob may not name a user: the fork is his (identity)
+    kept = rows(source.id, max_step=1)
+    assert [r for r, _ in kept] == ["user", "assistant", "user", "assistant", "user"]  # steps 0 and 1
+    assert rows(done.id)[: len(kept)] == kept  # the source's rows through step 1, row for row
+    seen = json.loads(events(done.id, "text")[-1]["text"])
+    assert seen["system"] == "You review."  # its own system prompt
+    assert seen["tools"] == ["Context"]  # the reviewer's tools, not scripted's (Context, Memory, Channel)
+    assert seen["messages"] == [
+        {"role": "user", "text": f"Test prompt. MOCK_SCRIPT: {json.dumps(SOURCE_SCRIPT)}"},
+        {"role": "assistant", "text": "looking"},
+        {"role": "user", "text": ""},  # step 0's tool result
+        {"role": "assistant", "text": ""},  # step 1's tool call
+        {"role": "user", "text": prompt},  # beside step 1's tool result: nothing of step 2
+    ]
+    (forked,) = events(done.id, "forked")
+    assert forked["forked"] == {"run_id": source.id, "step": 1, "transcript_rows": 5}
+    status = http.get(f"/v1/runs/{done.id}", headers=people["bob"]).json()
+    assert (status["forked_from_run"], status["forked_at_step"]) == (source.id, 1)
+
+
 def test_a_fork_without_a_prompt_continues_where_the_cut_left_off(
     source: Run, http: httpx.Client, people: dict[str, Any]
 ) -> None:

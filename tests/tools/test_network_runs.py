@@ -93,6 +93,23 @@ def test_a_sub_agent_inherits_the_parents_hosts_never_wider(stack: WorkerPool, p
     assert refused["error"] and "host 'localhost' is not in the allowed hosts (127.0.0.1)" in refused["text"]
 
 
+def test_parallel_spawn_children_inherit_the_parents_hosts_never_wider(
+    stack: WorkerPool, page: str, httpserver: HTTPServer
+) -> None:
+    child_script = json.dumps([{"tool": "HTTP", "input": {"url": page}}, {"text": "child done"}])
+    spawns = [{"name": "fetcher", "prompt": f"Child {i}. MOCK_SCRIPT: {child_script}"} for i in range(2)]
+    fan = {"op": "parallel_spawn", "spawns": spawns}
+    parent = run([{"tool": "Agent", "input": fan}, {"text": "parent done"}], allowed_hosts=["127.0.0.1"])
+    wait_status(parent.id, RunStatus.COMPLETED, timeout=30)
+    children = list(Run.objects.filter(parent_id=parent.id))
+    assert len(children) == 2
+    for child in children:
+        assert child.allowed_hosts == ["127.0.0.1"]  # not the operator's wider list
+        [refused] = results(child.id)
+        assert refused["error"] and "host 'localhost' is not in the allowed hosts (127.0.0.1)" in refused["text"]
+    assert httpserver.log == []
+
+
 def test_post_runs_takes_allowed_hosts_and_refuses_bad_entries(stack: WorkerPool, http: httpx.Client) -> None:
     body = {"agent": "fetcher", "prompt": 'MOCK_SCRIPT: [{"text": "hi"}]', "background": True}
     bad = http.post("/v1/runs", json={**body, "allowed_hosts": ["not a host"]})

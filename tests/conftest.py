@@ -233,6 +233,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: floa
     raise AssertionError(f"condition not met within {timeout} s")
 
 
+def unicode_escaped(text: str) -> str:
+    """`text` as \\uXXXX escapes, for the inside of a JSON string in a mock script: the prompt
+    that carries the script holds no secret in clear, and the mock reads the value back verbatim."""
+    return "".join(f"\\u{ord(c):04x}" for c in text)
+
+
 def run_row(run_id: str) -> Run:
     return Run.objects.get(id=run_id)
 

@@ -19,7 +19,7 @@ from apps.runs import services as run_services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate.kinds import Refused
-from tests.conftest import wait_for, wait_status
+from tests.conftest import unicode_escaped, wait_for, wait_status
 from tests.mcp.conftest import mcpserver_op
 from tests.mcp.servers import WAITING, Recorder
 from tests.procs import WorkerPool
@@ -100,12 +100,6 @@ def test_an_http_server_gets_the_runs_credentials_and_its_list_changes_are_cache
     assert recorder.authorizations("localhost") == {f"Bearer {BEARER}", ""}
 
 
-def _escaped(text: str) -> str:
-    """`text` as \\uXXXX escapes, for inside a JSON string: the prompt carrying the mock's
-    script holds no secret in clear, and the mock's tool input has it verbatim."""
-    return "".join(f"\\u{ord(c):04x}" for c in text)
-
-
 def test_a_run_credential_fills_an_http_servers_header_at_call_time_and_is_stored_nowhere(
     stack: WorkerPool, loopback: tuple[int, Recorder], stack_env: dict[str, str]
 ) -> None:
@@ -122,7 +116,7 @@ def test_a_run_credential_fills_an_http_servers_header_at_call_time_and_is_store
     recorder.requests.clear()
 
     script = json.dumps([{"tool": "mcp__tracker__echo", "input": {"text": "key=@KEY@"}}, {"text": "done"}])
-    prompt = "Use the tools. MOCK_SCRIPT: " + script.replace("@KEY@", _escaped(TRACKER_KEY))
+    prompt = "Use the tools. MOCK_SCRIPT: " + script.replace("@KEY@", unicode_escaped(TRACKER_KEY))
     assert TRACKER_KEY not in prompt
     data = run_services.RunCreate(
         agent="mcp-user", segments=[Segment(text=prompt)], credentials={"tracker_key": TRACKER_KEY}

@@ -17,7 +17,7 @@ from django.conf import settings
 
 from apps.gateway.models import GatewayCall
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord
-from tests.conftest import wait_for, wait_status
+from tests.conftest import unicode_escaped, wait_for, wait_status
 from tests.runs.test_api import sse_frames
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
@@ -42,9 +42,8 @@ def _secrets() -> list[tuple[str, str]]:
 
 
 def _unicode_escaped(text: str) -> str:
-    """`text` as a JSON string literal of \\uXXXX escapes only: the prompt that
-    carries the script holds no secret, the mock reads it back verbatim."""
-    return '"' + "".join(f"\\u{ord(c):04x}" for c in text) + '"'
+    """`text` as a JSON string literal of escapes only (tests.conftest.unicode_escaped)."""
+    return f'"{unicode_escaped(text)}"'
 
 
 def _prompt() -> str:

@@ -44,21 +44,6 @@ def db_now(stack: InfraStack) -> Any:
     return stack.sql("SELECT now()")[0][0]
 
 
-def next_event_delays(stack: InfraStack, run_ids: list[str], since: Any, timeout: float) -> list[float]:
-    """Seconds from `since` (Postgres's clock) to each run's first event after it (bounded wait)."""
-    out: list[float] = []
-    for run_id in run_ids:
-        rows = wl.wait_until(
-            lambda r=run_id: stack.sql(
-                "SELECT min(created_at) FROM runs_runevent WHERE run_id = %s AND created_at > %s", (r, since)
-            )[0][0],
-            timeout,
-            f"run {run_id} progressing after the fault",
-        )
-        out.append((rows - since).total_seconds())
-    return out
-
-
 def phase(stack: InfraStack, http: httpx.Client, fault: str) -> dict[str, Any]:
     w = wl.workload_start(http, stack, tag=fault, tool_runs=RUNS, steps=4, each=EACH)
     wl.wait_parked(stack, w, timeout=120)
@@ -75,10 +60,10 @@ def phase(stack: InfraStack, http: httpx.Client, fault: str) -> dict[str, Any]:
         stack.restart_postgres(down_s=PG_DOWN_S)
     restarted = db_now(stack)
     fault_s = time.monotonic() - t0
-    running = next_event_delays(stack, in_flight, restarted, timeout=300)
+    running = wl.next_event_delays(stack, in_flight, restarted, timeout=300)
     answered = db_now(stack)
     wl.unpark(http, stack, w)
-    parked = next_event_delays(stack, [*w.waiters, *w.chats, *w.askers], answered, timeout=300)
+    parked = wl.next_event_delays(stack, [*w.waiters, *w.chats, *w.askers], answered, timeout=300)
     wl.finish(http, stack, w, timeout=300)
     violations = wl.contract_violations(stack, w, fault)
     return {

@@ -269,3 +269,19 @@ def _stream_violations(stack: InfraStack, w: Workload) -> list[str]:
 
 def _diff(got: dict[str, str], want: dict[str, str]) -> dict[str, tuple[str | None, str]]:
     return {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+
+
+def next_event_delays(stack: InfraStack, run_ids: list[str], since: Any, timeout: float) -> list[float]:
+    """Seconds from `since` (Postgres's clock) to each run's first event after it, waiting at
+    most `timeout` for each (the recovery figure of a fault)."""
+    out: list[float] = []
+    for run_id in run_ids:
+        first = wait_until(
+            lambda r=run_id: stack.sql(
+                "SELECT min(created_at) FROM runs_runevent WHERE run_id = %s AND created_at > %s", (r, since)
+            )[0][0],
+            timeout,
+            f"run {run_id} progressing after the fault",
+        )
+        out.append((first - since).total_seconds())
+    return out

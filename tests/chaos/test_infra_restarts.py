@@ -64,21 +64,6 @@ def _consumers(stack: InfraStack, action: str) -> Any:
         return getattr(app.control, action)(RUNS, reply=True, timeout=5, limit=len(stack.pool.pids()), connection=conn)
 
 
-def _progress_delays(stack: InfraStack, run_ids: list[str], since: Any) -> list[float]:
-    """Seconds from `since` to each run's first event after it, waiting at most RECOVERY_BOUND_S."""
-    out = []
-    for run_id in run_ids:
-        first = wl.wait_until(
-            lambda r=run_id: stack.sql(
-                "SELECT min(created_at) FROM runs_runevent WHERE run_id = %s AND created_at > %s", (r, since)
-            )[0][0],
-            RECOVERY_BOUND_S,
-            f"run {run_id} progressing after the restart",
-        )
-        out.append((first - since).total_seconds())
-    return out
-
-
 def _in_flight(stack: InfraStack, w: wl.Workload) -> list[str]:
     rows = stack.sql("SELECT id FROM runs_run WHERE id = ANY(%s) AND status IN ('queued', 'running')", (w.tool_runs,))
     return [r for (r,) in rows]
@@ -103,7 +88,7 @@ def test_a_redis_restart_that_loses_its_data_loses_no_run_and_stops_no_worker(
     finally:
         wl.wait_until(lambda: _consumers(infra, "add_consumer"), 60, "workers consuming again")
     assert infra.pool.pids() == pids  # no worker stopped on the lost broker
-    delays = _progress_delays(infra, [*queued, *in_flight], restarted)
+    delays = wl.next_event_delays(infra, [*queued, *in_flight], restarted, RECOVERY_BOUND_S)
     wl.unpark(http, infra, w)
     wl.finish(http, infra, w)
     done = [*queued, slow]
@@ -120,7 +105,7 @@ def test_a_postgres_restart_loses_no_run(infra: InfraStack, http: httpx.Client) 
     pids = infra.pool.pids()
     infra.restart_postgres(down_s=2.0)
     restarted = infra.sql("SELECT now()")[0][0]
-    _progress_delays(infra, in_flight, restarted)
+    wl.next_event_delays(infra, in_flight, restarted, RECOVERY_BOUND_S)
     wl.unpark(http, infra, w)
     wl.finish(http, infra, w)
     assert infra.pool.pids() == pids

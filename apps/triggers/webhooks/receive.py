@@ -165,7 +165,10 @@ def _replay_token(hook: Hook) -> bool:
     token: what a replayer, signed or not, can make us write stays bounded by the limit."""
     try:
         take(tenant_id=hook.owner, name=hook.name, limit=_limit(hook))
-    except (RateLimited, RuntimeUnavailable):
+    except RateLimited:
+        return False
+    except RuntimeUnavailable as exc:
+        log.warning("webhook %s/%s: replay answered but not recorded: %s", hook.owner, hook.name, exc.message)
         return False
     return True
 

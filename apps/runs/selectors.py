@@ -448,6 +448,12 @@ def resident_waiting_due(*, now: datetime, limit: int) -> list[str]:
 
 
 def runs_orphaned(*, limit: int) -> list[str]:
-    """Up to `limit` live runs whose parent run has ended (one query): nobody waits for them."""
-    rows = Run.objects.filter(parent__status__in=TERMINAL).exclude(status__in=TERMINAL).order_by("created_at")
+    """Up to `limit` live runs whose parent run has ended (one query): nobody waits for them.
+    A run whose cancel is already requested is not one: the cascade flagged it and its lease
+    holder (or, if that worker died, the next claim) finishes it with the cascade's reason."""
+    rows = (
+        Run.objects.filter(parent__status__in=TERMINAL, cancel_requested=False)
+        .exclude(status__in=TERMINAL)
+        .order_by("created_at")
+    )
     return [str(i) for i in rows.values_list("id", flat=True)[:limit]]

@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import environ
@@ -446,6 +446,22 @@ SCHEDULER_ENABLED: bool = env.bool("LOOMCYCLE_SCHEDULER_ENABLED", default=False)
 SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", default=30.0)
 # Variables a ScheduleDef's user_credentials_from_env may read besides LOOMCYCLE_* ones (never infra secrets).
 SCHEDULER_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_SCHEDULER_ENV_ALLOWLIST", [])
+
+
+def _tenant_env_allowlist(name: str) -> dict[str, frozenset[str]]:
+    """`tenant:VARIABLE` pairs, comma-separated: the variables a tenant-owned ScheduleDef or
+    WebhookDef may read as credentials (apps.core.secrets.credential_env_refusal)."""
+    out: dict[str, set[str]] = {}
+    for item in _list(name, []):
+        tenant, sep, variable = item.partition(":")
+        if not sep or not tenant.strip() or not variable.strip():
+            raise ImproperlyConfigured(f"{name}: {item!r} is not tenant:VARIABLE")
+        out.setdefault(tenant.strip(), set()).add(variable.strip())
+    return {tenant: frozenset(names) for tenant, names in out.items()}
+
+
+# The environment is one namespace shared by every tenant: a tenant's own rows read only these.
+TENANT_CREDENTIAL_ENV: dict[str, frozenset[str]] = _tenant_env_allowlist("LOOMCYCLE_TENANT_CREDENTIAL_ENV")
 # Fire rows and finished on_complete jobs older than this are deleted by the finished sweep.
 TRIGGERS_RETENTION_DAYS: int = env.int("LOOMCYCLE_TRIGGERS_RETENTION_DAYS", default=30)
 # MCP client (docs/mcp.md): how long one tool call or one discovery may take, and how many stdio
@@ -577,6 +593,7 @@ class RuntimeSettings:
     scheduler_enabled: bool
     scheduler_tick_seconds: float
     scheduler_env_allowlist: tuple[str, ...] = ()
+    tenant_credential_env: dict[str, frozenset[str]] = field(default_factory=dict)
     triggers_retention_days: int
     # MCP client (apps.mcp.client).
     mcp_call_timeout_seconds: float

@@ -269,6 +269,7 @@ LOOMCYCLE = E.RuntimeSettings(
     scheduler_enabled=E.SCHEDULER_ENABLED,
     scheduler_tick_seconds=E.SCHEDULER_TICK_SECONDS,
     scheduler_env_allowlist=tuple(E.SCHEDULER_ENV_ALLOWLIST),
+    tenant_credential_env=E.TENANT_CREDENTIAL_ENV,
     triggers_retention_days=E.TRIGGERS_RETENTION_DAYS,
     mcp_call_timeout_seconds=E.MCP_CALL_TIMEOUT_SECONDS,
     mcp_discovery_timeout_seconds=E.MCP_DISCOVERY_TIMEOUT_SECONDS,

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import environ
+from django.conf import settings
 
 # The same name shape loomcycle.yaml expansion uses (SPEC C.1). `${run.user_bearer}`
 # and `${run.credentials.x}` have a dot, so they never match: they are request-time
@@ -48,6 +49,10 @@ INFRA_SECRET_NAMES = frozenset(
         "FLOWER_BASIC_AUTH",
         "LOOMCYCLE_PG_DSN",
         "PG_DSN",
+        # The CLI's admin credential and address: `init --with-token` and docs/operations.md put
+        # them into the shell that starts `make run`, so every runtime process inherits them.
+        "LOOMCYCLE_TOKEN",
+        "LOOMCYCLE_URL",
     }
 )
 
@@ -94,6 +99,27 @@ def name_refusal(name: str, *, runtime: bool, denied: Iterable[str] = ()) -> str
     if runtime and not name.startswith(RUNTIME_REF_PREFIX):
         return f"{name}: a runtime definition may reference only {RUNTIME_REF_PREFIX}* variables"
     return None
+
+
+def credential_env_refusal(name: str, *, tenant_id: str, shared_allowlist: Iterable[str] = ()) -> str | None:
+    """Why a trigger row owned by `tenant_id` ("" for the shared tenant) may not read variable
+    `name` as a run credential, or None. The environment is one namespace shared by every
+    tenant: a tenant's own row reads only what the operator listed for that tenant in
+    LOOMCYCLE_TENANT_CREDENTIAL_ENV (`LOOMCYCLE_*` is no licence: another tenant's webhook secret
+    is named so); a shared row `LOOMCYCLE_*` or `shared_allowlist`. Never an infrastructure secret."""
+    refusal = name_refusal(name, runtime=False)
+    if refusal is not None:
+        return refusal
+    if tenant_id:
+        if name in settings.LOOMCYCLE.tenant_credential_env.get(tenant_id, frozenset()):
+            return None
+        return (
+            f"{name}: a tenant's definition may read only the variables the operator lists for its tenant "
+            f"in LOOMCYCLE_TENANT_CREDENTIAL_ENV ({tenant_id}:{name})"
+        )
+    if name.startswith(RUNTIME_REF_PREFIX) or name in set(shared_allowlist):
+        return None
+    return f"{name}: not {RUNTIME_REF_PREFIX}* nor in the operator's allowlist"
 
 
 def resolve_references(text: str, *, runtime: bool, denied: Iterable[str] = ()) -> str:

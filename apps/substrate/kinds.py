@@ -204,6 +204,7 @@ class Kind:
     yaml_key: str = ""  # top-level loomcycle.yaml block
     tools_field: str | None = None  # field holding a tool list that may narrow, never widen
     secret_fields: tuple[str, ...] = ()  # string maps holding `${NAME}` references or secret values
+    credential_env_fields: tuple[str, ...] = ()  # string maps {credential: ENV_VAR} read when a trigger fires
 
 
 KINDS: dict[str, Kind] = {}

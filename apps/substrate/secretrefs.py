@@ -4,6 +4,8 @@ such as MCP server `headers` and `env`) that every def op follows:
 - only the shared tenant's rows (yaml, or written by an operator) may hold
   `${NAME}` references: the environment belongs to the operator, and a tenant
   that could name a variable could have it sent to a server of its choosing;
+- a tenant-owned ScheduleDef or WebhookDef reads as credentials only the
+  variables the operator lists for that tenant (LOOMCYCLE_TENANT_CREDENTIAL_ENV);
 - a reader who does not own a row (a tenant reading a shared row) sees the
   references of a value as written (`Bearer ${LOOMCYCLE_X}`: a name, not a
   secret) and every literal part masked (a literal beside a reference, a
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from apps.core.secrets import REF_RE, referenced_names
+from apps.core.secrets import REF_RE, credential_env_refusal, referenced_names
 from apps.substrate.kinds import Kind, Refused
 
 MASKED = "[redacted]"
@@ -38,6 +40,19 @@ def check_tenant_refs(tenant_id: str, name: str, fields: dict[str, Any]) -> None
 
 def check_definition(kind: Kind, tenant_id: str, name: str, definition: dict[str, Any]) -> None:
     check_tenant_refs(tenant_id, name, {f: definition.get(f) for f in kind.secret_fields})
+    check_tenant_credential_env(tenant_id, name, {f: definition.get(f) for f in kind.credential_env_fields})
+
+
+def check_tenant_credential_env(tenant_id: str, name: str, fields: dict[str, Any]) -> None:
+    """Refuse a tenant-owned trigger row whose credentials name a variable the operator
+    has not listed for that tenant (apps.core.secrets.credential_env_refusal)."""
+    if not tenant_id:
+        return  # the shared tenant's rows: checked by name when the trigger fires
+    for field, value in fields.items():
+        for key, variable in (value or {}).items():
+            refusal = credential_env_refusal(str(variable), tenant_id=tenant_id)
+            if refusal:
+                raise Refused(f"{name!r}: {field}.{key}: {refusal}")
 
 
 # Literal text a reader may see beside a reference: an auth scheme word, never a secret.

@@ -441,7 +441,7 @@ def schedule_run_input(row: ScheduleDef, slot: datetime) -> RunCreate:
         metadata=d.get("metadata") or None,
         user_tier=d.get("user_tier") or None,
         tenant_id=row.tenant_id,
-        credentials=schedule_credentials(d),
+        credentials=schedule_credentials(d, tenant_id=row.tenant_id),
         notify_finished=True,
     )
 

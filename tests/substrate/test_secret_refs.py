@@ -159,6 +159,17 @@ SCHEDULE = {"agent": "echo", "schedule": "*/15 * * * *", "prompt": "p"}
             "is one of",
         ),
         ("schedule", {**SCHEDULE, "user_credentials_from_env": {"db": "REDIS_URL"}}, OPS, "REDIS_URL is one of"),
+        ("schedule", {**SCHEDULE, "user_credentials_from_env": {"t": "LOOMCYCLE_TOKEN"}}, OPS, "is one of"),
+        (
+            "webhook",
+            {
+                "agent": "echo",
+                "auth": {"kind": "bearer", "bearer_token_env": "LOOMCYCLE_WH_BEARER"},
+                "user_credentials_from_env": {"k": "LOOMCYCLE_WH_SECRET"},
+            },
+            ACME,
+            "LOOMCYCLE_TENANT_CREDENTIAL_ENV",
+        ),
     ],
 )
 @pytest.mark.django_db

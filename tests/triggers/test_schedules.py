@@ -24,6 +24,7 @@ from loomcycle_project.bootstrap import load_yaml_config
 
 KIND = get_kind("schedule")
 ACME = substrate.Author(tenant_id="acme", subject="ops")
+OPS = substrate.Author(tenant_id="", subject="ops", is_admin=True)
 T0 = datetime(2026, 11, 24, 12, 0, 30, tzinfo=UTC)
 SCRIPT = 'Run it. MOCK_SCRIPT: [{"text": "done"}]'
 
@@ -235,7 +236,7 @@ def test_django_admin_shows_next_fire_last_run_and_fire_history(admin_client: Cl
     assert fires_page.status_code == 200 and fires_page.content.decode().count("/v1/runs/r_") == 2
 
 
-def test_credentials_from_env_reach_the_run_sealed_and_only_from_allowlisted_variables(
+def test_a_shared_schedules_credentials_reach_the_run_sealed_and_only_from_allowlisted_variables(
     monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     import dataclasses
@@ -247,7 +248,8 @@ def test_credentials_from_env_reach_the_run_sealed_and_only_from_allowlisted_var
     monkeypatch.setenv("OTHER_KEY", "never-read-0123456789")
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, scheduler_env_allowlist=("PARTNER_KEY",))
     creds = {"gh": "LOOMCYCLE_SCHED_GH", "partner": "PARTNER_KEY", "other": "OTHER_KEY"}
-    row = schedule("with-creds", user_credentials_from_env=creds)
+    out = substrate.def_create(KIND, OPS, {"name": "with-creds", "overlay": overlay("with-creds", creds)})
+    row = ScheduleDef.objects.get(id=out["def_id"])
     schedules_tick(now=T0)
     schedules_tick(now=minute(1))
     [fire] = fires(row)
@@ -258,8 +260,62 @@ def test_credentials_from_env_reach_the_run_sealed_and_only_from_allowlisted_var
     }  # OTHER_KEY is neither LOOMCYCLE_* nor allowlisted: left out
 
 
-def test_a_required_credential_that_does_not_resolve_fails_the_fire_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+def overlay(name: str, creds: dict[str, str]) -> dict[str, Any]:
+    return {"agent": "scripted", "schedule": "* * * * *", "prompt": SCRIPT, "user_credentials_from_env": creds}
+
+
+@pytest.mark.parametrize("variable", ["LOOMCYCLE_OTHER_TENANT_WH_SECRET", "LOOMCYCLE_TOKEN", "PARTNER_KEY"])
+def test_a_tenants_schedule_may_not_name_a_variable_its_tenant_is_not_given(settings: Any, variable: str) -> None:
+    """The environment is one namespace for every tenant: `LOOMCYCLE_*` (another tenant's
+    webhook secret, the CLI's admin token) is no licence for a tenant's own row."""
+    import dataclasses
+
+    settings.LOOMCYCLE = dataclasses.replace(
+        settings.LOOMCYCLE,
+        scheduler_env_allowlist=("PARTNER_KEY",),
+        tenant_credential_env={"bravo": frozenset({variable})},  # given to another tenant only
+    )
+    with pytest.raises(Refused, match=r"LOOMCYCLE_TENANT_CREDENTIAL_ENV|infrastructure secrets"):
+        substrate.def_create(KIND, ACME, {"name": "steal", "overlay": overlay("steal", {"k": variable})})
+    assert not ScheduleDef.objects.filter(name="steal").exists()
+
+
+def test_a_tenants_schedule_reads_the_variables_listed_for_its_tenant_and_no_others(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    import dataclasses
+
+    from apps.runs.credentials import unseal
+
+    monkeypatch.setenv("LOOMCYCLE_ACME_GH", "acme-gh-token-123456")
+    monkeypatch.setenv("LOOMCYCLE_BRAVO_WH", "bravo-webhook-secret-42")
+    settings.LOOMCYCLE = dataclasses.replace(
+        settings.LOOMCYCLE, tenant_credential_env={"acme": frozenset({"LOOMCYCLE_ACME_GH"})}
+    )
+    row = schedule("acme-creds", user_credentials_from_env={"gh": "LOOMCYCLE_ACME_GH"})
+    # A row stored before the rule (or by hand) naming another tenant's variable: read never.
+    ScheduleDef.objects.filter(id=row.id).update(
+        definition={
+            **row.definition,
+            "user_credentials_from_env": {"gh": "LOOMCYCLE_ACME_GH", "wh": "LOOMCYCLE_BRAVO_WH"},
+        }
+    )
+    schedules_tick(now=T0)
+    schedules_tick(now=minute(1))
+    [fire] = fires(row)
+    run = Run.objects.get(id=fire.run_id)
+    assert unseal(run_id=run.id, sealed=run.credentials_sealed) == {"gh": "acme-gh-token-123456"}
+
+
+def test_a_required_credential_that_does_not_resolve_fails_the_fire_uncounted(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    import dataclasses
+
     monkeypatch.delenv("LOOMCYCLE_SCHED_MISSING", raising=False)
+    settings.LOOMCYCLE = dataclasses.replace(
+        settings.LOOMCYCLE, tenant_credential_env={"acme": frozenset({"LOOMCYCLE_SCHED_MISSING"})}
+    )
     row = schedule(
         "needs-creds",
         user_credentials_from_env={"gh": "LOOMCYCLE_SCHED_MISSING"},

@@ -53,6 +53,7 @@ register(
         content_hash=None,
         fork_promotes=True,
         yaml_key="scheduled_runs",
+        credential_env_fields=("user_credentials_from_env",),
     )
 )
 register(
@@ -66,6 +67,7 @@ register(
         content_hash=None,
         fork_promotes=True,
         yaml_key="webhooks",
+        credential_env_fields=("user_credentials_from_env",),
     )
 )
 

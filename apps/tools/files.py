@@ -116,6 +116,9 @@ EDIT_FIELDS = frozenset({"path", "old_string", "new_string", "replace_all", "vol
 
 
 def _edited(text: str, old: str, new: str, replace_all: bool, shown: str) -> tuple[str, int]:
+    """The edited text and its number of replacements. Its size is computed, and refused
+    over WRITE_CAP, before it is built: 1 MiB of `a` with a 64 KiB replacement of each is
+    a 64 GiB string (`str.count` and `str.replace` agree on non-overlapping matches)."""
     count = text.count(old)
     if count == 0:
         raise Refusal(f"old_string not found in {shown}")
@@ -123,7 +126,11 @@ def _edited(text: str, old: str, new: str, replace_all: bool, shown: str) -> tup
         raise Refusal(
             f"old_string occurs {count} times in {shown}; add surrounding context to make it unique or set replace_all"
         )
-    return text.replace(old, new) if replace_all else text.replace(old, new, 1), count if replace_all else 1
+    n = count if replace_all else 1
+    size = len(text.encode()) + n * (len(new.encode()) - len(old.encode()))
+    if size > WRITE_CAP:
+        raise Refusal(f"the edited file would be {size} bytes; the cap is {WRITE_CAP}")
+    return text.replace(old, new) if replace_all else text.replace(old, new, 1), n
 
 
 _EDIT_LOCKS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()  # dropped when unused
@@ -162,10 +169,7 @@ def _edit_locked(loc: fs.Located, old: str, new: str, replace_all: bool) -> str:
     except UnicodeDecodeError as exc:
         raise Refusal(f"{fs.display(loc)} is not UTF-8 text") from exc
     edited, n = _edited(text, old, new, replace_all, fs.display(loc))
-    payload = edited.encode()
-    if len(payload) > WRITE_CAP:
-        raise Refusal(f"the edited file would be {len(payload)} bytes; the cap is {WRITE_CAP}")
-    fs.write_atomic(loc, payload)
+    fs.write_atomic(loc, edited.encode())
     return f"edited {fs.display(loc)} ({n} replacement{'s' if n != 1 else ''})"
 
 

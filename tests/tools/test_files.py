@@ -216,6 +216,28 @@ def test_edit_refuses_a_file_over_the_cap(vol: Path) -> None:
     )
 
 
+def test_edit_refuses_an_oversized_result_before_building_it(vol: Path) -> None:
+    """1 MiB of `a`, each replaced by 64 bytes: a 64 MiB result, refused from its computed
+    size; nothing near it is ever allocated (a 64 KiB replacement would be 64 GiB)."""
+    import tracemalloc
+
+    (vol / "big").write_bytes(b"a" * WRITE_CAP)
+    tracemalloc.start()
+    try:
+        text = err(
+            edit_execute(rw(vol), {"path": "big", "old_string": "a", "new_string": "é" * 32, "replace_all": True})
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text == f"the edited file would be {WRITE_CAP * 64} bytes; the cap is {WRITE_CAP}"
+    assert peak < 8 * WRITE_CAP, peak  # the file and its text, never the 64 MiB result
+    assert (vol / "big").read_bytes() == b"a" * WRITE_CAP
+    (vol / "fits").write_bytes(b"ab" * 4)
+    out = ok(edit_execute(rw(vol), {"path": "fits", "old_string": "a", "new_string": "", "replace_all": True}))
+    assert out == "edited fits (4 replacements)" and (vol / "fits").read_bytes() == b"bbbb"
+
+
 def test_unknown_fields_are_refused(vol: Path) -> None:
     assert "unknown fields ['offset']" in err(read_execute(rw(vol), {"path": "a", "offset": 3}))
 

@@ -3,8 +3,9 @@ transports (REST, WebSocket) and the Channel tool share.
 
 - Admin routes (`/v1/_channels/{name}/...`) and the WebSocket without
   `user_id` reach a global/tenant channel's one stream in the caller's
-  tenant; an `agent`- or `user`-scoped channel has one stream per agent /
-  user, so they answer 400 `channel_scope_invalid` for it.
+  tenant, for any principal but an isolated end user (403 on both); an
+  `agent`- or `user`-scoped channel has one stream per agent / user, so they
+  answer 400 `channel_scope_invalid` for it.
 - User routes (`/v1/users/{user_id}/channels/{name}/...`) reach the user's
   stream of a `scope: user` channel; an isolated principal (substrate:user)
   may only name its own user id, any other is a 404 `unknown_channel`.
@@ -30,7 +31,7 @@ from apps.channels.errors import (
 )
 from apps.channels.selectors import channel_get
 from apps.channels.streams import Stream
-from apps.core.errors import Invalid
+from apps.core.errors import Forbidden, Invalid
 from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.substrate.kinds import Refused
@@ -93,7 +94,14 @@ def scope_id_for(name: str, declared: ChannelDef, scope_id: str) -> str:
 
 
 def admin_stream(principal: Principal, name: str) -> Target:
-    """The stream of a global/tenant channel in the caller's tenant."""
+    """The stream of a global/tenant channel in the caller's tenant. An isolated end user
+    (substrate:user) reads only its own user streams: 403, on every transport (REST's scope
+    table refuses the route already; the WebSocket reaches this with channel:read)."""
+    if principal.isolated:
+        raise Forbidden(
+            "insufficient scope: an end-user token reads only its own user streams (give user_id)",
+            code="insufficient_scope",
+        )
     declared = channel_get(tenant_id=principal.tenant_id, name=name)
     if declared.scope == ChannelScope.USER:
         raise ChannelScopeInvalid(

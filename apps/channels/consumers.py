@@ -3,7 +3,8 @@ view of one channel stream.
 
 - The stream is the one the REST routes reach: a global/tenant channel in the
   caller's tenant, or with `user_id` the user's stream of a scope=user channel
-  (an isolated principal may name only its own user id). Agent-scoped
+  (an isolated principal may name only its own user id, and must name it: the
+  tenant stream is refused to it, 4403, as REST refuses it). Agent-scoped
   channels are not served here.
 - Without `from_cursor` only messages that become visible after the handshake
   are sent: the start position (the newest visible message) and the doorbell
@@ -16,7 +17,8 @@ view of one channel stream.
 - New messages are read on every publish doorbell and at least every second
   (a deferred message becomes visible without a ring).
 - Close codes: 4400 bad request (cursor, user id, channel scope), 4401 bad
-  credentials, 4403 missing channel:read, 4404 unknown channel (or another
+  credentials, 4403 missing channel:read (or an isolated principal without
+  `user_id`), 4404 unknown channel (or another
   user's stream for an isolated principal), 4429 when the principal holds
   LOOMCYCLE_MAX_STREAMS_PER_PRINCIPAL streams already, 4408 when the socket
   has been open for LOOMCYCLE_MAX_STREAM_SECONDS (re-attach with the last

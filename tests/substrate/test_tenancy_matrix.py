@@ -385,6 +385,56 @@ def test_another_tenants_runs_and_channels_are_missing_over_websockets(
         assert codes[0] == codes[1] and codes[0] >= 4000, (pattern, codes)
 
 
+def test_websocket_and_rest_agree_for_every_token_kind_of_one_tenant(
+    http: httpx.Client, web: str, people: dict[str, dict[str, str]]
+) -> None:
+    """Within acme, a tenant admin, a member and an isolated end user get from the
+    channel WebSocket what they get from REST for the same stream: both serve it or
+    both refuse it (an end user's tenant-wide read was served over the WebSocket)."""
+    acme = _seed(http, people["alice"], web)
+    channel, inbox = acme.values["channel"], acme.values["user_channel"]
+    publish = http.post(f"/v1/users/u1/channels/{inbox}/publish", headers=people["alice"], json={"payload": MARK})
+    assert publish.status_code < 300, publish.text  # every stream below holds a message to replay
+    kinds = {
+        "tenant": ["substrate:tenant"],
+        "member": ["runs:read", "channel:read"],
+        "end-user": ["substrate:user", "channel:read"],
+    }
+    reads = {  # (REST path, WebSocket path) of one stream
+        "tenant stream": (f"/v1/_channels/{channel}/peek", f"/ws/channels/{channel}/?from_cursor="),
+        "own user stream": (f"/v1/users/u1/channels/{inbox}/peek", f"/ws/channels/{inbox}/?user_id=u1&from_cursor="),
+        "another user's": (
+            f"/v1/users/alice/channels/{inbox}/peek",
+            f"/ws/channels/{inbox}/?user_id=alice&from_cursor=",
+        ),
+    }
+    disagreements, refused = [], 0
+    for kind, scopes in kinds.items():
+        token = tokens.token_create(name=f"ws-{kind}", tenant_id="acme", subject="u1", scopes=scopes)["token"]
+        headers = {"authorization": f"Bearer {token}"}
+        for what, (rest_path, ws_path) in reads.items():
+            rest = http.get(rest_path, headers=headers).status_code
+            ws = _ws_outcome(web, ws_path, headers)
+            refused += rest >= 400
+            if (rest >= 400, rest) != (ws >= 4000, ws - 4000 if ws >= 4000 else rest):
+                disagreements.append(f"{kind} {what}: REST {rest}, WebSocket {ws}")
+    assert not disagreements, "\n".join(disagreements)
+    assert refused == 2  # the end user's tenant-stream read (403) and another user's stream (404)
+
+
+def _ws_outcome(web: str, path: str, headers: dict[str, str]) -> int:
+    """The close code, or 200 when the socket is served (it replays the stream's message)."""
+    url = web.replace("http://", "ws://") + path
+    with connect(url, additional_headers=headers) as ws:
+        try:
+            frame = json.loads(ws.recv(timeout=10))
+        except ConnectionClosed as exc:
+            assert exc.rcvd is not None
+            return exc.rcvd.code
+    assert frame["value"] == MARK, frame
+    return 200
+
+
 def test_another_tenants_resources_answer_as_missing_ones_over_mcp(
     http: httpx.Client, web: str, people: dict[str, dict[str, str]]
 ) -> None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
 from apps.core.errors import Invalid, PayloadTooLarge, UnsupportedMediaType
+from apps.core.numbers import parse_count
 from apps.core.types import Principal
 
 M = TypeVar("M", bound=BaseModel)
@@ -35,8 +36,8 @@ def parse_body(request: HttpRequest, schema: type[M], *, max_bytes: int, require
     ctype = request.content_type or ""
     if request.META.get("CONTENT_TYPE") and ctype not in _JSON_TYPES:
         raise UnsupportedMediaType("Content-Type must be application/json", code="unsupported_media_type")
-    length = request.META.get("CONTENT_LENGTH") or "0"
-    if length.isdigit() and int(length) > max_bytes:
+    length = parse_count(request.META.get("CONTENT_LENGTH"), max_digits=18)
+    if length is not None and length > max_bytes:
         raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes", code="payload_too_large")
     raw = request.body
     if len(raw) > max_bytes:

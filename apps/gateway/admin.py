@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from apps.core.admin import ReadOnlyAdmin
+from apps.core.numbers import parse_count
 from apps.gateway.models import GatewayCall, UsageEntry
 from apps.gateway.usage_report import MAX_DAYS, usage_report
 
@@ -76,15 +77,16 @@ class UsageEntryAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         raw = request.GET.get("days", str(DEFAULT_DAYS))
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_DAYS:
+        days = parse_count(raw)
+        if days is None or not 1 <= days <= MAX_DAYS:
             message = f"days must be a whole number from 1 to {MAX_DAYS}"
             return HttpResponseBadRequest(message, content_type="text/plain")
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Usage per day",
-            "days": int(raw),
+            "days": days,
             "max_days": MAX_DAYS,
-            "report": usage_report(days=int(raw)),
+            "report": usage_report(days=days),
         }
         return TemplateResponse(request, "admin/gateway/usage.html", context)

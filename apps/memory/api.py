@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from apps.core.errors import Invalid, NotFound
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
+from apps.core.numbers import parse_count
 from apps.core.types import Principal
 from apps.memory import presenters, selectors, services
 from apps.memory.models import MemoryScope
@@ -98,9 +99,10 @@ def _delete(principal: Principal, scope: str, scope_id: str, key: str) -> None:
 
 def _list(principal: Principal, scope: str, scope_id: str, prefix: str, limit_raw: str) -> dict[str, Any]:
     slot = selectors.slot_for(principal, scope, scope_id, write=False)
-    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= 1000:
+    limit = parse_count(limit_raw)
+    if limit is None or not 1 <= limit <= 1000:
         raise Invalid("limit must be an integer between 1 and 1000", code="invalid_limit")
-    rows, truncated = selectors.memory_list(slot=slot, prefix=prefix, limit=int(limit_raw))
+    rows, truncated = selectors.memory_list(slot=slot, prefix=prefix, limit=limit)
     entries = [presenters.entry_rest(r) for r in rows]
     return {"scope": scope, "scope_id": slot.scope_id, "entries": entries, "truncated": truncated}
 

@@ -19,6 +19,7 @@ from ninja import Router
 from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
+from apps.core.numbers import parse_count
 from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
@@ -222,8 +223,7 @@ def runs_events(request: HttpRequest, run_id: str, from_seq: int = 0, limit: int
 def _resume_from(request: HttpRequest, from_seq: int | None) -> int:
     if from_seq is not None:
         return from_seq
-    last = request.headers.get("Last-Event-ID", "")
-    return int(last) if last.isdigit() else 0
+    return parse_count(request.headers.get("Last-Event-ID")) or 0  # unusable: replay from the start
 
 
 @router.get("/runs/{run_id}/stream", summary="SSE: replay from Postgres, then live tail")

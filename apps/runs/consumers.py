@@ -26,6 +26,7 @@ from django.db import connection
 
 from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
+from apps.core.numbers import parse_count
 from apps.gateway.fairness.streams import LIFETIME_CLOSE, StreamSlot, astream_slot
 from apps.runs.selectors import run_get
 from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
@@ -66,7 +67,8 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
                 )
             if principal is None:
                 principal = await aauthenticate_for(token, client[0], "GET", str(self.scope.get("path", "")))
-            if not is_ident(run_id) or not from_seq_raw.isdigit():
+            from_seq = parse_count(from_seq_raw)
+            if not is_ident(run_id) or from_seq is None:
                 await self.close(code=4400)
                 return
             run_id = await sync_to_async(_owned_run_id, thread_sensitive=False)(
@@ -76,7 +78,7 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         except ApplicationError as exc:
             await self.close(code=4000 + exc.status)
             return
-        self.task = asyncio.get_running_loop().create_task(self._pump(run_id, int(from_seq_raw)))
+        self.task = asyncio.get_running_loop().create_task(self._pump(run_id, from_seq))
 
     async def _pump(self, run_id: str, from_seq: int) -> None:
         async with self.slot.held(), aclosing(run_frames(run_id, from_seq, keepalive_seconds())) as frames:

@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.parse
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from django.test import RequestFactory
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from apps.gateway.providers.mock import MAX_LATENCY_MS, mock_options
 from apps.memory.models import MemoryEntry
-from apps.runs.models import Run
+from apps.runs.models import Run, RunStatus
 from loomcycle_project.api import api
+from tests.conftest import wait_status
 
 pytestmark = pytest.mark.usefixtures("agents")
 
@@ -171,3 +175,44 @@ def test_a_chunked_upload_is_cut_off_at_the_cap_while_it_is_read(http: httpx.Cli
         out = _response(sock)
     assert out.startswith(b"HTTP/1.1 413"), out[:200]
     assert abs(sent) < 256, "the server read a 256 MiB body it should have cut off at 16 MiB"
+
+
+# Numbers in headers and query strings (issue 33, item 13): "²".isdigit() is True and int("²")
+# raises; a 5,000-digit value is past int()'s digit limit and a 20-digit one past Postgres bigint.
+BAD_NUMBERS = ["²", "1²", "٣", "9" * 5000, "9" * 20, "-1", " 1"]
+
+
+def status_of(http: httpx.Client, path: str, headers: Any = None) -> tuple[int, str]:
+    """A GET's status and content type, without reading a stream's live tail."""
+    with http.stream("GET", path, headers=headers) as resp:
+        return resp.status_code, resp.headers.get("content-type", "")
+
+
+def test_a_bad_number_in_a_header_or_query_is_never_a_500(http: httpx.Client) -> None:
+    created = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "background": True})
+    assert created.status_code == 202, created.text
+    run_id, agent_id = created.json()["run_id"], created.json()["agent_id"]
+    for raw in BAD_NUMBERS:
+        bad_number_probes(http, run_id, raw)
+    assert http.post(f"/v1/agents/{agent_id}/cancel", json={}).status_code == 200  # no worker: not left queued
+    wait_status(run_id, RunStatus.CANCELLED)
+
+
+def bad_number_probes(http: httpx.Client, run_id: str, raw: str) -> None:
+    header: Any = {"Last-Event-ID": raw.strip().encode()}  # bytes: httpx sends them as written
+    assert status_of(http, f"/v1/runs/{run_id}/stream", header)[0] == 200  # unusable: replay from the start
+    for path in (
+        f"/v1/runs/{run_id}/events?from_seq={raw}",
+        f"/v1/runs/{run_id}/events?limit={raw}",
+        f"/v1/runs/{run_id}/stream?from_seq={raw}",
+        f"/v1/_memory/scopes/user/u1/keys?limit={raw}",
+        f"/v1/_snapshots?limit={raw}",
+    ):
+        status, ctype = status_of(http, path)
+        assert 400 <= status < 500 or status == 200, (path, raw, status)
+        assert ctype.startswith(("application/json", "text/event-stream")), (path, ctype)
+    query = urllib.parse.quote(raw)  # none is a usable sequence number: the socket is refused, 4400
+    url = str(http.base_url).replace("http://", "ws://").rstrip("/") + f"/ws/runs/{run_id}/?from_seq={query}"
+    with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400, raw

@@ -13,6 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.core.errors import ApplicationError
 from apps.core.http import db_call
+from apps.core.numbers import parse_count
 from apps.triggers.webhooks.errors import SyncTimeout
 from apps.triggers.webhooks.models import Verdict
 from apps.triggers.webhooks.receive import Accepted, Incoming, webhook_receive
@@ -28,8 +29,7 @@ def _error(exc: ApplicationError) -> HttpResponse:
 
 
 def _content_length(request: HttpRequest) -> int | None:
-    raw = str(request.META.get("CONTENT_LENGTH") or "")
-    return int(raw) if raw.isdigit() else None
+    return parse_count(str(request.META.get("CONTENT_LENGTH") or ""), max_digits=18)
 
 
 def _incoming(request: HttpRequest, tenant: str, name: str) -> Incoming:

@@ -81,6 +81,9 @@ CANCEL_CLIENTS = int(os.environ.get("CAPACITY_CANCEL_CLIENTS", "8"))
 BENCH_APP = "capacity-bench"  # libpq application_name of the bench's own connections
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_CONFIG_FILES=str(ROOT / "loomcycle.yaml") + ":" + str(ROOT / "bench" / "capacity.yaml"),
     LOOMCYCLE_MOCK_LATENCY_MS="0",

@@ -48,6 +48,9 @@ ROLES = ("researcher", "editor", "evaluator")
 TIMINGS_KEY = "lc:bench:circuit-timings"
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
     LOOMCYCLE_ENGINE_TIMINGS_KEY=TIMINGS_KEY,
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "circuit.yaml"),

@@ -253,6 +253,9 @@ def main() -> None:
     provider = {"driver": "openai", "dialect": "compat", "base_url": f"http://127.0.0.1:{up_port}/v1"}
     config.write_text(json.dumps({"providers": {"fake": provider}}))  # JSON is YAML
     os.environ.update(
+        # A load run: the shipped per-tenant cap (256 calls at once, docs/configuration.md) would refuse some of it.
+        LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+        LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
         LOOMCYCLE_DATA_DIR=str(DATA),
         LOOMCYCLE_CONFIG_FILES=str(config),
         LOOMCYCLE_LOG_LEVEL="WARNING",

@@ -39,6 +39,9 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
 SCRIPT = [{"tool": "Interruption", "input": {"op": "ask", "question": "ok?", "options": ["yes", "no"]}}, {"text": "ok"}]
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
     LOOMCYCLE_MOCK_LATENCY_MS="0",

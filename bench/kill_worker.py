@@ -29,6 +29,9 @@ RUNS = int(os.environ.get("BENCH_RUNS", "300"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "64"))
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
     LOOMCYCLE_LOG_LEVEL="WARNING",

@@ -43,6 +43,9 @@ WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "600"))
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
     LOOMCYCLE_ENGINE_TIMINGS_KEY=TIMINGS_KEY,

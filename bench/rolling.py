@@ -70,6 +70,9 @@ PROBE_COLUMN = "deploy_probe"
 PROBE_MIGRATION = "9999_rolling_probe"
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "rolling.yaml"),
     LOOMCYCLE_LOG_LEVEL="WARNING",

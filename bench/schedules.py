@@ -34,6 +34,11 @@ CREATE_S = 0.05  # a generous time to write one definition (8 at a time), to pla
 PREFIX = "bench-sched-"
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
+    LOOMCYCLE_TENANT_MAX_SCHEDULES=str(N),  # BENCH_SCHEDULES definitions in one tenant
+    LOOMCYCLE_TENANT_MAX_DEFINITIONS=str(N),
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
     LOOMCYCLE_MOCK_LATENCY_MS="0",

@@ -312,6 +312,9 @@ def start_up(env: dict[str, str], port: int, knobs: Knobs) -> subprocess.Popen[b
         "LOOMCYCLE_LOG_LEVEL": "WARNING",
         "LOOMCYCLE_WORKER_PROCESSES": str(knobs.workers),
         "LOOMCYCLE_WORKER_CONCURRENCY": str(knobs.concurrency),
+        # A load run: the shipped per-user/per-tenant run caps (64/256) would refuse part of it.
+        "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER": "0",
+        "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT": "0",
         "PYTHONUNBUFFERED": "1",
     }
     log = (DATA / "up.log").open("ab")

@@ -50,6 +50,9 @@ SECRET = "bench-webhook-secret"
 HOOK = "bench"
 
 os.environ.update(
+    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
+    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
     LOOMCYCLE_DATA_DIR=str(DATA),
     LOOMCYCLE_LOG_LEVEL="WARNING",
     LOOMCYCLE_WEBHOOKS_ENABLED="1",

@@ -275,9 +275,24 @@ LOCAL_PROVIDER_READ_TIMEOUT_MS: int = env.int("LOOMCYCLE_LOCAL_PROVIDER_READ_TIM
 # Fallback (SPEC 7.4): after a run's first successful model turn, never switch provider.
 FALLBACK_PIN_AFTER_SUCCESS: bool = env.bool("LOOMCYCLE_FALLBACK_PIN_AFTER_SUCCESS", default=False)
 
-# Fairness (SPEC 9.6), cluster-wide through Redis. 0 = off. yaml `concurrency:` may set them too.
-MAX_CONCURRENT_RUNS_PER_USER: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER", default=0)
-MAX_CONCURRENT_RUNS_PER_TENANT: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT", default=0)
+# Fairness (SPEC 9.6), cluster-wide through Redis: live runs of one user / one tenant, every
+# descendant (sub-agent, parallel_spawn child, batch item) counted with its root. 0 = off.
+# yaml `concurrency:` may set them too.
+MAX_CONCURRENT_RUNS_PER_USER: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER", default=64)
+MAX_CONCURRENT_RUNS_PER_TENANT: int = env.int("LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT", default=256)
+# The highest `max_concurrent_children` an agent may have (a tenant's definition asking for more is
+# refused; a yaml agent's is cut to it when it runs).
+MAX_CONCURRENT_CHILDREN_CAP: int = _at_least("LOOMCYCLE_MAX_CONCURRENT_CHILDREN_CAP", 8, 1)
+# Per-tenant counts (apps.substrate.quotas, apps.channels, apps.tools): names of one definition kind,
+# of ScheduleDefs, runtime channels and dynamic volumes; the yaml is exempt. And the shortest period
+# a tenant's ScheduleDef cron may fire at (the yaml's may fire every minute).
+TENANT_MAX_DEFINITIONS: int = _at_least("LOOMCYCLE_TENANT_MAX_DEFINITIONS", 500, 1)
+TENANT_MAX_SCHEDULES: int = _at_least("LOOMCYCLE_TENANT_MAX_SCHEDULES", 50, 1)
+TENANT_MAX_CHANNELS: int = _at_least("LOOMCYCLE_TENANT_MAX_CHANNELS", 500, 1)
+TENANT_MAX_VOLUMES: int = _at_least("LOOMCYCLE_TENANT_MAX_VOLUMES", 50, 1)
+TENANT_SCHEDULE_MIN_PERIOD_SECONDS: int = _at_least("LOOMCYCLE_TENANT_SCHEDULE_MIN_PERIOD_SECONDS", 300, 60)
+# The gateway spends the operator's provider keys only for principals with providers:operator-key.
+OPERATOR_KEY_RESTRICTION: bool = env.bool("LOOMCYCLE_OPERATOR_KEY_RESTRICTION", default=True)
 PROVIDER_QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_PROVIDER_QUEUE_TIMEOUT_MS", default=30_000)
 # Event streams (SSE and WebSocket) one principal may hold open at once, cluster-wide (0 = no cap),
 # and the longest a stream stays open before the server ends it (0 = no limit; clients re-attach).
@@ -542,6 +557,13 @@ class RuntimeSettings:
     # Fairness and admission backpressure (yaml `concurrency:` may override each).
     max_concurrent_runs_per_user: int
     max_concurrent_runs_per_tenant: int
+    max_concurrent_children_cap: int
+    tenant_max_definitions: int
+    tenant_max_schedules: int
+    tenant_max_channels: int
+    tenant_max_volumes: int
+    tenant_schedule_min_period_seconds: int
+    operator_key_restriction: bool
     provider_queue_timeout_ms: int
     max_concurrent_runs: int
     max_queue_depth: int

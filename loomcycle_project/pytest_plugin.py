@@ -27,6 +27,14 @@ _TEST_ENV = {
     "DJANGO_SECRET_KEY": "test-suite-secret-key-shared-by-the-web-and-the-workers",
     # tests/tools runs Bash in real workers (its refusal when off is tested in-process).
     "LOOMCYCLE_BASH_ENABLED": "1",
+    # The run caps are off for the suite: a test's flush deletes runs it left parked while their
+    # Redis slots live on (only the beat's reconcile frees them, and many tests run without it), so
+    # across a session the shipped defaults (64 per user, 256 per tenant) would refuse unrelated
+    # tests. The tests of the caps set them (tests/gateway/test_fairness.py, tests/runs/test_run_quotas.py).
+    "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER": "0",
+    "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT": "0",
+    # The suite's tenant schedules fire every minute; tests/substrate/test_quotas.py sets the minimum.
+    "LOOMCYCLE_TENANT_SCHEDULE_MIN_PERIOD_SECONDS": "60",
 }
 
 # Set by the first pytest process of a session (the only one, or pytest-xdist's controller) to the

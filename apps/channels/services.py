@@ -44,6 +44,7 @@ from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
 from apps.channels.selectors import channel_get, committed_cursor, stream_read
 from apps.channels.streams import OLDEST_CURSORS, Published, Read, Stream, bell, decode_cursor, new_message_id
 from apps.core.errors import ApplicationError, Invalid
+from apps.core.quotas import tenant_count_check, tenant_count_lock
 from apps.core.redis import sync_client
 from apps.substrate.models import ChannelDef, DefSource
 
@@ -75,6 +76,14 @@ def channel_create(*, tenant_id: str, name: str, spec: ChannelSpec) -> ChannelDe
                 raise ChannelYamlImmutable(f'channel "{name}" is declared in yaml; it cannot be redeclared at runtime')
             if row.tenant_id == tenant_id:
                 raise ChannelNameInUse(f'channel "{name}" already exists')
+        tenant_count_lock("channels", tenant_id)  # the count and the insert are one decision
+        tenant_count_check(
+            resource="channels",
+            tenant_id=tenant_id,
+            held=ChannelDef.objects.filter(tenant_id=tenant_id, source=DefSource.RUNTIME).count(),
+            cap=settings.LOOMCYCLE.tenant_max_channels,
+            setting="LOOMCYCLE_TENANT_MAX_CHANNELS",
+        )
         return ChannelDef.objects.create(
             tenant_id=tenant_id,
             name=name,

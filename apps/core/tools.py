@@ -39,12 +39,16 @@ class Park:
     - `after_commit(run_id, call_id)` runs once that commit is visible, and
       answers the call at once if what it waits for arrived in between (a
       publisher that committed first could not have seen the wait);
-    - whoever answers later does it through `apps.runs.wake.run_answer`.
+    - whoever answers later does it through `apps.runs.wake.run_answer`;
+    - `abandon()`, when set, runs if the step drops the park instead of committing
+      it (a lost fence, a cancel): it gives back what the tool took before the
+      commit (the fairness slots of a parallel_spawn's or resident open's children).
     """
 
     status: str  # the run's status while parked, e.g. "waiting_channel"
     record: Callable[[str, int, str], None]
     after_commit: Callable[[str, str], None]
+    abandon: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 ADMIN_SCOPE = "substrate:admin"
 TENANT_SCOPE = "substrate:tenant"
 USER_SCOPE = "substrate:user"
+OPERATOR_KEY_SCOPE = "providers:operator-key"
 
 
 def isolated_scopes(scopes: frozenset[str]) -> bool:
@@ -27,6 +28,11 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return ADMIN_SCOPE in self.scopes
+
+    @property
+    def may_spend_operator_keys(self) -> bool:
+        """SPEC 2.1: providers:operator-key, held or implied (substrate:tenant and substrate:admin imply it)."""
+        return bool(self.scopes & {OPERATOR_KEY_SCOPE, TENANT_SCOPE, ADMIN_SCOPE})
 
     @property
     def isolated(self) -> bool:

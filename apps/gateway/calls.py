@@ -33,6 +33,7 @@ from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.audit import WRITER
+from apps.gateway.operator_key import operator_key_check
 from apps.gateway.providers import (
     Done,
     ProviderError,
@@ -259,6 +260,7 @@ async def chat_open(call: Call, spec: ChatSpec) -> ProviderEvent:
         candidate = _route(spec)
         call.routed(candidate.provider, candidate.model)
         provider = get_provider(candidate.provider)
+        operator_key_check(call.principal, provider, candidate.provider)  # 403 before any slot is taken
         await call.admit()
         call.start(provider.astream(replace(spec.request, model=candidate.model)))
         first = await call.next_event()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from apps.core.errors import ApplicationError
 from apps.gateway.calls import Call
 from apps.gateway.embedders import EmbedError, get_embedder
+from apps.gateway.operator_key import operator_key_check
 
 
 class EmbedderNotConfigured(ApplicationError):
@@ -41,6 +42,7 @@ async def embeddings_create(*, call: Call, texts: list[str], model: str) -> Embe
             headers={"x-should-retry": "false"},
         )
     call.routed(embedder.id, embedder.model)
+    operator_key_check(call.principal, embedder, embedder.id)  # 403 for a keyed embedder without the scope
     await call.admit(provider_gate=False)  # the embedder is not a chat provider: no provider gate
     try:
         vectors = await embedder.aembed(texts)

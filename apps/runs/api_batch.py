@@ -12,6 +12,7 @@ from ninja import Router
 from apps.core.errors import Unprocessable
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
+from apps.gateway.fairness.streams import astream_slot
 from apps.runs import batch
 from apps.runs.api import run_create_data
 from apps.runs.batch_schemas import BatchIn, BatchOut, BatchSpawnIn
@@ -42,10 +43,15 @@ def _start(principal: Principal, data: BatchIn) -> str:
 async def runs_batch(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, BatchIn, max_bytes=MAX_BATCH_BYTES)
     principal: Principal = request_principal(request)
-    fanout_id = await sync_to_async(_start, thread_sensitive=False)(principal, data)
+    # The request is held open up to 30 min, as a stream is: it holds one of the principal's
+    # stream slots (LOOMCYCLE_MAX_STREAMS_PER_PRINCIPAL), taken before any run exists (a 429
+    # here starts nothing) and given back when it answers or its client leaves.
+    slot = await astream_slot(principal)
     late: frozenset[str] = frozenset()
-    if not await batch.batch_await(fanout_id, data.timeout()):
-        cancel = sync_to_async(batch.batch_cancel_unfinished, thread_sensitive=False)
-        late = await cancel(principal=principal, fanout_id=fanout_id)
+    async with slot.held():
+        fanout_id = await sync_to_async(_start, thread_sensitive=False)(principal, data)
+        if not await batch.batch_await(fanout_id, data.timeout()):
+            cancel = sync_to_async(batch.batch_cancel_unfinished, thread_sensitive=False)
+            late = await cancel(principal=principal, fanout_id=fanout_id)
     body = await sync_to_async(batch.batch_result, thread_sensitive=False)(fanout_id=fanout_id, timed_out=late)
     return JsonResponse(body)

@@ -2,7 +2,11 @@
 `max_queue_depth`, `queue_timeout_ms`), cluster-wide in Postgres.
 
 A top-level run holds a slot from its admission until it ends (parked runs
-keep theirs, as in loomcycle; sub-agents share their parent's). Over the cap,
+keep theirs, as in loomcycle; sub-agents share their parent's: this queue
+admits trees, FIFO, and a child never waits in it, since a parent parked on
+children that wait for slots held by parents would deadlock. Descendants are
+bounded by the per-tenant and per-user caps instead, which count them:
+apps.gateway.fairness). Over the cap,
 a new run is inserted as a `waiting_slot` row: it has no doorbell, so no
 worker holds it, and the claim ignores it. When a slot frees (a top-level run
 finishes or is cancelled) the oldest waiting rows are flipped to `queued` and

@@ -65,7 +65,14 @@ from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import messages_from_rows
 from apps.runs.sessions import replayed_history
 from apps.runs.store import ClaimedRun, StepRows, Switched
-from apps.runs.subruns import Spawn, children_enqueue, children_insert, run_child_finished, spawn_prepare
+from apps.runs.subruns import (
+    Spawn,
+    children_enqueue,
+    children_insert,
+    run_child_finished,
+    spawn_prepare,
+    spawns_abandon,
+)
 from apps.runs.toolrun import CallOutcome, run_calls
 from apps.runs.turncancel import CutKind, TurnCut
 from apps.runs.wake import run_slot_freed
@@ -664,6 +671,8 @@ def _run_tools(
     _count_tool_calls(run, ran, write)
     outcomes = _prepare_spawns(run, ran, write)
     cut = turncancel.cut_now(run.id) if cancel.is_set() else turncancel.NO_CUT
+    if cut.kind is not CutKind.NONE:  # the spawns and parks of this batch are dropped with the turn or run
+        spawns_abandon(write.spawns, [o.result.park for o in ran if o.result.park is not None])
     if cut.kind is CutKind.RUN:
         return cancelled_write(cut.reason)
     if cut.kind is CutKind.TURN:
@@ -807,6 +816,7 @@ def _commit(run: ClaimedRun, write: StepWrite) -> str | None:
         with transaction.atomic():
             status = commit()
             if status != write.status:  # fence lost, or a cancel turned the park into a doorbell
+                spawns_abandon(write.spawns, [park for _, park in write.parks])
                 write.spawns, write.parks = [], []
             if write.spawns:
                 write.child_ids = children_insert(
@@ -838,10 +848,11 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
     if write.next == Next.FINISH and run.notify_finished:  # registry.on_run_finished listeners
         _announce_finished(run.id, write.status)
     _resident_after_commit(run, write)
+    if write.next == Next.FINISH:  # every run holds a fairness slot, a sub-agent too (apps.runs.subruns)
+        fairness.run_slot_release(run.id)
     if write.next == Next.FINISH and run.parent_id:
         run_child_finished(child_id=run.id)
-    elif write.next == Next.FINISH:  # sub-agents hold no fairness slot: they share their parent's
-        fairness.run_slot_release(run.id)
+    elif write.next == Next.FINISH:  # only top-level runs hold an admission slot (apps.runs.backpressure)
         _slot_freed(run.id)
     # Last: the deployment's receivers never delay or abort the runtime's own after-commit work.
     signals.deliver_all(write.deliveries, close_connection=True)

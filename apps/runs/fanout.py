@@ -6,8 +6,11 @@ Invariants:
   `waiting_children`, one pending call). Its children, the `FanOut` join and
   one `FanOutSlot` per entry (index-aligned) are inserted in the parent's
   fenced step commit (`Park.record`), so they exist iff the park commits.
-- At most `max_concurrent_children` (the parent's agent definition, default 4)
-  children run at once: the first ones are `queued` and rung after the
+- Every child takes its fairness slot (its tenant's and user's run caps) when the
+  call is planned, whether it starts at once or waits: an entry over a cap is
+  refused like an unknown agent (`ok: false`, the cap in its error).
+- At most `max_concurrent_children` (the parent's agent definition, default 4,
+  at most LOOMCYCLE_MAX_CONCURRENT_CHILDREN_CAP) children run at once: the first ones are `queued` and rung after the
   commit, the rest are `waiting_fanout` rows (no worker, no doorbell). Each
   report starts the lowest-index waiting sibling in its own transaction.
 - A child's report is exact: the child's compare-and-set
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Subquery
 from django.utils import timezone
@@ -83,9 +87,13 @@ def parse_entries(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def max_concurrent_children(definition: dict[str, Any]) -> int:
-    """The agent's `max_concurrent_children` (validated a positive int by the substrate), default 4."""
+    """The agent's `max_concurrent_children` (validated a positive int by the substrate), default 4,
+    at most LOOMCYCLE_MAX_CONCURRENT_CHILDREN_CAP: a tenant's definition asking for more is refused
+    when written (apps.substrate.quotas); a yaml agent's, or a row written under a higher cap, is cut
+    to it here."""
     value = definition.get("max_concurrent_children")
-    return value if isinstance(value, int) and value > 0 else DEFAULT_MAX_CONCURRENT
+    wanted = value if isinstance(value, int) and value > 0 else DEFAULT_MAX_CONCURRENT
+    return min(wanted, settings.LOOMCYCLE.max_concurrent_children_cap)
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,12 @@ class FanOutPark:
         for child_id in self.started:
             enqueue_iteration(child_id, 0)
 
+    def abandon(self) -> None:
+        """The parent's step dropped this park: no child was inserted; give their fairness slots back."""
+        from apps.runs.subruns import spawns_abandon
+
+        spawns_abandon([p.spawn for p in self.planned if p.spawn is not None], [])
+
 
 def _child_insert(ctx: ToolContext, p: Planned, *, depth: int, call_id: str, start: bool) -> str:
     from apps.runs.prompt import Segment
@@ -179,6 +193,7 @@ def _child_insert(ctx: ToolContext, p: Planned, *, depth: int, call_id: str, sta
         depth=depth + 1,
         parent_call_id=call_id,
         status=status,
+        run_id=p.spawn.run_id or None,  # the id its fairness slot was taken under (subruns.spawn_prepare)
     )
     return child.id
 
@@ -224,7 +239,9 @@ def _plan(ctx: ToolContext, entries: list[dict[str, Any]]) -> ToolResult:
         return ToolResult(json.dumps({"results": [_refused_entry(p) for p in planned]}))
     limit = max_concurrent_children(agent_definition(ctx.agent_def_id))
     park = FanOutPark(ctx=ctx, depth=depth, limit=limit, planned=planned)
-    waiting = Park(status=RunStatus.WAITING_CHILDREN, record=park.record, after_commit=park.after_commit)
+    waiting = Park(
+        status=RunStatus.WAITING_CHILDREN, record=park.record, after_commit=park.after_commit, abandon=park.abandon
+    )
     return ToolResult("", park=waiting)
 
 

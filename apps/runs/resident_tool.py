@@ -33,6 +33,7 @@ from django.utils import timezone
 from apps.core.errors import ApplicationError
 from apps.core.ids import is_ident
 from apps.core.tools import Park, SpawnRequest, ToolContext, ToolRefusal, ToolResult, input_refusal
+from apps.gateway import fairness
 from apps.gateway.providers import ToolCall
 from apps.runs import selectors, signals, store
 from apps.runs.dispatch import enqueue_iteration
@@ -142,7 +143,10 @@ def _open(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         raise ToolRefusal(f"cannot open {name!r}: {exc.message}") from exc
     parked = _Parked()
     record = partial(_record_open, parked, spawn, ctx, depth, ttl, timeout_ms)
-    park = Park(status=RunStatus.WAITING_CHILDREN, record=record, after_commit=partial(_after_open, parked))
+    abandon = partial(fairness.run_slot_release, spawn.run_id)  # the child's slot (subruns.spawn_prepare)
+    park = Park(
+        status=RunStatus.WAITING_CHILDREN, record=record, after_commit=partial(_after_open, parked), abandon=abandon
+    )
     return ToolResult("", park=park)
 
 
@@ -163,6 +167,7 @@ def _record_open(
     cap = settings.LOOMCYCLE.resident_max_children
     if selectors.resident_open_count(parent_id=run_id) >= cap:  # parallel opens of one step count each other here
         resident_refuse(parent_id=run_id, call_id=call_id, message=_cap_message(cap))
+        fairness.run_slot_release(spawn.run_id)  # no child is inserted: its fairness slot goes back
         return
     (child_id,) = children_insert(
         parent_id=run_id, tenant_id=ctx.tenant_id, user_id=ctx.user_id, depth=depth, spawns=[spawn]

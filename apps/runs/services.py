@@ -122,7 +122,7 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id), credentials=credentials)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     run_id = new_run_id()
-    if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; sub-agents share their parent's slot
+    if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; a child's slot: subruns.spawn_prepare
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
         # Inside the caller's transaction: given back if it, or a savepoint around this, rolls back
         # (apps.runs.rollback).

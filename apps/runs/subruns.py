@@ -26,8 +26,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.core.errors import ApplicationError
-from apps.core.ids import is_ident
-from apps.core.tools import SpawnRequest, Tool, ToolContext, ToolResult
+from apps.core.ids import is_ident, new_run_id
+from apps.core.tools import Park, SpawnRequest, Tool, ToolContext, ToolResult
+from apps.gateway import fairness
 from apps.gateway.providers import ToolCall
 from apps.runs import fanout, store
 from apps.runs.dispatch import enqueue_iteration
@@ -104,6 +105,7 @@ class Spawn:
     resolved: Any  # services.Resolved
     caller_tools: list[str] | None = None  # the top-level caller's narrowing, inherited
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)  # the parent's, inherited
+    run_id: str = ""  # the child's id, chosen when its fairness slot was taken (spawn_prepare)
 
 
 def spawn_prepare(
@@ -125,7 +127,15 @@ def spawn_prepare(
     parent's credentials exactly (a tool cannot add any: ⊆ the parent's). Its
     network hosts are the parent's effective list as its caller's
     `allowed_hosts`, so at most the parent's (none when there is no parent to
-    inherit from). Its volumes are its own bindings within its parent's, never wider."""
+    inherit from). Its volumes are its own bindings within its parent's, never wider.
+
+    The child counts against its tenant's and user's run caps as its root does
+    (apps.gateway.fairness): its slot is taken here, before the parent's step
+    commit, so a child over a cap is refused like an unknown agent (the call's
+    is_error result names the cap) and the parent's model decides what to do; no
+    worker waits for a slot. The slot is given back when the child ends, or by
+    `spawns_abandon` when the parent's step drops it (a slot leaked by a crash in
+    between is freed by the reconcile sweep, as a top-level run's)."""
     from apps.runs.services import RunCreate, run_resolve
 
     if depth + 1 > MAX_DEPTH:
@@ -146,7 +156,21 @@ def spawn_prepare(
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
     inherited = dict(credentials or {})
-    return Spawn(call=call, request=request, resolved=resolved, caller_tools=caller, credentials=inherited)
+    run_id = new_run_id()
+    fairness.run_slot_take(run_id=run_id, tenant_id=tenant_id, user_id=user_id)  # SlotRefused over a cap
+    return Spawn(
+        call=call, request=request, resolved=resolved, caller_tools=caller, credentials=inherited, run_id=run_id
+    )
+
+
+def spawns_abandon(spawns: list[Spawn], parks: list[Park]) -> None:
+    """The parent's step dropped these spawns and parks (a lost fence, a cancel, a
+    turn-cancel): give back the fairness slots their children took, and nothing else."""
+    for s in spawns:
+        fairness.run_slot_release(s.run_id)
+    for park in parks:
+        if park.abandon is not None:
+            park.abandon()
 
 
 def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int, spawns: list[Spawn]) -> list[str]:
@@ -164,7 +188,12 @@ def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int,
             credentials=s.credentials,
         )
         child = run_insert(
-            tenant_id=tenant_id, data=data, resolved=s.resolved, depth=depth + 1, parent_call_id=s.call.id
+            tenant_id=tenant_id,
+            data=data,
+            resolved=s.resolved,
+            depth=depth + 1,
+            parent_call_id=s.call.id,
+            run_id=s.run_id or None,
         )
         ids.append(child.id)
     return ids

@@ -21,7 +21,7 @@ from apps.core.errors import ApplicationError
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.substrate import selectors, services
-from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound
+from apps.substrate.kinds import KINDS, Kind, Refused
 
 router = Router(tags=["substrate"])
 ADMIN_BODY_BYTES = 1024 * 1024
@@ -44,13 +44,14 @@ class DefOpIn(BaseModel):
 
 
 class ToolError(ApplicationError):
-    """A def tool's refusal over HTTP, naming the tool: 422 `tool_refused`, or
-    404 `not_found` for an unknown (or another tenant's) def_id."""
+    """A def tool's refusal over HTTP, naming the tool: 422 `tool_refused` (or a
+    refusal's own code: `schedule_too_frequent`, `max_concurrent_children_over_cap`),
+    404 `not_found` for an unknown (or another tenant's) def_id, 429
+    `tenant_quota_exceeded` past a per-tenant count (apps.substrate.quotas)."""
 
     def __init__(self, exc: Refused, tool: str) -> None:
-        not_found = isinstance(exc, RefusedNotFound)
-        super().__init__(exc.message, code="not_found" if not_found else "tool_refused")
-        self.status = 404 if not_found else 422
+        super().__init__(exc.message, code=exc.code)
+        self.status = exc.status
         self.tool = tool
 
     def body(self) -> dict[str, Any]:

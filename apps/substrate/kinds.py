@@ -31,16 +31,31 @@ NAME_SEGMENT_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class Refused(Exception):
-    """A def op refused: 422 `tool_refused` over HTTP, an `is_error` result for a model."""
+    """A def op refused: 422 `tool_refused` (or the refusal's own `code`) over HTTP,
+    an `is_error` result for a model."""
 
-    def __init__(self, message: str) -> None:
+    status: int = 422
+    code: str = "tool_refused"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if code is not None:
+            self.code = code
 
 
 class RefusedNotFound(Refused):
     """The row does not exist for this caller (another tenant's row looks the
     same): 404 over HTTP, an `is_error` result for a model."""
+
+    status, code = 404, "not_found"
+
+
+class RefusedQuota(Refused):
+    """The tenant holds as many definitions of this kind as the operator allows
+    (apps.substrate.quotas): 429 `tenant_quota_exceeded` over HTTP."""
+
+    status, code = 429, "tenant_quota_exceeded"
 
 
 def check_def_name(name: Any) -> str:

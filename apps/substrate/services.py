@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from apps.core.errors import Invalid
 from apps.core.ids import new_def_id
+from apps.substrate import quotas
 from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound, check_def_name, get_kind
 from apps.substrate.models import AgentDef, DefPointer, DefSource, VersionedDef
 from apps.substrate.secretrefs import check_definition, redacted
@@ -202,7 +203,10 @@ def _insert(
     source: str = DefSource.RUNTIME,
     bootstrapped: bool = False,
 ) -> VersionedDef:
-    top = kind.model._default_manager.filter(tenant_id=tenant_id, name=name).aggregate(v=Max("version"))["v"] or 0
+    versions = kind.model._default_manager.filter(tenant_id=tenant_id, name=name)
+    if source != DefSource.YAML and not versions.filter(retired=False).exists():
+        quotas.check_new_name(kind, tenant_id)  # the name takes a place in the tenant's count (the yaml's do not)
+    top = versions.aggregate(v=Max("version"))["v"] or 0
     created: VersionedDef = kind.model._default_manager.create(
         id=new_def_id(),
         tenant_id=tenant_id,
@@ -268,6 +272,7 @@ def def_create(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     if kind.tools_field and author.tools_ceiling is not None:
         _tools_subset(definition.get(kind.tools_field, []), author.tools_ceiling, "the caller's own tools")
     _check_caps(kind, definition, description)
+    quotas.check_definition(kind, definition)
     promote = _flag(data, "promote", True)
     tenant_id = author.tenant_id
     _lock(kind, tenant_id, name)
@@ -338,6 +343,7 @@ def def_fork(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]
         ceiling = root.definition.get(kind.tools_field, [])
         _tools_subset(definition.get(kind.tools_field, []), ceiling, "the lineage root's tools")
     _check_caps(kind, definition, description)
+    quotas.check_definition(kind, definition)
     row = _insert(
         kind,
         author,
@@ -384,6 +390,9 @@ def def_retire(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     _check_scope(kind, author, row.name)
     if row.source == DefSource.YAML:
         raise Refused(f"retire: {row.name!r} v{row.version} is a static yaml entry; edit loomcycle.yaml instead")
+    siblings = kind.model._default_manager.filter(tenant_id=row.tenant_id, name=row.name, retired=False)
+    if not retired and row.retired and not siblings.exists():  # the name takes its place in the count again
+        quotas.check_new_name(kind, row.tenant_id)
     kind.model._default_manager.filter(id=row.id).update(retired=retired)
     pointer = _pointer(kind, row.tenant_id, row.name)
     if row.retired and not retired and pointer is not None and pointer.active_def_id == row.id:

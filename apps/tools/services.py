@@ -4,7 +4,9 @@
 - a static (yaml) name cannot be taken by a dynamic volume: the static one would
   shadow it for every run;
 - create is idempotent (same name and mode: the existing row, `deduplicated`);
-- delete unmaps and keeps the files; purge unmaps and removes the directory.
+- delete unmaps and keeps the files; purge unmaps and removes the directory;
+- a tenant holds at most LOOMCYCLE_TENANT_MAX_VOLUMES rows (429 `tenant_quota_exceeded`,
+  apps.core.quotas), counted before the directory is made and again with the insert.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from apps.core.errors import Conflict, NotFound
+from apps.core.quotas import tenant_count_check, tenant_count_lock
 from apps.tools import errors
 from apps.tools.models import VolumeDef
 from apps.tools.selectors import volume_def_find
@@ -43,13 +47,26 @@ def volume_def_create(*, tenant_id: str, name: Any, mode: Any = "rw") -> dict[st
         if existing.mode != mode:
             raise Conflict(f"volume {name!r} exists with mode {existing.mode}", code="volume_exists")
         return volume_def_out(existing, deduplicated=True)
+    _check_count(tenant_id)  # refused before its directory is made (the exact check is the insert's)
     _make_dir(path)
     try:
         with transaction.atomic():
+            tenant_count_lock("volumes", tenant_id)  # the count and the insert are one decision
+            _check_count(tenant_id)
             row = VolumeDef.objects.create(tenant_id=tenant_id, name=name, mode=mode, path=str(path))
     except IntegrityError:  # a concurrent create of the same name won: answer as the second call would
         return volume_def_create(tenant_id=tenant_id, name=name, mode=mode)
     return volume_def_out(row, deduplicated=False)
+
+
+def _check_count(tenant_id: str) -> None:
+    tenant_count_check(
+        resource="volumes",
+        tenant_id=tenant_id,
+        held=VolumeDef.objects.filter(tenant_id=tenant_id).count(),
+        cap=settings.LOOMCYCLE.tenant_max_volumes,
+        setting="LOOMCYCLE_TENANT_MAX_VOLUMES",
+    )
 
 
 def _make_dir(path: Path) -> None:

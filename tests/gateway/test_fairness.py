@@ -29,7 +29,7 @@ from apps.gateway import fairness
 from apps.gateway.fairness.config import PREFIX, RUNS_KEY
 from apps.gateway.providers import ProviderCancelled, registry
 from apps.runs import engine, services
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
 from tests import procs
@@ -535,12 +535,15 @@ def test_the_beat_sweeper_reconciles_a_leaked_slot(fair_stack: tuple[str, Any], 
         assert start("echo", "u1").user_id == "u1"  # admitted again
 
 
-def test_sub_agents_share_their_parents_slot(fair_stack: tuple[str, Any], cap: Any) -> None:
+def test_a_sub_agent_counts_against_its_roots_user_cap(fair_stack: tuple[str, Any], cap: Any) -> None:
+    """Issue 33: a sub-agent no longer shares its parent's slot. With a per-user cap of 1
+    the parent holds it, so its spawn is refused in its tool result and no child exists."""
     cap(per_user=1)
     parent = start("spawner", "u1")
     done = wait_status(parent.id, RunStatus.COMPLETED, timeout=30)
-    child = Run.objects.get(parent_id=parent.id)
-    assert done.user_id == child.user_id == "u1" and child.status == RunStatus.COMPLETED
+    assert done.user_id == "u1" and not Run.objects.filter(parent_id=parent.id).exists()
+    [refusal] = [e.payload for e in RunEvent.objects.filter(run_id=parent.id, type="tool_result")]
+    assert refusal["is_error"] is True and "per-user quota exhausted: user=u1 cap=1" in str(refusal["text"])
     wait_for(lambda: held("u1") == 0, timeout=3)
 
 

@@ -45,6 +45,7 @@ WEATHER = {
     },
 }
 TOOL_MODEL = "mock-tool-loop?tool=get_weather&calls=1&input=%7B%22city%22%3A%22Paris%22%7D"
+OPERATOR_KEY = "sk-operator-test-key-0123456789"
 
 
 def audit_row(request_id: str) -> GatewayCall:
@@ -358,9 +359,11 @@ def alt_web(
     provider `up` (our OpenAI driver) pointing at the pytest-httpserver on loopback."""
     config = tmp_path_factory.mktemp("alt") / "alt.yaml"
     upstream = {"driver": "openai", "dialect": "compat", "base_url": make_httpserver.url_for("/v1")}
-    config.write_text(json.dumps({"providers": {"up": upstream}}))
+    keyed = {**upstream, "api_key_env": "GATEWAY_TEST_OPERATOR_KEY"}  # the same upstream, with the operator's key
+    config.write_text(json.dumps({"providers": {"up": upstream, "keyed": keyed}}))
     env = {
         **stack_env,
+        "GATEWAY_TEST_OPERATOR_KEY": OPERATOR_KEY,
         "LOOMCYCLE_EMBEDDER": "none",
         "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER": "1",
         "LOOMCYCLE_SSE_KEEPALIVE_MS": "1000",
@@ -432,6 +435,46 @@ def test_an_upstream_error_is_a_502_that_names_the_provider(alt_web: str, httpse
     assert resp.status_code == 502 and resp.json()["code"] == "provider_call_failed"
     assert "up 503: model up-model is overloaded" in resp.json()["error"]
     assert resp.json()["details"]["provider_status"] == 503
+
+
+def _answer_if_keyed(request: Request) -> Response:
+    assert request.headers.get("authorization") == f"Bearer {OPERATOR_KEY}"  # the operator's key was spent
+    body = _chunk({"role": "assistant", "content": "paid"}, "stop") + b"data: [DONE]\n\n"
+    return Response(body, content_type="text/event-stream")
+
+
+def test_the_operators_key_is_spent_only_for_principals_with_providers_operator_key(
+    alt_web: str, httpserver: HTTPServer
+) -> None:
+    """Issue 33: a token without providers:operator-key (held, or implied by substrate:tenant or
+    admin) is 403 operator_key_restricted on a keyed provider, on both chat endpoints; the open
+    principal, admins, tenants and holders of the scope are served; keyless providers stay open."""
+    httpserver.expect_request("/v1/chat/completions", method="POST").respond_with_handler(_answer_if_keyed)
+    compat = {"model": "keyed/up-model", "messages": HI}
+    native = {"provider": "keyed", "model": "up-model", "messages": HI}
+    assert httpx.post(alt_web + "/v1/chat/completions", json=compat).status_code == 200  # open mode: admin
+    tokens.token_create(name="ops", tenant_id="ops")  # an admin token closes open mode
+
+    def bearer(name: str, scopes: list[str]) -> dict[str, str]:
+        token = tokens.token_create(name=name, tenant_id="acme", subject=name, scopes=scopes)["token"]
+        return {"authorization": f"Bearer {token}"}
+
+    refused = [bearer("member", ["runs:create", "runs:read"]), bearer("end-user", ["substrate:user"])]
+    served = [bearer("keyholder", ["runs:create", "providers:operator-key"]), bearer("tenant", ["substrate:tenant"])]
+    for headers in refused:
+        for path, payload in (("/v1/chat/completions", compat), ("/v1/_llm/chat", native)):
+            resp = httpx.post(alt_web + path, json=payload, headers=headers)
+            assert resp.status_code == 403, resp.text
+            assert resp.json()["code"] == "operator_key_restricted"
+            assert resp.json()["details"] == {"provider": "keyed", "required_scope": "providers:operator-key"}
+        row = audit_row(resp.headers["x-request-id"])
+        assert (row.provider, row.status_code, row.error_code) == ("keyed", 403, "operator_key_restricted")
+        keyless = httpx.post(alt_web + "/v1/chat/completions", json={**MOCK, "messages": HI}, headers=headers)
+        assert keyless.status_code == 200  # the mock spends no key
+    for headers in served:
+        resp = httpx.post(alt_web + "/v1/chat/completions", json=compat, headers=headers)
+        assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "paid"
+    assert len(httpserver.log) == 1 + len(served)  # the refused calls never reached the upstream
 
 
 def test_embeddings_without_an_embedder_is_a_503(alt_web: str) -> None:

@@ -7,6 +7,7 @@ for the lifetime ends (SSE comment / close 4408)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +100,32 @@ def test_a_principal_over_its_stream_cap_gets_429_and_starts_no_run(
         reopened.__exit__(None, None, None)
         for cm, _ in held:
             cm.__exit__(None, None, None)
+
+
+def test_a_waiting_runs_batch_holds_a_stream_slot(
+    capped_web: str, stack: Any, people: dict[str, dict[str, str]]
+) -> None:
+    """Issue 33: runs:batch holds its request open up to 30 min, so it counts as one of the
+    principal's streams; past the cap a batch is 429 and starts no run."""
+    slow = 'MOCK_SCRIPT: [{"text": "late", "sleep_ms": 3000}]'
+    body = {"spawns": [{"agent": "fan-child", "prompt": slow}], "timeout_ms": 30_000}
+    answered: dict[str, int] = {}
+    with httpx.Client(base_url=capped_web, timeout=60, headers=people["alice"]) as alice:
+        waiting = threading.Thread(
+            target=lambda: answered.setdefault("status", alice.post("/v1/runs:batch", json=body).status_code)
+        )
+        waiting.start()
+        try:
+            wait_for(lambda: Run.objects.filter(agent_name="fan-child").exists(), timeout=10)  # the batch waits
+            run_id = parked_run(alice)
+            with alice.stream("GET", f"/v1/runs/{run_id}/stream") as stream:  # the second slot
+                assert stream.status_code == 200
+                before = Run.objects.count()
+                assert_stream_refused(alice.post("/v1/runs:batch", json=body))
+                assert Run.objects.count() == before
+        finally:
+            waiting.join(30)
+    assert answered["status"] == 200
 
 
 def test_a_stream_ends_at_its_lifetime_and_can_reattach(short_web: str, stack: Any) -> None:

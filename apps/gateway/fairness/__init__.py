@@ -5,9 +5,11 @@ clock, so the hosts' clocks never matter). Taking one is ONE Lua script:
 prune the expired members, compare the count with the cap, add; two
 processes can never both take the last slot. Releasing is ZREM: idempotent.
 
-- Runs: a top-level run takes a slot (member = its run id) in its user's and
-  its tenant's set at admission and gives it back when it finishes or is
-  cancelled; sub-agents are never admitted, they share their parent's slot.
+- Runs: every run takes a slot (member = its run id) in its user's and its
+  tenant's set and gives it back when it finishes or is cancelled: a top-level
+  run at admission (429 over a cap), a descendant (sub-agent, parallel_spawn
+  child, resident child) when its parent's tool call plans it (over a cap, the
+  call's is_error result; apps.runs.subruns), so fan-out never escapes the caps.
   Run slots live an hour; the beat sweeper (`run_slots_reconcile`) refreshes
   those of live runs and frees those of terminal or vanished runs, so a slot
   lost to a crash comes back within one sweep.

@@ -49,7 +49,7 @@ def _member(kind: str) -> str:
 
 
 def run_slot_take(*, run_id: str, tenant_id: str, user_id: str) -> None:
-    """Admit a top-level run (429 when its user or tenant is at cap). Call
+    """Admit a run, top-level or descendant (429 when its user or tenant is at cap). Call
     before the run row is written; `run_slot_release` if the write fails."""
     gates = user_gates(tenant_id, user_id)
     if gates and (full := store.take(gates, run_id, RUN_TTL_MS, run=True)) is not None:

@@ -22,7 +22,7 @@ from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
 from apps.substrate import services as substrate
 from apps.substrate.auth import ADMIN, TENANT
-from apps.substrate.kinds import Kind, Refused, RefusedNotFound, get_kind
+from apps.substrate.kinds import Kind, Refused, get_kind
 
 
 class DefOpArgs(Args):
@@ -42,12 +42,12 @@ class DefOpArgs(Args):
 
 
 class DefRefused(ApplicationError):
-    """A def op's refusal: 422 `tool_refused`, or 404 `not_found`, naming the tool."""
+    """A def op's refusal, naming the tool, with the refusal's status and code as over REST:
+    422 `tool_refused` (or its own code), 404 `not_found`, 429 `tenant_quota_exceeded`."""
 
     def __init__(self, exc: Refused, tool: str) -> None:
-        not_found = isinstance(exc, RefusedNotFound)
-        super().__init__(exc.message, code="not_found" if not_found else "tool_refused", details={"tool": tool})
-        self.status = 404 if not_found else 422
+        super().__init__(exc.message, code=exc.code, details={"tool": tool})
+        self.status = exc.status
 
 
 def _def_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:

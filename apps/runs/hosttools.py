@@ -115,7 +115,7 @@ def build(func: Callable[P, R], *, name: str, description: str | None) -> HostTo
         raise TypeError(f"host tool {name!r} needs a description: give the function a docstring")
     model, context_param = _input_model(func, name)
     call = _Call(name=name, fn=func, model=model, context_param=context_param)
-    host_tool = Tool(name=name, description=text, input_schema=_schema(model), execute=call.execute)
+    host_tool = Tool(name=name, description=text, input_schema=_schema(model), execute=call.execute, operator_only=True)
     return HostTool(tool=host_tool, fn=func, model=model, context_param=context_param)
 
 

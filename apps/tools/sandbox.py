@@ -188,3 +188,17 @@ def probe() -> str | None:
     if out.returncode != 0:
         return f"the Bash sandbox could not start ({settings.LOOMCYCLE.bash_bwrap}): {out.stderr.strip()[-300:]}"
     return None
+
+
+UNSANDBOXED = (
+    "Bash runs UNSANDBOXED (LOOMCYCLE_BASH_UNSANDBOXED=1): each command runs as the worker's own user, "
+    "with its files and network; trusted operators only"
+)
+
+
+def operator_warning() -> str | None:
+    """What `up` and `doctor` say about the Bash sandbox: None when Bash is off, or sandboxed and working."""
+    conf = settings.LOOMCYCLE
+    if not conf.bash_enabled:
+        return None
+    return UNSANDBOXED if conf.bash_unsandboxed else probe()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -108,3 +110,20 @@ def test_doctor_fails_with_exit_1_on_a_broken_config(
         call_command("doctor")
     assert exc.value.code == 1
     assert "FAIL config" in capsys.readouterr().out
+
+
+
+def test_doctor_fails_naming_bubblewrap_when_bash_is_on_without_it(
+    capsys: pytest.CaptureFixture[str], db: None, settings: Any
+) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_enabled=True, bash_bwrap="/nonexistent/bwrap")
+    with pytest.raises(SystemExit) as exc:
+        call_command("doctor")
+    out = capsys.readouterr().out
+    assert exc.value.code == 1 and "FAIL bash sandbox:" in out and "apt-get install bubblewrap" in out
+
+
+def test_doctor_warns_loudly_when_bash_runs_unsandboxed(capsys: pytest.CaptureFixture[str], db: None, settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_enabled=True, bash_unsandboxed=True)
+    call_command("doctor")
+    assert "WARN bash sandbox: Bash runs UNSANDBOXED" in capsys.readouterr().out

@@ -349,7 +349,8 @@ def _bash_stance() -> str:
     from apps.tools import sandbox
 
     conf = settings.LOOMCYCLE
-    who = "agents of the operator's yaml" + (f" and tenants {', '.join(conf.bash_tenants)}" if conf.bash_tenants else "")
+    tenants = f" and tenants {', '.join(conf.bash_tenants)}" if conf.bash_tenants else ""
+    who = f"agents of the operator's yaml{tenants}"
     if conf.bash_unsandboxed:
         return (
             f"runs /bin/sh in a bound rw volume as the worker's user: NOT a sandbox (LOOMCYCLE_BASH_UNSANDBOXED=1; "

@@ -23,13 +23,12 @@ print("dumpable" if dumpable() else "not dumpable")
 
 
 @pytest.mark.parametrize(
-    "entry", ["loomcycle_project.asgi", "workers.celery", "loomcycle_project.cli"]  # cli: manage.py (up)
+    "entry",
+    ["loomcycle_project.asgi", "workers.celery", "loomcycle_project.cli"],  # cli: manage.py (up)
 )
 def test_each_process_up_starts_makes_itself_non_dumpable(entry: str) -> None:
     keep = ("PATH", "LOOMCYCLE_DATA_DIR", "DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "LOOMCYCLE_CONFIG_FILES")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update(DJANGO_SETTINGS_MODULE="loomcycle_project.settings", PYTHONPATH=str(ROOT), LC_ENTRY=entry)
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "not dumpable", out.stderr[-2000:]

@@ -112,7 +112,6 @@ def test_doctor_fails_with_exit_1_on_a_broken_config(
     assert "FAIL config" in capsys.readouterr().out
 
 
-
 def test_doctor_fails_naming_bubblewrap_when_bash_is_on_without_it(
     capsys: pytest.CaptureFixture[str], db: None, settings: Any
 ) -> None:
@@ -123,7 +122,9 @@ def test_doctor_fails_naming_bubblewrap_when_bash_is_on_without_it(
     assert exc.value.code == 1 and "FAIL bash sandbox:" in out and "apt-get install bubblewrap" in out
 
 
-def test_doctor_warns_loudly_when_bash_runs_unsandboxed(capsys: pytest.CaptureFixture[str], db: None, settings: Any) -> None:
+def test_doctor_warns_loudly_when_bash_runs_unsandboxed(
+    capsys: pytest.CaptureFixture[str], db: None, settings: Any
+) -> None:
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_enabled=True, bash_unsandboxed=True)
     call_command("doctor")
     assert "WARN bash sandbox: Bash runs UNSANDBOXED" in capsys.readouterr().out

@@ -88,8 +88,8 @@ def secrets_file() -> Iterator[Path]:
         path.unlink()
 
 
-@pytest.mark.usefixtures("secrets_file")
-def test_every_escape_attempt_from_a_sandboxed_command_fails(stack: WorkerPool, web: str, work: Path) -> None:
+@pytest.mark.usefixtures("secrets_file", "work")
+def test_every_escape_attempt_from_a_sandboxed_command_fails(stack: WorkerPool, web: str) -> None:
     attempts = escape_attempts(web)
     run = scripted("files-rw", [{"tools": attempts}, {"text": "done"}])
     wait_status(run.id, RunStatus.COMPLETED, timeout=60)
@@ -100,7 +100,8 @@ def test_every_escape_attempt_from_a_sandboxed_command_fails(stack: WorkerPool, 
     assert not Path("/usr/bin/lc-escape").exists()
 
 
-def test_a_fork_bomb_and_a_memory_hog_hit_their_limits_and_the_worker_goes_on(stack: WorkerPool, work: Path) -> None:
+@pytest.mark.usefixtures("work")
+def test_a_fork_bomb_and_a_memory_hog_hit_their_limits_and_the_worker_goes_on(stack: WorkerPool) -> None:
     before = sorted(stack.pids())
     bomb = {"command": "b() { b | b & }; b; sleep 3", "timeout_seconds": 30}
     hog = {"command": "tail /dev/zero", "timeout_seconds": 60}

@@ -206,7 +206,8 @@ def _launch(ctx: ToolContext, command: str, picked: VolumeBinding, cwd: str, env
     """The sandbox over the run's volumes (each that exists on this worker), `cwd` writable."""
     if settings.LOOMCYCLE.bash_unsandboxed:
         return sandbox.Launch(argv=["/bin/sh", "-c", command], env=env, cwd=cwd)
-    writable, readable = [cwd], []
+    writable: list[str] = [cwd]
+    readable: list[str] = []
     for binding in ctx.volumes:
         if binding.name == picked.name:
             continue

@@ -149,9 +149,10 @@ def _private_paths() -> Iterator[str]:
     """The runtime's own places a command must never see."""
     yield str(settings.BASE_DIR)
     yield settings.LOOMCYCLE.data_dir
-    host = str(settings.DATABASES["default"].get("HOST") or "")
-    if host.startswith("/"):
-        yield host
+    database = settings.DATABASES["default"]
+    for host in (database.get("HOST"), (database.get("OPTIONS") or {}).get("host")):
+        if isinstance(host, str) and host.startswith("/"):  # a unix socket directory
+            yield host
     redis = settings.REDIS_URL
     for scheme in ("redis+socket://", "unix://"):
         if redis.startswith(scheme):

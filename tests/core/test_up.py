@@ -75,7 +75,7 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(server_tmp: Pa
     secrets_file = tmp_path / "data" / "secrets.json"
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
     generated = json.loads(secrets_file.read_text())
-    assert generated["secret_key"] and generated["operator_token_pepper"]
+    assert generated["secret_key"] and generated["operator_token_pepper"] and generated["postgres_password"]
     # A second `up` reuses the data: the run from the first session is still there.
     # This time two Daphne processes share the one listening socket `up` bound.
     proc = _up(tmp_path / "data", port, log, web_processes=2)

@@ -49,7 +49,7 @@ def held(name: str, attempt: str) -> dict[str, object]:
 def escape_attempts(web: str) -> list[dict[str, object]]:
     data_dir = Path(settings.LOOMCYCLE.data_dir)
     secrets = instance_secrets.path(data_dir)
-    pg_host = str(settings.DATABASES["default"]["HOST"])
+    pg_host = str(settings.DATABASES["default"]["OPTIONS"]["host"])  # the embedded server's socket directory
     redis_sock = settings.REDIS_URL.split("://", 1)[-1].split("?", 1)[0]
     port = urlsplit(web).port
     pids = runtime_pids()

@@ -31,6 +31,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -149,8 +150,9 @@ def _private_paths() -> Iterator[str]:
     """The runtime's own places a command must never see."""
     yield str(settings.BASE_DIR)
     yield settings.LOOMCYCLE.data_dir
-    database = settings.DATABASES["default"]
-    for host in (database.get("HOST"), (database.get("OPTIONS") or {}).get("host")):
+    database: dict[str, Any] = settings.DATABASES["default"]
+    options: dict[str, Any] = database.get("OPTIONS") or {}
+    for host in (database.get("HOST"), options.get("host")):
         if isinstance(host, str) and host.startswith("/"):  # a unix socket directory
             yield host
     redis = settings.REDIS_URL

@@ -450,10 +450,10 @@ BASH_SANDBOX_UID: int = _at_least("LOOMCYCLE_BASH_SANDBOX_UID", 65534, 1)
 # process, address space per process, processes (beyond what its uid already runs), file size
 # (and the size of its private /tmp), open files.
 BASH_LIMIT_CPU_SECONDS: int = _at_least("LOOMCYCLE_BASH_LIMIT_CPU_SECONDS", 120, 1)
-BASH_LIMIT_MEMORY_BYTES: int = _at_least("LOOMCYCLE_BASH_LIMIT_MEMORY_BYTES", 2 * 1024**3, 64 * 1024**2)
-BASH_LIMIT_PROCESSES: int = _at_least("LOOMCYCLE_BASH_LIMIT_PROCESSES", 128, 8)
-BASH_LIMIT_FILE_BYTES: int = _at_least("LOOMCYCLE_BASH_LIMIT_FILE_BYTES", 256 * 1024**2, 1024**2)
-BASH_LIMIT_OPEN_FILES: int = _at_least("LOOMCYCLE_BASH_LIMIT_OPEN_FILES", 256, 16)
+BASH_LIMIT_MEMORY_BYTES: int = _at_least("LOOMCYCLE_BASH_LIMIT_MEMORY_BYTES", 2 * 1024**3, 1)
+BASH_LIMIT_PROCESSES: int = _at_least("LOOMCYCLE_BASH_LIMIT_PROCESSES", 128, 1)
+BASH_LIMIT_FILE_BYTES: int = _at_least("LOOMCYCLE_BASH_LIMIT_FILE_BYTES", 256 * 1024**2, 1)
+BASH_LIMIT_OPEN_FILES: int = _at_least("LOOMCYCLE_BASH_LIMIT_OPEN_FILES", 256, 1)
 # Who may use Bash and the operator's host tools besides agents of the operator's yaml:
 # runs of these tenants (apps.core.privileged).
 BASH_TENANTS: list[str] = _list("LOOMCYCLE_BASH_TENANTS", [])

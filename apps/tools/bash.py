@@ -215,6 +215,8 @@ def _launch(ctx: ToolContext, command: str, picked: VolumeBinding, cwd: str, env
             path = str(root_of(ctx, binding))
         except VolumeUnavailable:
             continue  # the call did not ask for it; the tools that do say why
+        if binding.mode == "rw":
+            _give_ephemeral(binding, path)
         (writable if binding.mode == "rw" else readable).append(path)
     _give_ephemeral(picked, cwd)
     return sandbox.launch(command, cwd=cwd, writable=writable, readable=readable, env=env)

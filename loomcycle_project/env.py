@@ -456,6 +456,22 @@ WEBHOOKS_DELIVERY_RETENTION_HOURS: int = _at_least("LOOMCYCLE_WEBHOOKS_DELIVERY_
 VOLUMES_ROOT: str = env.str("LOOMCYCLE_VOLUMES_ROOT", default="")
 BASH_ENABLED: bool = env.bool("LOOMCYCLE_BASH_ENABLED", default=False)
 BASH_ALLOWED_CREDS: str = env.str("LOOMCYCLE_BASH_ALLOWED_CREDS", default="")
+# Each Bash command runs under bubblewrap (apps.tools.sandbox): without it Bash is refused,
+# unless BASH_UNSANDBOXED (the operator's explicit, loudly reported choice) runs it unsandboxed.
+BASH_BWRAP: str = env.str("LOOMCYCLE_BASH_BWRAP", default="/usr/bin/bwrap")
+BASH_UNSANDBOXED: bool = env.bool("LOOMCYCLE_BASH_UNSANDBOXED", default=False)
+BASH_SANDBOX_UID: int = _at_least("LOOMCYCLE_BASH_SANDBOX_UID", 65534, 1)
+# Limits of each sandboxed command (setrlimit through util-linux `prlimit`): CPU seconds per
+# process, address space per process, processes (beyond what its uid already runs), file size
+# (and the size of its private /tmp), open files.
+BASH_LIMIT_CPU_SECONDS: int = _at_least("LOOMCYCLE_BASH_LIMIT_CPU_SECONDS", 120, 1)
+BASH_LIMIT_MEMORY_BYTES: int = _at_least("LOOMCYCLE_BASH_LIMIT_MEMORY_BYTES", 2 * 1024**3, 1)
+BASH_LIMIT_PROCESSES: int = _at_least("LOOMCYCLE_BASH_LIMIT_PROCESSES", 128, 1)
+BASH_LIMIT_FILE_BYTES: int = _at_least("LOOMCYCLE_BASH_LIMIT_FILE_BYTES", 256 * 1024**2, 1)
+BASH_LIMIT_OPEN_FILES: int = _at_least("LOOMCYCLE_BASH_LIMIT_OPEN_FILES", 256, 1)
+# Who may use Bash and the operator's host tools besides agents of the operator's yaml:
+# runs of these tenants (apps.core.privileged).
+BASH_TENANTS: list[str] = _list("LOOMCYCLE_BASH_TENANTS", [])
 # Scheduler (SPEC 9.1): off unless set; how often beat sends the tick that fires due ScheduleDefs.
 SCHEDULER_ENABLED: bool = env.bool("LOOMCYCLE_SCHEDULER_ENABLED", default=False)
 SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", default=30.0)
@@ -611,6 +627,16 @@ class RuntimeSettings:
     volumes_root: str
     bash_enabled: bool
     bash_allowed_creds: str
+    bash_bwrap: str = "/usr/bin/bwrap"
+    bash_unsandboxed: bool = False
+    bash_sandbox_uid: int = 65534
+    bash_limit_cpu_seconds: int = 120
+    bash_limit_memory_bytes: int = 2 * 1024**3
+    bash_limit_processes: int = 128
+    bash_limit_file_bytes: int = 256 * 1024**2
+    bash_limit_open_files: int = 256
+    bash_tenants: tuple[str, ...] = ()
+    data_dir: str = ""  # LOOMCYCLE_DATA_DIR (the Bash sandbox hides it)
     # Scheduler (apps.triggers).
     scheduler_enabled: bool
     scheduler_tick_seconds: float

@@ -1,5 +1,5 @@
-"""The instance's generated secrets: Django's SECRET_KEY and the operator-token
-pepper, in `<data dir>/secrets.json` (mode 0600).
+"""The instance's generated secrets: Django's SECRET_KEY, the operator-token
+pepper and the embedded Postgres's password, in `<data dir>/secrets.json` (mode 0600).
 
 On the embedded default (no DATABASE_URL) the data directory is the whole
 deployment, so `manage.py` generates the file once, before Django loads its
@@ -18,6 +18,7 @@ rotate the tokens.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -50,28 +51,53 @@ def load(data_dir: Path) -> dict[str, str]:
 
 
 def ensure(data_dir: Path) -> dict[str, str]:
-    """Create the file once (atomically: concurrent callers all read one winner's values)."""
+    """Every generated value of the embedded default (SECRET_KEY, the pepper, the embedded
+    Postgres's password), each made once: concurrent callers all read one winner's values."""
+    return _with_values(data_dir, ("secret_key", "operator_token_pepper", "postgres_password"))
+
+
+def postgres_password(data_dir: Path) -> str:
+    """The embedded Postgres's password (loomcycle_project.embedded), made once."""
+    return _with_values(data_dir, ("postgres_password",))["postgres_password"]
+
+
+def _with_values(data_dir: Path, names: tuple[str, ...]) -> dict[str, str]:
     existing = load(data_dir)
-    if existing:
+    if all(name in existing for name in names):
         return existing
     data_dir.mkdir(parents=True, exist_ok=True)
-    legacy = (data_dir / "pg").exists()
-    values = {
-        "secret_key": secrets.token_urlsafe(50),
-        "operator_token_pepper": "" if legacy else secrets.token_urlsafe(32),
-    }
-    tmp = data_dir / f".{FILE_NAME}.{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(values, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    lock = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.link(tmp, path(data_dir))  # fails if another process created the file first
-    except FileExistsError:
-        return load(data_dir)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # writers take turns; a reader sees the old or the new file whole
+        current = load(data_dir)
+        missing = [name for name in names if name not in current]
+        if not missing:
+            return current
+        legacy = "operator_token_pepper" in missing and (data_dir / "pg").exists()
+        current |= {name: _generated(name, legacy=legacy) for name in missing}
+        _write(data_dir, current)
     finally:
-        tmp.unlink()
+        os.close(lock)  # releases the lock
     if legacy:
         log.warning(LEGACY_PEPPER_WARNING, path(data_dir))
-    return values
+    return current
+
+
+def _generated(name: str, *, legacy: bool) -> str:
+    if name == "operator_token_pepper":
+        return "" if legacy else secrets.token_urlsafe(32)
+    return secrets.token_urlsafe(50 if name == "secret_key" else 32)
+
+
+def _write(data_dir: Path, values: dict[str, str]) -> None:
+    """The whole file, replaced atomically (0600 from its creation on)."""
+    tmp = data_dir / f".{FILE_NAME}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(values, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path(data_dir))
+    finally:
+        tmp.unlink(missing_ok=True)

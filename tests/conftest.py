@@ -156,6 +156,30 @@ def server_tmp(request: pytest.FixtureRequest) -> Iterator[Path]:
         shutil.rmtree(path)
 
 
+def for_sandbox(path: Path) -> Path:
+    """`path`, made usable as a Bash volume: a worker running as root runs its commands as the
+    sandbox uid (apps.tools.sandbox), so that uid owns the directory, as an operator's rw volume
+    must be writable by it. Made if missing."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        uid = django_settings.LOOMCYCLE.bash_sandbox_uid
+        os.chown(path, uid, uid)
+    return path
+
+
+@pytest.fixture
+def sandbox_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh Bash volume directory (for_sandbox), under this process's LOOMCYCLE_DATA_DIR: every
+    parent of pytest's own tmp tree is 0700, which the sandbox uid could not even pass through."""
+    base = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "tmp"
+    base.mkdir(parents=True, exist_ok=True)
+    path = for_sandbox(Path(tempfile.mkdtemp(prefix=request.node.name[:40] + "-", dir=base)))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture
 def no_workers(workers: procs.WorkerPool) -> None:
     """For tests that run the engine in this process: the session's workers are

@@ -37,6 +37,7 @@ OTHERS_VARIABLES = {
     "POSTGRES_USER": "the postgres image's",
     "POSTGRES_PASSWORD": "the postgres image's",
     "POSTGRES_DB": "the postgres image's",
+    "REDIS_PASSWORD": "the redis service's own (its command and healthcheck); the apps get it in REDIS_URL",
 }
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?[-?][^}]*)?\}")
@@ -121,7 +122,7 @@ def test_every_variable_is_one_the_runtime_or_its_image_reads(compose: dict[str,
     env_py = _env_py()
     interpolated = set(INTERPOLATION.findall(FILE.read_text()))
     assert {"LOOMCYCLE_AUTH_TOKEN", "LOOMCYCLE_FLOWER_BASIC_AUTH", "LOOMCYCLE_LOG_FORMAT"} <= interpolated
-    for name in interpolated:
+    for name in interpolated - set(OTHERS_VARIABLES):
         assert f'"{name}"' in env_py, f"${{{name}}}: env.py does not read it"
     for service_name, service in _services(compose).items():
         for name in service.get("environment", {}):
@@ -138,6 +139,23 @@ def test_secrets_are_required_and_flower_is_behind_basic_auth_on_loopback(compos
     assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${LOOMCYCLE_FLOWER_BASIC_AUTH:?")
     assert flower["environment"]["LOOMCYCLE_FAST_TRANSPORT"] == "0"  # as manage.py up starts it
     assert all(port.startswith("127.0.0.1:") for port in flower["ports"])
+
+
+def test_postgres_and_redis_take_generated_passwords_that_every_app_url_carries(compose: dict[str, Any]) -> None:
+    """No default password anywhere: compose refuses to start until both are set (`:?`)."""
+    services = _services(compose)
+    env = services["web"]["environment"]
+    password = "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}"
+    assert env["DATABASE_URL"] == f"postgres://loomcycle:{password}@postgres:5432/loomcycle"
+    assert env["REDIS_URL"] == "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD}@redis:6379/0"
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}"
+    redis = services["redis"]
+    assert redis["environment"]["REDIS_PASSWORD"] == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
+    assert '--requirepass "$$REDIS_PASSWORD"' in redis["command"][-1]
+    assert 'REDISCLI_AUTH="$$REDIS_PASSWORD" redis-cli ping' in redis["healthcheck"]["test"][-1]
+    assert "loomcycle:loomcycle@" not in FILE.read_text()
+    for name in ("POSTGRES_PASSWORD", "REDIS_PASSWORD"):  # the documented generation step names both
+        assert name in (ROOT / "docs" / "operations.md").read_text()
 
 
 @pytest.mark.django_db
@@ -227,6 +245,7 @@ def test_the_image_installs_no_test_tool_and_no_embedded_server() -> None:
 def test_docker_compose_config_validates() -> None:
     env = {"LOOMCYCLE_AUTH_TOKEN": "t", "DJANGO_SECRET_KEY": "k", "LOOMCYCLE_OPERATOR_TOKEN_PEPPER": "p"}
     env |= {"LOOMCYCLE_FLOWER_BASIC_AUTH": "u:p", "PATH": "/usr/local/bin:/usr/bin:/bin"}
+    env |= {"POSTGRES_PASSWORD": "a" * 64, "REDIS_PASSWORD": "b" * 64}
     done = subprocess.run(
         ["docker", "compose", "-f", str(FILE), "config", "--quiet"], env=env, capture_output=True, timeout=60
     )

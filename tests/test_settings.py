@@ -31,6 +31,8 @@ _NOT_ONE_VARIABLE = {
     "webhooks_env_allowlist",
     "scheduler_env_allowlist",
     "tracing_exporters",  # from the SDK's OTEL_* variables (env.py, "Tracing")
+    "bash_tenants",  # a comma-separated list
+    "data_dir",  # LOOMCYCLE_DATA_DIR, made absolute
 }
 
 _PROBE = """
@@ -78,6 +80,7 @@ def test_the_host_lists_are_read_as_comma_separated_lists() -> None:
         "DJANGO_SETTINGS_MODULE": "loomcycle_project.settings",
         "LOOMCYCLE_HTTP_HOST_ALLOWLIST": " example.com, ,*",
         "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "intranet.test,localhost",
+        "LOOMCYCLE_BASH_TENANTS": "acme, ,beta",
     }
     done = subprocess.run(
         [sys.executable, "-c", _PROBE], env=env, cwd=procs.ROOT, capture_output=True, timeout=60, check=False
@@ -86,6 +89,7 @@ def test_the_host_lists_are_read_as_comma_separated_lists() -> None:
     got = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert got["http_host_allowlist"] == ["example.com", "*"]
     assert got["http_private_host_allowlist"] == ["intranet.test", "localhost"]
+    assert got["bash_tenants"] == ["acme", "beta"]
 
 
 def test_beat_periods_come_from_the_runtime_settings() -> None:

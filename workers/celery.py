@@ -22,5 +22,9 @@ app.conf.task_create_missing_queues = True
 app.autodiscover_tasks(["apps.runs", "apps.gateway", "apps.memory", "apps.channels", "apps.triggers"])
 
 import workers.signals  # noqa: E402,F401  (connects worker signal handlers)
+from loomcycle_project.hardening import not_dumpable  # noqa: E402  (after `app`: the package imports it)
+
+# Every process that loads the app (worker, beat, flower) holds the secrets in its environment.
+not_dumpable()
 
 __all__ = ["MAINTENANCE", "RUNS", "app"]

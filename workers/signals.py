@@ -1,6 +1,6 @@
 """Worker presence: each worker process keeps a Redis key alive, for /healthz and for
 the sweeper, which re-rings the doorbells of a worker whose key expired (workers/held.py).
-Each worker process also makes itself non-dumpable (`not_dumpable`), and stops the MCP
+Each worker process also makes itself non-dumpable (loomcycle_project.hardening), and stops the MCP
 sessions it opened (stdio server processes included) when it shuts down.
 Tracing is set up here too (loomcycle_project.telemetry): in the process that runs tasks,
 which is each prefork child (`worker_process_init`, as the Celery instrumentation asks) or
@@ -8,10 +8,8 @@ the worker itself for the threads and solo pools, which send no such signal per 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import sys
 import threading
 import time
 from typing import Any
@@ -30,6 +28,7 @@ from django.conf import settings
 from redis import RedisError
 
 from loomcycle_project import telemetry
+from loomcycle_project.hardening import not_dumpable
 from workers.held import PRESENCE_PREFIX, WORKER_ID, presence_value
 
 log = logging.getLogger("loomcycle.worker")
@@ -63,24 +62,6 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     threading.Thread(target=_presence_loop, args=(WORKER_ID,), name="lc-presence", daemon=True).start()
 
 
-PR_SET_DUMPABLE = 4
-
-
-def not_dumpable() -> bool:
-    """prctl(PR_SET_DUMPABLE, 0) on Linux: /proc/<pid>/environ, /proc/<pid>/mem and ptrace of
-    this process become root-only, so a Bash command running as the worker's (non-root) user
-    cannot read the worker's environment (DATABASE_URL, provider keys, SECRET_KEY) back.
-    It does nothing against root (CAP_SYS_PTRACE) and is reset in a process that execs.
-    Inherited by forked children. False where it is not available (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
-        return False
-    return True
-
-
 @worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     not_dumpable()  # the main process: the threads pool runs tools here
@@ -96,6 +77,7 @@ def _on_worker_process_init(sender: Any = None, **_: Any) -> None:
 
 @beat_init.connect
 def _on_beat_init(sender: Any = None, **_: Any) -> None:
+    not_dumpable()  # workers.celery did already; kept with the worker's for one place to read
     telemetry.setup("beat")
 
 

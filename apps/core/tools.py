@@ -136,6 +136,7 @@ class Tool:
     description: str
     input_schema: dict[str, Any]
     execute: ToolFn
+    operator_only: bool = False  # Bash, host tools: apps.core.privileged decides who may use them
 
 
 def input_refusal(data: dict[str, Any], ops: tuple[str, ...], fields: frozenset[str]) -> ToolResult | None:

@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from redis.exceptions import RedisError
 
-from apps.core import logcontext
+from apps.core import logcontext, privileged
 from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.database import connection_lost
 from apps.core.errors import ApplicationError
@@ -76,6 +76,7 @@ from apps.runs.subruns import (
 from apps.runs.toolrun import CallOutcome, run_calls
 from apps.runs.turncancel import CutKind, TurnCut
 from apps.runs.wake import run_slot_freed
+from apps.substrate.selectors import agent_def_is_operator_yaml
 
 log = logging.getLogger("loomcycle.engine")
 
@@ -643,6 +644,16 @@ def _add_usage(total: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _tools_now(run: ClaimedRun) -> list[str]:
+    """The run's tools, less the privileged ones its agent may not use now (apps.core.privileged):
+    a run created before the rule, or before its tenant left LOOMCYCLE_BASH_TENANTS, loses them."""
+    tools = list(run.tools)
+    if not any(privileged.is_privileged(name) for name in tools):
+        return tools
+    yaml = agent_def_is_operator_yaml(def_id=run.agent_def_id)
+    return privileged.narrowed(tools, tenant_id=run.tenant_id, operator_yaml=yaml)
+
+
 def _run_tools(
     run: ClaimedRun, calls: list[ToolCall], cancel: threading.Event, write: StepWrite, done: Done
 ) -> StepWrite:
@@ -660,7 +671,7 @@ def _run_tools(
         model=run.model,
         step=run.step,
         call_id="",
-        tools=tuple(run.tools),
+        tools=tuple(_tools_now(run)),
         credentials=run.credentials,
         volumes=tuple(VolumeBinding.from_dict(v) for v in run.volumes or []),
         cancelled=cancel,

@@ -8,7 +8,9 @@ tools module from `AppConfig.ready()` (docs/extending.md), and from then on it
 is a tool like the built-ins: the run's tool policy (operator floor, agent
 `tools:` globs, caller narrowing), tool-use hooks (`registry.intercepted`) and
 the redaction of what is stored apply to it unchanged, since all of them live
-around `registry` and `apps.runs.toolrun`, not in the tools.
+around `registry` and `apps.runs.toolrun`, not in the tools. It runs with the
+deployment's rights, so it is registered `operator_only`, as Bash is: only agents
+of the operator's yaml and listed tenants may use it (apps.core.privileged).
 
 Invariants:
 - The model never sees or sets the run's context: `RunContext` comes from the
@@ -115,7 +117,7 @@ def build(func: Callable[P, R], *, name: str, description: str | None) -> HostTo
         raise TypeError(f"host tool {name!r} needs a description: give the function a docstring")
     model, context_param = _input_model(func, name)
     call = _Call(name=name, fn=func, model=model, context_param=context_param)
-    host_tool = Tool(name=name, description=text, input_schema=_schema(model), execute=call.execute)
+    host_tool = Tool(name=name, description=text, input_schema=_schema(model), execute=call.execute, operator_only=True)
     return HostTool(tool=host_tool, fn=func, model=model, context_param=context_param)
 
 

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from apps.core import privileged
 from apps.core.tools import Tool, ToolContext, ToolResult
 
 log = logging.getLogger("loomcycle.runs")
@@ -52,6 +53,8 @@ def register(tool: Tool) -> None:
     if existing is not None and existing is not tool:
         raise ValueError(f"tool {tool.name!r} registered twice")
     _REGISTRY[tool.name] = tool
+    if tool.operator_only:
+        privileged.mark(tool.name)
 
 
 def get(name: str, *, tenant_id: str | None = None) -> Tool | None:

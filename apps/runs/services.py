@@ -21,6 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from apps.core import privileged
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
 from apps.core.hosts import run_allowed_hosts
 from apps.core.http import db_call
@@ -235,6 +236,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         skills=[str(p) for p in d.get("skills") or []],
         tenant_id=tenant_id,
     )
+    tools = privileged.narrowed(tools, tenant_id=tenant_id, operator_yaml=agent_def.is_operator_yaml)
     volumes = registry.resolve_volumes(tenant_id=tenant_id, definition=d, parent_id=data.parent_id)
     return Resolved(
         agent_def=agent_def,

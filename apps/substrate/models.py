@@ -50,6 +50,11 @@ class VersionedDef(models.Model):
         tenant = f"{self.tenant_id}/" if self.tenant_id else ""
         return f"{tenant}{self.name} v{self.version}"
 
+    @property
+    def is_operator_yaml(self) -> bool:
+        """A version of the operator's yaml (apps.core.privileged trusts it with Bash and host tools)."""
+        return self.tenant_id == "" and self.source == DefSource.YAML
+
 
 class DefPointer(models.Model):
     """Per (tenant, name): the active version, and (shared tenant only) the

@@ -105,6 +105,12 @@ def agent_def_resolve(*, tenant_id: str, name: str) -> AgentDef:
     return row
 
 
+def agent_def_is_operator_yaml(*, def_id: str) -> bool:
+    """Whether the agent version `def_id` is one of the operator's yaml (VersionedDef.is_operator_yaml)."""
+    row = AgentDef.objects.filter(id=def_id).only("tenant_id", "source").first()
+    return row is not None and row.is_operator_yaml
+
+
 def active_defs(kind: Kind, *, tenant_id: str | None = None) -> QuerySet[VersionedDef]:
     """The active, unretired version of every (tenant, name) of `kind` (a lazy
     query, usable as a subquery); `tenant_id` None: every tenant."""

@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from apps.core import privileged
 from apps.core.errors import Invalid
 from apps.core.ids import new_def_id
 from apps.substrate import quotas
@@ -182,6 +183,15 @@ def _tools_subset(proposed: list[str], ceiling: list[str] | tuple[str, ...], wha
             raise Refused(f"tools cannot widen: {tool!r} is not in {what} {sorted(allowed)}")
 
 
+def _check_privileged(kind: Kind, tenant_id: str, definition: dict[str, Any]) -> None:
+    """A written row is never the operator's yaml: it may name Bash or a host tool only when
+    its tenant is listed (apps.core.privileged)."""
+    tools = definition.get(kind.tools_field) if kind.tools_field else None
+    refused = privileged.refusal(tools if isinstance(tools, list) else [], tenant_id=tenant_id)
+    if refused:
+        raise Refused(refused)
+
+
 def _lineage_root(kind: Kind, row: VersionedDef) -> VersionedDef:
     current = row
     for _ in range(_LINEAGE_MAX_HOPS):
@@ -271,6 +281,7 @@ def def_create(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, An
     check_definition(kind, author.tenant_id, name, definition)
     if kind.tools_field and author.tools_ceiling is not None:
         _tools_subset(definition.get(kind.tools_field, []), author.tools_ceiling, "the caller's own tools")
+    _check_privileged(kind, author.tenant_id, definition)
     _check_caps(kind, definition, description)
     quotas.check_definition(kind, definition)
     promote = _flag(data, "promote", True)
@@ -342,6 +353,7 @@ def def_fork(kind: Kind, author: Author, data: dict[str, Any]) -> dict[str, Any]
         root = static if static is not None else _lineage_root(kind, parent)
         ceiling = root.definition.get(kind.tools_field, [])
         _tools_subset(definition.get(kind.tools_field, []), ceiling, "the lineage root's tools")
+    _check_privileged(kind, author.tenant_id, definition)
     _check_caps(kind, definition, description)
     quotas.check_definition(kind, definition)
     row = _insert(

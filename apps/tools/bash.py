@@ -1,8 +1,12 @@
-"""The `Bash` tool (SPEC 6.9, 8). NOT a sandbox: the command runs as the
-worker's own user with the worker's filesystem and network; only its working
-directory, environment, duration and output are limited.
+"""The `Bash` tool (SPEC 6.9, 8): each command runs in a bubblewrap sandbox
+(apps.tools.sandbox: read-only system, only the run's volumes, no network, no host
+process visible, its own unprivileged uid, rlimits).
 
-- Off unless LOOMCYCLE_BASH_ENABLED=1; needs an rw volume (cwd = its root).
+- Off unless LOOMCYCLE_BASH_ENABLED=1; needs an rw volume (cwd = its root). Without the
+  sandbox (bwrap missing) every call is refused naming the package, unless the operator set
+  LOOMCYCLE_BASH_UNSANDBOXED=1: then `/bin/sh` runs as the worker's own user, with only
+  the limits below (posture B: trusted operators; `up` and `doctor` warn).
+- Who may call it: apps.core.privileged (agents of the operator's yaml, listed tenants).
 - `/bin/sh -c <command>` in a new session (its own process group); the
   environment is PATH plus the names LOOMCYCLE_BASH_ALLOWED_CREDS lists (the
   run's credential of that name, else the worker's variable).
@@ -10,9 +14,10 @@ directory, environment, duration and output are limited.
   kill the whole process group (SIGKILL); so does the end of the command,
   so a background child does not outlive the call.
   Killed means SIGKILL: no grace period for cleanup.
-- A child that leaves the group (`setsid`) is not killed; once the shell has
+- Unsandboxed, a child that leaves the group (`setsid`) is not killed; once the shell has
   exited, its output is read for DRAIN_GRACE_S more, then the pipe is closed, so
-  neither the timeout nor the cancel waits on it.
+  neither the timeout nor the cancel waits on it. Sandboxed, no child outlives the
+  sandbox's PID namespace.
 - stdout and stderr combined, kept up to 1 MiB (the rest is read and dropped).
 - It holds no DB connection; the engine's tool batch gives its admission slot
   away after LOOMCYCLE_ENGINE_ADMISSION_TOOLS_AFTER_MS.
@@ -36,7 +41,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from apps.core.tools import Tool, ToolContext, ToolResult
+from apps.core.tools import Tool, ToolContext, ToolResult, VolumeBinding
+from apps.tools import sandbox
 from apps.tools.volumes import VolumeUnavailable, pick, root_of
 
 DEFAULT_TIMEOUT_S = 30
@@ -153,11 +159,14 @@ def _timeout(data: dict[str, Any]) -> int:
     return value
 
 
-def run_command(command: str, cwd: str, env: dict[str, str], timeout_s: int, cancelled: threading.Event) -> ToolResult:
+def run_command(spec: sandbox.Launch, timeout_s: int, cancelled: threading.Event) -> ToolResult:
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
-        cwd=cwd,
-        env=env,
+        spec.argv,
+        cwd=spec.cwd,
+        env=spec.env,
+        user=spec.uid,  # dropped in the child before exec (no preexec_fn: the worker has threads)
+        group=spec.uid,
+        extra_groups=[] if spec.uid is not None else None,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -182,14 +191,43 @@ def run_command(command: str, cwd: str, env: dict[str, str], timeout_s: int, can
 
 
 def _refusal(ctx: ToolContext, data: dict[str, Any]) -> str | None:
-    if not settings.LOOMCYCLE.bash_enabled:
+    conf = settings.LOOMCYCLE
+    if not conf.bash_enabled:
         return "Bash is not configured on this runtime (LOOMCYCLE_BASH_ENABLED is off)"
     unknown = sorted(set(data) - FIELDS)
     if unknown:
         return f"unknown fields {unknown}"
     if not isinstance(data.get("command"), str) or not data["command"].strip():
         return "command must be a non-empty string"
-    return None
+    return None if conf.bash_unsandboxed else sandbox.unavailable()
+
+
+def _launch(ctx: ToolContext, command: str, picked: VolumeBinding, cwd: str, env: dict[str, str]) -> sandbox.Launch:
+    """The sandbox over the run's volumes (each that exists on this worker), `cwd` writable."""
+    if settings.LOOMCYCLE.bash_unsandboxed:
+        return sandbox.Launch(argv=["/bin/sh", "-c", command], env=env, cwd=cwd)
+    writable: list[str] = [cwd]
+    readable: list[str] = []
+    for binding in ctx.volumes:
+        if binding.name == picked.name:
+            continue
+        try:
+            path = str(root_of(ctx, binding))
+        except VolumeUnavailable:
+            continue  # the call did not ask for it; the tools that do say why
+        if binding.mode == "rw":
+            _give_ephemeral(binding, path)
+        (writable if binding.mode == "rw" else readable).append(path)
+    _give_ephemeral(picked, cwd)
+    return sandbox.launch(command, cwd=cwd, writable=writable, readable=readable, env=env)
+
+
+def _give_ephemeral(binding: VolumeBinding, path: str) -> None:
+    """A root worker's commands run as the sandbox uid: a run's ephemeral directory (the runtime's
+    own scratch) becomes that uid's, so the command can write there as the agent expects."""
+    uid = sandbox.host_uid()
+    if binding.ephemeral and uid is not None and os.stat(path).st_uid != uid:
+        os.chown(path, uid, uid)
 
 
 def bash_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
@@ -202,17 +240,18 @@ def bash_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
         if binding.mode != "rw":
             return ToolResult(f"Bash needs an rw volume; {binding.name!r} is read-only for this run", is_error=True)
         cwd = str(root_of(ctx, binding))
+        spec = _launch(ctx, data["command"], binding, cwd, scrubbed_env(ctx.credentials))
     except (ValueError, VolumeUnavailable) as exc:
         return ToolResult(str(exc), is_error=True)
     connection.close()  # no DB connection is held while the command runs
-    return run_command(data["command"], cwd, scrubbed_env(ctx.credentials), timeout_s, ctx.cancelled)
+    return run_command(spec, timeout_s, ctx.cancelled)
 
 
 BASH_TOOL = Tool(
     name="Bash",
     description="Run a shell command (/bin/sh -c) with the volume root as working directory. Combined "
     f"stdout+stderr up to {OUTPUT_CAP} bytes; timeout_seconds default {DEFAULT_TIMEOUT_S}, max {MAX_TIMEOUT_S}. "
-    "Not a sandbox.",
+    "Runs in a sandbox: only the bound volumes, no network.",
     input_schema={
         "type": "object",
         "properties": {
@@ -224,4 +263,5 @@ BASH_TOOL = Tool(
         "required": ["command"],
     },
     execute=bash_execute,
+    operator_only=True,
 )

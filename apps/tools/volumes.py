@@ -338,10 +338,29 @@ def file_stances() -> list[Any]:
     sandboxed = not statics and root is None
     out = [ToolStance(t, files, sandboxed, has_rw) for t in ("Read", "Write", "Edit", "Glob", "Grep")]
     bash_on = bool(settings.LOOMCYCLE.bash_enabled)
-    bash = (
-        "runs /bin/sh in a bound rw volume as the worker's user: NOT a sandbox (timeout, 1 MiB output, env scrubbed)"
-        if bash_on
-        else "refuses every call: not configured (LOOMCYCLE_BASH_ENABLED is off)"
-    )
-    out.append(ToolStance("Bash", bash, not bash_on, bash_on))
+    out.append(ToolStance("Bash", _bash_stance() if bash_on else BASH_OFF, not bash_on, bash_on))
     return out
+
+
+BASH_OFF = "refuses every call: not configured (LOOMCYCLE_BASH_ENABLED is off)"
+
+
+def _bash_stance() -> str:
+    from apps.tools import sandbox
+
+    conf = settings.LOOMCYCLE
+    tenants = f" and tenants {', '.join(conf.bash_tenants)}" if conf.bash_tenants else ""
+    who = f"agents of the operator's yaml{tenants}"
+    if conf.bash_unsandboxed:
+        return (
+            f"runs /bin/sh in a bound rw volume as the worker's user: NOT a sandbox (LOOMCYCLE_BASH_UNSANDBOXED=1; "
+            f"timeout, 1 MiB output, env scrubbed); for {who}"
+        )
+    missing = sandbox.unavailable()
+    if missing:
+        return f"refuses every call: {missing}"
+    return (
+        f"runs /bin/sh in a bubblewrap sandbox: only the bound volumes, read-only system, no network, "
+        f"uid {conf.bash_sandbox_uid}, {conf.bash_limit_cpu_seconds} CPU s, {conf.bash_limit_memory_bytes} bytes, "
+        f"{conf.bash_limit_processes} processes; for {who}"
+    )

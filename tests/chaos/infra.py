@@ -42,7 +42,7 @@ import psutil
 import psycopg
 import redis
 
-from loomcycle_project import embedded
+from loomcycle_project import embedded, instance_secrets
 from tests import procs
 
 ROOT = procs.ROOT
@@ -256,6 +256,9 @@ def _copy_tree(src: Path, dst: Path) -> None:
     subprocess.run(["cp", "-a", str(src), str(dst)], check=True, timeout=120)
 
 
+TEMPLATE_SECRETS = "loomcycle-secrets.json"  # the template cluster's secrets file, kept inside its copy
+
+
 def _save_template(stack: InfraStack, template: Path) -> None:
     """Keep a copy of the freshly migrated cluster (stopped for the copy, then started again)."""
     socket_dir = _socket_dir(stack.data_dir)
@@ -263,6 +266,8 @@ def _save_template(stack: InfraStack, template: Path) -> None:
     partial = template.with_name(f"{template.name}.{os.getpid()}.partial")
     try:
         _copy_tree(stack.data_dir / "pg", partial)
+        # The cluster asks for the password its data dir generated (loomcycle_project.embedded): keep it along.
+        shutil.copy2(instance_secrets.path(stack.data_dir), partial / TEMPLATE_SECRETS)
         partial.rename(template)  # atomic: a concurrent session sees the whole copy or none
     except OSError:  # another session saved it first
         shutil.rmtree(partial, ignore_errors=True)
@@ -295,6 +300,9 @@ def infra_stack(
     if template is not None and template.is_dir():
         data_dir.mkdir(parents=True, exist_ok=True)
         _copy_tree(template, data_dir / "pg")
+        kept = data_dir / "pg" / TEMPLATE_SECRETS
+        if kept.exists():  # a template saved before the embedded Postgres had a password has none
+            kept.rename(instance_secrets.path(data_dir))
     database_url, pg_server = embedded.start_postgres(data_dir)
     redis_url, redis_proc = embedded.start_redis(data_dir)
     logs = data_dir / "logs"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -73,7 +75,7 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(server_tmp: Pa
     secrets_file = tmp_path / "data" / "secrets.json"
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
     generated = json.loads(secrets_file.read_text())
-    assert generated["secret_key"] and generated["operator_token_pepper"]
+    assert generated["secret_key"] and generated["operator_token_pepper"] and generated["postgres_password"]
     # A second `up` reuses the data: the run from the first session is still there.
     # This time two Daphne processes share the one listening socket `up` bound.
     proc = _up(tmp_path / "data", port, log, web_processes=2)
@@ -108,3 +110,21 @@ def test_doctor_fails_with_exit_1_on_a_broken_config(
         call_command("doctor")
     assert exc.value.code == 1
     assert "FAIL config" in capsys.readouterr().out
+
+
+def test_doctor_fails_naming_bubblewrap_when_bash_is_on_without_it(
+    capsys: pytest.CaptureFixture[str], db: None, settings: Any
+) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_enabled=True, bash_bwrap="/nonexistent/bwrap")
+    with pytest.raises(SystemExit) as exc:
+        call_command("doctor")
+    out = capsys.readouterr().out
+    assert exc.value.code == 1 and "FAIL bash sandbox:" in out and "apt-get install bubblewrap" in out
+
+
+def test_doctor_warns_loudly_when_bash_runs_unsandboxed(
+    capsys: pytest.CaptureFixture[str], db: None, settings: Any
+) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_enabled=True, bash_unsandboxed=True)
+    call_command("doctor")
+    assert "WARN bash sandbox: Bash runs UNSANDBOXED" in capsys.readouterr().out

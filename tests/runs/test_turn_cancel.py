@@ -22,7 +22,7 @@ from apps.core.types import Principal
 from apps.runs import services, turncancel
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord, TranscriptEntry
 from apps.runs.prompt import Segment, messages_from_rows
-from tests.conftest import ALICE, run_row, wait_for, wait_status
+from tests.conftest import ALICE, for_sandbox, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -35,7 +35,7 @@ ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate
 def volume() -> Iterator[Path]:
     """The `turnfork` volume of tests/loomcycle.test.yaml, empty for each test."""
     shutil.rmtree(VOLUME, ignore_errors=True)
-    VOLUME.mkdir(parents=True)
+    for_sandbox(VOLUME)  # its Bash commands write here
     yield VOLUME
     shutil.rmtree(VOLUME, ignore_errors=True)
 

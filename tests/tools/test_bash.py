@@ -1,6 +1,10 @@
 """Bash in-process (no database): the switch, the rw volume, the scrubbed
 environment, exit codes, the output cap, and the timeout and cancel that kill
-the whole process group. The cancel of a real run is in test_runs.py."""
+the whole process group. The cancel of a real run is in test_runs.py.
+
+The tests that read a command's pids (`$$`, `$!`) and look them up on the host run Bash
+unsandboxed (`bash_unsandboxed`): a sandboxed command has its own PID namespace, whose pids
+mean nothing on the host. test_sandbox.py shows the same kills for sandboxed commands."""
 
 from __future__ import annotations
 
@@ -26,6 +30,17 @@ def bash_on(settings: pytest.FixtureRequest) -> None:
     settings.LOOMCYCLE = dataclasses.replace(  # type: ignore[attr-defined]
         settings.LOOMCYCLE,  # type: ignore[attr-defined]
         bash_enabled=True,
+        bash_allowed_creds="LC_TEST_ALLOWED, LC_TEST_UNSET",
+    )
+
+
+@pytest.fixture
+def bash_unsandboxed(settings: pytest.FixtureRequest) -> None:
+    """Posture B (LOOMCYCLE_BASH_UNSANDBOXED=1): the command runs as the worker's own user."""
+    settings.LOOMCYCLE = dataclasses.replace(  # type: ignore[attr-defined]
+        settings.LOOMCYCLE,  # type: ignore[attr-defined]
+        bash_enabled=True,
+        bash_unsandboxed=True,
         bash_allowed_creds="LC_TEST_ALLOWED, LC_TEST_UNSET",
     )
 
@@ -64,39 +79,40 @@ def test_bash_needs_an_rw_volume(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("bash_on")
 def test_bash_runs_in_the_volume_root_with_a_scrubbed_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sandbox_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LC_TEST_ALLOWED", "visible")
     monkeypatch.setenv("LC_TEST_SECRET", "hidden-value")
-    out = ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": "pwd; env | sort; echo made > f.txt"}))
+    out = ok(bash_execute(ctx_for(*rw(sandbox_dir)), {"command": "pwd; env | sort; echo made > f.txt"}))
     lines = out.strip().split("\n")
-    assert lines[0] == str(tmp_path)
+    assert lines[0] == str(sandbox_dir)
     names = {line.split("=", 1)[0] for line in lines[1:]}
     assert names <= {"PATH", "LC_TEST_ALLOWED", "PWD", "SHLVL", "_"}  # what sh itself adds, nothing inherited
     assert "LC_TEST_ALLOWED=visible" in lines and "hidden-value" not in out
-    assert (tmp_path / "f.txt").read_text() == "made\n"
+    assert (sandbox_dir / "f.txt").read_text() == "made\n"
 
 
 @pytest.mark.usefixtures("bash_on")
-def test_an_allowed_name_takes_the_runs_credential_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_allowed_name_takes_the_runs_credential_first(sandbox_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LC_TEST_ALLOWED", "from-the-worker")
     creds = {"LC_TEST_ALLOWED": "from-the-run", "LC_TEST_UNSET": "run-only", "OTHER": "not-allowed"}
-    ctx = dataclasses.replace(ctx_for(*rw(tmp_path)), credentials=creds)
+    ctx = dataclasses.replace(ctx_for(*rw(sandbox_dir)), credentials=creds)
     out = ok(bash_execute(ctx, {"command": "echo $LC_TEST_ALLOWED $LC_TEST_UNSET x${OTHER}x"}))
     assert out == "from-the-run run-only xx\n"
 
 
 @pytest.mark.usefixtures("bash_on")
-def test_a_non_zero_exit_is_an_error_with_the_output(tmp_path: Path) -> None:
+def test_a_non_zero_exit_is_an_error_with_the_output(sandbox_dir: Path) -> None:
     assert (
-        err(bash_execute(ctx_for(*rw(tmp_path)), {"command": "echo out; echo err >&2; exit 3"}))
+        err(bash_execute(ctx_for(*rw(sandbox_dir)), {"command": "echo out; echo err >&2; exit 3"}))
         == "out\nerr\n\n[exit: 3]"
     )
 
 
 @pytest.mark.usefixtures("bash_on")
-def test_output_over_the_cap_is_truncated(tmp_path: Path) -> None:
-    text = ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": f"head -c {OUTPUT_CAP + 5000} /dev/zero | tr '\\0' x"}))
+def test_output_over_the_cap_is_truncated(sandbox_dir: Path) -> None:
+    command = f"head -c {OUTPUT_CAP + 5000} /dev/zero | tr '\\0' x"
+    text = ok(bash_execute(ctx_for(*rw(sandbox_dir)), {"command": command}))
     assert text == "x" * OUTPUT_CAP + f"\n[output truncated at {OUTPUT_CAP} bytes]"
 
 
@@ -108,7 +124,7 @@ def test_bad_timeouts_are_refused(tmp_path: Path) -> None:
         )
 
 
-@pytest.mark.usefixtures("bash_on")
+@pytest.mark.usefixtures("bash_unsandboxed")
 def test_the_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     command = "sleep 60 & echo $! > bg.pid; sleep 60"
     started = time.monotonic()
@@ -118,13 +134,13 @@ def test_the_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     gone(int((tmp_path / "bg.pid").read_text()))
 
 
-@pytest.mark.usefixtures("bash_on")
+@pytest.mark.usefixtures("bash_unsandboxed")
 def test_a_background_child_does_not_outlive_the_command(tmp_path: Path) -> None:
     ok(bash_execute(ctx_for(*rw(tmp_path)), {"command": "sleep 60 >/dev/null 2>&1 & echo $! > bg.pid"}))
     gone(int((tmp_path / "bg.pid").read_text()))
 
 
-@pytest.mark.usefixtures("bash_on")
+@pytest.mark.usefixtures("bash_unsandboxed")
 def test_the_cancel_event_kills_the_command_within_a_second(tmp_path: Path) -> None:
     ctx = ctx_for(*rw(tmp_path))
     result: list[object] = []
@@ -144,7 +160,7 @@ def test_the_cancel_event_kills_the_command_within_a_second(tmp_path: Path) -> N
 ESCAPE = "setsid sh -c 'echo $$ > esc.pid; exec sleep 30' & while [ ! -s esc.pid ]; do :; done"
 
 
-@pytest.mark.usefixtures("bash_on")
+@pytest.mark.usefixtures("bash_unsandboxed")
 def test_the_timeout_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
     command = f"{ESCAPE}; echo hi; sleep 30"
     started = time.monotonic()
@@ -154,7 +170,7 @@ def test_the_timeout_returns_although_an_escaped_child_holds_the_output(tmp_path
     os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)  # it left the group: ours to clean up
 
 
-@pytest.mark.usefixtures("bash_on")
+@pytest.mark.usefixtures("bash_unsandboxed")
 def test_a_command_that_leaves_an_escaped_child_returns_after_a_short_grace(tmp_path: Path) -> None:
     command = f"{ESCAPE}; echo hi"
     started = time.monotonic()
@@ -163,7 +179,7 @@ def test_a_command_that_leaves_an_escaped_child_returns_after_a_short_grace(tmp_
     os.kill(int((tmp_path / "esc.pid").read_text()), signal.SIGKILL)
 
 
-@pytest.mark.usefixtures("bash_on")
+@pytest.mark.usefixtures("bash_unsandboxed")
 def test_a_cancel_returns_although_an_escaped_child_holds_the_output(tmp_path: Path) -> None:
     ctx = ctx_for(*rw(tmp_path))
     result: list[object] = []

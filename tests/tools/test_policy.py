@@ -23,7 +23,7 @@ OP = ("example.com", "api.test")
 def configure(settings: Any, operator: tuple[str, ...], authoritative: bool = False) -> None:
     """The network settings; the filesystem as each posture has it: the sandbox with no
     volume (only loomcycle.yaml, which declares none) and Bash off, the open network with
-    the test yaml's rw volumes and Bash on."""
+    the test yaml's rw volumes and Bash on, unsandboxed (posture B)."""
     open_network = "*" in operator
     every = os.environ["LOOMCYCLE_CONFIG_FILES"].split(",")  # the suite's layers (pytest_plugin)
     files = [p for p in every if open_network or p.endswith("/loomcycle.yaml")]
@@ -33,6 +33,7 @@ def configure(settings: Any, operator: tuple[str, ...], authoritative: bool = Fa
         http_caller_authoritative=authoritative,
         config_files=tuple(files),
         bash_enabled=open_network,
+        bash_unsandboxed=open_network,
         volumes_root=settings.LOOMCYCLE.volumes_root if open_network else "",
     )
 
@@ -170,3 +171,13 @@ def test_doctor_says_what_the_file_tools_and_bash_may_do(settings: Any) -> None:
     lines = tool_lines()
     assert lines["tool Write"].startswith("only volumes an agent binds: static volumes work (rw), outside (rw)")
     assert "NOT a sandbox" in lines["tool Bash"]
+
+
+def test_doctor_says_whether_bash_is_sandboxed_or_refused(settings: Any) -> None:
+    configure(settings, ("*",))
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_unsandboxed=False, bash_tenants=("acme",))
+    assert tool_lines()["tool Bash"].startswith("runs /bin/sh in a bubblewrap sandbox: only the bound volumes")
+    assert tool_lines()["tool Bash"].endswith("for agents of the operator's yaml and tenants acme")
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_bwrap="/nonexistent/bwrap")
+    assert tool_lines()["tool Bash"].startswith("refuses every call: Bash runs each command in a sandbox")
+    assert "`bubblewrap`" in tool_lines()["tool Bash"]

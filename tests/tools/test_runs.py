@@ -36,7 +36,7 @@ from apps.tools.volumes import (
     volumes_root,
 )
 from loomcycle_project.db.base import application_name
-from tests.conftest import ALICE, run_row, wait_for, wait_status
+from tests.conftest import ALICE, for_sandbox, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.tools.test_bash import gone
 from tests.tools.test_files import ctx_for
@@ -48,7 +48,7 @@ STATIC = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "volumes-static"
 def work() -> Iterator[Path]:
     """The static `work` volume of tests/loomcycle.test.yaml, empty for each test."""
     shutil.rmtree(STATIC, ignore_errors=True)
-    (STATIC / "work").mkdir(parents=True)
+    for_sandbox(STATIC / "work")  # its Bash commands write here
     yield STATIC / "work"
     shutil.rmtree(STATIC, ignore_errors=True)
 
@@ -210,8 +210,23 @@ def test_a_sub_agent_gets_its_parents_volumes_never_wider_and_ephemeral_ones_are
     assert not (STATIC / "outside" / "x.txt").exists() and not (work / "x.txt").exists()
 
 
+@pytest.fixture
+def unsandboxed(workers: WorkerPool, stack_env: dict[str, str], logdir: Path) -> Iterator[WorkerPool]:
+    """Workers that run Bash unsandboxed (LOOMCYCLE_BASH_UNSANDBOXED=1), for the tests that look a
+    command's `$$` or `$PPID` up on the host: a sandboxed command has its own PID namespace (its pids
+    mean nothing outside). The session's workers stop meanwhile, so these take every run.
+    test_sandbox_runs.py covers the sandboxed command's cancel."""
+    workers.stop()
+    pool = WorkerPool({**stack_env, "LOOMCYCLE_BASH_UNSANDBOXED": "1"}, logdir, tag="unsandboxed")
+    pool.ensure()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
 @pytest.mark.usefixtures("agents")
-def test_cancel_kills_a_running_bash_within_a_second(stack: WorkerPool, work: Path) -> None:
+def test_cancel_kills_a_running_bash_within_a_second(unsandboxed: WorkerPool, work: Path) -> None:
     run = scripted("files-rw", [{"tool": "Bash", "input": {"command": "echo $$ > sh.pid; exec sleep 120"}}])
     pid = int(wait_for(lambda: (work / "sh.pid").exists() and (work / "sh.pid").read_text().strip(), timeout=30))
     with connection.cursor() as cur:  # measured on Postgres's clock, which stamps completed_at too
@@ -237,14 +252,14 @@ def _worker_sessions(pid: int, since: datetime) -> list[tuple[str, bool, str]]:
 
 
 @pytest.mark.usefixtures("agents")
-def test_a_running_bash_command_holds_no_database_connection(stack: WorkerPool, work: Path) -> None:
+def test_a_running_bash_command_holds_no_database_connection(unsandboxed: WorkerPool, work: Path) -> None:
     """docs/tools.md: the call holds no DB connection while the command runs. The worker's
     pool may keep a connection open, idle; none is in use (active, or idle in a transaction)."""
     (work / "hold").touch()  # the command waits while it exists
     command = "echo $PPID > worker.pid; while [ -e hold ]; do sleep 0.05; done; echo released"
     run = scripted("files-rw", [{"tool": "Bash", "input": {"command": command}}, {"text": "done"}])
     pid = int(wait_for(lambda: (work / "worker.pid").exists() and (work / "worker.pid").read_text().strip(), 30))
-    assert pid in stack.pids()  # the shell's parent: the worker process running the iteration
+    assert pid in unsandboxed.pids()  # the shell's parent: the worker process running the iteration
     with connection.cursor() as cur:  # on Postgres's clock, as pg_stat_activity's times
         cur.execute("SELECT now()")
         (started,) = cur.fetchone()

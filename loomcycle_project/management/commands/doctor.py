@@ -177,6 +177,19 @@ def check_tools() -> list[Check]:
     return out
 
 
+def check_bash() -> list[Check]:
+    """Bash's sandbox, when Bash is on: FAIL when bubblewrap cannot run (every call is refused), WARN unsandboxed."""
+    from apps.tools import sandbox
+
+    conf = settings.LOOMCYCLE
+    if not conf.bash_enabled:
+        return []
+    problem = sandbox.operator_warning()
+    if problem is None:
+        return [("PASS", "bash sandbox", f"bubblewrap ({conf.bash_bwrap}) runs each command")]
+    return [("WARN" if conf.bash_unsandboxed else "FAIL", "bash sandbox", problem)]
+
+
 CHECKS: list[Callable[[], list[Check]]] = [
     check_config,
     check_postgres,
@@ -187,6 +200,7 @@ CHECKS: list[Callable[[], list[Check]]] = [
     check_providers,
     check_mock,
     check_tools,
+    check_bash,
 ]
 
 

@@ -26,6 +26,7 @@ from apps.core.errors import ApplicationError
 from apps.substrate.openmode import credential_configured
 from loomcycle_project import env as E
 from loomcycle_project.bootstrap import boot
+from loomcycle_project.hardening import not_dumpable
 
 log = logging.getLogger("loomcycle.up")
 GRACE_S = 20.0
@@ -165,6 +166,7 @@ class Command(BaseCommand):
     help = "Run the whole runtime: web, workers, beat and Flower (embedded Postgres/Redis by default)."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        not_dumpable()  # the supervisor's environment holds every secret its children get
         host, port = split_addr(settings.LOOMCYCLE.listen_addr)
         if not port_free(host, port):
             raise CommandError(f"{host}:{port} is already in use (set LOOMCYCLE_LISTEN_ADDR)")
@@ -177,6 +179,7 @@ class Command(BaseCommand):
                 self.stderr.write(self.style.WARNING(OPEN_MODE_WARNING))
         finally:
             connection.close()  # the supervisor holds no connection while its children run
+        self._warn_bash()
         self.stdout.write(f"agents: {', '.join(sorted(a.name for a in agents)) or '(none)'}")
         env = {
             **os.environ,
@@ -198,6 +201,14 @@ class Command(BaseCommand):
             )
         )
         self._supervise(kids, env)
+
+    def _warn_bash(self) -> None:
+        """Bash on: say it loudly when it runs unsandboxed, or how to install the sandbox it lacks."""
+        from apps.tools import sandbox
+
+        warning = sandbox.operator_warning()
+        if warning:
+            self.stderr.write(self.style.WARNING(f"BASH: {warning}"))
 
     def _supervise(self, kids: list[Child], env: dict[str, str]) -> None:
         stopping = {"flag": False}

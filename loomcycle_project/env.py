@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import environ
@@ -641,7 +641,7 @@ class RuntimeSettings:
     scheduler_enabled: bool
     scheduler_tick_seconds: float
     scheduler_env_allowlist: tuple[str, ...] = ()
-    tenant_credential_env: dict[str, frozenset[str]] = field(default_factory=dict)
+    tenant_credential_env: dict[str, frozenset[str]]
     triggers_retention_days: int
     # MCP client (apps.mcp.client).
     mcp_call_timeout_seconds: float

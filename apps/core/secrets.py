@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import environ
-from django.conf import settings
 
 # The same name shape loomcycle.yaml expansion uses (SPEC C.1). `${run.user_bearer}`
 # and `${run.credentials.x}` have a dot, so they never match: they are request-time
@@ -101,17 +100,24 @@ def name_refusal(name: str, *, runtime: bool, denied: Iterable[str] = ()) -> str
     return None
 
 
-def credential_env_refusal(name: str, *, tenant_id: str, shared_allowlist: Iterable[str] = ()) -> str | None:
+def credential_env_refusal(
+    name: str,
+    *,
+    tenant_id: str,
+    tenant_allowlist: Mapping[str, frozenset[str]],
+    shared_allowlist: Iterable[str] = (),
+) -> str | None:
     """Why a trigger row owned by `tenant_id` ("" for the shared tenant) may not read variable
     `name` as a run credential, or None. The environment is one namespace shared by every
-    tenant: a tenant's own row reads only what the operator listed for that tenant in
-    LOOMCYCLE_TENANT_CREDENTIAL_ENV (`LOOMCYCLE_*` is no licence: another tenant's webhook secret
-    is named so); a shared row `LOOMCYCLE_*` or `shared_allowlist`. Never an infrastructure secret."""
+    tenant: a tenant's own row reads only what the operator listed for that tenant
+    (`tenant_allowlist`, LOOMCYCLE_TENANT_CREDENTIAL_ENV; `LOOMCYCLE_*` is no licence: another
+    tenant's webhook secret is named so); a shared row `LOOMCYCLE_*` or `shared_allowlist`.
+    Never an infrastructure secret."""
     refusal = name_refusal(name, runtime=False)
     if refusal is not None:
         return refusal
     if tenant_id:
-        if name in settings.LOOMCYCLE.tenant_credential_env.get(tenant_id, frozenset()):
+        if name in tenant_allowlist.get(tenant_id, frozenset()):
             return None
         return (
             f"{name}: a tenant's definition may read only the variables the operator lists for its tenant "

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.conf import settings
+
 from apps.core.secrets import REF_RE, credential_env_refusal, referenced_names
 from apps.substrate.kinds import Kind, Refused
 
@@ -50,7 +52,8 @@ def check_tenant_credential_env(tenant_id: str, name: str, fields: dict[str, Any
         return  # the shared tenant's rows: checked by name when the trigger fires
     for field, value in fields.items():
         for key, variable in (value or {}).items():
-            refusal = credential_env_refusal(str(variable), tenant_id=tenant_id)
+            allowlist = settings.LOOMCYCLE.tenant_credential_env
+            refusal = credential_env_refusal(str(variable), tenant_id=tenant_id, tenant_allowlist=allowlist)
             if refusal:
                 raise Refused(f"{name!r}: {field}.{key}: {refusal}")
 

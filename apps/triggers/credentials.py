@@ -30,8 +30,14 @@ class CredentialMissing(ValueError):
 
 def env_allowed(name: str, *, tenant_id: str) -> bool:
     """Whether a schedule owned by `tenant_id` may read variable `name` as a credential."""
-    allowlist = settings.LOOMCYCLE.scheduler_env_allowlist
-    return credential_env_refusal(name, tenant_id=tenant_id, shared_allowlist=allowlist) is None
+    runtime = settings.LOOMCYCLE
+    refusal = credential_env_refusal(
+        name,
+        tenant_id=tenant_id,
+        tenant_allowlist=runtime.tenant_credential_env,
+        shared_allowlist=runtime.scheduler_env_allowlist,
+    )
+    return refusal is None
 
 
 def schedule_credentials(definition: dict[str, Any], *, tenant_id: str) -> dict[str, str]:

@@ -500,6 +500,8 @@ TRIGGERS_RETENTION_DAYS: int = env.int("LOOMCYCLE_TRIGGERS_RETENTION_DAYS", defa
 MCP_CALL_TIMEOUT_SECONDS: float = env.float("LOOMCYCLE_MCP_CALL_TIMEOUT_SECONDS", default=60.0)
 MCP_DISCOVERY_TIMEOUT_SECONDS: float = env.float("LOOMCYCLE_MCP_DISCOVERY_TIMEOUT_SECONDS", default=30.0)
 MCP_MAX_STDIO_PROCESSES: int = _at_least("LOOMCYCLE_MCP_MAX_STDIO_PROCESSES", 8, 1)
+# Bytes read of one MCP HTTP reply (a JSON body, or one event of an SSE stream): a tenant's server is untrusted.
+MCP_MAX_RESPONSE_BYTES: int = _at_least("LOOMCYCLE_MCP_MAX_RESPONSE_BYTES", 4 * 1024 * 1024, 64 * 1024)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -647,6 +649,7 @@ class RuntimeSettings:
     mcp_call_timeout_seconds: float
     mcp_discovery_timeout_seconds: float
     mcp_max_stdio_processes: int
+    mcp_max_response_bytes: int
     # Observability (apps.core.metrics, loomcycle_project.health).
     metrics_enabled: bool = True
     replica_id: str = ""

@@ -5,8 +5,9 @@ saying why. It loads Django settings (for REDIS_URL and the knobs) but never set
 so a check costs about half a second of one core.
 
 - web: `GET /healthz` of this container answers 200 with `ok: true` (this replica reaches
-  Postgres and Redis). The URL defaults to LOOMCYCLE_LISTEN_ADDR's port on loopback; the
-  request names the first of LOOMCYCLE_ALLOWED_HOSTS as its host, which /healthz checks.
+  Postgres and Redis; it asks anonymously, so the body is `{"ok": ...}` alone). The URL
+  defaults to LOOMCYCLE_LISTEN_ADDR's port on loopback; the request names the first of
+  LOOMCYCLE_ALLOWED_HOSTS as its host, which /healthz checks.
 - worker: a worker presence key of this host (`lc:worker:<host>:<pid>:…`, workers/held.py)
   names a process that is alive here. It is the key the lease sweeper reads: a worker whose
   key expired (one lease without a refresh) is dead to the cluster, and its doorbells are rung
@@ -74,17 +75,19 @@ def web_host() -> str | None:
 
 
 def check_web(url: str | None) -> str:
+    """The check sends no bearer, so /healthz answers it `{"ok": ...}` only (200, or 503
+    when Postgres or Redis is out of reach); an admin's details name which one."""
     target = url or web_url()
     status, body = _get(target, web_host())
-    if status != 200:
+    if status not in (200, 503):
         raise Unhealthy(f"{target} answered {status}")
     try:
         state = json.loads(body)
     except ValueError as exc:
-        raise Unhealthy(f"{target} answered 200 without JSON") from exc
-    if state.get("ok") is not True:
-        down = [part for part in ("postgres", "redis") if not (state.get(part) or {}).get("ok")]
-        raise Unhealthy(f"{target}: ok is false ({', '.join(down) or 'unknown'} not reachable)")
+        raise Unhealthy(f"{target} answered {status} without JSON") from exc
+    if status != 200 or state.get("ok") is not True:
+        down = [part for part in ("postgres", "redis") if not (state.get(part) or {}).get("ok", True)]
+        raise Unhealthy(f"{target}: ok is false ({', '.join(down) or 'Postgres or Redis'} not reachable)")
     return f"{target}: ok"
 
 

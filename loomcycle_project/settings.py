@@ -291,6 +291,7 @@ LOOMCYCLE = E.RuntimeSettings(
     mcp_call_timeout_seconds=E.MCP_CALL_TIMEOUT_SECONDS,
     mcp_discovery_timeout_seconds=E.MCP_DISCOVERY_TIMEOUT_SECONDS,
     mcp_max_stdio_processes=E.MCP_MAX_STDIO_PROCESSES,
+    mcp_max_response_bytes=E.MCP_MAX_RESPONSE_BYTES,
     metrics_enabled=E.METRICS_ENABLED,
     replica_id=E.REPLICA_ID,
     beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,

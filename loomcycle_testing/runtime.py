@@ -327,6 +327,7 @@ def start_runtime(
         )
     runtime = Runtime(
         url=f"http://127.0.0.1:{port}",
+        token=env.get("LOOMCYCLE_AUTH_TOKEN") or None,  # passed on by pass_env: open mode is off, send it
         data_dir=data_dir,
         log_path=log_path,
         proc=proc,
@@ -361,7 +362,9 @@ def wait_ready(runtime: Runtime, timeout: float) -> None:
                 f"{runtime.log_tail()}"
             )
         try:
-            answer = httpx.get(runtime.url + "/healthz", timeout=2)
+            # The worker count is an admin's detail: open mode on loopback, else the runtime's token.
+            headers = {"Authorization": f"Bearer {runtime.token}"} if runtime.token else {}
+            answer = httpx.get(runtime.url + "/healthz", headers=headers, timeout=2)
             if answer.status_code == 200 and _ready(answer.json()):
                 return
             last = f"{answer.status_code} {answer.text[:300]}"

@@ -6,7 +6,10 @@ Invariants:
 - `rediscover` reaches only the caller's own tenant's servers (a shared one: admins);
 - discovery runs at registration (MCPServerDef create/fork with `discover`, default
   true), on `rediscover`, for yaml servers at boot, and when a server says its
-  list changed; runs never trigger it (a run offers what the cache holds);
+  list changed; runs never trigger it (a run offers what the cache holds). Over
+  REST (an async route) create, fork and rediscover are the `a*` twins: the answer
+  still carries the discovery, but its wait is awaited on the event loop, so a
+  slow or hostile server holds none of the web process's threads;
 - an MCP call or a discovery holds no DB connection while it waits for the server
   (unless its caller is inside a transaction);
 - every failure of a call is the caller's error result, with run credentials redacted.
@@ -17,10 +20,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connection
 from django.utils import timezone
 
@@ -37,6 +41,7 @@ from apps.substrate.models import VersionedDef
 from apps.tools.httpcall import redact_credentials
 
 log = logging.getLogger("loomcycle.mcp")
+T = TypeVar("T")
 
 
 MAX_TOOLS = 256  # tools kept of one server's list
@@ -101,6 +106,9 @@ def tools_relisted(spec: ServerSpec, tools: list[dict[str, Any]] | None) -> None
         connection.close()  # this thread's connection goes back; the thread is reused for other work
 
 
+_DISCOVERY_FAILED = (Refused, EgressRefused, calls.McpCallFailed)
+
+
 def mcp_server_discover(*, row: VersionedDef) -> dict[str, Any]:
     """tools/list on the server of `row` and store the answer; the report of what happened."""
     try:
@@ -108,14 +116,47 @@ def mcp_server_discover(*, row: VersionedDef) -> dict[str, Any]:
         if not connection.in_atomic_block:
             connection.close()  # no DB connection is held while the server answers (reopened to store)
         tools = calls.list_tools(spec)
-    except (Refused, EgressRefused, calls.McpCallFailed) as exc:
-        reason = exc.message if isinstance(exc, Refused) else str(exc)
-        discovered_tools_store(row=row, tools=None, error=reason)
-        log.warning("mcp server %r (%s): discovery failed: %s", row.name, row.id, reason)
-        return {"def_id": row.id, "name": row.name, "ok": False, "error": storable_text(reason), "tools": []}
-    discovered_tools_store(row=row, tools=tools)
+    except _DISCOVERY_FAILED as exc:
+        return discovery_record(row=row, tools=None, error=_failure(exc))
+    return discovery_record(row=row, tools=tools)
+
+
+def _failure(exc: Exception) -> str:
+    return exc.message if isinstance(exc, Refused) else str(exc)
+
+
+def discovery_record(*, row: VersionedDef, tools: list[dict[str, Any]] | None, error: str = "") -> dict[str, Any]:
+    """Store a discovery's outcome (`tools` None: it failed with `error`); its report."""
+    discovered_tools_store(row=row, tools=tools, error=error)
+    if tools is None:
+        log.warning("mcp server %r (%s): discovery failed: %s", row.name, row.id, error)
+        return {"def_id": row.id, "name": row.name, "ok": False, "error": storable_text(error), "tools": []}
     names = [t["name"] for t in tools_storable(row.name, tools)]
     return {"def_id": row.id, "name": row.name, "ok": True, "tools": names}
+
+
+async def amcp_server_discover(*, row: VersionedDef) -> dict[str, Any]:
+    """mcp_server_discover for the event loop: the wait for the server holds no thread (the
+    session runs on the MCP loop, calls.alist_tools); only the short DB writes take one."""
+    store = sync_to_async(_closing(discovery_record), thread_sensitive=False)
+    try:
+        spec = await sync_to_async(_closing(server_spec), thread_sensitive=False)(row, credentials=None)
+        tools = await calls.alist_tools(spec)
+    except _DISCOVERY_FAILED as exc:
+        return await store(row=row, tools=None, error=_failure(exc))
+    return await store(row=row, tools=tools)
+
+
+def _closing(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn` that hands its thread's DB connection back when it returns (the thread is the pool's)."""
+
+    def run(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return run
 
 
 def mcp_static_servers_discover() -> list[dict[str, Any]]:
@@ -133,27 +174,59 @@ def _discover_flag(data: dict[str, Any]) -> bool:
     return value
 
 
-def _with_discovery(kind: Kind, out: dict[str, Any], discover: bool) -> dict[str, Any]:
+def _written(kind: Kind, author: Any, data: dict[str, Any], fork: bool) -> tuple[dict[str, Any], VersionedDef | None]:
+    """The create or fork, and the row to discover (None: `discover: false`, or nothing to discover)."""
+    discover = _discover_flag(data)
+    out = (substrate_services.def_fork if fork else substrate_services.def_create)(kind, author, data)
     row = kind.model._default_manager.filter(id=out.get("def_id")).first()
-    if discover and row is not None and not row.retired:
-        out["discovery"] = mcp_server_discover(row=row)
+    return out, row if discover and row is not None and not row.retired else None
+
+
+async def _awritten_then_discovered(kind: Kind, author: Any, data: dict[str, Any], fork: bool) -> dict[str, Any]:
+    out, row = await sync_to_async(_closing(_written), thread_sensitive=False)(kind, author, data, fork)
+    if row is not None:
+        out["discovery"] = await amcp_server_discover(row=row)
     return out
+
+
+async def amcpserver_create(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """mcpserver_create for an async transport (REST): the same answer, no thread held while discovering."""
+    return await _awritten_then_discovered(kind, author, data, fork=False)
+
+
+async def amcpserver_fork(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
+    return await _awritten_then_discovered(kind, author, data, fork=True)
+
+
+async def amcpserver_rediscover(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
+    row = await sync_to_async(_closing(_rediscoverable), thread_sensitive=False)(author, data)
+    return await amcp_server_discover(row=row)
 
 
 def mcpserver_create(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
     """Substrate's create, then (unless `discover: false`) tools/list on the new version."""
-    discover = _discover_flag(data)
-    return _with_discovery(kind, substrate_services.def_create(kind, author, data), discover)
+    return _written_then_discovered(kind, author, data, fork=False)
 
 
 def mcpserver_fork(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
     """Substrate's fork, then (unless `discover: false`) tools/list on the new version."""
-    discover = _discover_flag(data)
-    return _with_discovery(kind, substrate_services.def_fork(kind, author, data), discover)
+    return _written_then_discovered(kind, author, data, fork=True)
+
+
+def _written_then_discovered(kind: Kind, author: Any, data: dict[str, Any], fork: bool) -> dict[str, Any]:
+    out, row = _written(kind, author, data, fork)
+    if row is not None:
+        out["discovery"] = mcp_server_discover(row=row)
+    return out
 
 
 def mcpserver_rediscover(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
     """`{"op": "rediscover", "name": ...}`: list the tools of the version `name` resolves to."""
+    return mcp_server_discover(row=_rediscoverable(author, data))
+
+
+def _rediscoverable(author: Any, data: dict[str, Any]) -> VersionedDef:
+    """The row a rediscover names, if the author may rediscover it (else Refused)."""
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise Refused("rediscover: missing required field: name")
@@ -162,7 +235,7 @@ def mcpserver_rediscover(kind: Kind, author: Any, data: dict[str, Any]) -> dict[
         raise RefusedNotFound(f"rediscover: mcp server {name!r} not found")
     if row.tenant_id != author.tenant_id and not author.is_admin:
         raise Refused(f"rediscover: mcp server {name!r} is shared (the operator's); only an admin may rediscover it")
-    return mcp_server_discover(row=row)
+    return row
 
 
 # --- calls -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -465,6 +466,15 @@ OPS = {
     "verify": def_verify,
 }
 EXTRA_OPS: dict[str, dict[str, Any]] = {}  # kind key -> op -> function, for kind-specific ops
+# kind key -> op -> coroutine function, for an async transport: an op that waits on something
+# outside the process (an MCP server's discovery) awaits it there instead of holding a thread.
+ASYNC_OPS: dict[str, dict[str, Callable[[Kind, Author, dict[str, Any]], Awaitable[dict[str, Any]]]]] = {}
+
+
+def async_op(kind: Kind, data: Any) -> Callable[[Kind, Author, dict[str, Any]], Awaitable[dict[str, Any]]] | None:
+    """The ASYNC_OPS entry an op-dispatch body names, if any (else def_dispatch serves it)."""
+    op = data.get("op") if isinstance(data, dict) else None
+    return ASYNC_OPS.get(kind.key, {}).get(op) if isinstance(op, str) else None
 
 
 def def_dispatch(kind: Kind, author: Author, data: Any) -> dict[str, Any]:

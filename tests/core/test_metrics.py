@@ -159,9 +159,11 @@ def test_metrics_disabled_is_a_404_and_healthz_says_so(db: None, client: Client,
     assert client.get("/healthz").json()["metrics_enabled"] is False
 
 
-def test_healthz_names_this_replica_and_lists_the_live_processes(metrics_web: str, stack: WorkerPool) -> None:
+def test_healthz_names_this_replica_and_lists_the_live_processes(
+    metrics_web: str, stack: WorkerPool, admin: dict[str, str]
+) -> None:
     def listed() -> httpx.Response | None:  # workers just (re)started write their key once ready
-        resp = httpx.get(metrics_web + "/healthz", timeout=30)
+        resp = httpx.get(metrics_web + "/healthz", headers=admin, timeout=30)  # the details are an admin's
         pids = {r["pid"] for r in resp.json()["replicas"] if r["kind"] == "worker"}
         return resp if set(stack.pids()) <= pids else None
 

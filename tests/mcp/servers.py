@@ -4,7 +4,8 @@ process. It records the headers, JSON-RPC method, session id and status of every
 it gets, and can forget its sessions as the SDK's server does when one expires (`expire`);
 `garble` fails with a NUL in its error; its
 `grow` tool adds a tool and tells the caller its list changed; `wait` sets `WAITING`
-and sleeps (the cancel test)."""
+and sleeps (the cancel test). `hostile_serving` puts the same server behind `Hostile`,
+which answers one method with a gzip bomb or an oversized reply."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -151,13 +153,11 @@ def build() -> MCPServer:
 
 
 @contextmanager
-def serving() -> Iterator[tuple[int, Recorder]]:
-    """The server on a free loopback port until the block ends: (port, recorder)."""
+def _serve(app: Any) -> Iterator[int]:
+    """`app` on a free loopback port until the block ends."""
     port = _free_port()
-    server = build()
-    recorder = Recorder(server.streamable_http_app(), server)
     config = uvicorn.Config(
-        recorder, host="127.0.0.1", port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
     )
     served = uvicorn.Server(config)
     thread = threading.Thread(target=served.run, name="mcp-test-server", daemon=True)
@@ -168,7 +168,97 @@ def serving() -> Iterator[tuple[int, Recorder]]:
             raise RuntimeError("the test MCP server did not start")
         time.sleep(0.02)
     try:
-        yield port, recorder
+        yield port
     finally:
         served.should_exit = served.force_exit = True  # workers may still hold a session stream open
         thread.join(timeout=10)
+
+
+@contextmanager
+def serving() -> Iterator[tuple[int, Recorder]]:
+    """The server on a free loopback port until the block ends: (port, recorder)."""
+    server = build()
+    recorder = Recorder(server.streamable_http_app(), server)
+    with _serve(recorder) as port:
+        yield port, recorder
+
+
+def gzip_bomb(inflated: int) -> bytes:
+    """`inflated` zero bytes, gzip-compressed (about a thousandth of the size)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: the gzip wrapper
+    block = bytes(1024 * 1024)
+    return b"".join(packer.compress(block) for _ in range(inflated // len(block))) + packer.flush()
+
+
+class Hostile:
+    """ASGI middleware making the server hostile for one JSON-RPC method (`method`): with
+    `mode` set, that request is answered with, instead of the server's reply,
+    - "gzip": a gzip bomb (`bomb`) labelled `Content-Encoding: gzip`, JSON;
+    - "huge": a well-formed JSON-RPC result padded to `size` bytes, uncompressed;
+    - "huge-sse": the same as one event of a `text/event-stream` reply;
+    - "slow": the server's own reply, `delay` seconds late.
+    Every other request goes to the server as usual (so `initialize` succeeds)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.mode, self.method, self.size, self.bomb, self.delay = "", "tools/list", 0, b"", 0.0
+        self.answered: list[str] = []  # the modes it answered with
+        self.encodings: list[str] = []  # the Accept-Encoding of every HTTP request ("" without one)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            self.encodings.append(headers.get(b"accept-encoding", b"").decode())
+        if scope["type"] != "http" or not self.mode:
+            await self.app(scope, receive, send)
+            return
+        messages, body = [], bytearray()
+        while True:
+            message = await receive()
+            messages.append(message)
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        if _rpc_method(bytes(body)) != self.method:
+            await self.app(scope, _replaying(messages, receive), send)
+            return
+        self.answered.append(self.mode)
+        if self.mode == "slow":  # the server's own answer, `delay` seconds late
+            await anyio.sleep(self.delay)
+            await self.app(scope, _replaying(messages, receive), send)
+            return
+        await self._answer(json.loads(body).get("id"), send)
+
+    async def _answer(self, request_id: Any, send: Any) -> None:
+        pad = "x" * self.size
+        reply = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"tools": [], "_meta": {"pad": pad}}})
+        kind, chunks = b"application/json", [reply.encode()]
+        headers = [(b"content-type", kind)]
+        if self.mode == "gzip":
+            headers.append((b"content-encoding", b"gzip"))
+            chunks = [self.bomb[i : i + 65536] for i in range(0, len(self.bomb), 65536)]
+        elif self.mode == "huge-sse":
+            headers = [(b"content-type", b"text/event-stream")]
+            chunks = [b"event: message\ndata: " + reply.encode() + b"\n\n"]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _replaying(messages: list[dict[str, Any]], receive: Any) -> Any:
+    pending = list(messages)
+
+    async def replay() -> Any:
+        return pending.pop(0) if pending else await receive()
+
+    return replay
+
+
+@contextmanager
+def hostile_serving() -> Iterator[tuple[int, Hostile]]:
+    """The server behind `Hostile`, on a free loopback port: (port, hostile)."""
+    server = build()
+    hostile = Hostile(server.streamable_http_app())
+    with _serve(hostile) as port:
+        yield port, hostile

@@ -152,6 +152,30 @@ def test_a_callback_goes_through_the_egress_guard(server: HookServer, settings: 
     assert server.calls() == []  # refused before any byte was sent
 
 
+def test_a_callback_outside_the_operator_host_allowlist_is_refused(server: HookServer, settings: Any) -> None:
+    """LOOMCYCLE_HTTP_HOST_ALLOWLIST bounds hook callbacks as it bounds the network tools:
+    a host it does not list is refused before any byte, even one the private list admits."""
+    url = server.on("/listed", reply({"deny": {"text": "the hook answered"}}))
+    register(url, "listed", fail_mode="closed")  # registered while no allowlist is set
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("allowed.test",))
+    refused = run_context({"op": "self"})
+    assert refused.is_error and "refused by the egress guard" in refused.text, refused.text
+    assert "'127.0.0.1' is not in the allowed hosts (allowed.test)" in refused.text
+    assert server.calls() == []  # refused before any byte was sent
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("allowed.test", "127.0.0.1"))
+    assert run_context({"op": "self"}).text == "the hook answered"  # listed: called
+
+
+def test_registering_a_callback_outside_the_operator_host_allowlist_is_400(settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, http_host_allowlist=("allowed.test",))
+    body = {"owner": "sec", "name": "far", "phase": "pre", "callback_url": "https://hooks.elsewhere.test/cb"}
+    with pytest.raises(Invalid) as refused:
+        services.hook_spec(body)
+    assert refused.value.code == "invalid_registration"
+    assert "'hooks.elsewhere.test' is not in LOOMCYCLE_HTTP_HOST_ALLOWLIST" in refused.value.message
+    assert services.hook_spec({**body, "callback_url": "https://api.allowed.test/cb"}).callback_url.endswith("/cb")
+
+
 def test_concurrent_re_registrations_of_one_name_both_answer(server: HookServer) -> None:
     """Two registrars of the same (owner, name) at once: each gets its row back
     (the loser used to re-read its own, already replaced, hook_id: a 500)."""

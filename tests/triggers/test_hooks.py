@@ -34,7 +34,10 @@ pytestmark = pytest.mark.usefixtures("agents")
 
 HOOK_ENV = {
     "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "127.0.0.1",  # the callback server (and the test page) on loopback
-    "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "allowed.test",  # the HTTP tool is configured, loopback not in its list
+    # The operator's list bounds hook callbacks: it holds the callback server (loopback) and the
+    # registrations' example host. Runs created in this process get their host list from its settings
+    # ("allowed.test" where a test needs the HTTP tool): loopback stays outside it unless a hook widens it.
+    "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "allowed.test,127.0.0.1,hooks.example.com",
     "LOOMCYCLE_HOOKS_PERMIT_HOST_WIDEN": "acme:net",  # tenant acme's owner `net` may widen hosts
 }
 CONTEXT_SELF = [{"tool": "Context", "input": {"op": "self"}}, {"text": "done"}]

@@ -238,7 +238,8 @@ def test_a_replay_on_the_other_web_process_returns_the_first_run(hook_webs: list
     body = payload(n=1)
     first = post(hook_webs[0], "dedupe", body, {**github(body), "X-Delivery": "d-1"})
     again = post(hook_webs[1], "dedupe", body, {**github(body), "X-Delivery": "d-1"})
-    by_hash = post(hook_webs[1], "dedupe", body, github(body))
+    other = payload(n=2)
+    by_hash = post(hook_webs[1], "dedupe", other, github(other))
     assert first.status_code == 202 and again.status_code == 200
     assert again.json() == {
         "webhook_name": "dedupe",

@@ -4,7 +4,8 @@
 - `sessions`: one event-loop thread per process owning the open sessions (stdio
   processes and streamable HTTP sessions), bounded and stopped with the process;
 - `calls`: the synchronous entry points the engine's tool threads, discovery and
-  on_complete hooks use (a call waits on a future, never holding a DB connection);
+  on_complete hooks use (a call waits on a future, never holding a DB connection), and
+  `alist_tools`, discovery for the web process's event loop (it holds no thread);
 - `servers`: an MCPServerDef row made into what a session needs, per run;
 - `provider`: the runs registry's tool provider (the cached tools of the servers a
   tenant can see).
@@ -26,5 +27,12 @@ def install() -> None:
             "create": services.mcpserver_create,
             "fork": services.mcpserver_fork,
             "rediscover": services.mcpserver_rediscover,
+        }
+    )
+    substrate_services.ASYNC_OPS.setdefault("mcpserver", {}).update(
+        {
+            "create": services.amcpserver_create,
+            "fork": services.amcpserver_fork,
+            "rediscover": services.amcpserver_rediscover,
         }
     )

@@ -25,6 +25,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from django.conf import settings
 
@@ -37,7 +38,6 @@ T = TypeVar("T")
 _GRACE_S = 5.0  # the wait outlives the coroutine's own deadline by this much
 MAX_RESULT_CHARS = 256 * 1024
 MAX_DISCOVERIES = 8  # one-off discovery sessions a process runs at once; more wait (bounded) for a turn
-_DISCOVERIES = threading.BoundedSemaphore(MAX_DISCOVERIES)
 
 
 class McpCallFailed(Exception):
@@ -56,6 +56,9 @@ class _Runner:
         self.sessions = Sessions(
             max_stdio=conf.mcp_max_stdio_processes, timeout=conf.mcp_call_timeout_seconds, on_tools=on_tools
         )
+        # Taken on the loop, so a discovery waiting for its turn holds no thread (asyncio's
+        # Semaphore binds to the loop that first awaits it: only this one ever does).
+        self.discoveries = asyncio.Semaphore(MAX_DISCOVERIES)
         self.thread = threading.Thread(target=self.loop.run_forever, name="lc-mcp", daemon=True)
         self.thread.start()
 
@@ -149,28 +152,44 @@ def call_tool(
         raise McpCallFailed(_reason(exc)) from exc
 
 
-def list_tools(spec: ServerSpec) -> list[dict[str, Any]]:
-    """tools/list on a one-off session (discovery); raises McpCallFailed with the reason.
-    At most MAX_DISCOVERIES run at once per process; another waits up to the discovery
-    timeout for a turn, then fails."""
-    timeout = settings.LOOMCYCLE.mcp_discovery_timeout_seconds
-
-    async def listed() -> list[dict[str, Any]]:
-        with anyio.fail_after(timeout):
+async def _listed(runner: _Runner, spec: ServerSpec, timeout: float) -> list[dict[str, Any]]:
+    """tools/list on a one-off session, on the MCP loop; the wait for a turn, the guard's
+    name resolution and the session all within `timeout`."""
+    with anyio.fail_after(timeout):
+        async with runner.discoveries:
+            await anyio.to_thread.run_sync(check_reachable, spec)  # getaddrinfo blocks: the loop's own pool
             async with open_session(spec, timeout) as session:
                 return await list_all(session)
 
-    if not _DISCOVERIES.acquire(timeout=timeout):
-        raise McpCallFailed(f"{MAX_DISCOVERIES} discoveries are under way in this process; try again later")
+
+def list_tools(spec: ServerSpec) -> list[dict[str, Any]]:
+    """tools/list on a one-off session (discovery); raises McpCallFailed with the reason.
+    At most MAX_DISCOVERIES run at once per process; another waits for a turn within the
+    discovery timeout."""
+    timeout = settings.LOOMCYCLE.mcp_discovery_timeout_seconds
+    runner = _runner()
     try:
-        check_reachable(spec)
-        return _runner().run(listed(), timeout)
-    except TimeoutError as exc:
-        raise McpCallFailed(f"no answer within {timeout:g} s (LOOMCYCLE_MCP_DISCOVERY_TIMEOUT_SECONDS)") from exc
+        return runner.run(_listed(runner, spec, timeout), timeout)
     except Exception as exc:  # reported to the operator and stored with the cache row
-        raise McpCallFailed(_reason(exc)) from exc
-    finally:
-        _DISCOVERIES.release()
+        raise _discovery_failed(exc, timeout) from exc
+
+
+async def alist_tools(spec: ServerSpec) -> list[dict[str, Any]]:
+    """list_tools for an event loop (the web process's): the caller awaits the MCP loop's
+    future, so the wait holds no thread of the caller's loop."""
+    timeout = settings.LOOMCYCLE.mcp_discovery_timeout_seconds
+    runner = _runner()
+    future = asyncio.run_coroutine_threadsafe(_listed(runner, spec, timeout), runner.loop)
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout + _GRACE_S)
+    except Exception as exc:
+        raise _discovery_failed(exc, timeout) from exc
+
+
+def _discovery_failed(exc: Exception, timeout: float) -> McpCallFailed:
+    if isinstance(exc, TimeoutError):
+        return McpCallFailed(f"no answer within {timeout:g} s (LOOMCYCLE_MCP_DISCOVERY_TIMEOUT_SECONDS)")
+    return McpCallFailed(_reason(exc))
 
 
 def result_text(result: types.CallToolResult) -> str:

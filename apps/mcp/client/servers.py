@@ -61,6 +61,7 @@ class ServerSpec:
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     policy: HostPolicy | None = None
+    max_response_bytes: int = 4 * 1024 * 1024  # server_spec sets LOOMCYCLE_MCP_MAX_RESPONSE_BYTES
 
     @property
     def is_stdio(self) -> bool:
@@ -92,7 +93,8 @@ def server_spec(row: VersionedDef, *, credentials: Mapping[str, str] | None) -> 
     if conn.transport == STDIO:
         return replace(base, command=conn.command, args=conn.args, env=dict(conn.env))
     headers = _headers(conn.headers, credentials)
-    return replace(base, url=conn.url, headers=headers, policy=server_policy(row))
+    limit = settings.LOOMCYCLE.mcp_max_response_bytes
+    return replace(base, url=conn.url, headers=headers, policy=server_policy(row), max_response_bytes=limit)
 
 
 def run_host_refusal(row: VersionedDef, allowed_hosts: Sequence[str]) -> str | None:

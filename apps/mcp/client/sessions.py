@@ -100,8 +100,9 @@ async def _streams(spec: ServerSpec, timeout: float) -> AsyncIterator[TransportS
             yield streams
         return
     assert spec.policy is not None
-    async with guarded_client(spec.policy, dict(spec.headers), timeout) as client:
-        async with streamable_http_client(spec.url, http_client=client) as streams:
+    max_bytes = spec.max_response_bytes
+    async with guarded_client(spec.policy, dict(spec.headers), timeout, max_bytes) as client:
+        async with streamable_http_client(spec.url, http_client=client, max_sse_event_size=max_bytes) as streams:
             yield streams
 
 

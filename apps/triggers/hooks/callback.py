@@ -2,7 +2,9 @@
 
 The URL is tenant-influenced, so it goes out only through apps.core.egress
 (every resolved address checked, the checked address dialled, no redirect
-followed: a 3xx is a failed call). The call never starts inside a database
+followed: a 3xx is a failed call), within the operator's
+LOOMCYCLE_HTTP_HOST_ALLOWLIST when that is set (as a runtime-authored MCP
+server is; empty, any public host). The call never starts inside a database
 transaction. `timeout_ms` is a total deadline for the whole call: every
 connect, write and read on the socket waits at most what is left of it
 (`_DeadlineBackend`), so a server trickling its headers or body a byte at a
@@ -42,7 +44,7 @@ class HookCallFailed(Exception):
     """The callback did not give a usable answer; `fail_mode` decides what that means."""
 
 
-_clients: dict[tuple[str, ...], httpx.Client] = {}
+_clients: dict[tuple[tuple[str, ...] | None, tuple[str, ...]], httpx.Client] = {}
 _clients_lock = threading.Lock()
 _deadline = threading.local()  # .at: the monotonic deadline of the call this thread is making
 
@@ -106,13 +108,20 @@ def _no_cookies() -> CookieJar:
     return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
 
 
+def callback_policy() -> egress.HostPolicy:
+    """Where a callback may go: the operator's host allowlist when set, else any
+    public host; non-public addresses only for the private-host allowlist."""
+    allowed = tuple(settings.LOOMCYCLE.http_host_allowlist) or None
+    return egress.operator_policy(allowed)
+
+
 def _client() -> httpx.Client:
-    """One pooled client per process (per private-host allowlist, which tests vary)."""
-    private = tuple(settings.LOOMCYCLE.http_private_host_allowlist)
+    """One pooled client per process (per host policy, which tests vary)."""
+    policy = callback_policy()
+    key = (policy.allowed, policy.private_allowlist)
     with _clients_lock:
-        if private not in _clients:
-            policy = egress.HostPolicy(allowed=None, private_allowlist=private)
-            _clients[private] = egress.client(
+        if key not in _clients:
+            _clients[key] = egress.client(
                 policy=policy,
                 timeout=MAX_TIMEOUT_S,
                 max_redirects=0,
@@ -120,7 +129,7 @@ def _client() -> httpx.Client:
                 backend=_DeadlineBackend(httpcore.SyncBackend()),
                 cookies=_no_cookies(),
             )
-        return _clients[private]
+        return _clients[key]
 
 
 def call(hook: Hook, payload: dict[str, Any], chain_deadline: float | None = None) -> dict[str, Any]:

@@ -114,8 +114,9 @@ def _timeout(value: Any) -> int:
 
 
 def callback_url_check(value: Any) -> str:
-    """http(s), a host, no credentials, not a blocked address literal (the
-    egress guard checks every resolved address again at call time)."""
+    """http(s), a host, no credentials, within the operator's host allowlist when
+    set, not a blocked address literal (the egress guard checks the host and every
+    resolved address again at each call: the allowlist may change after this)."""
     if not isinstance(value, str) or not value or len(value) > MAX_URL_CHARS:
         raise _invalid(f"callback_url is required (an http or https URL of at most {MAX_URL_CHARS} characters)")
     try:
@@ -133,6 +134,9 @@ def callback_url_check(value: Any) -> str:
             f"callback_url host {parts.hostname!r} is a blocked address ({blocked}); "
             "a private host must be in LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST"
         )
+    allowlist = settings.LOOMCYCLE.http_host_allowlist
+    if allowlist and not hosts.host_matches(parts.hostname, allowlist):
+        raise _invalid(f"callback_url host {parts.hostname!r} is not in LOOMCYCLE_HTTP_HOST_ALLOWLIST")
     return value
 
 

@@ -5,6 +5,11 @@ has `first=True`; a partial unique index on (tenant_id, webhook_name,
 delivery_id) over those rows is the durable dedupe key. It is inserted in the
 transaction that creates the run (or publishes the message), so two copies of
 one delivery racing on two web processes meet at the index, not in memory.
+
+A signature that does not cover the delivery-id header (a body MAC, or a
+Stripe MAC over `"<t>." + body`) also makes what it signs a key: `signed_sha256`,
+under a second partial unique index, so a captured delivery re-sent with a
+fresh delivery id meets the first copy's row.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class WebhookDelivery(models.Model):
     run_id = models.CharField(max_length=64, blank=True, default="")
     channel = models.CharField(max_length=200, blank=True, default="")
     detail = models.CharField(max_length=500, blank=True, default="")
+    signed_sha256 = models.CharField(max_length=64, blank=True, default="")  # "" when nothing was signed
     received_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
@@ -48,7 +54,12 @@ class WebhookDelivery(models.Model):
                 fields=["tenant_id", "webhook_name", "delivery_id"],
                 condition=models.Q(first=True),
                 name="webhookdelivery_once",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["tenant_id", "webhook_name", "signed_sha256"],
+                condition=models.Q(first=True) & ~models.Q(signed_sha256=""),
+                name="webhookdelivery_signed_once",
+            ),
         ]
         indexes = [models.Index(fields=["webhook_name", "-received_at"], name="webhookdelivery_recent")]
 

@@ -9,7 +9,7 @@ What an unauthenticated caller can make us write is bounded:
   definition's rate limit: a refused delivery takes a token from the same
   bucket as an accepted one, and once the bucket is empty the caller gets
   429 `rate_limited` and no row is written;
-- a replay (a delivery id already acted on) is answered with the first copy's
+- a replay (a delivery id, or signed bytes, already acted on) is answered with the first copy's
   outcome whatever the rate, and recorded only when it gets a token."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from apps.triggers.webhooks.services import (
     run_input,
     spawn_refusal,
 )
-from apps.triggers.webhooks.signatures import resolve_secret, verify
+from apps.triggers.webhooks.signatures import resolve_secret, signed_digest, verify
 
 log = logging.getLogger("loomcycle.webhooks")
 
@@ -146,7 +146,8 @@ def _sync_timeout_ms(hook: Hook, sync: bool) -> int:
 
 
 def _deliver(hook: Hook, incoming: Incoming, body: bytes, delivery_id: str) -> Accepted:
-    replay = delivery_replay(hook=hook, delivery_id=delivery_id, may_record=partial(_replay_token, hook))
+    signed = signed_digest(hook.definition.get("auth") or {}, incoming.headers, body)
+    replay = delivery_replay(hook=hook, delivery_id=delivery_id, signed=signed, may_record=partial(_replay_token, hook))
     if replay is not None:
         return Accepted(hook, replay)
     wait_ms = _sync_timeout_ms(hook, incoming.sync)
@@ -155,8 +156,9 @@ def _deliver(hook: Hook, incoming: Incoming, body: bytes, delivery_id: str) -> A
     mapped = map_payload(body, d.get("payload_mapping")) if spawn else None
     take(tenant_id=hook.owner, name=hook.name, limit=_limit(hook))
     if mapped is not None:
-        return Accepted(hook, delivery_spawn(hook=hook, delivery_id=delivery_id, mapped=mapped), wait_ms)
-    return Accepted(hook, delivery_publish(hook=hook, delivery_id=delivery_id, body=body))
+        delivered = delivery_spawn(hook=hook, delivery_id=delivery_id, mapped=mapped, signed=signed)
+        return Accepted(hook, delivered, wait_ms)
+    return Accepted(hook, delivery_publish(hook=hook, delivery_id=delivery_id, body=body, signed=signed))
 
 
 def _replay_token(hook: Hook) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Q
+
 from apps.substrate.kinds import get_kind
 from apps.substrate.selectors import def_resolve
 from apps.triggers.webhooks.models import WebhookDelivery
@@ -38,11 +40,11 @@ def webhook_resolve(*, tenant_id: str, name: str) -> Hook | None:
     return Hook(name=name, owner=row.tenant_id, run_tenant=run_tenant, definition=definition)
 
 
-def first_delivery(*, owner: str, name: str, delivery_id: str) -> WebhookDelivery | None:
-    """The delivery that was acted on for this key, if any."""
-    return WebhookDelivery.objects.filter(
-        tenant_id=owner, webhook_name=name, delivery_id=delivery_id, first=True
-    ).first()
+def first_delivery(*, owner: str, name: str, delivery_id: str, signed: str = "") -> WebhookDelivery | None:
+    """The delivery that was acted on under this delivery id or, when `signed` is
+    given, for these signed bytes (a re-send under a fresh id); the oldest if both."""
+    key = Q(delivery_id=delivery_id) | Q(signed_sha256=signed) if signed else Q(delivery_id=delivery_id)
+    return WebhookDelivery.objects.filter(key, tenant_id=owner, webhook_name=name, first=True).order_by("id").first()
 
 
 def recent_deliveries(*, name: str, tenant_id: str | None, limit: int) -> list[dict[str, Any]]:

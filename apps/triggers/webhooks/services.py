@@ -5,6 +5,10 @@
   the cluster-wide dedupe, durable across restarts and web processes. A copy
   that loses the race blocks on the index until the winner commits, then
   answers as a replay with the winner's run id;
+- the same holds for the digest of what the signature signed (`signed_sha256`,
+  a second partial unique index): the delivery-id header is unsigned, so a
+  captured delivery re-sent under a fresh id is a replay of the first copy,
+  for as long as the first copy's record is kept;
 - every delivery, accepted or not, leaves a record row with its verdict;
   records older than LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS are pruned
   on insert, at most once a minute cluster-wide (a Redis SET NX guards it);
@@ -99,10 +103,13 @@ def deliveries_prune() -> int:
     return deleted
 
 
-def delivery_replay(*, hook: Hook, delivery_id: str, may_record: Callable[[], bool] = lambda: True) -> Delivered | None:
-    """The first copy's outcome, recorded as a replay when `may_record()` says so (the
-    receiver asks the rate limiter); None when this id is new."""
-    first = first_delivery(owner=hook.owner, name=hook.name, delivery_id=delivery_id)
+def delivery_replay(
+    *, hook: Hook, delivery_id: str, signed: str = "", may_record: Callable[[], bool] = lambda: True
+) -> Delivered | None:
+    """The first copy's outcome (found by delivery id or by signed digest), recorded as
+    a replay when `may_record()` says so (the receiver asks the rate limiter); None
+    when both are new."""
+    first = first_delivery(owner=hook.owner, name=hook.name, delivery_id=delivery_id, signed=signed)
     if first is None:
         return None
     if may_record():
@@ -111,6 +118,7 @@ def delivery_replay(*, hook: Hook, delivery_id: str, may_record: Callable[[], bo
             name=hook.name,
             delivery_id=delivery_id,
             verdict=Verdict.ACCEPTED_REPLAY,
+            detail="" if first.delivery_id == delivery_id else f"same signed bytes as delivery {first.delivery_id}",
             run_id=first.run_id,
             channel=first.channel,
         )
@@ -150,7 +158,7 @@ def spawn_refusal(exc: ApplicationError) -> WebhookRefused:
     return InvalidRun(exc.message, code=code).with_detail(f"{exc.code}: {exc.message}")
 
 
-def delivery_spawn(*, hook: Hook, delivery_id: str, mapped: Mapped) -> Delivered:
+def delivery_spawn(*, hook: Hook, delivery_id: str, mapped: Mapped, signed: str = "") -> Delivered:
     """Create the run and its `first` row in one transaction (see the module docstring)."""
     data = run_input(hook, mapped)
     try:
@@ -161,6 +169,7 @@ def delivery_spawn(*, hook: Hook, delivery_id: str, mapped: Mapped) -> Delivered
                 delivery_id=delivery_id,
                 verdict=Verdict.ACCEPTED,
                 first=True,
+                signed_sha256=signed,
             )  # a concurrent copy of this delivery blocks here until we commit, then fails on the index
             run = run_create(principal=webhook_principal(hook), data=data)
             WebhookDelivery.objects.filter(pk=row.pk).update(run_id=run.id)
@@ -175,7 +184,7 @@ def delivery_spawn(*, hook: Hook, delivery_id: str, mapped: Mapped) -> Delivered
                 agent_scope_id=hook.name,
             )
     except IntegrityError:
-        replay = delivery_replay(hook=hook, delivery_id=delivery_id)
+        replay = delivery_replay(hook=hook, delivery_id=delivery_id, signed=signed)
         if replay is None:  # the winner rolled back after we collided: not a replay, let the sender retry
             raise RuntimeUnavailable("a concurrent copy of this delivery failed; retry") from None
         return replay
@@ -200,7 +209,7 @@ def channel_value(body: bytes) -> Any:
         return text
 
 
-def delivery_publish(*, hook: Hook, delivery_id: str, body: bytes) -> Delivered:
+def delivery_publish(*, hook: Hook, delivery_id: str, body: bytes, signed: str = "") -> Delivered:
     """Publish the body to the definition's channel (global scope, publisher
     `_system`) with its `first` row in one transaction."""
     channel = str(hook.definition["channel"])
@@ -216,10 +225,11 @@ def delivery_publish(*, hook: Hook, delivery_id: str, body: bytes) -> Delivered:
                 verdict=Verdict.ACCEPTED,
                 first=True,
                 channel=channel,
+                signed_sha256=signed,
             )
             publish(stream=stream, declared=declared, value=value, published_by=PUBLISHER)
     except IntegrityError:
-        replay = delivery_replay(hook=hook, delivery_id=delivery_id)
+        replay = delivery_replay(hook=hook, delivery_id=delivery_id, signed=signed)
         if replay is None:
             raise RuntimeUnavailable("a concurrent copy of this delivery failed; retry") from None
         return replay

@@ -11,6 +11,10 @@ through `hmac.compare_digest`. HMAC-SHA256 envelopes, one per definition
   ±5 minutes;
 - absent: `github` or `hex` (the same MAC over the body), never `stripe`.
 
+What a MAC signs is the replay key (`signed_digest`): the delivery-id header
+is outside every signature, so the receiver also dedupes on the digest of the
+signed bytes, and a captured delivery re-sent with a fresh id is a replay.
+
 Invariant: a definition never accepts a body-only MAC and a Stripe MAC
 under one secret. A Stripe MAC is a MAC over `"<t>." + body`, so accepting
 both would let a captured Stripe delivery of any age be re-sent as body
@@ -113,6 +117,24 @@ def resolve_secret(name: str) -> str:
     return value
 
 
+def _signature_header(auth: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    names = (str(auth["header"]).lower(),) if auth.get("header") else DEFAULT_SIGNATURE_HEADERS
+    return next((headers[n] for n in names if n in headers), None)
+
+
+def signed_digest(auth: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> str:
+    """The sha256 hex of what a verified HMAC signs (the body; `"<t>." + body` for
+    Stripe), "" when nothing is signed (bearer, none). Call only after `verify`."""
+    if auth.get("kind", "hmac") != "hmac":
+        return ""
+    signed = body
+    if auth.get("format") == "stripe":
+        parts = [p.split("=", 1) for p in (_signature_header(auth, headers) or "").split(",") if "=" in p]
+        stamp = next(v.strip() for k, v in parts if k.strip() == "t")  # verify saw exactly one
+        signed = stamp.encode() + b"." + body
+    return hashlib.sha256(signed).hexdigest()
+
+
 def verify(auth: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> None:
     """Raise unless `body` is authentic under `auth` (headers lower-cased)."""
     kind = auth.get("kind", "hmac")
@@ -126,8 +148,7 @@ def verify(auth: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> 
         result = check_bearer(secret, headers.get(custom or "authorization"), scheme=not custom)
     else:
         secret = resolve_secret(str(auth["signing_secret_env"]))
-        names = (str(auth["header"]).lower(),) if auth.get("header") else DEFAULT_SIGNATURE_HEADERS
-        value = next((headers[n] for n in names if n in headers), None)
+        value = _signature_header(auth, headers)
         result = check_hmac(secret.encode(), body, value, fmt=auth.get("format"))
     if result is not Check.OK:
         raise SignatureRefused("unauthorized").with_detail(result.value)

@@ -653,6 +653,9 @@ class RuntimeSettings:
     # Observability (apps.core.metrics, loomcycle_project.health).
     metrics_enabled: bool = True
     replica_id: str = ""
+    # LOOMCYCLE_ALLOWED_HOSTS as the operator set it (empty: unset). Django's ALLOWED_HOSTS is
+    # `*` then, and test runners add names to it; a public name here ends open mode.
+    allowed_hosts: tuple[str, ...] = ()
     beat_heartbeat_file: str = ""  # workers.heartbeat; settings.py always sets it
     # Tracing (loomcycle_project.telemetry): the exporters this process installs, from OTEL_* (env.py).
     tracing_exporters: tuple[str, ...] = ()

@@ -294,6 +294,7 @@ LOOMCYCLE = E.RuntimeSettings(
     mcp_max_response_bytes=E.MCP_MAX_RESPONSE_BYTES,
     metrics_enabled=E.METRICS_ENABLED,
     replica_id=E.REPLICA_ID,
+    allowed_hosts=tuple(E.ALLOWED_HOSTS),
     beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,
     tracing_exporters=E.TRACING_EXPORTERS,
     snapshot_max_bytes=E.SNAPSHOT_MAX_BYTES,

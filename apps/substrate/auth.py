@@ -30,7 +30,7 @@ from django.utils import timezone
 from apps.core.errors import ApplicationError, Forbidden, Unauthorized
 from apps.core.types import Principal, isolated_scopes
 from apps.substrate import auth_cache
-from apps.substrate.openmode import open_mode_cached, remember_open_mode
+from apps.substrate.openmode import credential_configured, open_mode_cached, remember_open_mode
 from apps.substrate.tokens import live_admin_token_exists, token_by_hash, token_hash
 
 log = logging.getLogger("loomcycle.auth")
@@ -128,9 +128,9 @@ def authenticate(token: str | None, client_addr: str | None) -> Principal:
             raise _unauthorized()
         cached = open_mode_cached()  # genuine answers only, kept 2 s
         if cached is None:
-            cached = not live_admin_token_exists()  # DatabaseError -> 503 below: fail closed
+            cached = not credential_configured()  # DatabaseError -> 503 below: fail closed
             remember_open_mode(cached)
-        if not cached:
+        if not cached or token:  # a bearer that is no token is a 401, never the open principal
             raise _unauthorized()
     except DatabaseError as exc:
         log.error("auth: token store lookup failed; refusing the request: %s", exc)

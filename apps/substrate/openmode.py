@@ -2,20 +2,26 @@
 rebinding) and same-machine browser pages only (protection against cross-site
 requests).
 
-Open mode (no LOOMCYCLE_AUTH_TOKEN and no live admin OperatorTokenDef) makes
-every loopback client an unauthenticated admin. A web page on a rebound DNS
-name (evil.example -> 127.0.0.1) would be such a client, so while the runtime
-is open a request must name a loopback host (localhost, *.localhost,
-127.0.0.1, [::1]) or one listed explicitly in ALLOWED_HOSTS (LOOMCYCLE_ALLOWED_HOSTS;
-the `*` default does not count). Once a credential exists the bearer is the
-boundary and any host Django allows is served.
+Open mode makes every loopback client an unauthenticated admin, so it holds
+only while nothing says the runtime is deployed: no LOOMCYCLE_AUTH_TOKEN, no
+live OperatorTokenDef of any scope (a tenant's token means people use this
+runtime), and no host name but loopback ones in LOOMCYCLE_ALLOWED_HOSTS (a
+configured public name means a proxy or a DNS name fronts it). Behind a
+reverse proxy on the same machine every internet client is a loopback peer
+naming `127.0.0.1`, so each of these ends it; with none of them the runtime
+answers nobody until a token is minted. A bearer that is presented but is no
+token is a 401 even in open mode (apps.substrate.auth), never the admin.
+
+A web page on a rebound DNS name (evil.example -> 127.0.0.1) would be a
+loopback client too, so while the runtime is open a request must name a
+loopback host (localhost, *.localhost, 127.0.0.1, [::1]). Once a credential
+exists the bearer is the boundary and any host Django allows is served.
 
 A web page on any site can also make the developer's browser send a "simple"
 cross-site request (a form POST, which the body parser reads as JSON so that
 `curl -d` works) to 127.0.0.1. While the runtime is open such a request is
 refused with 403 `cross_site_request` when the browser marks it `Sec-Fetch-Site:
-cross-site` or its `Origin` is not a loopback origin (or one of the explicit
-ALLOWED_HOSTS). Clients that send neither header (curl, SDKs) are not browser
+cross-site` or its `Origin` is not a loopback origin. Clients that send neither header (curl, SDKs) are not browser
 pages and pass; once a credential exists a browser cannot attach the bearer on
 its own, so the check stops.
 
@@ -41,7 +47,7 @@ from django.http.request import split_domain_port, validate_host
 
 from apps.core.middleware import HybridMiddleware
 from apps.substrate import auth_cache
-from apps.substrate.tokens import live_admin_token_exists
+from apps.substrate.tokens import live_admin_token_exists, live_token_exists
 
 log = logging.getLogger("loomcycle.open_mode")
 
@@ -49,7 +55,7 @@ OPEN_MODE_TTL_S = 2.0
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 OPEN_MODE_HOST_MESSAGE = (
     "open mode (no token configured) answers loopback host names only (localhost, 127.0.0.1, [::1]); "
-    "configure a token, or list this host in LOOMCYCLE_ALLOWED_HOSTS"
+    "mint a token (`manage.py token create --name admin --tenant ops`) to serve other names"
 )
 CROSS_SITE_MESSAGE = (
     "open mode (no token configured) refuses requests from web pages of other sites; "
@@ -72,15 +78,30 @@ def is_loopback_name(domain: str) -> bool:
 
 
 def host_allowed_in_open_mode(domain: str) -> bool:
+    """A loopback name, or one Django's ALLOWED_HOSTS lists explicitly (`*` does not count).
+    An operator's public LOOMCYCLE_ALLOWED_HOSTS name ends open mode itself, so in practice
+    the explicit names served here are loopback ones and those a test runner adds."""
     if is_loopback_name(domain):
         return True
     explicit = [h for h in settings.ALLOWED_HOSTS if h != "*"]
     return bool(domain) and validate_host(domain, explicit)
 
 
+def public_host_configured() -> bool:
+    """LOOMCYCLE_ALLOWED_HOSTS names a host that is not a loopback name (`*` is none)."""
+    return any(h != "*" and not is_loopback_name(h.lstrip(".")) for h in settings.LOOMCYCLE.allowed_hosts)
+
+
 def credential_configured() -> bool:
-    """LOOMCYCLE_AUTH_TOKEN is set or a live admin OperatorTokenDef exists (uncached)."""
-    return bool(settings.LOOMCYCLE.auth_token) or live_admin_token_exists()
+    """Open mode is over: LOOMCYCLE_AUTH_TOKEN or a public LOOMCYCLE_ALLOWED_HOSTS name is
+    configured, or a live OperatorTokenDef of any scope exists (uncached)."""
+    return bool(settings.LOOMCYCLE.auth_token) or public_host_configured() or live_token_exists()
+
+
+def admin_credential_missing() -> bool:
+    """No LOOMCYCLE_AUTH_TOKEN and no live admin token: once open mode is over (a tenant's
+    token, a public host name), nobody can administer the runtime over the API (up says so)."""
+    return not settings.LOOMCYCLE.auth_token and not live_admin_token_exists()
 
 
 def remember_open_mode(answer: bool) -> None:
@@ -116,7 +137,7 @@ def open_mode(*, close_connection: bool = False) -> bool:
 
 def open_mode_cached() -> bool | None:
     """What the open-mode cache knows right now (None: expired, look it up)."""
-    if settings.LOOMCYCLE.auth_token:
+    if settings.LOOMCYCLE.auth_token or public_host_configured():
         return False
     cached = _cached
     if cached is not None and _clock() < cached[0] and auth_cache.current_epoch() == _cached_epoch:

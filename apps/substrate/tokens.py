@@ -98,8 +98,13 @@ def valid_tokens(now: datetime | None = None) -> QuerySet[OperatorTokenDef]:
 
 
 def live_admin_token_exists() -> bool:
-    """Any admin-scoped token that authenticates now: it disables the legacy token and open mode."""
+    """Any admin-scoped token that authenticates now: it disables the legacy token."""
     return valid_tokens().filter(scopes__contains=[ADMIN_SCOPE]).exists()
+
+
+def live_token_exists() -> bool:
+    """Any token that authenticates now, of any scope: it ends open mode (apps.substrate.openmode)."""
+    return valid_tokens().exists()
 
 
 def token_by_hash(digest: str) -> OperatorTokenDef | None:

@@ -7,7 +7,7 @@ sends no Origin at all is not a browser page; it gets through to the bearer
 check like any API client (Channels' own validator would refuse it too).
 
 While the runtime is in open mode (apps.substrate.openmode) the handshake must
-also name a loopback host (or one listed explicitly in ALLOWED_HOSTS), in its
+also name a loopback host, in its
 `Host` and in its `Origin`, as HTTP requests must; otherwise it is denied (403).
 """
 

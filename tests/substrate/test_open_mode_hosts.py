@@ -86,12 +86,14 @@ def test_open_mode_refuses_a_foreign_host_and_serves_loopback_names(lc: Any, cli
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_admin_token_closes_open_mode_and_a_foreign_host_is_then_served(
+def test_any_live_token_closes_open_mode_and_a_foreign_host_is_then_served(
     lc: Any, client: Client, clock: Clock
 ) -> None:
-    reader = mint("reader", ["runs:read"])
-    assert_open_mode_host(me(client, FOREIGN, reader))  # a narrow token does not close open mode
-    admin = mint("ops")  # a token write voids the cached answer (this process at once, others via the epoch)
+    assert me(client, "localhost").json()["open_mode"] is True
+    reader = mint("reader", ["runs:read"])  # a token write voids the cached answer (this process at once,
+    assert me(client, FOREIGN, reader).json()["scopes"] == ["runs:read"]  # others via the epoch)
+    assert me(client, "localhost").status_code == 401  # a tenant's narrow token closes open mode too
+    admin = mint("ops")
     resp = me(client, FOREIGN, admin)
     assert resp.status_code == 200, resp.content
     body = resp.json()
@@ -119,7 +121,7 @@ def test_the_env_token_closes_open_mode_without_a_database_lookup(
     def unexpected() -> bool:
         raise AssertionError("no token-store lookup with LOOMCYCLE_AUTH_TOKEN set")
 
-    monkeypatch.setattr(middleware, "live_admin_token_exists", unexpected)
+    monkeypatch.setattr(middleware, "live_token_exists", unexpected)
     lc.LOOMCYCLE = dataclasses.replace(lc.LOOMCYCLE, auth_token="env-secret")
     assert me(client, FOREIGN).status_code == 401
     assert me(client, FOREIGN, "env-secret").json()["legacy"] is True
@@ -135,7 +137,7 @@ def test_a_token_store_error_counts_as_open_mode_for_the_host_check(
         calls.append(1)
         raise DatabaseError("token store down")
 
-    monkeypatch.setattr(middleware, "live_admin_token_exists", broken)
+    monkeypatch.setattr(middleware, "live_token_exists", broken)
     assert_open_mode_host(me(client, FOREIGN, "lct_whatever"))
     assert calls == [1]
     assert middleware.open_mode() is True  # an error is never cached: the next check asks again
@@ -143,12 +145,21 @@ def test_a_token_store_error_counts_as_open_mode_for_the_host_check(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_hosts_listed_in_allowed_hosts_are_served_in_open_mode(lc: Any, client: Client) -> None:
-    lc.ALLOWED_HOSTS = ["lab.example", ".dev.example", "localhost"]
-    assert me(client, "lab.example").json()["open_mode"] is True
-    assert me(client, "box.dev.example").json()["open_mode"] is True
-    assert me(client, FOREIGN).status_code == 400  # Django's own DisallowedHost
-    lc.ALLOWED_HOSTS = ["*"]  # the default: not an explicit name
+def test_a_public_name_in_allowed_hosts_ends_open_mode(lc: Any, client: Client) -> None:
+    """A proxy or a DNS name fronts the runtime: loopback peers are no longer the developer."""
+
+    def configure(*hosts: str) -> None:  # as settings.py does from LOOMCYCLE_ALLOWED_HOSTS
+        lc.ALLOWED_HOSTS = list(hosts) or ["*"]
+        lc.LOOMCYCLE = dataclasses.replace(lc.LOOMCYCLE, allowed_hosts=hosts)
+
+    configure("localhost", ".localhost", "127.0.0.1")  # loopback names only: still open
+    assert me(client, "localhost").json()["open_mode"] is True
+    for public in (("lab.example", "localhost", "127.0.0.1"), (".dev.example", "localhost", "127.0.0.1")):
+        configure(*public)
+        assert me(client, "localhost").status_code == 401, public
+        assert me(client, "127.0.0.1").status_code == 401, public  # a same-host proxy's own requests
+    assert me(client, "box.dev.example").status_code == 401
+    configure()  # unset: `*`, no explicit name
     assert_open_mode_host(me(client, "lab.example"))
 
 
@@ -214,15 +225,16 @@ def test_the_asgi_websocket_route_is_wrapped() -> None:
 
 
 @pytest.mark.django_db
-def test_up_accepts_an_admin_operator_token_as_a_credential(lc: Any) -> None:
+def test_up_accepts_any_operator_token_as_a_credential_and_says_when_no_admin_exists(lc: Any) -> None:
     assert starts_in_open_mode("127.0.0.1") is True
     assert starts_in_open_mode("::1") is True
     with pytest.raises(CommandError, match="non-loopback"):
         starts_in_open_mode("0.0.0.0")
     mint("reader", ["runs:read"])
-    with pytest.raises(CommandError):
-        starts_in_open_mode("192.0.2.10")  # a narrow token is no credential for this
+    assert starts_in_open_mode("192.0.2.10") is False  # open mode is over: the bearer is the boundary
+    assert middleware.admin_credential_missing() is True  # `up` warns: nobody can administer it
     mint("ops")
+    assert middleware.admin_credential_missing() is False
     assert starts_in_open_mode("0.0.0.0") is False
     assert starts_in_open_mode("127.0.0.1") is False  # and no OPEN MODE warning
 
@@ -232,6 +244,6 @@ def test_up_accepts_the_env_token_without_a_database_lookup(lc: Any, monkeypatch
     def unexpected() -> bool:
         raise AssertionError("no token-store lookup with LOOMCYCLE_AUTH_TOKEN set")
 
-    monkeypatch.setattr(middleware, "live_admin_token_exists", unexpected)
+    monkeypatch.setattr(middleware, "live_token_exists", unexpected)
     lc.LOOMCYCLE = dataclasses.replace(lc.LOOMCYCLE, auth_token="env-secret")
     assert starts_in_open_mode("0.0.0.0") is False

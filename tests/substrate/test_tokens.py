@@ -367,3 +367,14 @@ def test_doctor_reports_open_mode_pepper_and_the_legacy_token(audit: Path, setti
     assert checks["auth legacy"][0] == "WARN" and "disabled" in checks["auth legacy"][1]
     assert checks["auth tokens"] == ("PASS", "1 live operator token(s), 1 with substrate:admin")
     assert "auth" not in checks  # not open mode
+
+
+@pytest.mark.django_db
+def test_doctor_warns_when_tokens_exist_but_no_admin_credential_does(audit: Path, settings: Any) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, auth_token=None)
+    tokens.token_create(name="acme-bot", tenant_id="acme", scopes=["substrate:tenant"])
+    checks = {name: (level, detail) for level, name, detail in check_auth()}
+    assert "auth" not in checks  # a tenant's token ends open mode
+    assert checks["auth admin"][0] == "WARN" and "nobody can administer" in checks["auth admin"][1]
+    tokens.token_create(name="ops", tenant_id="ops")
+    assert "auth admin" not in {name for _, name, _ in check_auth()}

@@ -74,6 +74,7 @@ def check_listen() -> list[Check]:
 def check_auth() -> list[Check]:
     from django.utils import timezone
 
+    from apps.substrate.openmode import public_host_configured
     from apps.substrate.tokens import ADMIN_SCOPE, valid_tokens
 
     cfg = settings.LOOMCYCLE
@@ -88,8 +89,16 @@ def check_auth() -> list[Check]:
         out.append(("WARN", "auth legacy", "LOOMCYCLE_AUTH_TOKEN is set but disabled by an admin token; unset it"))
     elif cfg.auth_token:
         out.append(("PASS", "auth legacy", "LOOMCYCLE_AUTH_TOKEN is active (until the first admin token is minted)"))
+    elif not live and not public_host_configured():
+        out.append(("WARN", "auth", "open mode: no LOOMCYCLE_AUTH_TOKEN and no token; loopback clients only"))
     elif not admins:
-        out.append(("WARN", "auth", "open mode: no LOOMCYCLE_AUTH_TOKEN and no admin token; loopback clients only"))
+        detail = (
+            "tokens exist but no admin credential does: nobody can administer the runtime over the API"
+            if live
+            else "LOOMCYCLE_ALLOWED_HOSTS names a public host, so open mode is off, and no token exists: "
+            "every request is a 401"
+        )
+        out.append(("WARN", "auth admin", f"{detail}; mint one (`manage.py token create --name admin --tenant ops`)"))
     if not cfg.operator_token_pepper:
         detail = "LOOMCYCLE_OPERATOR_TOKEN_PEPPER is empty: a leaked database alone lets token hashes be checked"
         out.append(("WARN", "auth pepper", detail))

@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from apps.core.errors import ApplicationError
-from apps.substrate.openmode import credential_configured
+from apps.substrate.openmode import admin_credential_missing, credential_configured
 from loomcycle_project import env as E
 from loomcycle_project.bootstrap import boot
 from loomcycle_project.hardening import not_dumpable
@@ -32,7 +32,14 @@ log = logging.getLogger("loomcycle.up")
 GRACE_S = 20.0
 LOOPBACK_ADDRS = frozenset({"127.0.0.1", "localhost", "::1"})
 OPEN_MODE_WARNING = (
-    "OPEN MODE: no LOOMCYCLE_AUTH_TOKEN and no admin operator token; the API accepts unauthenticated loopback clients."
+    "OPEN MODE: no LOOMCYCLE_AUTH_TOKEN, no operator token and no public LOOMCYCLE_ALLOWED_HOSTS name; "
+    "the API accepts unauthenticated loopback clients."
+)
+NO_ADMIN_WARNING = (
+    "open mode is over (an operator token or a public LOOMCYCLE_ALLOWED_HOSTS name exists) but no admin "
+    "credential does (no LOOMCYCLE_AUTH_TOKEN, no substrate:admin token): nobody can administer this runtime "
+    "over the API. "
+    "Mint one: `manage.py token create --name admin --tenant ops`."
 )
 
 
@@ -61,9 +68,9 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 def starts_in_open_mode(host: str) -> bool:
-    """Whether the runtime starts in open mode: no LOOMCYCLE_AUTH_TOKEN and no
-    live admin OperatorTokenDef (so call it after migrating). Open mode on a
-    non-loopback listen address is refused (CommandError)."""
+    """Whether the runtime starts in open mode (apps.substrate.openmode: no LOOMCYCLE_AUTH_TOKEN,
+    no live OperatorTokenDef, no public LOOMCYCLE_ALLOWED_HOSTS name; so call it after
+    migrating). Open mode on a non-loopback listen address is refused (CommandError)."""
     if credential_configured():
         return False
     if host not in LOOPBACK_ADDRS:
@@ -177,6 +184,8 @@ class Command(BaseCommand):
         try:
             if starts_in_open_mode(host):  # after migrating: operator tokens live in the database
                 self.stderr.write(self.style.WARNING(OPEN_MODE_WARNING))
+            elif admin_credential_missing():
+                self.stderr.write(self.style.WARNING(NO_ADMIN_WARNING))
         finally:
             connection.close()  # the supervisor holds no connection while its children run
         self._warn_bash()

@@ -1,8 +1,9 @@
 """Volumes: where a run may touch the filesystem (SPEC 6.9, 5.2 VolumeDef).
 
 Three sources, one shape (`apps.core.tools.VolumeBinding` on the run row):
-- static: yaml `volumes: {name: {path, mode, default, dynamic_root}}`, shared by every tenant
-  (an entry marked dynamic_root is the volumes root, never bindable);
+- static: yaml `volumes: {name: {path, mode, default, dynamic_root, tenants}}`, shared by every
+  tenant, or by those `tenants` lists (an entry marked dynamic_root is the volumes root, never
+  bindable); none may reach the data directory's own entries or the checkout;
 - dynamic: a tenant's `VolumeDef` row, a directory under the volumes root;
 - ephemeral: an agent binding `{name, ephemeral: true}`, a directory per top-level
   run under `<root>/ephemeral/<root_run_id>/`, made on first use and purged when
@@ -46,6 +47,11 @@ class StaticVolume:
     path: str
     mode: str
     default: bool = False
+    tenants: tuple[str, ...] | None = None  # None: every tenant may bind it
+
+    def bindable_by(self, tenant_id: str) -> bool:
+        """The shared tenant (the operator's own runs) always; a tenant when no list names the tenants."""
+        return not tenant_id or self.tenants is None or tenant_id in self.tenants
 
 
 class VolumeUnavailable(Exception):
@@ -78,7 +84,18 @@ def _static_entry(name: Any, raw: Any) -> StaticVolume:
     if not isinstance(path, str) or not Path(path).is_absolute():
         raise Invalid(f"{where}: path must be an absolute directory path (got {path!r})", code="config_invalid")
     mode = check_mode(raw.get("mode", "ro"), where)
-    return StaticVolume(name=str(name), path=str(Path(path)), mode=mode, default=bool(raw.get("default")))
+    tenants = raw.get("tenants")
+    if tenants is not None and (
+        not isinstance(tenants, list) or not all(isinstance(t, str) and TENANT_RE.fullmatch(t) for t in tenants)
+    ):
+        raise Invalid(f"{where}: tenants must be a list of tenant ids (got {tenants!r})", code="config_invalid")
+    return StaticVolume(
+        name=str(name),
+        path=str(Path(path)),
+        mode=mode,
+        default=bool(raw.get("default")),
+        tenants=tuple(tenants) if tenants is not None else None,
+    )
 
 
 def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolume]:
@@ -86,7 +103,8 @@ def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolu
     An entry marked `dynamic_root: true` is checked but never bindable: its directory
     holds every tenant's dynamic volumes and every run's ephemeral ones. A bindable
     entry whose path contains the volumes root or sits inside it is refused (it would
-    reach those directories too)."""
+    reach those directories too), and so is one that reaches the runtime's own places
+    (`_check_private`)."""
     config = runtime_config() if config is None else config
     block = config.get("volumes") or {}
     if not isinstance(block, dict):
@@ -94,10 +112,39 @@ def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolu
     entries = {str(name): _static_entry(name, raw) for name, raw in block.items()}
     bindable = {n: v for n, v in entries.items() if not (isinstance(block[n], dict) and block[n].get("dynamic_root"))}
     root = volumes_root(config)
-    if root is not None:
-        for volume in bindable.values():
+    for volume in bindable.values():
+        if root is not None:
             _check_apart(volume, Path(os.path.realpath(root)))
+        _check_private(volume)
     return bindable
+
+
+# Entries of the data directory that the runtime itself keeps (embedded Postgres and Redis,
+# instance secrets): a volume inside the data directory must be a folder of its own.
+_DATA_DIR_PRIVATE = frozenset({"pg", "redis", "secrets.json"})
+
+
+def _check_private(volume: StaticVolume) -> None:
+    """Refuse a static volume that reaches the data directory's own entries (secrets.json, pg/,
+    redis/) or the checkout (the code, .loomcycle.env): one that is or contains either, sits
+    inside the checkout outside the data directory, or inside one of those entries."""
+    real = Path(os.path.realpath(volume.path))
+    data = Path(os.path.realpath(settings.LOOMCYCLE.data_dir or settings.BASE_DIR / ".loomcycle"))
+    checkout = Path(os.path.realpath(settings.BASE_DIR))
+    for place, what in ((data, "the data directory (secrets.json, pg/, redis/)"), (checkout, "the checkout")):
+        if real == place or real in place.parents:
+            raise Invalid(f"volumes.{volume.name}: path {volume.path} contains {what}", code="config_invalid")
+    inside_data = data in real.parents
+    if inside_data and real.relative_to(data).parts[0] in _DATA_DIR_PRIVATE:
+        raise Invalid(
+            f"volumes.{volume.name}: path {volume.path} is inside the runtime's own "
+            f"{data / real.relative_to(data).parts[0]}",
+            code="config_invalid",
+        )
+    if checkout in real.parents and not inside_data:
+        raise Invalid(
+            f"volumes.{volume.name}: path {volume.path} is inside the checkout {checkout}", code="config_invalid"
+        )
 
 
 def _check_apart(volume: StaticVolume, real_root: Path) -> None:
@@ -200,6 +247,8 @@ def _bind_one(tenant_id: str, spec: dict[str, Any], statics: dict[str, StaticVol
     if spec.get("ephemeral"):
         return VolumeBinding(name=name, path="", mode=want or "rw", default=bool(spec.get("default")), ephemeral=True)
     static = statics.get(name)
+    if static is not None and not static.bindable_by(tenant_id):
+        static = None  # listed for other tenants only: as unknown to this one as a missing volume
     if static is not None:
         path, mode, default = static.path, static.mode, static.default
     else:

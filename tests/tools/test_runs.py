@@ -355,6 +355,42 @@ def test_a_static_volume_overlapping_lc_volumes_root_stops_the_boot() -> None:
         static_volumes({"volumes": {"sneaky": {"path": str(root / "ephemeral"), "mode": "ro"}}})
 
 
+@pytest.mark.parametrize(
+    ("where", "match"),
+    [
+        ("data", "contains the data directory"),
+        ("data/..", "contains the data directory"),  # the checkout's .loomcycle, or its parent
+        ("/", "contains the data directory"),
+        ("data/pg", "inside the runtime's own"),
+        ("data/secrets.json", "inside the runtime's own"),
+        ("data/redis/x", "inside the runtime's own"),
+        ("checkout", "contains the (data directory|checkout)"),  # the data directory is under it here
+        ("checkout/apps", "inside the checkout"),
+    ],
+)
+def test_a_static_volume_reaching_the_runtimes_own_places_stops_the_boot(settings: Any, where: str, match: str) -> None:
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, volumes_root="")  # this check alone
+    data, checkout = Path(settings.LOOMCYCLE.data_dir), Path(settings.BASE_DIR)
+    path = where.replace("checkout", str(checkout)).replace("data", str(data))
+    with pytest.raises(Invalid, match=match) as caught:
+        static_volumes({"volumes": {"sneaky": {"path": path, "mode": "ro"}}})
+    assert caught.value.code == "config_invalid"
+    own = str(data / "volumes-static" / "mine")  # a folder of its own in the data directory is fine
+    assert set(static_volumes({"volumes": {"mine": {"path": own, "mode": "rw"}}})) == {"mine"}
+
+
+@pytest.mark.django_db
+def test_a_static_volume_with_a_tenant_list_binds_for_those_tenants_only(tmp_path: Path) -> None:
+    config = {"volumes": {"books": {"path": str(tmp_path / "books"), "mode": "ro", "tenants": ["acme"]}}}
+    statics = static_volumes(config)
+    assert _bind_one("acme", {"name": "books"}, statics).path == str(tmp_path / "books")
+    assert _bind_one("", {"name": "books"}, statics).path == str(tmp_path / "books")  # the operator's own runs
+    with pytest.raises(Invalid, match="not configured"):  # as unknown to beta as a missing volume
+        _bind_one("beta", {"name": "books"}, statics)
+    with pytest.raises(Invalid, match="tenants must be a list of tenant ids"):
+        static_volumes({"volumes": {"bad": {"path": str(tmp_path), "tenants": "acme"}}})
+
+
 @pytest.mark.usefixtures("agents", "work")
 def test_a_late_call_never_re_creates_a_purged_ephemeral_volume(stack: WorkerPool) -> None:
     run = scripted("files-eph", [{"text": "waiting for you"}], interactive=True)

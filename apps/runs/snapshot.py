@@ -4,6 +4,12 @@ a channel or a human's answer) with its events, transcript, steering inputs,
 tool-call records and interrupts. Runnable runs are left out: a snapshot is taken with the runtime
 paused, when none should be left (a pause that timed out can leave some).
 
+What a run may do is never taken from the file as written (its checksum is no
+authentication): a run's tenant is its parent's when the parent travels with it,
+and its tools, allowed hosts and routing are derived again here by the policy
+functions a new run goes through (`_policy_here`), each at most what the file
+says: a snapshot can narrow a run, never widen it.
+
 Export reads; restore writes through apps.runs.store (the one writer of
 runs_* tables). A run keeps its ids, session, step and counters, so it
 continues where it stopped; its lease is cleared (no worker of this instance
@@ -21,18 +27,24 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import AutoField, Model, Q
 
+from apps.core import privileged
 from apps.core.errors import ApplicationError, Conflict, Invalid
+from apps.core.hosts import run_allowed_hosts
 from apps.core.ids import is_ident
 from apps.core.rows import row_dump
-from apps.runs import signals, store
+from apps.gateway.resolver import resolve_route
+from apps.runs import registry, signals, store
+from apps.runs.compaction_service import compaction_routing
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import PARKED, ResidentChild, Run, RunStatus, RuntimeStateValue
 from apps.runs.registry import resolve_volumes
 from apps.runs.selectors import runtime_state
+from apps.runs.services import routing_of
 from apps.runs.store.snapshot import CHILD_TABLES
 from apps.substrate.models import AgentDef
 
@@ -102,10 +114,11 @@ def _local_keys(model: type[Model]) -> tuple[str, ...]:
 
 
 def _checked(
-    entry: Any, def_ids: dict[str, str], run_ids: set[str]
+    entry: Any, def_ids: dict[str, str], run_ids: set[str], tenants: dict[str, str]
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """A snapshot entry as (run row with its def mapped here and its parent among `run_ids`
-    or none, child rows); refuses malformed ones."""
+    """A snapshot entry as (run row with its def mapped here, its parent among `run_ids` or
+    none, its policy derived here; child rows); refuses malformed ones and a run whose tenant
+    is not its parent's (`tenants`: the tenants of the entries, by run id)."""
     run = entry.get("run") if isinstance(entry, dict) else None
     if not isinstance(run, dict) or not isinstance(run.get("id"), str) or not isinstance(run.get("depth", 0), int):
         raise Invalid("a paused_runs entry needs a run object with a string id", code="snapshot_invalid")
@@ -117,13 +130,49 @@ def _checked(
     if not all(isinstance(v, list) and all(isinstance(r, dict) for r in v) for v in rows.values()):
         raise Invalid(f"run {run['id']}: child rows must be lists of objects", code="snapshot_invalid")
     parent = run.get("parent_id")
+    if parent in tenants and tenants[parent] != run.get("tenant_id", ""):
+        raise Invalid(f"run {run['id']}: its tenant is not its parent's", code="snapshot_invalid")
+    agent_def_id = _def_here(run, def_ids)
+    parent_here = parent if parent in run_ids else None  # as export does: a parent not carried is not here
     return {
         **run,
         "volumes": _volumes_here(run),
-        "agent_def_id": _def_here(run, def_ids),
-        "parent_id": parent if parent in run_ids else None,  # as export does: a parent not carried is not here
+        "agent_def_id": agent_def_id,
+        "parent_id": parent_here,
+        **_policy_here(run, agent_def_id, parent_here),
         **_CLEARED,
     }, rows
+
+
+def _policy_here(run: dict[str, Any], agent_def_id: str, parent_id: str | None) -> dict[str, Any]:
+    """The run's tools, allowed hosts and routing as run creation derives them on this instance
+    (its operator floor, its def, the caller's narrowing the run kept), each within what the
+    snapshot says: `*` hosts, a privileged tool or another routing in the file grant nothing."""
+    row = AgentDef.objects.get(id=agent_def_id)
+    d, tenant_id = row.definition, str(run.get("tenant_id", ""))
+    caller = run.get("caller_tools")
+    derived = registry.effective_tools(
+        operator=list(settings.LOOMCYCLE.tools_enabled),
+        agent=list(d.get("tools", [])),
+        caller=list(caller) if caller is not None else None,
+        disable_context=bool(d.get("disable_context", False)),
+        skills=[str(p) for p in d.get("skills") or []],
+        tenant_id=tenant_id,
+    )
+    derived = privileged.narrowed(derived, tenant_id=tenant_id, operator_yaml=row.is_operator_yaml)
+    kept = set(run.get("tools", []))
+    hosts = set(run_allowed_hosts(run.get("allowed_hosts", [])))
+    try:
+        route = resolve_route(user_tier=(run.get("routing") or {}).get("user_tier") or None, agent=d)
+    except ApplicationError as exc:
+        raise Invalid(
+            f"run {run['id']}: its agent cannot be routed here: {exc.message}", code="snapshot_invalid"
+        ) from exc
+    return {
+        "tools": [name for name in derived if name in kept],
+        "allowed_hosts": [h for h in run.get("allowed_hosts", []) if h in hosts],
+        "routing": routing_of(route, d) | compaction_routing(d, parent_id),
+    }
 
 
 def _volumes_here(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -222,8 +271,11 @@ def _def_here(run: dict[str, Any], def_ids: dict[str, str]) -> str:
 def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsRestored:
     """Inside the restore's transaction: every run not already here, whole; paused
     ones resumed on commit when the runtime is running."""
-    run_ids = {e["run"].get("id") for e in entries if isinstance(e, dict) and isinstance(e.get("run"), dict)}
-    checked = sorted((_checked(e, def_ids, run_ids) for e in entries), key=lambda pair: int(pair[0].get("depth", 0)))
+    runs = [e["run"] for e in entries if isinstance(e, dict) and isinstance(e.get("run"), dict)]
+    run_ids = {r.get("id") for r in runs}
+    entry_tenants = {str(r.get("id")): str(r.get("tenant_id", "")) for r in runs}
+    ordered = sorted(entries, key=_depth)  # parents first: a child's compaction routing reads its parent's
+    checked = [_checked(e, def_ids, run_ids, entry_tenants) for e in ordered]
     totals: dict[str, int] = defaultdict(int)
     written: list[tuple[str, str]] = []
     tenants: dict[str, str] = {}
@@ -244,6 +296,12 @@ def paused_runs_restore(entries: list[Any], *, def_ids: dict[str, str]) -> RunsR
         interrupts_restored=totals["interrupts"],
         run_tenants=tenants,
     )
+
+
+def _depth(entry: Any) -> int:
+    run = entry.get("run") if isinstance(entry, dict) else None
+    depth = run.get("depth", 0) if isinstance(run, dict) else 0
+    return depth if isinstance(depth, int) else 0
 
 
 def _resume_if_running(paused: list[str]) -> int:

@@ -183,6 +183,37 @@ def test_a_row_the_engine_could_not_use_is_a_400(captured: Captured, edit: Any, 
     assert not Run.objects.filter(id=captured.run.id).exists()
 
 
+def test_what_a_run_may_do_is_derived_here_never_taken_from_the_file(captured: Captured) -> None:
+    """Issue 33, item 12: tools, allowed hosts and routing go through a new run's policy
+    functions on restore, within what the file says; the file's widening grants nothing."""
+    before = Run.objects.get(id=captured.run.id)
+    envelope, entry = captured.edited()
+    entry["run"]["tools"] = [*before.tools, "Bash", "HTTP", "WebFetch"]
+    entry["run"]["allowed_hosts"] = ["*", "169.254.169.254"]
+    entry["run"]["routing"] = {**before.routing, "candidates": [{"provider": "anthropic", "model": "claude-x"}]}
+    captured.restore(envelope)
+    after = Run.objects.get(id=captured.run.id)
+    assert after.tools == before.tools and "Bash" not in after.tools
+    assert after.allowed_hosts == []  # this instance's operator lists no host: `*` is not one
+    assert after.routing == before.routing
+    narrowed, entry = captured.edited()
+    entry["run"]["tools"] = before.tools[:1]  # a file may narrow a run
+    captured.restore(narrowed)
+    assert Run.objects.get(id=captured.run.id).tools == before.tools[:1]
+
+
+def test_a_child_whose_tenant_is_not_its_parents_is_a_400(captured: Captured) -> None:
+    envelope, entry = captured.edited()
+    child = copy.deepcopy(entry)
+    child["run"].update(id="r_child00000000001", agent_id="a_child00000000001", parent_id=captured.run.id)
+    child["run"].update(depth=1, tenant_id="acme")
+    child.update(interrupts=[], events=[], transcript=[], inputs=[], tool_calls=[])
+    envelope["sections"]["paused_runs"]["rows"].append(child)
+    with pytest.raises(Invalid, match="its tenant is not its parent's"):
+        captured.restore(envelope)
+    assert not Run.objects.filter(id__in=[captured.run.id, "r_child00000000001"]).exists()
+
+
 def _binding(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "path": path, "mode": "rw", "default": True, "ephemeral": False, "root_run_id": ""}
 

@@ -479,7 +479,7 @@ SCHEDULER_TICK_SECONDS: float = env.float("LOOMCYCLE_SCHEDULER_TICK_SECONDS", de
 SCHEDULER_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_SCHEDULER_ENV_ALLOWLIST", [])
 
 
-def _tenant_env_allowlist(name: str) -> dict[str, frozenset[str]]:
+def _tenant_env_allowlist(name: str) -> dict[str, tuple[str, ...]]:
     """`tenant:VARIABLE` pairs, comma-separated: the variables a tenant-owned ScheduleDef or
     WebhookDef may read as credentials (apps.core.secrets.credential_env_refusal)."""
     out: dict[str, set[str]] = {}
@@ -488,11 +488,11 @@ def _tenant_env_allowlist(name: str) -> dict[str, frozenset[str]]:
         if not sep or not tenant.strip() or not variable.strip():
             raise ImproperlyConfigured(f"{name}: {item!r} is not tenant:VARIABLE")
         out.setdefault(tenant.strip(), set()).add(variable.strip())
-    return {tenant: frozenset(names) for tenant, names in out.items()}
+    return {tenant: tuple(sorted(names)) for tenant, names in out.items()}
 
 
 # The environment is one namespace shared by every tenant: a tenant's own rows read only these.
-TENANT_CREDENTIAL_ENV: dict[str, frozenset[str]] = _tenant_env_allowlist("LOOMCYCLE_TENANT_CREDENTIAL_ENV")
+TENANT_CREDENTIAL_ENV: dict[str, tuple[str, ...]] = _tenant_env_allowlist("LOOMCYCLE_TENANT_CREDENTIAL_ENV")
 # Fire rows and finished on_complete jobs older than this are deleted by the finished sweep.
 TRIGGERS_RETENTION_DAYS: int = env.int("LOOMCYCLE_TRIGGERS_RETENTION_DAYS", default=30)
 # MCP client (docs/mcp.md): how long one tool call or one discovery may take, and how many stdio
@@ -501,7 +501,7 @@ MCP_CALL_TIMEOUT_SECONDS: float = env.float("LOOMCYCLE_MCP_CALL_TIMEOUT_SECONDS"
 MCP_DISCOVERY_TIMEOUT_SECONDS: float = env.float("LOOMCYCLE_MCP_DISCOVERY_TIMEOUT_SECONDS", default=30.0)
 MCP_MAX_STDIO_PROCESSES: int = _at_least("LOOMCYCLE_MCP_MAX_STDIO_PROCESSES", 8, 1)
 # Bytes read of one MCP HTTP reply (a JSON body, or one event of an SSE stream): a tenant's server is untrusted.
-MCP_MAX_RESPONSE_BYTES: int = _at_least("LOOMCYCLE_MCP_MAX_RESPONSE_BYTES", 4 * 1024 * 1024, 64 * 1024)
+MCP_MAX_RESPONSE_BYTES: int = _at_least("LOOMCYCLE_MCP_MAX_RESPONSE_BYTES", 4 * 1024 * 1024, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -643,7 +643,7 @@ class RuntimeSettings:
     scheduler_enabled: bool
     scheduler_tick_seconds: float
     scheduler_env_allowlist: tuple[str, ...] = ()
-    tenant_credential_env: dict[str, frozenset[str]]
+    tenant_credential_env: dict[str, tuple[str, ...]]
     triggers_retention_days: int
     # MCP client (apps.mcp.client).
     mcp_call_timeout_seconds: float

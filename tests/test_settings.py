@@ -33,6 +33,8 @@ _NOT_ONE_VARIABLE = {
     "tracing_exporters",  # from the SDK's OTEL_* variables (env.py, "Tracing")
     "bash_tenants",  # a comma-separated list
     "data_dir",  # LOOMCYCLE_DATA_DIR, made absolute
+    "tenant_credential_env",  # tenant:VARIABLE pairs
+    "allowed_hosts",  # a comma-separated list
 }
 
 _PROBE = """
@@ -81,6 +83,8 @@ def test_the_host_lists_are_read_as_comma_separated_lists() -> None:
         "LOOMCYCLE_HTTP_HOST_ALLOWLIST": " example.com, ,*",
         "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "intranet.test,localhost",
         "LOOMCYCLE_BASH_TENANTS": "acme, ,beta",
+        "LOOMCYCLE_TENANT_CREDENTIAL_ENV": "acme:LOOMCYCLE_ACME_GH, beta:LOOMCYCLE_B,acme:LOOMCYCLE_ACME_A",
+        "LOOMCYCLE_ALLOWED_HOSTS": "api.example, localhost",
     }
     done = subprocess.run(
         [sys.executable, "-c", _PROBE], env=env, cwd=procs.ROOT, capture_output=True, timeout=60, check=False
@@ -90,6 +94,13 @@ def test_the_host_lists_are_read_as_comma_separated_lists() -> None:
     assert got["http_host_allowlist"] == ["example.com", "*"]
     assert got["http_private_host_allowlist"] == ["intranet.test", "localhost"]
     assert got["bash_tenants"] == ["acme", "beta"]
+    assert got["tenant_credential_env"] == {"acme": ["LOOMCYCLE_ACME_A", "LOOMCYCLE_ACME_GH"], "beta": ["LOOMCYCLE_B"]}
+    assert got["allowed_hosts"] == ["api.example", "localhost"]
+    bad = {**env, "LOOMCYCLE_TENANT_CREDENTIAL_ENV": "acme"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=bad, cwd=procs.ROOT, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode != 0 and "'acme' is not tenant:VARIABLE" in done.stderr.decode()
 
 
 def test_beat_periods_come_from_the_runtime_settings() -> None:

@@ -104,7 +104,7 @@ def credential_env_refusal(
     name: str,
     *,
     tenant_id: str,
-    tenant_allowlist: Mapping[str, frozenset[str]],
+    tenant_allowlist: Mapping[str, tuple[str, ...]],
     shared_allowlist: Iterable[str] = (),
 ) -> str | None:
     """Why a trigger row owned by `tenant_id` ("" for the shared tenant) may not read variable
@@ -117,7 +117,7 @@ def credential_env_refusal(
     if refusal is not None:
         return refusal
     if tenant_id:
-        if name in tenant_allowlist.get(tenant_id, frozenset()):
+        if name in tenant_allowlist.get(tenant_id, ()):
             return None
         return (
             f"{name}: a tenant's definition may read only the variables the operator lists for its tenant "

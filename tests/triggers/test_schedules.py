@@ -273,7 +273,7 @@ def test_a_tenants_schedule_may_not_name_a_variable_its_tenant_is_not_given(sett
     settings.LOOMCYCLE = dataclasses.replace(
         settings.LOOMCYCLE,
         scheduler_env_allowlist=("PARTNER_KEY",),
-        tenant_credential_env={"bravo": frozenset({variable})},  # given to another tenant only
+        tenant_credential_env={"bravo": (variable,)},  # given to another tenant only
     )
     with pytest.raises(Refused, match=r"LOOMCYCLE_TENANT_CREDENTIAL_ENV|infrastructure secrets"):
         substrate.def_create(KIND, ACME, {"name": "steal", "overlay": overlay("steal", {"k": variable})})
@@ -289,9 +289,7 @@ def test_a_tenants_schedule_reads_the_variables_listed_for_its_tenant_and_no_oth
 
     monkeypatch.setenv("LOOMCYCLE_ACME_GH", "acme-gh-token-123456")
     monkeypatch.setenv("LOOMCYCLE_BRAVO_WH", "bravo-webhook-secret-42")
-    settings.LOOMCYCLE = dataclasses.replace(
-        settings.LOOMCYCLE, tenant_credential_env={"acme": frozenset({"LOOMCYCLE_ACME_GH"})}
-    )
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, tenant_credential_env={"acme": ("LOOMCYCLE_ACME_GH",)})
     row = schedule("acme-creds", user_credentials_from_env={"gh": "LOOMCYCLE_ACME_GH"})
     # A row stored before the rule (or by hand) naming another tenant's variable: read never.
     ScheduleDef.objects.filter(id=row.id).update(
@@ -314,7 +312,7 @@ def test_a_required_credential_that_does_not_resolve_fails_the_fire_uncounted(
 
     monkeypatch.delenv("LOOMCYCLE_SCHED_MISSING", raising=False)
     settings.LOOMCYCLE = dataclasses.replace(
-        settings.LOOMCYCLE, tenant_credential_env={"acme": frozenset({"LOOMCYCLE_SCHED_MISSING"})}
+        settings.LOOMCYCLE, tenant_credential_env={"acme": ("LOOMCYCLE_SCHED_MISSING",)}
     )
     row = schedule(
         "needs-creds",

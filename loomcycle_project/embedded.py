@@ -208,7 +208,10 @@ def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
         "--maxclients",
         "10000",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # Only what redis-server needs of the environment: DATABASE_URL (with its password) and the
+    # provider keys stay out of a process that cannot make itself non-dumpable.
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if _redis_alive(sock):

@@ -11,7 +11,8 @@ Invariants:
   LOOMCYCLE_AUTH_TOKEN, every DJANGO_* and CELERY_* variable) and every
   provider key and base URL never reach it unless the user names them in
   `loomcycle_pass_env`, so `up` starts its embedded Postgres and Redis under
-  the session's data dir, in open mode on a free loopback port, and offers
+  the session's data dir, with a legacy LOOMCYCLE_AUTH_TOKEN of the session's
+  own (the client sends it) on a free loopback port, and offers
   no paid provider. Every process below `up` inherits a marker variable
   naming the session, by which (with the processes remembered at start) `stop()`
   finds what a dead `up` left behind.
@@ -172,6 +173,9 @@ def runtime_env(
         LOOMCYCLE_FLOWER_ENABLED="0",
         LOOMCYCLE_MOCK_ENABLED="1",
     )
+    # A credential of the session's own unless the user passed one on: open mode ends with the
+    # first token a test mints (a tenant's too), and the session's client must not be locked out.
+    env.setdefault("LOOMCYCLE_AUTH_TOKEN", f"lcs_{secrets.token_urlsafe(24)}")
     return env
 
 
@@ -327,7 +331,7 @@ def start_runtime(
         )
     runtime = Runtime(
         url=f"http://127.0.0.1:{port}",
-        token=env.get("LOOMCYCLE_AUTH_TOKEN") or None,  # passed on by pass_env: open mode is off, send it
+        token=env["LOOMCYCLE_AUTH_TOKEN"],  # the session's own, or the one passed on by pass_env
         data_dir=data_dir,
         log_path=log_path,
         proc=proc,

@@ -113,7 +113,12 @@ def _system() -> list[str]:
         if os.path.exists(f"/etc/{name}"):
             out += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     private_tmp = "/tmp"  # noqa: S108 (a fresh tmpfs inside the sandbox, not the host's /tmp)
-    out += ["--proc", "/proc", "--dev", "/dev", "--size", str(conf.bash_limit_file_bytes), "--tmpfs", private_tmp]
+    size = str(conf.bash_limit_file_bytes)
+    # /dev is a tmpfs bwrap fills with device nodes: read-only once made, with a sized /dev/shm,
+    # so neither it nor /tmp holds more memory than one file may (RLIMIT_AS does not count tmpfs).
+    shm = "/dev/shm"  # noqa: S108 (the sandbox's own, sized below)
+    out += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", shm, "--remount-ro", "/dev"]
+    out += ["--size", size, "--tmpfs", private_tmp]
     return out
 
 

@@ -17,6 +17,7 @@ from openai import OpenAI
 from pydantic import BaseModel, Field
 
 from apps.gateway.models import GatewayCall
+from apps.substrate import tokens
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
@@ -41,8 +42,15 @@ class GetWeather(BaseModel):
 
 
 @pytest.fixture
-def client(web: str) -> Iterator[OpenAI]:
-    with OpenAI(base_url=web + "/v1", api_key="x", max_retries=0, timeout=30) as sdk:
+def api_key() -> str:
+    """An operator token as the SDK's api_key: an unknown bearer is a 401 even in open mode."""
+    token: str = tokens.token_create(name="sdk", tenant_id="ops")["token"]
+    return token
+
+
+@pytest.fixture
+def client(web: str, api_key: str) -> Iterator[OpenAI]:
+    with OpenAI(base_url=web + "/v1", api_key=api_key, max_retries=0, timeout=30) as sdk:
         yield sdk
 
 
@@ -96,10 +104,13 @@ def test_sdk_streamed_tool_call_accumulates(client: OpenAI) -> None:
     assert deltas[0].function.name == "get_weather"
 
 
-def test_sdk_embeddings_default_base64_decode_to_the_float_vectors(client: OpenAI, web: str) -> None:
+def test_sdk_embeddings_default_base64_decode_to_the_float_vectors(client: OpenAI, web: str, api_key: str) -> None:
     texts = ["alpha beta", "gamma"]
     packed = client.embeddings.create(model="text-embedding-3-small", input=texts)  # the SDK asks for base64
-    floats = httpx.post(web + "/v1/embeddings", json={"input": texts, "encoding_format": "float"}).json()
+    bearer = {"Authorization": f"Bearer {api_key}"}  # the token ended open mode
+    floats = httpx.post(
+        web + "/v1/embeddings", json={"input": texts, "encoding_format": "float"}, headers=bearer
+    ).json()
     assert len(packed.data) == 2 and len(packed.data[0].embedding) == 384
     for got, want in zip(packed.data, floats["data"], strict=True):
         assert got.embedding == pytest.approx(want["embedding"], abs=1e-6)
@@ -118,14 +129,14 @@ def test_sdk_raises_status_errors_with_loomcycles_body(client: OpenAI) -> None:
     assert failed.value.status_code == 502 and failed.value.response.json()["code"] == "provider_call_failed"
 
 
-def test_langchain_invoke_stream_and_bind_tools(web: str) -> None:
-    llm = ChatOpenAI(base_url=web + "/v1", api_key="x", model="mock/mock-generic", max_retries=0)  # type: ignore[arg-type]
+def test_langchain_invoke_stream_and_bind_tools(web: str, api_key: str) -> None:
+    llm = ChatOpenAI(base_url=web + "/v1", api_key=api_key, model="mock/mock-generic", max_retries=0)  # type: ignore[arg-type]
     answer = llm.invoke("hi")
     assert isinstance(answer, AIMessage) and answer.content == "ok"
     chunks = list(llm.stream("hi"))
     assert "".join(str(c.content) for c in chunks) == "ok" and all(isinstance(c, AIMessageChunk) for c in chunks)
 
-    tool_llm = ChatOpenAI(base_url=web + "/v1", api_key="x", model=FIRST_TOOL_MODEL, max_retries=0)  # type: ignore[arg-type]
+    tool_llm = ChatOpenAI(base_url=web + "/v1", api_key=api_key, model=FIRST_TOOL_MODEL, max_retries=0)  # type: ignore[arg-type]
     tooled = tool_llm.bind_tools([GetWeather])
     question = HumanMessage("weather in Paris?")
     asked = tooled.invoke([question])

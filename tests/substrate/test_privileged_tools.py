@@ -14,12 +14,13 @@ import pytest
 from django.test import Client
 
 from apps.core.types import Principal
-from apps.runs import engine, services
-from apps.runs.models import TERMINAL, Run, RunEvent
+from apps.runs import services
+from apps.runs.models import Run, RunEvent
 from apps.runs.prompt import Segment
 from apps.substrate.kinds import get_kind
 from apps.substrate.models import AgentDef
 from apps.substrate.services import Author, def_create
+from tests.extend.test_hosttools import drive
 
 ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
 SHELL = {"provider": "mock", "model": "mock-script", "tools": ["Bash", "Read"]}
@@ -53,15 +54,6 @@ def test_a_tenant_may_define_a_bash_agent_only_when_listed(
     assert post(client, people["charlie"], body).status_code == 422  # beta is not listed
     listing(settings, "*")
     assert post(client, people["charlie"], body).status_code == 200
-
-
-def drive(run: Run) -> Run:
-    step = 0
-    while (row := Run.objects.get(id=run.id)).status not in TERMINAL:
-        engine.run_iterate(run_id=run.id, step=step)
-        step = Run.objects.get(id=run.id).step
-        assert step < 10, "the run did not finish"
-    return row
 
 
 def scripted(agent: str) -> Run:

@@ -65,7 +65,10 @@ def escape_attempts(web: str) -> list[dict[str, object]]:
         held("checkout", f"cat {settings.BASE_DIR}/manage.py"),
         held("env file", f"cat {settings.BASE_DIR}/.loomcycle.env"),
         held("web over loopback", f"bash -c 'echo > /dev/tcp/127.0.0.1/{port}'"),
-        held("internet", "bash -c 'echo > /dev/tcp/1.1.1.1/53'"),
+        # no interface but loopback: nothing to route by (no packet is sent to find out)
+        held("a network interface", "grep -v -e 'lo:' -e '|' /proc/net/dev | grep -q :"),
+        held("dev write", "touch /dev/lc-escape"),
+        held("shm past its cap", f"head -c {settings.LOOMCYCLE.bash_limit_file_bytes + 1} /dev/zero > /dev/shm/f"),
         held("system write", "touch /usr/bin/lc-escape"),
         held("shadow", "cat /etc/shadow"),
         held("nested user namespace", "unshare -Ur true"),

@@ -17,7 +17,8 @@ from __future__ import annotations
 from django.conf import settings
 
 from apps.core.errors import Forbidden
-from apps.core.types import OPERATOR_KEY_SCOPE, Principal
+from apps.core.scopes import OPERATOR_KEY
+from apps.core.types import Principal
 from apps.gateway.embedders import Embedder
 from apps.gateway.embedders.http import HttpEmbedder
 from apps.gateway.providers import Provider
@@ -37,7 +38,7 @@ def operator_key_check(principal: Principal, target: Provider | Embedder, target
     if spends_operator_key(target):
         raise Forbidden(
             f"{target_id} is called with the operator's key, which this token may not spend "
-            f"(it lacks the {OPERATOR_KEY_SCOPE} scope)",
+            f"(it lacks the {OPERATOR_KEY} scope)",
             code="operator_key_restricted",
-            details={"provider": target_id, "required_scope": OPERATOR_KEY_SCOPE},
+            details={"provider": target_id, "required_scope": OPERATOR_KEY},
         )

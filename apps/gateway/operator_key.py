@@ -10,7 +10,9 @@ not exist here, so such a principal has no keyed provider at all: 403
 `operator_key_restricted`. Off with LOOMCYCLE_OPERATOR_KEY_RESTRICTION=0.
 
 Runs are not gated here: a run's provider calls are the operator's agent
-definitions at work, and run creation has its own scope (runs:create)."""
+definitions at work, and run creation has its own scope (runs:create). Memory
+runs the same check for the embeddings it makes for a principal (REST, MCP;
+apps.memory.services.embed_one), never for a run's own Memory tool."""
 
 from __future__ import annotations
 

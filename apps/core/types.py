@@ -4,15 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ADMIN_SCOPE = "substrate:admin"
-TENANT_SCOPE = "substrate:tenant"
-USER_SCOPE = "substrate:user"
-OPERATOR_KEY_SCOPE = "providers:operator-key"
-
-
-def isolated_scopes(scopes: frozenset[str]) -> bool:
-    """An isolated member tops out at substrate:user (neither tenant nor admin)."""
-    return USER_SCOPE in scopes and TENANT_SCOPE not in scopes and ADMIN_SCOPE not in scopes
+from apps.core.scopes import ADMIN, OPERATOR_KEY, has_scope, isolated_scopes
 
 
 @dataclass(frozen=True)
@@ -27,12 +19,12 @@ class Principal:
 
     @property
     def is_admin(self) -> bool:
-        return ADMIN_SCOPE in self.scopes
+        return ADMIN in self.scopes
 
     @property
     def may_spend_operator_keys(self) -> bool:
-        """SPEC 2.1: providers:operator-key, held or implied (substrate:tenant and substrate:admin imply it)."""
-        return bool(self.scopes & {OPERATOR_KEY_SCOPE, TENANT_SCOPE, ADMIN_SCOPE})
+        """SPEC 2.1: providers:operator-key, held or implied (apps.core.scopes: tenant and admin imply it)."""
+        return has_scope(self.scopes, OPERATOR_KEY)
 
     @property
     def isolated(self) -> bool:

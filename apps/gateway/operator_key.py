@@ -10,14 +10,17 @@ not exist here, so such a principal has no keyed provider at all: 403
 `operator_key_restricted`. Off with LOOMCYCLE_OPERATOR_KEY_RESTRICTION=0.
 
 Runs are not gated here: a run's provider calls are the operator's agent
-definitions at work, and run creation has its own scope (runs:create)."""
+definitions at work, and run creation has its own scope (runs:create). Memory
+runs the same check for the embeddings it makes for a principal (REST, MCP;
+apps.memory.services.embed_one), never for a run's own Memory tool."""
 
 from __future__ import annotations
 
 from django.conf import settings
 
 from apps.core.errors import Forbidden
-from apps.core.types import OPERATOR_KEY_SCOPE, Principal
+from apps.core.scopes import OPERATOR_KEY
+from apps.core.types import Principal
 from apps.gateway.embedders import Embedder
 from apps.gateway.embedders.http import HttpEmbedder
 from apps.gateway.providers import Provider
@@ -37,7 +40,7 @@ def operator_key_check(principal: Principal, target: Provider | Embedder, target
     if spends_operator_key(target):
         raise Forbidden(
             f"{target_id} is called with the operator's key, which this token may not spend "
-            f"(it lacks the {OPERATOR_KEY_SCOPE} scope)",
+            f"(it lacks the {OPERATOR_KEY} scope)",
             code="operator_key_restricted",
-            details={"provider": target_id, "required_scope": OPERATOR_KEY_SCOPE},
+            details={"provider": target_id, "required_scope": OPERATOR_KEY},
         )

@@ -78,6 +78,7 @@ def _put(principal: Principal, scope: str, scope_id: str, key: str, body: Memory
         ttl_seconds=ttl,
         embed=body.embed is True or embed_q,
         embed_text=body.embed_text,
+        on_behalf_of=principal,
     )
     out: dict[str, Any] = {"scope": scope, "scope_id": slot.scope_id, "key": key, "embedded": result.embedded}
     if result.embed_warning:
@@ -115,7 +116,9 @@ def _search(principal: Principal, body: MemorySearchIn) -> dict[str, Any]:
         rank, dedup = selectors.search_options({"rank": body.rank, "dedup": body.dedup})
     except selectors.BadSearchOptions as exc:
         raise Invalid(str(exc), code="invalid_body") from exc
-    found = selectors.memory_search(slot=slot, query=body.query, top_k=body.top_k, rank=rank, dedup=dedup)
+    found = selectors.memory_search(
+        slot=slot, query=body.query, top_k=body.top_k, rank=rank, dedup=dedup, on_behalf_of=principal
+    )
     return {"scope": body.scope, "scope_id": slot.scope_id, **presenters.search_out(found)}
 
 

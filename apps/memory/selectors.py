@@ -145,13 +145,20 @@ def _dedup(hits: list[Hit], dedup: Dedup) -> list[Hit]:
 
 
 def memory_search(
-    *, slot: Slot, query: str, top_k: int = 10, rank: Rank | None = None, dedup: Dedup | None = None
+    *,
+    slot: Slot,
+    query: str,
+    top_k: int = 10,
+    rank: Rank | None = None,
+    dedup: Dedup | None = None,
+    on_behalf_of: Principal | None = None,
 ) -> SearchResult:
     """The `top_k` best live entries of the slot for `query`: the nearest by cosine
     (over-fetched), re-ranked by the hybrid score, deduplicated. Only vectors made
-    by the configured embedder take part. Raises EmbedderNotConfigured / EmbedFailed."""
+    by the configured embedder take part. Raises EmbedderNotConfigured / EmbedFailed,
+    or Forbidden when `on_behalf_of` may not spend the embedder's key (services.embed_one)."""
     rank, dedup = rank or Rank(), dedup or Dedup()
-    vector, embedder = embed_one(query)
+    vector, embedder = embed_one(query, on_behalf_of=on_behalf_of)
     pool = _pool(slot, vector, embedder.id, embedder.model, max(top_k * SEARCH_POOL_FACTOR, SEARCH_POOL_MIN))
     rows = {e.id: e for e in MemoryEntry.objects.filter(id__in=[row_id for row_id, _ in pool])}
     now = timezone.now()

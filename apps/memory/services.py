@@ -8,6 +8,11 @@ Invariants:
 - Writes to one slot take a transaction-scoped advisory lock on the slot, so
   the quota check and the write it guards cannot interleave with another
   writer's. No lock is held across an embedder call: vectors are computed first.
+- An embedding made for a principal (REST, the MCP server's memory tools:
+  `on_behalf_of`) spends the operator's embedder key only if that principal may
+  (apps.gateway.operator_key, as /v1/embeddings): else 403 `operator_key_restricted`,
+  before anything is written. A run's own Memory tool and the operator's hooks
+  embed for no principal and are not gated (runs are not: runs:create is theirs).
 - `incr` is one `INSERT ... ON CONFLICT DO UPDATE`: the increment happens in
   Postgres, so concurrent increments from any number of processes never lose
   an update.
@@ -26,8 +31,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.core.errors import Invalid, PayloadTooLarge
+from apps.core.types import Principal
 from apps.gateway.embedders import Embedder, EmbedError, get_embedder
 from apps.gateway.embeddings import EmbedderNotConfigured, EmbedFailed  # one definition of each code
+from apps.gateway.operator_key import operator_key_check
 from apps.memory.models import EMBEDDING_DIMENSIONS, MemoryEntry
 
 MAX_KEYS_PER_SCOPE = 1000  # SPEC 6.2: beyond this many keys the quota check refuses
@@ -88,9 +95,12 @@ def configured_embedder() -> Embedder:
     return embedder
 
 
-def embed_one(text: str) -> tuple[list[float], Embedder]:
-    """The configured embedder's vector for `text`; EmbedderNotConfigured or EmbedFailed."""
+def embed_one(text: str, *, on_behalf_of: Principal | None = None) -> tuple[list[float], Embedder]:
+    """The configured embedder's vector for `text`; EmbedderNotConfigured or EmbedFailed,
+    or Forbidden (403 operator_key_restricted) when `on_behalf_of` may not spend its key."""
     embedder = configured_embedder()
+    if on_behalf_of is not None:  # before the call: a refused principal spends nothing
+        operator_key_check(on_behalf_of, embedder, embedder.id)
     try:
         return embedder.embed([text])[0], embedder
     except EmbedError as exc:
@@ -158,17 +168,20 @@ def memory_set(
     embed: bool = False,
     embed_text: str | None = None,
     quota_bytes: int | None = None,
+    on_behalf_of: Principal | None = None,
 ) -> SetResult:
     """Write `value` under `key` (replacing it, live or expired). With `embed`, the
     value's text is embedded first; an embedder failure still writes the value,
-    unembedded, and says why in `embed_warning`."""
+    unembedded, and says why in `embed_warning`. A principal (`on_behalf_of`) that may
+    not spend the embedder's key is refused (403) and nothing is written."""
     size = _check_value(value)
     vector: list[float] | None = None
     embedder: Embedder | None = None
     warning: str | None = None
     if embed:
         try:
-            vector, embedder = embed_one(embed_text if embed_text is not None else embed_text_of(value))
+            text = embed_text if embed_text is not None else embed_text_of(value)
+            vector, embedder = embed_one(text, on_behalf_of=on_behalf_of)
         except (EmbedderNotConfigured, EmbedFailed) as exc:
             warning = f"{exc.code}: {exc.message}"
     expires_at = _expiry(ttl_seconds)

@@ -28,7 +28,8 @@ from django.views.decorators.http import require_POST
 
 from apps.core.errors import ApplicationError
 from apps.core.ids import IDENT_RE
-from apps.core.types import ADMIN_SCOPE, Principal
+from apps.core.scopes import ADMIN
+from apps.core.types import Principal
 from apps.gateway.selectors import UsageTotals, usage_totals_by_run
 from apps.runs import operations, selectors, services
 from apps.runs.fork import ForkRequest, run_fork
@@ -50,7 +51,7 @@ def operator(request: HttpRequest, tenant_id: str = "") -> Principal:
     """The admin user as a principal: the operator plane, every tenant (reads); `tenant_id`
     is the tenant it writes in (a fork belongs to its source's tenant)."""
     subject = f"admin:{request.user.get_username()}"
-    return Principal(tenant_id=tenant_id, subject=subject, scopes=frozenset({ADMIN_SCOPE}))
+    return Principal(tenant_id=tenant_id, subject=subject, scopes=frozenset({ADMIN}))
 
 
 class _DistinctFilter(admin.SimpleListFilter):

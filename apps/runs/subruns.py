@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -38,6 +38,9 @@ from apps.runs.resident_tool import OPS as RESIDENT_OPS
 from apps.runs.resident_tool import resident_execute
 from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
 from apps.runs.wake import run_answer
+
+if TYPE_CHECKING:
+    from apps.runs.services import RunCreate  # imported at call time below: services imports this module
 
 log = logging.getLogger("loomcycle.subruns")
 
@@ -136,30 +139,39 @@ def spawn_prepare(
     worker waits for a slot. The slot is given back when the child ends, or by
     `spawns_abandon` when the parent's step drops it (a slot leaked by a crash in
     between is freed by the reconcile sweep, as a top-level run's)."""
-    from apps.runs.services import RunCreate, run_resolve
+    from apps.runs.services import run_resolve
 
     if depth + 1 > MAX_DEPTH:
         raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
-    caller = run_caller_tools(parent_id) if parent_id else None
-    hosts = run_allowed_hosts_of(parent_id) if parent_id else []
-    data = RunCreate(
-        agent=request.agent,
-        segments=[Segment(text=request.prompt)],
-        user_id=user_id,
-        user_tier=user_tier,
-        tools=caller,
-        allowed_hosts=hosts,
-        parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
-        # True for a resident child (apps.runs.resident_tool) only: a spawn / parallel_spawn child
-        # must end and report, whatever its agent definition's `interactive` says.
-        interactive=interactive,
+    data = _child_create(
+        request=request, user_id=user_id, user_tier=user_tier, parent_id=parent_id, interactive=interactive
     )
     resolved = run_resolve(tenant_id=tenant_id, data=data)
     inherited = dict(credentials or {})
     run_id = new_run_id()
     fairness.run_slot_take(run_id=run_id, tenant_id=tenant_id, user_id=user_id)  # SlotRefused over a cap
     return Spawn(
-        call=call, request=request, resolved=resolved, caller_tools=caller, credentials=inherited, run_id=run_id
+        call=call, request=request, resolved=resolved, caller_tools=data.tools, credentials=inherited, run_id=run_id
+    )
+
+
+def _child_create(
+    *, request: SpawnRequest, user_id: str, user_tier: str | None, parent_id: str | None, interactive: bool
+) -> RunCreate:
+    """The child's create request: its own prompt, within its parent's caller narrowing and hosts."""
+    from apps.runs.services import RunCreate
+
+    return RunCreate(
+        agent=request.agent,
+        segments=[Segment(text=request.prompt)],
+        user_id=user_id,
+        user_tier=user_tier,
+        tools=run_caller_tools(parent_id) if parent_id else None,
+        allowed_hosts=run_allowed_hosts_of(parent_id) if parent_id else [],
+        parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
+        # True for a resident child (apps.runs.resident_tool) only: a spawn / parallel_spawn child
+        # must end and report, whatever its agent definition's `interactive` says.
+        interactive=interactive,
     )
 
 

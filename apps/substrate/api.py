@@ -22,7 +22,7 @@ from apps.core.errors import ApplicationError
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.substrate import selectors, services
-from apps.substrate.kinds import KINDS, Kind, Refused
+from apps.substrate.kinds import KINDS, REFUSALS, Kind, Refusal, refusal_details
 
 router = Router(tags=["substrate"])
 ADMIN_BODY_BYTES = 1024 * 1024
@@ -50,8 +50,8 @@ class ToolError(ApplicationError):
     404 `not_found` for an unknown (or another tenant's) def_id, 429
     `tenant_quota_exceeded` past a per-tenant count (apps.substrate.quotas)."""
 
-    def __init__(self, exc: Refused, tool: str) -> None:
-        super().__init__(exc.message, code=exc.code)
+    def __init__(self, exc: Refusal, tool: str) -> None:
+        super().__init__(exc.message, code=exc.code, details=refusal_details(exc))
         self.status = exc.status
         self.tool = tool
 
@@ -62,7 +62,7 @@ class ToolError(ApplicationError):
 def run_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
     try:
         return services.def_dispatch(kind, services.operator_author(principal), data)
-    except Refused as exc:
+    except REFUSALS as exc:
         raise ToolError(exc, kind.tool) from exc
     finally:
         connection.close()
@@ -77,7 +77,7 @@ async def arun_op(
     """An ASYNC_OPS op, refusals answered as run_op answers them."""
     try:
         return await op(kind, services.operator_author(principal), data)
-    except Refused as exc:
+    except REFUSALS as exc:
         raise ToolError(exc, kind.tool) from exc
 
 

@@ -28,25 +28,22 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from apps.core.errors import ApplicationError, Forbidden, Unauthorized
-from apps.core.types import Principal, isolated_scopes
+from apps.core.scopes import ADMIN as ADMIN
+from apps.core.scopes import ANY as ANY
+from apps.core.scopes import CHANNEL_PUBLISH as CHANNEL_PUBLISH
+from apps.core.scopes import CHANNEL_READ as CHANNEL_READ
+from apps.core.scopes import RUNS_CREATE as RUNS_CREATE
+from apps.core.scopes import RUNS_READ as RUNS_READ
+from apps.core.scopes import TENANT as TENANT
+from apps.core.scopes import has_scope as has_scope
+from apps.core.scopes import isolated_scopes
+from apps.core.types import Principal
 from apps.substrate import auth_cache
 from apps.substrate.openmode import credential_configured, open_mode_cached, remember_open_mode
 from apps.substrate.tokens import live_admin_token_exists, token_by_hash, token_hash
 
 log = logging.getLogger("loomcycle.auth")
 
-ADMIN = "substrate:admin"
-TENANT = "substrate:tenant"
-USER = "substrate:user"
-RUNS_CREATE = "runs:create"
-RUNS_READ = "runs:read"
-CHANNEL_PUBLISH = "channel:publish"
-CHANNEL_READ = "channel:read"
-OPERATOR_KEY = "providers:operator-key"
-ANY = ""  # any authenticated principal
-
-TENANT_IMPLIES = frozenset({TENANT, RUNS_CREATE, RUNS_READ, CHANNEL_PUBLISH, CHANNEL_READ, OPERATOR_KEY})
-USER_IMPLIES = frozenset({USER, RUNS_CREATE, RUNS_READ})
 MEMBER_SCOPES = frozenset({RUNS_CREATE, RUNS_READ, CHANNEL_PUBLISH, CHANNEL_READ})
 
 OPEN_PRINCIPAL = Principal(tenant_id="", subject="open-mode", scopes=frozenset({ADMIN}), open_mode=True)
@@ -142,12 +139,6 @@ def authenticate(token: str | None, client_addr: str | None) -> Principal:
 
 
 # --- scopes (SPEC 2.1) ------------------------------------------------------------------
-
-
-def has_scope(scopes: frozenset[str], want: str) -> bool:
-    if not want or want in scopes or ADMIN in scopes:
-        return True
-    return (TENANT in scopes and want in TENANT_IMPLIES) or (USER in scopes and want in USER_IMPLIES)
 
 
 _TENANT_DEF_KINDS = (

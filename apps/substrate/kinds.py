@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from apps.core.quotas import TenantQuotaExceeded
 from apps.gateway.resolver import validate_agent_routing
 from apps.substrate import hashing
 from apps.substrate.models import (
@@ -51,11 +52,16 @@ class RefusedNotFound(Refused):
     status, code = 404, "not_found"
 
 
-class RefusedQuota(Refused):
-    """The tenant holds as many definitions of this kind as the operator allows
-    (apps.substrate.quotas): 429 `tenant_quota_exceeded` over HTTP."""
+# What a def op refuses with: a Refused, or past a per-tenant count of names the one
+# quota error every counted resource raises (apps.core.quotas, via apps.substrate.quotas).
+# Every transport answers both alike: REST and MCP with the error's status, code and
+# details plus the tool's name, an agent's def tool with an `is_error` result.
+Refusal = Refused | TenantQuotaExceeded
+REFUSALS = (Refused, TenantQuotaExceeded)
 
-    status, code = 429, "tenant_quota_exceeded"
+
+def refusal_details(exc: Refusal) -> dict[str, Any]:
+    return dict(exc.details) if isinstance(exc, TenantQuotaExceeded) else {}
 
 
 def check_def_name(name: Any) -> str:

@@ -7,7 +7,8 @@ exempt: these guard the write paths (REST, MCP, agents' def tools), never
 - A name counts while it has a version that is not retired (retiring every
   version of a name gives its place back; versions are never deleted). A new
   name past LOOMCYCLE_TENANT_MAX_DEFINITIONS (ScheduleDef: also
-  LOOMCYCLE_TENANT_MAX_SCHEDULES) is RefusedQuota: 429 `tenant_quota_exceeded`.
+  LOOMCYCLE_TENANT_MAX_SCHEDULES) is apps.core.quotas' TenantQuotaExceeded, as for
+  channels and volumes: 429 `tenant_quota_exceeded`, `details: {resource, tenant_id, cap}`.
   New versions of a name the tenant already holds are not counted.
 - A ScheduleDef whose cron (or any `user_tier_schedules` entry) may fire twice
   within LOOMCYCLE_TENANT_SCHEDULE_MIN_PERIOD_SECONDS is refused: 422
@@ -25,9 +26,9 @@ from typing import Any
 
 from croniter import CroniterBadDateError, croniter
 from django.conf import settings
-from django.db import connection
 
-from apps.substrate.kinds import Kind, Refused, RefusedQuota
+from apps.core.quotas import tenant_count_check, tenant_count_lock
+from apps.substrate.kinds import Kind, Refused
 from apps.substrate.kinds_admin.schedule import cron_fields
 
 _WALK_FROM = datetime(2026, 1, 1, tzinfo=UTC)  # any fixed start: a cron's pattern repeats within a year
@@ -46,16 +47,17 @@ def check_new_name(kind: Kind, tenant_id: str) -> None:
     """Inside the write's transaction, before a tenant's first version of a name is
     inserted: refuse past the kind's cap. A tenant-wide lock (per kind) makes the count
     exact under concurrent creates of different names."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"defquota:{kind.key}:{tenant_id}"])
-    cap = name_cap(kind)
+    resource = f"{kind.tool} names"
+    tenant_count_lock(resource, tenant_id)  # the count and the insert are one decision
     held = kind.model._default_manager.filter(tenant_id=tenant_id, retired=False).values("name").distinct().count()
-    if held >= cap:
-        setting = "LOOMCYCLE_TENANT_MAX_SCHEDULES" if kind.key == "schedule" else "LOOMCYCLE_TENANT_MAX_DEFINITIONS"
-        raise RefusedQuota(
-            f"this tenant already holds {held} {kind.tool} names, the most it may ({setting}={cap}); "
-            "retire every version of one to free its place"
-        )
+    tenant_count_check(
+        resource=resource,
+        tenant_id=tenant_id,
+        held=held,
+        cap=name_cap(kind),
+        setting="LOOMCYCLE_TENANT_MAX_SCHEDULES" if kind.key == "schedule" else "LOOMCYCLE_TENANT_MAX_DEFINITIONS",
+        remedy="retire every version of one to free its place",
+    )
 
 
 def check_definition(kind: Kind, definition: dict[str, Any]) -> None:

@@ -22,7 +22,8 @@ from django.conf import settings
 from django.contrib.auth import get_user
 from django.db import connection
 
-from apps.core.types import ADMIN_SCOPE, Principal
+from apps.core.scopes import ADMIN
+from apps.core.types import Principal
 
 
 def same_origin(headers: dict[str, str]) -> bool:
@@ -56,6 +57,6 @@ def session_principal(headers: dict[str, str], *, permission: str) -> Principal 
         user = get_user(SimpleNamespace(session=session))  # type: ignore[arg-type]
         if not (user.is_active and user.is_staff and user.has_perm(permission)):
             return None
-        return Principal(tenant_id="", subject=f"admin:{user.get_username()}", scopes=frozenset({ADMIN_SCOPE}))
+        return Principal(tenant_id="", subject=f"admin:{user.get_username()}", scopes=frozenset({ADMIN}))
     finally:
         connection.close()

@@ -15,7 +15,7 @@ from django.db import close_old_connections, connection
 
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.substrate import services
-from apps.substrate.kinds import Kind, Refused, get_kind
+from apps.substrate.kinds import REFUSALS, Kind, get_kind
 from apps.substrate.selectors import agent_definition
 
 _SCHEMA: dict[str, Any] = {
@@ -60,7 +60,7 @@ def _make(kind_key: str, description: str) -> Tool:
         close_old_connections()
         try:
             out = services.def_dispatch(kind, _author(kind, ctx), data)
-        except Refused as exc:
+        except REFUSALS as exc:
             return ToolResult(exc.message, is_error=True)
         finally:
             connection.close()  # back to the pool: tools run on short-lived threads

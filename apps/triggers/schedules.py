@@ -42,7 +42,8 @@ from redis.exceptions import RedisError
 from apps.core.errors import ApplicationError, QuotaExhausted, RuntimePaused
 from apps.core.identity import ACT_AS_USER_SCOPE
 from apps.core.metrics import count_on_commit
-from apps.core.types import TENANT_SCOPE, Principal
+from apps.core.scopes import TENANT
+from apps.core.types import Principal
 from apps.runs.models import RuntimeStateValue
 from apps.runs.prompt import Segment
 from apps.runs.selectors import runtime_state
@@ -428,7 +429,7 @@ def schedule_principal(row: ScheduleDef) -> Principal:
     """Who a schedule's run is created as: the def's tenant (never anything
     else), naming the def's user_id."""
     return Principal(
-        tenant_id=row.tenant_id, subject=f"schedule:{row.name}", scopes=frozenset({TENANT_SCOPE, ACT_AS_USER_SCOPE})
+        tenant_id=row.tenant_id, subject=f"schedule:{row.name}", scopes=frozenset({TENANT, ACT_AS_USER_SCOPE})
     )
 
 

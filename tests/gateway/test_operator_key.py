@@ -5,15 +5,19 @@ which /v1/embeddings runs after choosing the embedder and before admitting the c
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import pytest
 
 from apps.core.errors import Forbidden
+from apps.core.scopes import ADMIN, CHANNEL_PUBLISH, CHANNEL_READ, OPERATOR_KEY, RUNS_CREATE, RUNS_READ, USER
+from apps.core.scopes import TENANT as TENANT_SCOPE
 from apps.core.types import Principal
 from apps.gateway.embedders.hashing import HashingEmbedder
 from apps.gateway.embedders.http import HttpEmbedderConfig, OpenAIEmbedder
 from apps.gateway.operator_key import operator_key_check
+from apps.substrate import auth
 
 MEMBER = Principal(tenant_id="acme", subject="m", scopes=frozenset({"runs:create", "runs:read"}))
 KEYHOLDER = Principal(tenant_id="acme", subject="k", scopes=frozenset({"runs:create", "providers:operator-key"}))
@@ -38,3 +42,12 @@ def test_keyless_embedders_stay_open_and_the_restriction_can_be_turned_off(setti
     operator_key_check(MEMBER, keyed(None), "openai")
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, operator_key_restriction=False)
     operator_key_check(MEMBER, keyed("sk-operator"), "openai")
+
+
+def test_the_restriction_reads_the_same_implication_table_as_the_route_gate() -> None:
+    """One rule (apps.core.scopes): whatever scope set a token holds, the gateway's
+    restriction and the route gate answer the same for providers:operator-key."""
+    names = [ADMIN, TENANT_SCOPE, USER, RUNS_CREATE, RUNS_READ, CHANNEL_PUBLISH, CHANNEL_READ, OPERATOR_KEY]
+    for held in (frozenset(c) for n in range(3) for c in itertools.combinations(names, n)):
+        principal = Principal(tenant_id="acme", subject="p", scopes=held)
+        assert principal.may_spend_operator_keys is auth.has_scope(held, OPERATOR_KEY), held

@@ -8,15 +8,19 @@ with its own code; the operator's yaml is exempt; other tenants are unaffected."
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import pytest
 from django.test import Client
 
+from apps.core.tools import ToolContext
 from apps.substrate import services as substrate
 from apps.substrate.kinds import get_kind
 from apps.substrate.models import ScheduleDef
 from apps.substrate.quotas import shortest_gap
+from apps.substrate.selectors import agent_def_resolve
+from apps.substrate.tools import AGENT_DEF_TOOL
 
 pytestmark = pytest.mark.usefixtures("agents")
 
@@ -61,6 +65,7 @@ def test_a_tenants_definition_name_past_its_cap_is_429_and_retiring_one_frees_it
     assert [r.status_code for r in made] == [200, 200, 200]
     refused = error(create(client, alice, "agent", "quota-3", AGENT), 429, "tenant_quota_exceeded")
     assert "LOOMCYCLE_TENANT_MAX_DEFINITIONS=3" in refused["error"] and refused["tool"] == "AgentDef"
+    assert refused["details"] == {"resource": "AgentDef names", "tenant_id": "acme", "cap": 3}  # as channels'
     new_version = create(client, alice, "agent", "quota-0", {**AGENT, "system_prompt": "v2"})
     assert new_version.status_code == 200 and new_version.json()["version"] == 2  # a held name is not counted again
     assert create(client, charlie, "agent", "quota-3", AGENT).status_code == 200  # another tenant has its own count
@@ -72,6 +77,33 @@ def test_a_tenants_definition_name_past_its_cap_is_429_and_retiring_one_frees_it
     [v1] = version_ids("quota-1")
     unretire = post(client, alice, "/v1/_agentdef", {"op": "retire", "def_id": v1, "retired": False})
     error(unretire, 429, "tenant_quota_exceeded")  # un-retiring takes a place again
+
+
+def test_an_agents_def_tool_past_the_cap_gets_an_is_error_result(
+    client: Client, people: dict[str, dict[str, str]], limits: Any
+) -> None:
+    limits(tenant_max_definitions=1)
+    author = {**AGENT, "tools": ["AgentDef"], "agent_def_scopes": ["any"]}
+    assert create(client, people["alice"], "agent", "quota-author", author).status_code == 200
+    row = agent_def_resolve(tenant_id="acme", name="quota-author")
+    context = ToolContext(
+        run_id="r_0000000000000001",
+        agent_id="a_0000000000000001",
+        session_id="s_0000000000000001",
+        tenant_id="acme",
+        user_id="u1",
+        agent_name="quota-author",
+        agent_def_id=row.id,
+        agent_def_sha256=row.content_sha256,
+        provider="mock",
+        model="mock-generic",
+        step=0,
+        call_id="c1",
+        tools=("AgentDef",),
+        cancelled=threading.Event(),
+    )
+    result = AGENT_DEF_TOOL.execute(context, {"op": "create", "name": "quota-child", "overlay": AGENT})
+    assert result.is_error is True and "LOOMCYCLE_TENANT_MAX_DEFINITIONS=1" in result.text, result.text
 
 
 def test_a_tenants_schedules_are_capped_and_may_not_fire_more_often_than_the_minimum(

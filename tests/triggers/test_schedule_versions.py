@@ -16,7 +16,8 @@ import redis
 
 from apps.core.errors import NotFound
 from apps.core.redis import sync_client
-from apps.core.types import TENANT_SCOPE, Principal
+from apps.core.scopes import TENANT
+from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.fairness import FairnessUnavailable
 from apps.runs.models import Run, RuntimeState, RuntimeStateValue
@@ -34,8 +35,8 @@ from workers.queues import MAINTENANCE
 
 KIND = get_kind("schedule")
 ACME = substrate.Author(tenant_id="acme", subject="ops")
-ACME_OPS = Principal(tenant_id="acme", subject="ops", scopes=frozenset({TENANT_SCOPE}))
-GLOBEX_OPS = Principal(tenant_id="globex", subject="ops", scopes=frozenset({TENANT_SCOPE}))
+ACME_OPS = Principal(tenant_id="acme", subject="ops", scopes=frozenset({TENANT}))
+GLOBEX_OPS = Principal(tenant_id="globex", subject="ops", scopes=frozenset({TENANT}))
 T0 = datetime(2026, 11, 24, 12, 0, 30, tzinfo=UTC)
 SCRIPT = 'Run it. MOCK_SCRIPT: [{"text": "done"}]'
 NY = "America/New_York"

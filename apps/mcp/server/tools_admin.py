@@ -22,7 +22,7 @@ from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
 from apps.substrate import services as substrate
 from apps.substrate.auth import ADMIN, TENANT
-from apps.substrate.kinds import Kind, Refused, get_kind
+from apps.substrate.kinds import REFUSALS, Kind, Refusal, get_kind, refusal_details
 
 
 class DefOpArgs(Args):
@@ -45,15 +45,15 @@ class DefRefused(ApplicationError):
     """A def op's refusal, naming the tool, with the refusal's status and code as over REST:
     422 `tool_refused` (or its own code), 404 `not_found`, 429 `tenant_quota_exceeded`."""
 
-    def __init__(self, exc: Refused, tool: str) -> None:
-        super().__init__(exc.message, code=exc.code, details={"tool": tool})
+    def __init__(self, exc: Refusal, tool: str) -> None:
+        super().__init__(exc.message, code=exc.code, details={**refusal_details(exc), "tool": tool})
         self.status = exc.status
 
 
 def _def_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
     try:
         return substrate.def_dispatch(kind, substrate.operator_author(principal), data)
-    except Refused as exc:
+    except REFUSALS as exc:
         raise DefRefused(exc, kind.tool) from exc
 
 

@@ -73,6 +73,7 @@ def _memory_set(principal: Principal, args: MemorySetArgs) -> dict[str, Any]:
         ttl_seconds=args.ttl_seconds,
         embed=args.embed,
         embed_text=args.embed_text,
+        on_behalf_of=principal,
     )
     out: dict[str, Any] = {"scope": args.scope, "scope_id": slot.scope_id, "key": args.key}
     out["embedded"] = result.embedded
@@ -89,7 +90,9 @@ def _memory_search(principal: Principal, args: MemorySearchArgs) -> dict[str, An
         rank, dedup = memory_selectors.search_options({"rank": args.rank, "dedup": args.dedup})
     except memory_selectors.BadSearchOptions as exc:
         raise Invalid(str(exc), code="invalid_body") from exc
-    found = memory_selectors.memory_search(slot=slot, query=args.query, top_k=args.top_k, rank=rank, dedup=dedup)
+    found = memory_selectors.memory_search(
+        slot=slot, query=args.query, top_k=args.top_k, rank=rank, dedup=dedup, on_behalf_of=principal
+    )
     return {"scope": args.scope, "scope_id": slot.scope_id, **memory_presenters.search_out(found)}
 
 

@@ -41,7 +41,8 @@ from apps.core.http import loads_checked
 from apps.core.identity import ACT_AS_USER_SCOPE
 from apps.core.metrics import count_on_commit
 from apps.core.redis import sync_client
-from apps.core.types import ADMIN_SCOPE, Principal
+from apps.core.scopes import ADMIN
+from apps.core.types import Principal
 from apps.runs.prompt import Segment
 from apps.runs.services import RunCreate, run_create
 from apps.triggers.metrics import WEBHOOK_DELIVERIES
@@ -214,7 +215,7 @@ def delivery_publish(*, hook: Hook, delivery_id: str, body: bytes, signed: str =
     `_system`) with its `first` row in one transaction."""
     channel = str(hook.definition["channel"])
     value = channel_value(body)
-    principal = Principal(tenant_id=hook.run_tenant, subject=PUBLISHER, scopes=frozenset({ADMIN_SCOPE}))
+    principal = Principal(tenant_id=hook.run_tenant, subject=PUBLISHER, scopes=frozenset({ADMIN}))
     try:
         stream, declared = admin_stream(principal, channel)
         with transaction.atomic():

@@ -34,6 +34,7 @@ from apps.channels.schemas import (
 from apps.channels.streams import Stream, bell, check_cursor
 from apps.core.errors import Invalid
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
+from apps.core.numbers import parse_count
 from apps.core.types import Principal
 from apps.substrate.models import ChannelDef
 
@@ -102,10 +103,10 @@ def _peek(stream: Stream, from_cursor: str | None, max_raw: str | None) -> dict[
 def _query_max(raw: str | None) -> int:
     if raw is None or raw == "":
         return selectors.clamp_max(None)
-    try:
-        return selectors.clamp_max(int(raw))
-    except ValueError as exc:
-        raise Invalid("max_messages must be an integer", code="invalid_max_messages") from exc
+    value = parse_count(raw)
+    if value is None:
+        raise Invalid("max_messages must be a non-negative integer", code="invalid_max_messages")
+    return selectors.clamp_max(value)
 
 
 def _query_cursor(request: HttpRequest) -> str | None:

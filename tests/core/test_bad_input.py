@@ -207,6 +207,7 @@ def bad_number_probes(http: httpx.Client, run_id: str, raw: str) -> None:
         f"/v1/runs/{run_id}/stream?from_seq={raw}",
         f"/v1/_memory/scopes/user/u1/keys?limit={raw}",
         f"/v1/_snapshots?limit={raw}",
+        f"/v1/users/u1/channels/nothing/peek?max_messages={raw}",
     ):
         status, ctype = status_of(http, path)
         assert 400 <= status < 500 or status == 200, (path, raw, status)

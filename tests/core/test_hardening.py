@@ -32,4 +32,3 @@ def test_each_process_up_starts_makes_itself_non_dumpable(entry: str) -> None:
     env.update(DJANGO_SETTINGS_MODULE="loomcycle_project.settings", PYTHONPATH=str(ROOT), LC_ENTRY=entry)
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "not dumpable", out.stderr[-2000:]
-

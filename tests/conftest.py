@@ -118,7 +118,9 @@ def stack_env(django_db_setup: None) -> dict[str, str]:
         "LOOMCYCLE_HTTP_HOST_ALLOWLIST": "localhost,127.0.0.1,example.com",
         "LOOMCYCLE_HTTP_PRIVATE_HOST_ALLOWLIST": "localhost",
     }
-    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **network}
+    # The tenancy matrix's tenant webhook signs with this variable, which acme is given.
+    credentials = {"LOOMCYCLE_TENANT_CREDENTIAL_ENV": "acme:LOOMCYCLE_WH_SECRET"}
+    return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **network, **credentials}
 
 
 @pytest.fixture(scope="session")

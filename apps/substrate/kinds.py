@@ -225,7 +225,8 @@ class Kind:
     yaml_key: str = ""  # top-level loomcycle.yaml block
     tools_field: str | None = None  # field holding a tool list that may narrow, never widen
     secret_fields: tuple[str, ...] = ()  # string maps holding `${NAME}` references or secret values
-    credential_env_fields: tuple[str, ...] = ()  # string maps {credential: ENV_VAR} read when a trigger fires
+    # Environment names a trigger reads when it fires: a {credential: ENV_VAR} map, or `a.b`, one name.
+    credential_env_fields: tuple[str, ...] = ()
 
 
 KINDS: dict[str, Kind] = {}

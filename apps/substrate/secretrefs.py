@@ -42,20 +42,30 @@ def check_tenant_refs(tenant_id: str, name: str, fields: dict[str, Any]) -> None
 
 def check_definition(kind: Kind, tenant_id: str, name: str, definition: dict[str, Any]) -> None:
     check_tenant_refs(tenant_id, name, {f: definition.get(f) for f in kind.secret_fields})
-    check_tenant_credential_env(tenant_id, name, {f: definition.get(f) for f in kind.credential_env_fields})
+    if tenant_id:  # the shared tenant's rows: checked by name when the trigger fires
+        names = {k: v for field in kind.credential_env_fields for k, v in _env_names(definition, field).items()}
+        check_tenant_credential_env(tenant_id, name, names)
 
 
-def check_tenant_credential_env(tenant_id: str, name: str, fields: dict[str, Any]) -> None:
-    """Refuse a tenant-owned trigger row whose credentials name a variable the operator
+def _env_names(definition: dict[str, Any], field: str) -> dict[str, str]:
+    """{where: VARIABLE} of one `Kind.credential_env_fields` entry: a map's values, or `a.b`."""
+    head, _, leaf = field.partition(".")
+    value = definition.get(head)
+    if not isinstance(value, dict):
+        return {}
+    if not leaf:
+        return {f"{head}.{k}": str(v) for k, v in value.items()}
+    return {field: value[leaf]} if isinstance(value.get(leaf), str) and value[leaf] else {}
+
+
+def check_tenant_credential_env(tenant_id: str, name: str, names: dict[str, str]) -> None:
+    """Refuse a tenant-owned trigger row naming ({where: VARIABLE}) a variable the operator
     has not listed for that tenant (apps.core.secrets.credential_env_refusal)."""
-    if not tenant_id:
-        return  # the shared tenant's rows: checked by name when the trigger fires
-    for field, value in fields.items():
-        for key, variable in (value or {}).items():
-            allowlist = settings.LOOMCYCLE.tenant_credential_env
-            refusal = credential_env_refusal(str(variable), tenant_id=tenant_id, tenant_allowlist=allowlist)
-            if refusal:
-                raise Refused(f"{name!r}: {field}.{key}: {refusal}")
+    allowlist = settings.LOOMCYCLE.tenant_credential_env
+    for where, variable in names.items():
+        refusal = credential_env_refusal(variable, tenant_id=tenant_id, tenant_allowlist=allowlist)
+        if refusal:
+            raise Refused(f"{name!r}: {where}: {refusal}")
 
 
 # Literal text a reader may see beside a reference: an auth scheme word, never a secret.

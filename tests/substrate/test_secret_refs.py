@@ -162,6 +162,18 @@ SCHEDULE = {"agent": "echo", "schedule": "*/15 * * * *", "prompt": "p"}
         ("schedule", {**SCHEDULE, "user_credentials_from_env": {"t": "LOOMCYCLE_TOKEN"}}, OPS, "is one of"),
         (
             "webhook",
+            {"agent": "echo", "auth": {"signing_secret_env": "LOOMCYCLE_OTHER_TENANT_WH_SECRET"}},
+            ACME,
+            "LOOMCYCLE_TENANT_CREDENTIAL_ENV",
+        ),
+        (
+            "webhook",
+            {"agent": "echo", "auth": {"kind": "bearer", "bearer_token_env": "LOOMCYCLE_OTHER_TENANT_BEARER"}},
+            ACME,
+            "LOOMCYCLE_TENANT_CREDENTIAL_ENV",
+        ),
+        (
+            "webhook",
             {
                 "agent": "echo",
                 "auth": {"kind": "bearer", "bearer_token_env": "LOOMCYCLE_WH_BEARER"},

@@ -132,6 +132,34 @@ def test_secrets_come_only_from_allowlisted_non_empty_env_names(hook_webs: list[
         assert "NOT_ALLOWED" not in resp.text and verdicts(name) == [Verdict.UNRESOLVABLE_SECRET]
 
 
+def test_a_tenants_webhook_resolves_only_the_secrets_listed_for_its_tenant(
+    hook_webs: list[str], stack: Any, settings: Any
+) -> None:
+    """The web processes give acme LOOMCYCLE_WH_SECRET only (tests/conftest.py stack_env). A row
+    naming another variable, written where the rule let it (here: this process's settings), is
+    refused when a delivery comes: another tenant's secret never verifies acme's deliveries."""
+    import dataclasses
+
+    from apps.substrate.kinds import get_kind
+    from apps.substrate.services import Author, def_dispatch
+
+    settings.LOOMCYCLE = dataclasses.replace(
+        settings.LOOMCYCLE, tenant_credential_env={"acme": ("LOOMCYCLE_WH_SECRET", "LOOMCYCLE_WH_BEARER")}
+    )
+    acme = Author(tenant_id="acme", subject="ops")
+    for name, auth in (
+        ("acme-signed", {"signing_secret_env": "LOOMCYCLE_WH_SECRET"}),
+        ("acme-bearer", {"kind": "bearer", "bearer_token_env": "LOOMCYCLE_WH_BEARER"}),
+    ):
+        def_dispatch(
+            get_kind("webhook"), acme, {"op": "create", "name": name, "overlay": {"agent": "echo", "auth": auth}}
+        )
+    body = payload(x=1)
+    assert post(hook_webs[0], "acme/acme-signed", body, github(body)).status_code == 202
+    refused = post(hook_webs[0], "acme/acme-bearer", body, {"Authorization": f"Bearer {BEARER}"})
+    assert (refused.status_code, refused.json()["code"]) == (503, "secret_unresolvable")
+
+
 # --- body, mapping --------------------------------------------------------------------
 
 

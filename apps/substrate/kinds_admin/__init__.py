@@ -67,7 +67,7 @@ register(
         content_hash=None,
         fork_promotes=True,
         yaml_key="webhooks",
-        credential_env_fields=("user_credentials_from_env",),
+        credential_env_fields=("user_credentials_from_env", "auth.signing_secret_env", "auth.bearer_token_env"),
     )
 )
 

@@ -184,7 +184,7 @@ def webhook_receive(incoming: Incoming) -> Accepted:
     try:
         hook = lookup(incoming.tenant, incoming.name)
         body = read_body(incoming, int(hook.definition.get("body_size_limit_bytes") or DEFAULT_BODY_LIMIT))
-        verify(hook.definition.get("auth") or {}, incoming.headers, body)  # before anything parses the body
+        verify(hook.definition.get("auth") or {}, incoming.headers, body, owner=hook.owner)  # before any parse
         delivery_id = delivery_id_of(hook, incoming.headers, body)
         return _deliver(hook, incoming, body, delivery_id)
     except DisabledWebhook as exc:
@@ -234,10 +234,10 @@ def webhook_dry_run(*, tenant: str, name: str, body: bytes) -> dict[str, Any]:
         )
         auth = d.get("auth") or {}
         if auth.get("kind") == "none":
-            verify(auth, {}, body)  # refused unless unauthenticated mode is on
+            verify(auth, {}, body, owner=hook.owner)  # refused unless unauthenticated mode is on
         for field in ("signing_secret_env", "bearer_token_env"):
             if auth.get(field):
-                resolve_secret(str(auth[field]))
+                resolve_secret(str(auth[field]), owner=hook.owner)
         if d.get("delivery", "spawn") == "spawn":
             mapped = map_payload(body, d.get("payload_mapping"))
             preview |= _preview(mapped)

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.core.secrets import key_from_env, name_refusal
+from apps.core.secrets import credential_env_refusal, key_from_env
 from apps.triggers.webhooks.errors import SecretUnresolvable, SignatureRefused, UnauthenticatedModeDisabled
 
 STRIPE_TOLERANCE_S = 300
@@ -98,16 +98,21 @@ def check_bearer(secret: str, value: str | None, *, scheme: bool) -> Check:
     return Check.OK if _same(expected, value.strip()) else Check.MISMATCH
 
 
-def secret_env_allowed(name: str) -> bool:
-    """Allowlisted (LOOMCYCLE_* or LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST) and never an infrastructure secret."""
-    if name_refusal(name, runtime=False) is not None:
-        return False
-    return name.startswith("LOOMCYCLE_") or name in settings.LOOMCYCLE.webhooks_env_allowlist
+def secret_env_allowed(name: str, *, owner: str) -> bool:
+    """Never an infrastructure secret; for a shared webhook `LOOMCYCLE_*` or
+    LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST, for a tenant's own (`owner`) only what
+    LOOMCYCLE_TENANT_CREDENTIAL_ENV lists for it (another tenant's secret would let its
+    signed deliveries start this tenant's runs)."""
+    conf = settings.LOOMCYCLE
+    refusal = credential_env_refusal(
+        name, tenant_id=owner, tenant_allowlist=conf.tenant_credential_env, shared_allowlist=conf.webhooks_env_allowlist
+    )
+    return refusal is None
 
 
-def resolve_secret(name: str) -> str:
+def resolve_secret(name: str, *, owner: str) -> str:
     """The secret's value; SecretUnresolvable when the name is not allowed or the variable is unset/empty."""
-    if not secret_env_allowed(name):
+    if not secret_env_allowed(name, owner=owner):
         raise SecretUnresolvable("webhook secret is not resolvable").with_detail(
             f"secret env {name} is not allowlisted"
         )
@@ -135,19 +140,19 @@ def signed_digest(auth: Mapping[str, Any], headers: Mapping[str, str], body: byt
     return hashlib.sha256(signed).hexdigest()
 
 
-def verify(auth: Mapping[str, Any], headers: Mapping[str, str], body: bytes) -> None:
-    """Raise unless `body` is authentic under `auth` (headers lower-cased)."""
+def verify(auth: Mapping[str, Any], headers: Mapping[str, str], body: bytes, *, owner: str) -> None:
+    """Raise unless `body` is authentic under `auth` (headers lower-cased) of a webhook `owner` owns."""
     kind = auth.get("kind", "hmac")
     if kind == "none":
         if not settings.LOOMCYCLE.webhooks_allow_unauthenticated:
             raise UnauthenticatedModeDisabled("unauthenticated webhooks are disabled on this runtime")
         return
     if kind == "bearer":
-        secret = resolve_secret(str(auth["bearer_token_env"]))
+        secret = resolve_secret(str(auth["bearer_token_env"]), owner=owner)
         custom = str(auth.get("header") or "").lower()
         result = check_bearer(secret, headers.get(custom or "authorization"), scheme=not custom)
     else:
-        secret = resolve_secret(str(auth["signing_secret_env"]))
+        secret = resolve_secret(str(auth["signing_secret_env"]), owner=owner)
         value = _signature_header(auth, headers)
         result = check_hmac(secret.encode(), body, value, fmt=auth.get("format"))
     if result is not Check.OK:

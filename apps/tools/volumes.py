@@ -34,6 +34,7 @@ from apps.core.config import runtime_config
 from apps.core.errors import Conflict, Invalid
 from apps.core.tools import ToolContext, VolumeBinding
 from apps.tools import errors
+from apps.tools.volume_places import check_apart, check_private
 
 log = logging.getLogger("loomcycle.tools")
 
@@ -104,7 +105,7 @@ def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolu
     holds every tenant's dynamic volumes and every run's ephemeral ones. A bindable
     entry whose path contains the volumes root or sits inside it is refused (it would
     reach those directories too), and so is one that reaches the runtime's own places
-    (`_check_private`)."""
+    (apps.tools.volume_places)."""
     config = runtime_config() if config is None else config
     block = config.get("volumes") or {}
     if not isinstance(block, dict):
@@ -114,47 +115,9 @@ def static_volumes(config: dict[str, Any] | None = None) -> dict[str, StaticVolu
     root = volumes_root(config)
     for volume in bindable.values():
         if root is not None:
-            _check_apart(volume, Path(os.path.realpath(root)))
-        _check_private(volume)
+            check_apart(volume.name, volume.path, Path(os.path.realpath(root)))
+        check_private(volume.name, volume.path)
     return bindable
-
-
-# Entries of the data directory that the runtime itself keeps (embedded Postgres and Redis,
-# instance secrets): a volume inside the data directory must be a folder of its own.
-_DATA_DIR_PRIVATE = frozenset({"pg", "redis", "secrets.json"})
-
-
-def _check_private(volume: StaticVolume) -> None:
-    """Refuse a static volume that reaches the data directory's own entries (secrets.json, pg/,
-    redis/) or the checkout (the code, .loomcycle.env): one that is or contains either, sits
-    inside the checkout outside the data directory, or inside one of those entries."""
-    real = Path(os.path.realpath(volume.path))
-    data = Path(os.path.realpath(settings.LOOMCYCLE.data_dir or settings.BASE_DIR / ".loomcycle"))
-    checkout = Path(os.path.realpath(settings.BASE_DIR))
-    for place, what in ((data, "the data directory (secrets.json, pg/, redis/)"), (checkout, "the checkout")):
-        if real == place or real in place.parents:
-            raise Invalid(f"volumes.{volume.name}: path {volume.path} contains {what}", code="config_invalid")
-    inside_data = data in real.parents
-    if inside_data and real.relative_to(data).parts[0] in _DATA_DIR_PRIVATE:
-        raise Invalid(
-            f"volumes.{volume.name}: path {volume.path} is inside the runtime's own "
-            f"{data / real.relative_to(data).parts[0]}",
-            code="config_invalid",
-        )
-    if checkout in real.parents and not inside_data:
-        raise Invalid(
-            f"volumes.{volume.name}: path {volume.path} is inside the checkout {checkout}", code="config_invalid"
-        )
-
-
-def _check_apart(volume: StaticVolume, real_root: Path) -> None:
-    real = Path(os.path.realpath(volume.path))
-    if real == real_root or real_root in real.parents or real in real_root.parents:
-        raise Invalid(
-            f"volumes.{volume.name}: path {volume.path} overlaps the volumes root {real_root} "
-            "(dynamic and ephemeral volumes of every tenant live there)",
-            code="config_invalid",
-        )
 
 
 NO_ROOT = (

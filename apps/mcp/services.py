@@ -7,9 +7,10 @@ Invariants:
 - discovery runs at registration (MCPServerDef create/fork with `discover`, default
   true), on `rediscover`, for yaml servers at boot, and when a server says its
   list changed; runs never trigger it (a run offers what the cache holds). Over
-  REST (an async route) create, fork and rediscover are the `a*` twins: the answer
-  still carries the discovery, but its wait is awaited on the event loop, so a
-  slow or hostile server holds none of the web process's threads;
+  an async transport (REST, the MCP server's `mcpserverdef`, both through
+  substrate's `def_dispatch_async`) create, fork and rediscover are the `a*` twins:
+  the answer still carries the discovery, but its wait is awaited on the event
+  loop, so a slow or hostile server holds none of the web process's threads;
 - an MCP call or a discovery holds no DB connection while it waits for the server
   (unless its caller is inside a transaction);
 - every failure of a call is the caller's error result, with run credentials redacted.

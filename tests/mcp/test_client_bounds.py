@@ -11,13 +11,14 @@ import dataclasses
 import json
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from mcp.client import Client
 
 from apps.core.types import Principal
 from apps.runs import services as run_services
@@ -26,6 +27,7 @@ from apps.runs.prompt import Segment
 from tests.conftest import daphne, wait_for, wait_status
 from tests.mcp.conftest import mcpserver_op
 from tests.mcp.servers import Hostile, gzip_bomb, hostile_serving
+from tests.mcp.test_server import call, over_http
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "mcp_net")
@@ -115,27 +117,56 @@ def two_thread_web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
         yield base
 
 
-def test_discovery_over_rest_holds_none_of_the_web_processes_threads(
-    two_thread_web: str, hostile: tuple[int, Hostile], server: Hostile, people: dict[str, dict[str, str]]
+Register = Callable[[str, dict[str, str], dict[str, Any]], dict[str, Any]]
+
+
+def _over_rest(base: str, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    answer = httpx.post(f"{base}/v1/_mcpserverdef", headers=headers, json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    out: dict[str, Any] = answer.json()
+    return out
+
+
+def _over_mcp(base: str, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    """The `mcpserverdef` tool of the web process's MCP server (`/v1/_mcp`), with the SDK's client."""
+
+    async def work(client: Client) -> tuple[bool, dict[str, Any]]:
+        return await call(client, "mcpserverdef", body)
+
+    error, out = over_http(base, headers, work)
+    assert not error, out
+    return out
+
+
+def _slow_registrations_leave_a_thread_free(
+    base: str, port: int, server: Hostile, headers: dict[str, str], register: Register, prefix: str
 ) -> None:
     """Six registrations whose server takes 3 s to list its tools, on a web process with 2
     executor threads: if each discovery held a thread, a request needing one (the def names)
     would queue behind them for 3 s or more; awaited on the event loop, it answers at once,
     and every registration still answers with its discovery."""
     server.mode, server.method, server.delay = "slow", "tools/list", 3.0
-    alice = people["alice"]
-    httpx.get(f"{two_thread_web}/v1/_agentdef/names", headers=alice, timeout=30)  # alice's token now cached
-
-    def register(i: int) -> httpx.Response:
-        body = {"op": "create", "name": f"slow-{i}", "overlay": _overlay(hostile[0])}
-        return httpx.post(f"{two_thread_web}/v1/_mcpserverdef", headers=alice, json=body, timeout=60)
-
+    httpx.get(f"{base}/v1/_agentdef/names", headers=headers, timeout=30)  # the token now cached
+    bodies = [{"op": "create", "name": f"{prefix}-{i}", "overlay": _overlay(port)} for i in range(6)]
     with ThreadPoolExecutor(max_workers=6) as pool:
-        answers = [pool.submit(register, i) for i in range(6)]
+        answers = [pool.submit(register, base, headers, body) for body in bodies]
         wait_for(lambda: server.answered.count("slow") >= 2, timeout=30)  # discoveries under way
         started = time.monotonic()
-        names = httpx.get(f"{two_thread_web}/v1/_agentdef/names", headers=alice, timeout=30)
+        names = httpx.get(f"{base}/v1/_agentdef/names", headers=headers, timeout=30)
         waited = time.monotonic() - started
         created = [a.result(timeout=60) for a in answers]
     assert names.status_code == 200 and waited < 1.5, waited
-    assert all(c.status_code == 200 and c.json()["discovery"]["ok"] for c in created), [c.text for c in created]
+    assert all(c["discovery"]["ok"] for c in created), created
+
+
+def test_discovery_over_rest_holds_none_of_the_web_processes_threads(
+    two_thread_web: str, hostile: tuple[int, Hostile], server: Hostile, people: dict[str, dict[str, str]]
+) -> None:
+    _slow_registrations_leave_a_thread_free(two_thread_web, hostile[0], server, people["alice"], _over_rest, "slow")
+
+
+def test_discovery_over_the_mcp_server_holds_none_of_the_web_processes_threads(
+    two_thread_web: str, hostile: tuple[int, Hostile], server: Hostile, people: dict[str, dict[str, str]]
+) -> None:
+    """The same over `/v1/_mcp`: its `mcpserverdef` tool awaits the same service entry as REST."""
+    _slow_registrations_leave_a_thread_free(two_thread_web, hostile[0], server, people["alice"], _over_mcp, "slow-mcp")

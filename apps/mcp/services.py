@@ -35,6 +35,7 @@ from apps.core.tools import ToolRefusal
 from apps.mcp import selectors
 from apps.mcp.client import calls
 from apps.mcp.client.servers import ServerSpec, run_host_refusal, server_spec
+from apps.mcp.client.sessions import MAX_TOOLS
 from apps.mcp.models import DiscoveredTools
 from apps.substrate import services as substrate_services
 from apps.substrate.kinds import Kind, Refused, RefusedNotFound
@@ -45,7 +46,6 @@ log = logging.getLogger("loomcycle.mcp")
 T = TypeVar("T")
 
 
-MAX_TOOLS = 256  # tools kept of one server's list
 MAX_DESCRIPTION_CHARS = 8 * 1024
 MAX_SCHEMA_CHARS = 64 * 1024  # an input schema larger than this (as JSON) is replaced
 MAX_ERROR_CHARS = 4 * 1024

@@ -21,6 +21,7 @@ import pytest
 from mcp.client import Client
 
 from apps.core.types import Principal
+from apps.mcp.client.sessions import MAX_LIST_PAGES, MAX_TOOLS
 from apps.runs import services as run_services
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.prompt import Segment
@@ -81,6 +82,34 @@ def test_discovery_refuses_a_reply_it_must_not_read(
     assert server.answered == [mode]
     assert server.encodings and set(server.encodings) == {"identity"}  # it never asked for a compressed reply
     assert _peak_rss_bytes() - peak < 64 * 1024 * 1024  # the bomb was never inflated
+
+
+def test_a_server_that_pages_tools_list_forever_fails_discovery_after_the_page_cap(
+    hostile: tuple[int, Hostile], server: Hostile, mcp_net: Any
+) -> None:
+    """Empty pages, each with a next cursor: read up to MAX_LIST_PAGES, then the discovery
+    fails naming the cap (before: read until the discovery timeout, memory growing)."""
+    mcp_net.LOOMCYCLE = dataclasses.replace(mcp_net.LOOMCYCLE, mcp_discovery_timeout_seconds=20.0)
+    server.mode, server.method, server.size = "paging", "tools/list", 0
+    started = time.monotonic()
+    created = mcpserver_op("acme", {"op": "create", "name": "endless", "overlay": _overlay(hostile[0])})
+    discovery = created["discovery"]
+    assert discovery["ok"] is False, discovery
+    assert f"still paging tools/list after {MAX_LIST_PAGES} pages" in discovery["error"], discovery
+    assert server.answered == ["paging"] * MAX_LIST_PAGES
+    assert time.monotonic() - started < 10  # ended by the cap, not by the 20 s discovery timeout
+
+
+def test_a_server_that_pages_tools_forever_is_read_up_to_max_tools_and_no_further(
+    hostile: tuple[int, Hostile], server: Hostile
+) -> None:
+    """Pages of 100 tools without end: reading stops at MAX_TOOLS (3 pages), the first kept."""
+    server.mode, server.method, server.size = "paging", "tools/list", 100
+    created = mcpserver_op("acme", {"op": "create", "name": "endless-tools", "overlay": _overlay(hostile[0])})
+    discovery = created["discovery"]
+    assert discovery["ok"] is True, discovery
+    assert len(discovery["tools"]) == MAX_TOOLS and discovery["tools"][:2] == ["p0_0", "p0_1"]
+    assert server.answered == ["paging"] * 3
 
 
 def _call_echo(name: str) -> dict[str, Any]:

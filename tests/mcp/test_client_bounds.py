@@ -7,6 +7,7 @@ none of the web process's threads."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import resource
@@ -21,6 +22,9 @@ import pytest
 from mcp.client import Client
 
 from apps.core.types import Principal
+from apps.mcp import selectors as mcp_selectors
+from apps.mcp.client import calls
+from apps.mcp.client.servers import server_spec
 from apps.mcp.client.sessions import MAX_LIST_PAGES, MAX_TOOLS
 from apps.runs import services as run_services
 from apps.runs.models import RunEvent, RunStatus
@@ -110,6 +114,24 @@ def test_a_server_that_pages_tools_forever_is_read_up_to_max_tools_and_no_furthe
     assert discovery["ok"] is True, discovery
     assert len(discovery["tools"]) == MAX_TOOLS and discovery["tools"][:2] == ["p0_0", "p0_1"]
     assert server.answered == ["paging"] * 3
+
+
+def test_a_bug_in_discovery_is_raised_not_stored_as_the_servers_failure(
+    hostile: tuple[int, Hostile], server: Hostile
+) -> None:
+    """Only what a server, the network or the protocol can cause is a discovery's stored failure:
+    a spec missing its SSRF policy (a bug of this code, never a server's doing) propagates from
+    both entry points instead of becoming `ok: false`, "AssertionError"."""
+    mcpserver_op("acme", {"op": "create", "name": "buggy", "overlay": _overlay(hostile[0]), "discover": False})
+    row = mcp_selectors.server_resolve(tenant_id="acme", name="buggy")
+    assert row is not None
+    spec = dataclasses.replace(server_spec(row, credentials=None), policy=None)
+    with pytest.raises(AssertionError):
+        calls.list_tools(spec)
+    with pytest.raises(AssertionError):
+        asyncio.run(calls.alist_tools(spec))
+    honest = server_spec(row, credentials=None)
+    assert [t["name"] for t in asyncio.run(calls.alist_tools(honest))][:1] == ["echo"]  # the same path, no bug
 
 
 def _call_echo(name: str) -> dict[str, Any]:

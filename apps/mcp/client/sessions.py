@@ -56,7 +56,7 @@ MAX_TOOLS = 256  # tools kept of one server's list (list_all reads no further)
 MAX_LIST_PAGES = 16
 IDLE_HTTP_TTL_S = 300.0
 ToolsListener = Callable[[ServerSpec, list[dict[str, Any]] | None], None]
-_GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
+GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
 
 
 class McpOpenFailed(Exception):
@@ -80,7 +80,7 @@ def gone(exc: BaseException) -> bool:
     if isinstance(exc, MCPError):
         expired = exc.code == types.INVALID_REQUEST and "session" in exc.message.lower()
         return exc.code == types.CONNECTION_CLOSED or expired
-    return isinstance(exc, _GONE_ERRORS)
+    return isinstance(exc, GONE_ERRORS)
 
 
 def tool_dicts(result: types.ListToolsResult) -> list[dict[str, Any]]:

@@ -7,9 +7,10 @@ Invariants:
 - discovery runs at registration (MCPServerDef create/fork with `discover`, default
   true), on `rediscover`, for yaml servers at boot, and when a server says its
   list changed; runs never trigger it (a run offers what the cache holds). Over
-  REST (an async route) create, fork and rediscover are the `a*` twins: the answer
-  still carries the discovery, but its wait is awaited on the event loop, so a
-  slow or hostile server holds none of the web process's threads;
+  an async transport (REST, the MCP server's `mcpserverdef`, both through
+  substrate's `def_dispatch_async`) create, fork and rediscover are the `a*` twins:
+  the answer still carries the discovery, but its wait is awaited on the event
+  loop, so a slow or hostile server holds none of the web process's threads;
 - an MCP call or a discovery holds no DB connection while it waits for the server
   (unless its caller is inside a transaction);
 - every failure of a call is the caller's error result, with run credentials redacted.
@@ -34,6 +35,7 @@ from apps.core.tools import ToolRefusal
 from apps.mcp import selectors
 from apps.mcp.client import calls
 from apps.mcp.client.servers import ServerSpec, run_host_refusal, server_spec
+from apps.mcp.client.sessions import MAX_TOOLS
 from apps.mcp.models import DiscoveredTools
 from apps.substrate import services as substrate_services
 from apps.substrate.kinds import Kind, Refused, RefusedNotFound
@@ -44,7 +46,6 @@ log = logging.getLogger("loomcycle.mcp")
 T = TypeVar("T")
 
 
-MAX_TOOLS = 256  # tools kept of one server's list
 MAX_DESCRIPTION_CHARS = 8 * 1024
 MAX_SCHEMA_CHARS = 64 * 1024  # an input schema larger than this (as JSON) is replaced
 MAX_ERROR_CHARS = 4 * 1024

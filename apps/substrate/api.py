@@ -9,7 +9,6 @@ unknown (or another tenant's) def_id is 404 `not_found`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -59,24 +58,10 @@ class ToolError(ApplicationError):
         return {**super().body(), "tool": self.tool}
 
 
-def run_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
+async def run_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
+    """The op through the service's one async entry (which decides what holds a thread)."""
     try:
-        return services.def_dispatch(kind, services.operator_author(principal), data)
-    except REFUSALS as exc:
-        raise ToolError(exc, kind.tool) from exc
-    finally:
-        connection.close()
-
-
-async def arun_op(
-    op: Callable[[Kind, services.Author, dict[str, Any]], Awaitable[dict[str, Any]]],
-    kind: Kind,
-    principal: Principal,
-    data: dict[str, Any],
-) -> dict[str, Any]:
-    """An ASYNC_OPS op, refusals answered as run_op answers them."""
-    try:
-        return await op(kind, services.operator_author(principal), data)
+        return await services.def_dispatch_async(kind, services.operator_author(principal), data)
     except REFUSALS as exc:
         raise ToolError(exc, kind.tool) from exc
 
@@ -92,12 +77,7 @@ def _add_routes(kind: Kind) -> None:
     async def op_dispatch(request: HttpRequest) -> JsonResponse:
         data = parse_body(request, DefOpIn, max_bytes=ADMIN_BODY_BYTES).model_dump(exclude_unset=True)
         principal = request_principal(request)
-        waits = services.async_op(kind, data)
-        if waits is None:
-            out = await sync_to_async(run_op, thread_sensitive=False)(kind, principal, data)
-        else:  # it waits on something outside the process: awaited here, holding no thread
-            out = await arun_op(waits, kind, principal, data)
-        return JsonResponse(out)
+        return JsonResponse(await run_op(kind, principal, data))
 
     async def names(request: HttpRequest) -> JsonResponse:
         principal = request_principal(request)

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from apps.core import privileged
 from apps.core.errors import Invalid
+from apps.core.http import db_call
 from apps.core.ids import new_def_id
 from apps.substrate import quotas
 from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound, check_def_name, get_kind
@@ -466,15 +467,9 @@ OPS = {
     "verify": def_verify,
 }
 EXTRA_OPS: dict[str, dict[str, Any]] = {}  # kind key -> op -> function, for kind-specific ops
-# kind key -> op -> coroutine function, for an async transport: an op that waits on something
-# outside the process (an MCP server's discovery) awaits it there instead of holding a thread.
+# kind key -> op -> coroutine function: the twin of an EXTRA_OPS op that waits on something
+# outside the process (an MCP server's discovery), which def_dispatch_async awaits on its loop.
 ASYNC_OPS: dict[str, dict[str, Callable[[Kind, Author, dict[str, Any]], Awaitable[dict[str, Any]]]]] = {}
-
-
-def async_op(kind: Kind, data: Any) -> Callable[[Kind, Author, dict[str, Any]], Awaitable[dict[str, Any]]] | None:
-    """The ASYNC_OPS entry an op-dispatch body names, if any (else def_dispatch serves it)."""
-    op = data.get("op") if isinstance(data, dict) else None
-    return ASYNC_OPS.get(kind.key, {}).get(op) if isinstance(op, str) else None
 
 
 def def_dispatch(kind: Kind, author: Author, data: Any) -> dict[str, Any]:
@@ -490,6 +485,18 @@ def def_dispatch(kind: Kind, author: Author, data: Any) -> dict[str, Any]:
         raise Refused(f"unknown op {op!r} (must be one of: {', '.join(known)})")
     result: dict[str, Any] = fn(kind, author, data)
     return result
+
+
+async def def_dispatch_async(kind: Kind, author: Author, data: Any) -> dict[str, Any]:
+    """def_dispatch for an async transport (REST, the MCP server), the one entry both await.
+    An op with an ASYNC_OPS twin is awaited on the caller's loop, so its wait on the outside
+    holds no thread of the process; any other op runs def_dispatch on a worker thread (its
+    DB connection handed back after). Raises Refused."""
+    op = data.get("op") if isinstance(data, dict) else None
+    waits = ASYNC_OPS.get(kind.key, {}).get(op) if isinstance(op, str) else None
+    if waits is not None:
+        return await waits(kind, author, data)
+    return await db_call(def_dispatch)(kind, author, data)
 
 
 # --- yaml (static) definitions ---------------------------------------------------

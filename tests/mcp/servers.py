@@ -5,7 +5,7 @@ it gets, and can forget its sessions as the SDK's server does when one expires (
 `garble` fails with a NUL in its error; its
 `grow` tool adds a tool and tells the caller its list changed; `wait` sets `WAITING`
 and sleeps (the cancel test). `hostile_serving` puts the same server behind `Hostile`,
-which answers one method with a gzip bomb or an oversized reply."""
+which answers one method with a gzip bomb, an oversized reply or pages without end."""
 
 from __future__ import annotations
 
@@ -196,7 +196,8 @@ class Hostile:
     - "gzip": a gzip bomb (`bomb`) labelled `Content-Encoding: gzip`, JSON;
     - "huge": a well-formed JSON-RPC result padded to `size` bytes, uncompressed;
     - "huge-sse": the same as one event of a `text/event-stream` reply;
-    - "slow": the server's own reply, `delay` seconds late.
+    - "slow": the server's own reply, `delay` seconds late;
+    - "paging": a tools/list page of `size` tools with a next cursor, every time (it never ends).
     Every other request goes to the server as usual (so `initialize` succeeds)."""
 
     def __init__(self, app: Any) -> None:
@@ -230,8 +231,12 @@ class Hostile:
         await self._answer(json.loads(body).get("id"), send)
 
     async def _answer(self, request_id: Any, send: Any) -> None:
-        pad = "x" * self.size
-        reply = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"tools": [], "_meta": {"pad": pad}}})
+        result: dict[str, Any] = {"tools": [], "_meta": {"pad": "x" * self.size}}
+        if self.mode == "paging":
+            page = len(self.answered) - 1  # this page (its answer is recorded already)
+            tools = [{"name": f"p{page}_{i}", "inputSchema": {"type": "object"}} for i in range(self.size)]
+            result = {"tools": tools, "nextCursor": f"page-{page + 1}"}
+        reply = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
         kind, chunks = b"application/json", [reply.encode()]
         headers = [(b"content-type", kind)]
         if self.mode == "gzip":

@@ -26,11 +26,24 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import httpx2
 import mcp_types as types
 from django.conf import settings
+from mcp.shared.exceptions import MCPError
 
+from apps.core.egress import EgressRefused
 from apps.mcp.client.servers import ServerSpec, check_reachable
-from apps.mcp.client.sessions import Sessions, ToolsListener, list_all, open_session
+from apps.mcp.client.sessions import (
+    GONE_ERRORS,
+    McpBusy,
+    McpListTooLong,
+    McpOpenFailed,
+    Sessions,
+    ToolsListener,
+    list_all,
+    open_session,
+)
+from apps.mcp.client.transport import ReplyRefused
 
 log = logging.getLogger("loomcycle.mcp")
 
@@ -162,6 +175,25 @@ async def _listed(runner: _Runner, spec: ServerSpec, timeout: float) -> list[dic
                 return await list_all(session)
 
 
+# What a server, the network, the SSRF guard or the SDK's handling of the protocol can end a
+# discovery with (the SDK's task groups may wrap them in an ExceptionGroup): stored with the
+# cache row as the discovery's failure. Anything else is a bug here and propagates.
+DISCOVERY_ERRORS: tuple[type[Exception], ...] = (
+    TimeoutError,
+    OSError,  # a stdio command that cannot start, a socket error the transport did not map
+    EgressRefused,
+    httpx2.HTTPError,  # transport errors, HTTP status errors, an event stream refused
+    ReplyRefused,
+    MCPError,
+    McpCallFailed,
+    McpOpenFailed,
+    McpBusy,
+    McpListTooLong,
+    *GONE_ERRORS,
+)
+_CAUGHT: tuple[type[Exception], ...] = (*DISCOVERY_ERRORS, ExceptionGroup)
+
+
 def list_tools(spec: ServerSpec) -> list[dict[str, Any]]:
     """tools/list on a one-off session (discovery); raises McpCallFailed with the reason.
     At most MAX_DISCOVERIES run at once per process; another waits for a turn within the
@@ -170,23 +202,27 @@ def list_tools(spec: ServerSpec) -> list[dict[str, Any]]:
     runner = _runner()
     try:
         return runner.run(_listed(runner, spec, timeout), timeout)
-    except Exception as exc:  # reported to the operator and stored with the cache row
+    except _CAUGHT as exc:  # reported to the operator and stored with the cache row
         raise _discovery_failed(exc, timeout) from exc
 
 
 async def alist_tools(spec: ServerSpec) -> list[dict[str, Any]]:
     """list_tools for an event loop (the web process's): the caller awaits the MCP loop's
-    future, so the wait holds no thread of the caller's loop."""
+    future, so the wait holds no thread of the caller's loop. Fails as list_tools does."""
     timeout = settings.LOOMCYCLE.mcp_discovery_timeout_seconds
     runner = _runner()
     future = asyncio.run_coroutine_threadsafe(_listed(runner, spec, timeout), runner.loop)
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), timeout + _GRACE_S)
-    except Exception as exc:
+    except _CAUGHT as exc:
         raise _discovery_failed(exc, timeout) from exc
 
 
 def _discovery_failed(exc: Exception, timeout: float) -> McpCallFailed:
+    """The McpCallFailed a discovery's DISCOVERY_ERRORS become; a group holding anything
+    else is raised again (a bug is not a server's failure)."""
+    if isinstance(exc, ExceptionGroup) and exc.split(DISCOVERY_ERRORS)[1] is not None:
+        raise exc
     if isinstance(exc, TimeoutError):
         return McpCallFailed(f"no answer within {timeout:g} s (LOOMCYCLE_MCP_DISCOVERY_TIMEOUT_SECONDS)")
     return McpCallFailed(_reason(exc))

@@ -50,13 +50,21 @@ from apps.mcp.client.transport import guarded_client
 log = logging.getLogger("loomcycle.mcp")
 
 MAX_HTTP_SESSIONS = 64
+MAX_TOOLS = 256  # tools kept of one server's list (list_all reads no further)
+# tools/list pages read at most: held in memory together, each up to the reply cap, so this
+# bounds what one discovery holds (16 x LOOMCYCLE_MCP_MAX_RESPONSE_BYTES)
+MAX_LIST_PAGES = 16
 IDLE_HTTP_TTL_S = 300.0
 ToolsListener = Callable[[ServerSpec, list[dict[str, Any]] | None], None]
-_GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
+GONE_ERRORS = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, httpx2.TransportError)
 
 
 class McpOpenFailed(Exception):
     """A session could not be opened (the server did not finish `initialize` in time, or went away)."""
+
+
+class McpListTooLong(Exception):
+    """A server still paging tools/list after MAX_LIST_PAGES pages (it may never stop)."""
 
 
 class McpBusy(Exception):
@@ -72,7 +80,7 @@ def gone(exc: BaseException) -> bool:
     if isinstance(exc, MCPError):
         expired = exc.code == types.INVALID_REQUEST and "session" in exc.message.lower()
         return exc.code == types.CONNECTION_CLOSED or expired
-    return isinstance(exc, _GONE_ERRORS)
+    return isinstance(exc, GONE_ERRORS)
 
 
 def tool_dicts(result: types.ListToolsResult) -> list[dict[str, Any]]:
@@ -83,12 +91,20 @@ def tool_dicts(result: types.ListToolsResult) -> list[dict[str, Any]]:
 
 
 async def list_all(session: ClientSession) -> list[dict[str, Any]]:
-    """Every page of tools/list."""
+    """The pages of tools/list until MAX_TOOLS tools are read (the first listed are the ones
+    kept: reading stops there, the cursor is not followed further). Each page is bounded in
+    bytes by the transport; the pages are bounded in number too, as a server may hand out a
+    next cursor forever: one still paging after MAX_LIST_PAGES fails (McpListTooLong)."""
     page = await session.list_tools()
-    out = tool_dicts(page)
-    while page.next_cursor:
+    out, pages = tool_dicts(page), 1
+    while page.next_cursor and len(out) < MAX_TOOLS:
+        if pages == MAX_LIST_PAGES:
+            raise McpListTooLong(
+                f"the MCP server was still paging tools/list after {MAX_LIST_PAGES} pages "
+                f"({len(out)} tools); at most {MAX_LIST_PAGES} pages are read"
+            )
         page = await session.list_tools(params=types.PaginatedRequestParams(cursor=page.next_cursor))
-        out += tool_dicts(page)
+        out, pages = out + tool_dicts(page), pages + 1
     return out
 
 

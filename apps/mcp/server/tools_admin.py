@@ -1,6 +1,8 @@
-"""Definition and admin tools: `agentdef` and `skilldef` run the def tools'
-op-dispatch as `POST /v1/_agentdef` / `/v1/_skilldef` do (the operator
-plane: the caller's tenant, every name scope; substrate:tenant), and
+"""Definition and admin tools: `agentdef`, `skilldef` and `mcpserverdef` run the def
+tools' op-dispatch as `POST /v1/_agentdef` / `/v1/_skilldef` / `/v1/_mcpserverdef` do
+(the operator plane: the caller's tenant, every name scope; substrate:tenant), through
+the same service entry (`def_dispatch_async`: an MCP server's discovery is awaited on
+the event loop, holding no thread), and
 `pause` / `resume` / `state` are the runtime's `/v1/_pause`, `/v1/_resume`,
 `/v1/_state` (substrate:admin, so hidden from tenant principals).
 
@@ -22,7 +24,7 @@ from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
 from apps.substrate import services as substrate
 from apps.substrate.auth import ADMIN, TENANT
-from apps.substrate.kinds import REFUSALS, Kind, Refusal, get_kind, refusal_details
+from apps.substrate.kinds import REFUSALS, Refusal, get_kind, refusal_details
 
 
 class DefOpArgs(Args):
@@ -50,18 +52,15 @@ class DefRefused(ApplicationError):
         self.status = exc.status
 
 
-def _def_op(kind: Kind, principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return substrate.def_dispatch(kind, substrate.operator_author(principal), data)
-    except REFUSALS as exc:
-        raise DefRefused(exc, kind.tool) from exc
-
-
 def _def_tool(key: str, name: str) -> McpTool:
     kind = get_kind(key)
 
     async def call(principal: Principal, args: DefOpArgs) -> dict[str, Any]:
-        return await db_call(_def_op)(kind, principal, args.model_dump(exclude_unset=True))
+        data = args.model_dump(exclude_unset=True)
+        try:  # the service's async entry: a discovery's wait holds none of the web process's threads
+            return await substrate.def_dispatch_async(kind, substrate.operator_author(principal), data)
+        except REFUSALS as exc:
+            raise DefRefused(exc, kind.tool) from exc
 
     ops = ", ".join(sorted(kind.ops))
     return McpTool(name, f"{kind.tool} op-dispatch ({ops}) in your tenant.", TENANT, DefOpArgs, call)
@@ -94,6 +93,7 @@ async def state(principal: Principal, args: NoArgs) -> dict[str, Any]:
 register(
     _def_tool("agent", "agentdef"),
     _def_tool("skill", "skilldef"),
+    _def_tool("mcpserver", "mcpserverdef"),
     McpTool("pause", "Park every run at its next boundary (runtime-wide).", ADMIN, PauseArgs, pause),
     McpTool("resume", "Resume parked runs after a pause (runtime-wide).", ADMIN, NoArgs, resume),
     McpTool("state", "The runtime's pause state and its paused runs count.", ADMIN, NoArgs, state),

@@ -302,7 +302,11 @@ def test_webhook_refusals(name: str, overlay: dict[str, Any], match: str) -> Non
 
 
 @pytest.mark.django_db
-def test_admin_kinds_are_tenant_scoped() -> None:
+def test_admin_kinds_are_tenant_scoped(settings: Any) -> None:
+    import dataclasses
+
+    given = {"acme": ("LOOMCYCLE_GH_SECRET",)}  # acme's own rows sign only with what it is given
+    settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, tenant_credential_env=given)
     mine = op("webhook", {"op": "create", "name": "github", "overlay": WEBHOOK}, ACME)
     assert mine["tenant_id"] == "acme"
     other = Author(tenant_id="beta", subject="charlie")

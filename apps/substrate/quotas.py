@@ -109,6 +109,6 @@ def shortest_gap(expr: str, stop_below: int) -> int:
             if shortest < stop_below or current - _WALK_FROM > _WALK_SPAN:
                 break
             previous = current
-    except CroniterBadDateError:  # a cron that (almost) never fires: no gap below the minimum
-        pass
+    except CroniterBadDateError:  # a cron that (almost) never fires: the gaps seen so far are all it has
+        return shortest
     return shortest

@@ -228,15 +228,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
     )
     max_it = min(data.max_iterations, agent_cap) if data.max_iterations else agent_cap  # a caller only narrows
-    tools = registry.effective_tools(
-        operator=list(settings.LOOMCYCLE.tools_enabled),
-        agent=list(d.get("tools", [])),
-        caller=data.tools,
-        disable_context=bool(d.get("disable_context", False)),
-        skills=[str(p) for p in d.get("skills") or []],
-        tenant_id=tenant_id,
-    )
-    tools = privileged.narrowed(tools, tenant_id=tenant_id, operator_yaml=agent_def.is_operator_yaml)
+    tools = run_tools(agent_def=agent_def, caller=data.tools, tenant_id=tenant_id)
     volumes = registry.resolve_volumes(tenant_id=tenant_id, definition=d, parent_id=data.parent_id)
     return Resolved(
         agent_def=agent_def,
@@ -248,8 +240,29 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
-        routing=routing_of(route, d) | compaction_routing(d, data.parent_id),
+        routing=run_routing(route, d, parent_id=data.parent_id),
     )
+
+
+def run_tools(*, agent_def: AgentDef, caller: list[str] | None, tenant_id: str) -> list[str]:
+    """A run's tools: the operator's floor, the agent's (with Context and Skill), the caller's
+    narrowing, less the privileged ones this agent may not use (apps.core.privileged).
+    Run creation and snapshot restore both derive them here."""
+    d = agent_def.definition
+    tools = registry.effective_tools(
+        operator=list(settings.LOOMCYCLE.tools_enabled),
+        agent=list(d.get("tools", [])),
+        caller=caller,
+        disable_context=bool(d.get("disable_context", False)),
+        skills=[str(p) for p in d.get("skills") or []],
+        tenant_id=tenant_id,
+    )
+    return privileged.narrowed(tools, tenant_id=tenant_id, operator_yaml=agent_def.is_operator_yaml)
+
+
+def run_routing(route: Route, definition: dict[str, Any], *, parent_id: str | None) -> dict[str, Any]:
+    """What the run row pins of its routing and compaction (run creation and snapshot restore)."""
+    return routing_of(route, definition) | compaction_routing(definition, parent_id)
 
 
 def routing_of(route: Route, definition: dict[str, Any]) -> dict[str, Any]:

@@ -27,24 +27,21 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import AutoField, Model, Q
 
-from apps.core import privileged
 from apps.core.errors import ApplicationError, Conflict, Invalid
 from apps.core.hosts import run_allowed_hosts
 from apps.core.ids import is_ident
 from apps.core.rows import row_dump
 from apps.gateway.resolver import resolve_route
-from apps.runs import registry, signals, store
-from apps.runs.compaction_service import compaction_routing
+from apps.runs import signals, store
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import PARKED, ResidentChild, Run, RunStatus, RuntimeStateValue
 from apps.runs.registry import resolve_volumes
 from apps.runs.selectors import runtime_state
-from apps.runs.services import routing_of
+from apps.runs.services import run_routing, run_tools
 from apps.runs.store.snapshot import CHILD_TABLES
 from apps.substrate.models import AgentDef
 
@@ -149,17 +146,9 @@ def _policy_here(run: dict[str, Any], agent_def_id: str, parent_id: str | None) 
     (its operator floor, its def, the caller's narrowing the run kept), each within what the
     snapshot says: `*` hosts, a privileged tool or another routing in the file grant nothing."""
     row = AgentDef.objects.get(id=agent_def_id)
-    d, tenant_id = row.definition, str(run.get("tenant_id", ""))
-    caller = run.get("caller_tools")
-    derived = registry.effective_tools(
-        operator=list(settings.LOOMCYCLE.tools_enabled),
-        agent=list(d.get("tools", [])),
-        caller=list(caller) if caller is not None else None,
-        disable_context=bool(d.get("disable_context", False)),
-        skills=[str(p) for p in d.get("skills") or []],
-        tenant_id=tenant_id,
-    )
-    derived = privileged.narrowed(derived, tenant_id=tenant_id, operator_yaml=row.is_operator_yaml)
+    d, caller = row.definition, run.get("caller_tools")
+    caller_list = list(caller) if caller is not None else None
+    derived = run_tools(agent_def=row, caller=caller_list, tenant_id=str(run.get("tenant_id", "")))
     kept = set(run.get("tools", []))
     hosts = set(run_allowed_hosts(run.get("allowed_hosts", [])))
     try:
@@ -171,7 +160,7 @@ def _policy_here(run: dict[str, Any], agent_def_id: str, parent_id: str | None) 
     return {
         "tools": [name for name in derived if name in kept],
         "allowed_hosts": [h for h in run.get("allowed_hosts", []) if h in hosts],
-        "routing": routing_of(route, d) | compaction_routing(d, parent_id),
+        "routing": run_routing(route, d, parent_id=parent_id),
     }
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.backends.postgresql.operations import DatabaseOperations
 from django.db.models import Q
 
@@ -77,13 +78,31 @@ def _flush_by_delete(
 
 
 _TRUNCATE_FLUSH = DatabaseOperations.sql_flush
+_EXECUTE_FLUSH = DatabaseOperations.execute_sql_flush
+_FLUSH_ATTEMPTS = 3
+
+
+def _execute_flush_through_deadlocks(self: DatabaseOperations, sql_list: list[str]) -> None:
+    """The flush, run again when Postgres picked it as a deadlock's victim. The flush locks its
+    tables one by one; a worker's or beat's transaction still reading two of them in another order
+    (a run's after-commit work, a sweep) can close a cycle, and Postgres then aborts one side. When
+    that is the flush, the other side has gone on, so the flush's next attempt takes its locks."""
+    for attempt in range(1, _FLUSH_ATTEMPTS + 1):
+        try:
+            _EXECUTE_FLUSH(self, sql_list)
+            return
+        except OperationalError as exc:
+            if attempt == _FLUSH_ATTEMPTS or not isinstance(exc.__cause__, psycopg.errors.DeadlockDetected):
+                raise
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _flush_deletes_rows() -> Iterator[None]:
-    """Every test's flush in this process deletes rows instead of truncating (`_flush_by_delete`)."""
+    """Every test's flush in this process deletes rows instead of truncating (`_flush_by_delete`),
+    and is run again if it loses a deadlock (`_execute_flush_through_deadlocks`)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DatabaseOperations, "sql_flush", _flush_by_delete)
+        patch.setattr(DatabaseOperations, "execute_sql_flush", _execute_flush_through_deadlocks)
         yield
 
 

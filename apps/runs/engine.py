@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from redis.exceptions import RedisError
 
-from apps.core import logcontext, privileged
+from apps.core import logcontext, privileged, toolregistry
 from apps.core.admission import ADMISSION, tools_after_s
 from apps.core.database import connection_lost
 from apps.core.errors import ApplicationError
@@ -393,7 +393,7 @@ def _call_model(
     run: ClaimedRun, messages: list[dict[str, Any]], cancel: threading.Event, write: StepWrite
 ) -> tuple[str, list[ToolCall], Done]:
     """The provider call of this iteration, in its span (retries and fallbacks are its events)."""
-    offered = registry.resolve(run.tools, tenant_id=run.tenant_id)
+    offered = toolregistry.resolve(run.tools, tenant_id=run.tenant_id)
     tools = [ToolSpec(t.name, t.description, t.input_schema) for t in offered]
     with tracing.provider_call(run, messages=len(messages), tools=len(tools)) as span:
         text, calls, done = _call_candidates(run, messages, tools, cancel, write)

@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
-from apps.core import privileged
+from apps.core import privileged, toolregistry
 from apps.core.errors import Conflict, Invalid, NotFound, QuotaExhausted, RuntimePaused, Unprocessable
 from apps.core.hosts import run_allowed_hosts
 from apps.core.http import db_call
@@ -229,7 +229,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
     )
     max_it = min(data.max_iterations, agent_cap) if data.max_iterations else agent_cap  # a caller only narrows
     tools = run_tools(agent_def=agent_def, caller=data.tools, tenant_id=tenant_id)
-    volumes = registry.resolve_volumes(tenant_id=tenant_id, definition=d, parent_id=data.parent_id)
+    volumes = toolregistry.resolve_volumes(tenant_id=tenant_id, definition=d, parent_id=data.parent_id)
     return Resolved(
         agent_def=agent_def,
         agent_id=data.agent_id or new_agent_id(),
@@ -249,7 +249,7 @@ def run_tools(*, agent_def: AgentDef, caller: list[str] | None, tenant_id: str) 
     narrowing, less the privileged ones this agent may not use (apps.core.privileged).
     Run creation and snapshot restore both derive them here."""
     d = agent_def.definition
-    tools = registry.effective_tools(
+    tools = toolregistry.effective_tools(
         operator=list(settings.LOOMCYCLE.tools_enabled),
         agent=list(d.get("tools", [])),
         caller=caller,

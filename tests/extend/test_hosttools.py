@@ -13,8 +13,9 @@ from typing import Annotated, Any, Optional
 import pytest
 from pydantic import Field
 
+from apps.core import toolregistry as registry
 from apps.core.types import Principal
-from apps.runs import engine, registry
+from apps.runs import engine
 from apps.runs.models import TERMINAL, Run, RunEvent
 from apps.triggers.hooks import cache
 from apps.triggers.hooks import services as hook_services

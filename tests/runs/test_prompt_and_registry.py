@@ -1,4 +1,4 @@
-"""Prompt assembly (`apps.runs.prompt`) and the tool policy (`apps.runs.registry`)."""
+"""Prompt assembly (`apps.runs.prompt`) and the tool policy (`apps.core.toolregistry`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from apps.core import toolregistry as registry
 from apps.core.errors import Invalid
 from apps.core.tools import Tool, ToolContext, ToolResult
-from apps.runs import registry
 from apps.runs.prompt import Segment, messages_from_rows, split_segments, system_blocks
 
 # --- split_segments -------------------------------------------------------------

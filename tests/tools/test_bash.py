@@ -197,7 +197,7 @@ def test_a_cancel_returns_although_an_escaped_child_holds_the_output(tmp_path: P
 
 _PROBE = """
 import ctypes, os, subprocess, sys
-from workers.signals import not_dumpable
+from loomcycle_project.hardening import not_dumpable
 if os.geteuid() == 0:  # root reads any /proc/<pid>/environ: probe as an ordinary user, as the docs advise
     os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
 ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as a process started as this user is

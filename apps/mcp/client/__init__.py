@@ -22,6 +22,7 @@ def install() -> None:
 
     toolregistry.register_provider(mcp_tools, prefix=PREFIX)
     calls.set_tools_listener(services.tools_relisted)
+    calls.connect_worker_shutdown()
     substrate_services.EXTRA_OPS.setdefault("mcpserver", {}).update(
         {
             "create": services.mcpserver_create,

@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel
 
-from apps.channels import access, presenters, selectors, services
+from apps.channels import access, cursors, presenters, selectors, services
 from apps.channels.longpoll import long_poll
 from apps.channels.schemas import (
     ChannelAckIn,
@@ -85,7 +85,7 @@ def _publish(target: access.Target, body: ChannelPublishIn, by_user: str) -> dic
 async def _subscribe(stream: Stream, body: ChannelSubscribeIn) -> dict[str, Any]:
     from_cursor = check_cursor(body.from_cursor)
     limit = selectors.clamp_max(body.max_messages)
-    read = db_call(services.subscribe)
+    read = db_call(cursors.subscribe)
 
     async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
         got = await read(stream=stream, from_cursor=from_cursor, max_messages=limit)
@@ -256,7 +256,7 @@ async def channel_subscribe(request: HttpRequest, name: str) -> JsonResponse:
 
 
 def _admin_ack(principal: Principal, name: str, cursor: Any) -> dict[str, Any]:
-    return services.ack(stream=access.admin_stream(principal, name)[0], cursor=cursor)
+    return cursors.ack(stream=access.admin_stream(principal, name)[0], cursor=cursor)
 
 
 @router.post(
@@ -390,7 +390,7 @@ async def user_channel_subscribe(request: HttpRequest, user_id: str, name: str) 
 
 
 def _user_ack(principal: Principal, user_id: str, name: str, cursor: Any) -> dict[str, Any]:
-    return services.ack(stream=access.user_stream(principal, user_id, name)[0], cursor=cursor)
+    return cursors.ack(stream=access.user_stream(principal, user_id, name)[0], cursor=cursor)
 
 
 @router.post(

@@ -1,7 +1,7 @@
-"""Channel writes (SPEC 6.3, 9.4): publish, broadcast, subscribe (the read
-that commits the cursor), ack, purge, the expiry sweep, and runtime channel
-CRUD. Reads are in `selectors`, wire shapes in `presenters`, stream
-resolution for the transports in `access`.
+"""Channel writes (SPEC 6.3, 9.4): publish, broadcast, purge, the expiry sweep, and
+runtime channel CRUD. The cursor writes (subscribe: the read that commits the cursor; ack)
+are in `cursors`, reads in `selectors`, wire shapes in `presenters`, stream resolution
+for the transports in `access`.
 
 Invariants:
 - Publishes to one stream are serialised by a transaction-scoped advisory
@@ -10,9 +10,6 @@ Invariants:
   message has therefore seen every message ordered before it, and a cursor
   never skips a message that commits late. A `deliver_at` in the future is
   the message's visible_at; one already past counts as immediate.
-- `subscribe` commits the cursor in the transaction that reads (at most once
-  per stream: readers of one stream are serialised on the cursor row); the
-  cursor only moves forward. `ack` refuses a regression (409).
 - Overflow beyond the channel's `max_messages` is trimmed, oldest first, in
   the publishing transaction.
 - After a publish commits: stream readers are rung (Redis pub/sub, at most
@@ -34,15 +31,15 @@ from django.utils import timezone
 from redis import RedisError
 
 from apps.channels.errors import (
-    ChannelCursorRegression,
     ChannelNameInUse,
     ChannelNotFound,
     ChannelValueTooLarge,
     ChannelYamlImmutable,
 )
 from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
-from apps.channels.selectors import channel_get, committed_cursor, stream_read
-from apps.channels.streams import OLDEST_CURSORS, Published, Read, Stream, bell, decode_cursor, new_message_id
+from apps.channels.selectors import channel_get
+from apps.channels.streams import Published, Stream, bell, new_message_id
+from apps.channels.waits import waits_answer_stream
 from apps.core.errors import ApplicationError, Invalid
 from apps.core.quotas import tenant_count_check, tenant_count_lock
 from apps.core.redis import sync_client
@@ -272,8 +269,6 @@ def after_publish(done: Published) -> None:
     The waits come first: they are rows, and their answer must not depend on Redis. The
     ring is at most once (readers re-poll Postgres), so a Redis error is logged, not raised:
     the message is committed and the publish succeeded."""
-    from apps.channels.waits import waits_answer_stream
-
     if not done.deferred:
         waits_answer_stream(done.stream)
     try:
@@ -282,57 +277,6 @@ def after_publish(done: Published) -> None:
         log.warning(
             "channel %s: message %s committed, live readers not rung: %s", done.stream.channel, done.message_id, exc
         )
-
-
-# --- subscribe, ack ----------------------------------------------------------------
-
-
-_LOCK_CURSOR_SQL = """
-INSERT INTO agent_channels_channelcursor AS c (tenant_id, channel, scope, scope_id, cursor, updated_at)
-VALUES (%s, %s, %s, %s, '', now())
-ON CONFLICT (tenant_id, channel, scope, scope_id) DO UPDATE SET cursor = c.cursor
-RETURNING c.cursor
-"""
-
-
-def _committed_locked(stream: Stream) -> str:
-    """The stream's committed cursor ("" = from the oldest); the cursor row is
-    created if absent and locked until the transaction ends, in one statement
-    (readers of one stream are serialised on it)."""
-    with connection.cursor() as cur:
-        cur.execute(_LOCK_CURSOR_SQL, [stream.tenant_id, stream.channel, stream.scope, stream.scope_id])
-        return str(cur.fetchone()[0])
-
-
-def subscribe(*, stream: Stream, from_cursor: str | None, max_messages: int) -> Read:
-    """Read after `from_cursor` (default: the committed cursor) and commit the
-    cursor past what was read before returning (at most once)."""
-    start = decode_cursor(from_cursor)
-    with transaction.atomic():
-        committed = _committed_locked(stream)
-        read = stream_read(stream, start if from_cursor is not None else decode_cursor(committed), max_messages)
-        if read.next_cursor and read.next_cursor > committed:
-            ChannelCursor.objects.filter(**stream.filter()).update(cursor=read.next_cursor, updated_at=timezone.now())
-    return read
-
-
-def ack(*, stream: Stream, cursor: Any) -> dict[str, Any]:
-    if cursor is None:
-        raise Invalid("missing required field: cursor", code="missing_cursor")
-    decode_cursor(cursor)
-    if cursor in OLDEST_CURSORS:
-        # `cur_0` is the position before every message: older than any committed cursor,
-        # so acking it is a regression once one exists (as loomcycle answers), a no-op before.
-        if committed_cursor(stream):
-            raise ChannelCursorRegression("ack cursor older than committed")
-        return {"ok": True}
-    with transaction.atomic():
-        committed = _committed_locked(stream)
-        if cursor < committed:
-            raise ChannelCursorRegression("ack cursor older than committed")
-        if cursor != committed:
-            ChannelCursor.objects.filter(**stream.filter()).update(cursor=cursor, updated_at=timezone.now())
-    return {"ok": True}
 
 
 # --- maintenance ------------------------------------------------------------------

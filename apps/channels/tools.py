@@ -21,13 +21,13 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
-from apps.channels import access, presenters, selectors, services
+from apps.channels import access, cursors, presenters, selectors, services
 from apps.channels.errors import ChannelCursorRegression, ChannelNotDeclared
 from apps.channels.streams import Read, Stream, check_cursor
 from apps.channels.waits import WaitRequest, park
 from apps.core.errors import ApplicationError
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
-from apps.substrate.kinds_admin.fields import is_system_channel
+from apps.substrate.kinds.fields import is_system_channel
 from apps.substrate.models import ChannelDef
 from apps.substrate.selectors import agent_definition
 
@@ -150,7 +150,7 @@ def _subscribe(caller: _Caller, data: dict[str, Any]) -> ToolResult:
     stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
     from_cursor = _from_cursor(data)
     limit = selectors.clamp_max(data.get("max_messages"))
-    read = services.subscribe(stream=stream, from_cursor=from_cursor, max_messages=limit)
+    read = cursors.subscribe(stream=stream, from_cursor=from_cursor, max_messages=limit)
     wait_ms = _wait_ms(data)
     if not read.messages and wait_ms > 0:
         return ToolResult("", park=park(WaitRequest("subscribe", [(stream, from_cursor)], limit), wait_ms))
@@ -171,7 +171,7 @@ def _peek(caller: _Caller, data: dict[str, Any]) -> ToolResult:
 
 def _ack(caller: _Caller, data: dict[str, Any]) -> ToolResult:
     stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
-    return _ok(services.ack(stream=stream, cursor=data.get("cursor")))
+    return _ok(cursors.ack(stream=stream, cursor=data.get("cursor")))
 
 
 def _list_channels(caller: _Caller, data: dict[str, Any]) -> ToolResult:

@@ -8,7 +8,7 @@ from typing import Any
 from celery import shared_task
 
 from apps.runs import engine, interrupts, resident, services, sessions, signals, subruns, wake
-from workers import held
+from workers import transport
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
 
@@ -33,7 +33,7 @@ def run_leases_sweep_task(**_: Any) -> int:
     Postgres sweeps); the first failure is raised once all have run."""
     total, failure = 0, None
     for sweep in (
-        held.recover,
+        transport.recover,
         services.run_leases_sweep,
         services.run_parked_cancels_finish,
         services.run_orphans_cancel,

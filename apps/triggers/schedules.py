@@ -448,7 +448,7 @@ def schedule_run_input(row: ScheduleDef, slot: datetime) -> RunCreate:
 
 
 def prompt_segments(prompt: Any, name: str, slot: datetime) -> list[Segment]:
-    """A ScheduleDef prompt (validated by apps.substrate.kinds_admin.schedule)
+    """A ScheduleDef prompt (validated by apps.substrate.kinds.schedule)
     as run segments: text is trusted, `untrusted-block` keeps its kind. No
     prompt: one line naming the schedule and the slot. Raises ValueError on a
     stored prompt no run can start from (blank, an `assistant` role, no user

@@ -23,17 +23,16 @@ def install() -> None:
     toolregistry.register_provider(mcp_tools, prefix=PREFIX)
     calls.set_tools_listener(services.tools_relisted)
     calls.connect_worker_shutdown()
-    substrate_services.EXTRA_OPS.setdefault("mcpserver", {}).update(
+    substrate_services.def_ops_register(
+        "mcpserver",
         {
             "create": services.mcpserver_create,
             "fork": services.mcpserver_fork,
             "rediscover": services.mcpserver_rediscover,
-        }
-    )
-    substrate_services.ASYNC_OPS.setdefault("mcpserver", {}).update(
+        },
         {
             "create": services.amcpserver_create,
             "fork": services.amcpserver_fork,
             "rediscover": services.amcpserver_rediscover,
-        }
+        },
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field, StrictInt
 
-from apps.channels import access, presenters, services
+from apps.channels import access, cursors, presenters, services
 from apps.channels import selectors as channel_selectors
 from apps.channels.longpoll import long_poll
 from apps.channels.streams import Stream, bell, check_cursor
@@ -162,7 +162,7 @@ async def channel_subscribe(principal: Principal, args: ChannelSubscribeArgs) ->
     stream: Stream = (await db_call(_target)(principal, args))[0]
     from_cursor = check_cursor(args.from_cursor)
     limit = channel_selectors.clamp_max(args.max_messages)
-    read = db_call(services.subscribe)
+    read = db_call(cursors.subscribe)
 
     async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
         got = await read(stream=stream, from_cursor=from_cursor, max_messages=limit)

@@ -21,7 +21,7 @@ from ninja import Router
 from pydantic import BaseModel
 
 from apps.channels import access, cursors, presenters, selectors, services
-from apps.channels.longpoll import long_poll
+from apps.channels.longpoll import long_poll, subscribe_waiting
 from apps.channels.schemas import (
     ChannelAckIn,
     ChannelAwaitIn,
@@ -83,16 +83,10 @@ def _publish(target: access.Target, body: ChannelPublishIn, by_user: str) -> dic
 
 
 async def _subscribe(stream: Stream, body: ChannelSubscribeIn) -> dict[str, Any]:
-    from_cursor = check_cursor(body.from_cursor)
-    limit = selectors.clamp_max(body.max_messages)
-    read = db_call(cursors.subscribe)
-
-    async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
-        got = await read(stream=stream, from_cursor=from_cursor, max_messages=limit)
-        return bool(got.messages), presenters.read_result(got)
-
-    wait_ms = access.capped_wait_ms(body.wait_ms)
-    return await long_poll([bell(stream.tenant_id, stream.channel)], wait_ms, attempt)
+    read = await subscribe_waiting(
+        stream=stream, from_cursor=body.from_cursor, max_messages=body.max_messages, wait_ms=body.wait_ms
+    )
+    return presenters.read_result(read)
 
 
 def _peek(stream: Stream, from_cursor: str | None, max_raw: str | None) -> dict[str, Any]:

@@ -25,22 +25,13 @@ from apps.runs import services as run_services
 from apps.substrate import services as substrate
 from apps.substrate.auth import ADMIN, TENANT
 from apps.substrate.kinds import REFUSALS, Refusal, get_kind, refusal_details
+from apps.substrate.schemas import DefOpIn
 
 
-class DefOpArgs(Args):
+class DefOpArgs(DefOpIn, Args):
     """The def tools' common input (SPEC 6.5); each op reads what it needs, others pass through."""
 
-    model_config = ConfigDict(extra="allow")
-
-    op: str = Field(description="create | fork | get | list | retire | promote | verify")
-    name: Any = None
-    def_id: Any = None
-    parent_def_id: Any = None
-    overlay: Any = None
-    description: Any = None
-    promote: Any = None
-    retired: Any = None
-    content_sha256: Any = None
+    model_config = ConfigDict(extra="allow")  # as DefOpIn: Args refuses unknown fields
 
 
 class DefRefused(ApplicationError):

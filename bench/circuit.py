@@ -71,7 +71,6 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.models import Count, Max, Min  # noqa: E402
 
-from apps.channels import services as channels  # noqa: E402
 from apps.core.redis import sync_client  # noqa: E402
 from apps.core.types import Principal  # noqa: E402
 from apps.evaluations.models import Evaluation  # noqa: E402
@@ -79,6 +78,7 @@ from apps.memory.models import MemoryEntry  # noqa: E402
 from apps.runs import services  # noqa: E402
 from apps.runs.models import TERMINAL, Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
+from apps.substrate import channeldefs  # noqa: E402
 from bench import stack  # noqa: E402
 from loomcycle_project.bootstrap import load_yaml_config  # noqa: E402
 from workers.celery import app  # noqa: E402
@@ -91,10 +91,10 @@ def _user(n: int) -> str:
 
 
 def declare(circuits: list[int]) -> None:
-    spec = channels.ChannelSpec(scope="global", default_ttl=600, max_messages=1000)
+    spec = channeldefs.ChannelSpec(scope="global", default_ttl=600, max_messages=1000)
     for n in circuits:
         for name in (f"research-done/c{n}", f"editing-done/c{n}"):
-            channels.channel_create(tenant_id="", name=name, spec=spec)
+            channeldefs.channeldef_create(tenant_id="", name=name, spec=spec)
 
 
 def start_circuit(n: int) -> tuple[int, list[str]]:

@@ -36,6 +36,7 @@ from apps.core.errors import Invalid
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.numbers import parse_count
 from apps.core.types import Principal
+from apps.substrate import channeldefs
 from apps.substrate.models import ChannelDef
 
 router = Router(tags=["channels"])
@@ -121,7 +122,7 @@ def _list(principal: Principal) -> dict[str, Any]:
 
 def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
     name = access.runtime_channel_name(body.name)
-    spec = services.ChannelSpec(
+    spec = channeldefs.ChannelSpec(
         description=body.description,
         scope=body.scope,
         semantic=body.semantic,
@@ -130,12 +131,12 @@ def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
         publisher=body.publisher,
         period=body.period,
     )
-    row = services.channel_create(tenant_id=principal.tenant_id, name=name, spec=spec)
+    row = channeldefs.channeldef_create(tenant_id=principal.tenant_id, name=name, spec=spec)
     return _described(row, principal.tenant_id)
 
 
 def _update(principal: Principal, name: str, body: ChannelUpdateIn) -> dict[str, Any]:
-    row = services.channel_update(tenant_id=principal.tenant_id, name=name, changes=body.model_dump())
+    row = channeldefs.channeldef_update(tenant_id=principal.tenant_id, name=name, changes=body.model_dump())
     return _described(row, principal.tenant_id)
 
 

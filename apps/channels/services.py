@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,103 +29,31 @@ from django.db import connection, transaction
 from django.utils import timezone
 from redis import RedisError
 
-from apps.channels.errors import (
-    ChannelNameInUse,
-    ChannelNotFound,
-    ChannelValueTooLarge,
-    ChannelYamlImmutable,
-)
+from apps.channels.errors import ChannelValueTooLarge
 from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
 from apps.channels.selectors import channel_get
 from apps.channels.streams import Published, Stream, bell, new_message_id
 from apps.channels.waits import waits_answer_stream
 from apps.core.errors import ApplicationError, Invalid
-from apps.core.quotas import tenant_count_check, tenant_count_lock
 from apps.core.redis import sync_client
-from apps.substrate.models import ChannelDef, DefSource
+from apps.substrate import channeldefs
+from apps.substrate.models import ChannelDef
 
 log = logging.getLogger("loomcycle.channels")
 
 SWEEP_BATCH = 1000
 
 # --- declarations -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChannelSpec:
-    description: str = ""
-    scope: str = "global"
-    semantic: str = "queue"
-    default_ttl: int | None = None
-    max_messages: int | None = None
-    publisher: str = ""
-    period: str = ""
-
-
-def channel_create(*, tenant_id: str, name: str, spec: ChannelSpec) -> ChannelDef:
-    if len(spec.publisher) > 32 or len(spec.period) > 64:
-        raise Invalid("publisher is at most 32 characters, period at most 64", code="invalid_body")
-    with transaction.atomic():
-        existing = ChannelDef.objects.select_for_update().filter(name=name, tenant_id__in={tenant_id, ""})
-        for row in existing:
-            if row.source == DefSource.YAML:
-                raise ChannelYamlImmutable(f'channel "{name}" is declared in yaml; it cannot be redeclared at runtime')
-            if row.tenant_id == tenant_id:
-                raise ChannelNameInUse(f'channel "{name}" already exists')
-        tenant_count_lock("channels", tenant_id)  # the count and the insert are one decision
-        tenant_count_check(
-            resource="channels",
-            tenant_id=tenant_id,
-            held=ChannelDef.objects.filter(tenant_id=tenant_id, source=DefSource.RUNTIME).count(),
-            cap=settings.LOOMCYCLE.tenant_max_channels,
-            setting="LOOMCYCLE_TENANT_MAX_CHANNELS",
-        )
-        return ChannelDef.objects.create(
-            tenant_id=tenant_id,
-            name=name,
-            source=DefSource.RUNTIME,
-            description=spec.description,
-            scope=spec.scope,
-            semantic=spec.semantic,
-            default_ttl_seconds=spec.default_ttl or None,
-            max_messages=spec.max_messages or None,
-            publisher=spec.publisher,
-            period=spec.period,
-        )
-
-
-def _runtime_row(tenant_id: str, name: str) -> ChannelDef:
-    """The tenant's own runtime channel `name` (what PATCH and DELETE may change)."""
-    rows = list(ChannelDef.objects.filter(name=name, tenant_id__in={tenant_id, ""}))
-    if any(r.source == DefSource.YAML for r in rows):
-        raise ChannelYamlImmutable(f'channel "{name}" is declared in yaml; change the yaml instead')
-    for row in rows:
-        if row.tenant_id == tenant_id:
-            return row
-    raise ChannelNotFound(f'channel "{name}" not found')
-
-
-def channel_update(*, tenant_id: str, name: str, changes: dict[str, Any]) -> ChannelDef:
-    """PATCH: description, semantic, default_ttl, max_messages of a runtime channel (0 = none)."""
-    row = _runtime_row(tenant_id, name)
-    if changes.get("description") is not None:
-        row.description = changes["description"]
-    if changes.get("semantic") is not None:
-        row.semantic = changes["semantic"]
-    if changes.get("default_ttl") is not None:
-        row.default_ttl_seconds = changes["default_ttl"] or None
-    if changes.get("max_messages") is not None:
-        row.max_messages = changes["max_messages"] or None
-    row.save()
-    return row
+# The declarations (ChannelDef) are substrate's rows, written by apps.substrate.channeldefs:
+# REST calls it to create and change them; deleting one takes its messages and cursors along.
 
 
 def channel_delete(*, tenant_id: str, name: str) -> None:
-    row = _runtime_row(tenant_id, name)
+    row = channeldefs.channeldef_runtime(tenant_id=tenant_id, name=name)
     with transaction.atomic():
         ChannelMessage.objects.filter(tenant_id=tenant_id, channel=name).delete()
         ChannelCursor.objects.filter(tenant_id=tenant_id, channel=name).delete()
-        row.delete()
+        channeldefs.channeldef_delete(row)
 
 
 def channel_purge(*, tenant_id: str, name: str) -> dict[str, Any]:

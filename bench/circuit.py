@@ -47,26 +47,14 @@ CIRCUITS_PER_USER = 10
 ROLES = ("researcher", "editor", "evaluator")
 TIMINGS_KEY = "lc:bench:circuit-timings"
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
+from bench import stack  # noqa: E402
+
+SERVICES = stack.boot(
+    DATA,
+    stack.BENCH / "circuit.yaml",
     LOOMCYCLE_ENGINE_TIMINGS_KEY=TIMINGS_KEY,
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "circuit.yaml"),
-    LOOMCYCLE_MOCK_LATENCY_MS="0",
-    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
     LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS="120000",  # as loomcycle's circuit load test runs
-    LOOMCYCLE_LOG_LEVEL="WARNING",
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
 )
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.models import Count, Max, Min  # noqa: E402

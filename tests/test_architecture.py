@@ -160,3 +160,28 @@ cur.execute("DELETE FROM substrate_channeldef WHERE name = %s", [n])
 ChannelDef.objects.filter(name="x").first()
 """
     assert sorted(v.split(":")[0] for v in channel_def_writes(source)) == ["2", "3", "4", "5"]
+
+
+# --- Shared shapes have one home (issue 34): test modules share set-up through tests/factories/
+# and conftest fixtures, never by importing each other; bench scripts start through bench/stack.
+
+
+TEST_MODULE_IMPORT = re.compile(
+    r"^\s*(?:from\s+tests(?:\.\w+)*\.test_\w+\s+import|import\s+tests(?:\.\w+)*\.test_\w+)", re.M
+)
+
+
+def test_no_test_module_imports_another() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)}:{source[: m.start()].count(chr(10)) + 1}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for source in [path.read_text()]
+        for m in TEST_MODULE_IMPORT.finditer(source)
+    ]
+    assert offences == []
+
+
+def test_bench_scripts_start_through_bench_stack() -> None:
+    """Django is set up (after the environment and the embedded services) in bench/stack.boot only."""
+    scripts = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "stack.py")
+    assert [p.name for p in scripts if "django.setup()" in p.read_text()] == []

@@ -16,7 +16,7 @@ import pytest
 
 from apps.runs.models import Run, RunStatus
 from tests.conftest import daphne, wait_status
-from tests.runs.test_api import sse_frames
+from tests.factories.runs import sse_frames
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 

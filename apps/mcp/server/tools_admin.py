@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field
 from apps.core.errors import ApplicationError
 from apps.core.http import db_call
 from apps.core.types import Principal
-from apps.mcp.server.registry import Args, McpTool, register
+from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
 from apps.substrate import services as substrate

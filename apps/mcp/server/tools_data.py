@@ -21,7 +21,7 @@ from apps.channels.streams import Stream
 from apps.core.errors import Forbidden, Invalid, NotFound
 from apps.core.http import db_call
 from apps.core.types import Principal
-from apps.mcp.server.registry import Args, McpTool, register
+from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.memory import presenters as memory_presenters
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services

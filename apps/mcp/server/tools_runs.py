@@ -25,7 +25,7 @@ from apps.core.ids import IDENT_RE
 from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import astream_slot
-from apps.mcp.server.registry import Args, McpTool, register
+from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.runs import interrupts, selectors, services
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out

@@ -12,7 +12,11 @@ class RunsConfig(AppConfig):
         from apps.runs import (
             fanout,
             interrupts_admin,  # noqa: F401  (registers the pending-interrupts admin)
+            lifecycle,
             registry,
+            resident,
+            sessions,
+            subruns,
         )
         from apps.runs.interruption import INTERRUPTION_TOOL
         from apps.runs.subruns import AGENT_TOOL
@@ -21,6 +25,10 @@ class RunsConfig(AppConfig):
         registry.register(CONTEXT_TOOL)
         registry.register(AGENT_TOOL)
         registry.register(INTERRUPTION_TOOL)
-        registry.on_run_finished(fanout.on_run_finished)  # runs:batch children report to their join
+        # A run's end (apps.runs.lifecycle): the wings' after-effects, in this order.
+        lifecycle.subscribe(resident.on_run_ended, when=lifecycle.may_hold_residents)
+        lifecycle.subscribe(subruns.on_run_ended, when=lifecycle.is_child)
+        lifecycle.subscribe(sessions.on_run_ended, when=lifecycle.is_top_level)
+        lifecycle.on_run_finished(fanout.on_run_finished)  # runs:batch children report to their join
         # The gateway's waits (mock latency, provider-slot waits) give up the engine's admission slot.
         waits.install(ADMISSION.outside)

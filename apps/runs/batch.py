@@ -31,9 +31,11 @@ from django.utils import timezone
 from apps.core.errors import ApplicationError, RuntimePaused, Unprocessable
 from apps.core.pubsub import hub
 from apps.core.types import Principal
-from apps.runs import fanout, services, store
+from apps.runs import create, fanout, store
+from apps.runs.cancel import run_cancel
 from apps.runs.fanout_models import FanOut, FanOutKind, FanOutSlot, SlotState
 from apps.runs.models import TERMINAL, RuntimeStateValue
+from apps.runs.selectors import runtime_state
 
 REPOLL_S = 5.0  # the backstop re-read of the join while no ring came
 DEFAULT_TIMEOUT_MS = 300_000
@@ -45,7 +47,7 @@ MAX_TIMEOUT_MS = 1_800_000  # as the longest SSE stream (30 min)
 class BatchSpawn:
     """One spawn of the request: the run to create and the context passed through to its entry."""
 
-    create: services.RunCreate
+    create: create.RunCreate
     parent_context: dict[str, Any] | None = None
 
 
@@ -58,7 +60,7 @@ def batch_start(*, principal: Principal, spawns: list[BatchSpawn]) -> str:
             "a batch joins on its runs' ends: interactive runs (which park for input) are refused",
             code="interactive_not_allowed",
         )
-    if services.runtime_state_get() != RuntimeStateValue.RUNNING:
+    if runtime_state() != RuntimeStateValue.RUNNING:
         raise RuntimePaused("runtime is paused; retry after resume")
     try:
         with transaction.atomic():
@@ -89,7 +91,7 @@ def _child(principal: Principal, index: int, spawn: BatchSpawn) -> FanOutSlot:
         with transaction.atomic():
             # Never interactive, whatever the agent's definition says: the join waits for its end.
             data = dataclasses.replace(spawn.create, notify_finished=True, interactive=False)
-            run = services.run_create(principal=principal, data=data)
+            run = create.run_create(principal=principal, data=data)
     except ApplicationError as exc:
         error = f"{exc.code}: {exc.message}"
         return FanOutSlot(
@@ -133,7 +135,7 @@ def batch_cancel_unfinished(*, principal: Principal, fanout_id: str) -> frozense
     try:
         late = [v.run.id for v in fanout.join_children(fanout_id) if v.run is not None and v.run.status not in TERMINAL]
         for run_id in late:
-            services.run_cancel(principal=principal, run_id=run_id, reason=TIMED_OUT)
+            run_cancel(principal=principal, run_id=run_id, reason=TIMED_OUT)
         return frozenset(late)
     finally:
         connection.close()

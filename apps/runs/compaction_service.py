@@ -21,18 +21,6 @@ from apps.runs import compacting, signals, store, tracing
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.selectors import run_get, run_routing
 
-COMPACTION_KEYS = ("enabled", "target_percentage", "keep_last_n", "keep_first", "autocompact_at_pct", "model")
-
-
-def compaction_routing(definition: dict[str, Any], parent_id: str | None) -> dict[str, Any]:
-    """The `compaction` entry of a new run's routing: the agent's own block (its set
-    fields), else its parent's pinned one, else nothing ({})."""
-    own = {k: v for k, v in (definition.get("compaction") or {}).items() if k in COMPACTION_KEYS and v is not None}
-    if own:
-        return {"compaction": own}
-    inherited = run_routing(run_id=parent_id).get("compaction") if parent_id else None
-    return {"compaction": inherited} if inherited else {}
-
 
 def run_compact(
     *, principal: Principal, run_id: str, keep_last_n: int | None = None, keep_first: bool | None = None

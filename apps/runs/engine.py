@@ -60,6 +60,7 @@ from apps.gateway.resolver import Candidate, Policy
 from apps.runs import compacting, metrics, registry, resident, signals, store, tracing, turncancel
 from apps.runs.credentials import CredentialsUnreadable, unseal
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
+from apps.runs.lifecycle import Ended, run_ended
 from apps.runs.live import LIVE, WORKER_ID
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import messages_from_rows
@@ -69,13 +70,11 @@ from apps.runs.subruns import (
     Spawn,
     children_enqueue,
     children_insert,
-    run_child_finished,
     spawn_prepare,
     spawns_abandon,
 )
 from apps.runs.toolrun import CallOutcome, run_calls
 from apps.runs.turncancel import CutKind, TurnCut
-from apps.runs.wake import run_slot_freed
 from apps.substrate.selectors import agent_def_is_operator_yaml
 
 log = logging.getLogger("loomcycle.engine")
@@ -856,30 +855,21 @@ def _after_commit(run: ClaimedRun, write: StepWrite) -> None:
             log.exception("run %s call %s: the post-park check failed; the wake sweep will answer it", run.id, call_id)
         finally:
             connection.close()
-    if write.next == Next.FINISH and run.notify_finished:  # registry.on_run_finished listeners
-        _announce_finished(run.id, write.status)
-    _resident_after_commit(run, write)
-    if write.next == Next.FINISH:  # every run holds a fairness slot, a sub-agent too (apps.runs.subruns)
-        fairness.run_slot_release(run.id)
-    if write.next == Next.FINISH and run.parent_id:
-        run_child_finished(child_id=run.id)
-    elif write.next == Next.FINISH:  # only top-level runs hold an admission slot (apps.runs.backpressure)
-        _slot_freed(run.id)
+    _resident_turn_ended(run, write)
+    if write.next == Next.FINISH:  # the run's end: every after-effect, as a cancel's (apps.runs.lifecycle)
+        ended = Ended(run.id, write.status, run.parent_id, run.notify_finished, tuple(run.tools))
+        run_ended(ended, close_connection=True)
     # Last: the deployment's receivers never delay or abort the runtime's own after-commit work.
     signals.deliver_all(write.deliveries, close_connection=True)
 
 
-def _resident_after_commit(run: ClaimedRun, write: StepWrite) -> None:
-    """A resident child's turn ended (its parent's waiting call is answered), or a run that
-    may be or hold resident children ended (apps.runs.resident). Other runs pay nothing."""
-    if run.parent_id and write.next == Next.PARK and write.status == RunStatus.AWAITING_INPUT:
-        hook = partial(resident.resident_turn_ended, child_id=run.id)
-    elif write.next == Next.FINISH and (run.parent_id or "Agent" in run.tools):
-        hook = partial(resident.resident_run_ended, run_id=run.id)
-    else:
+def _resident_turn_ended(run: ClaimedRun, write: StepWrite) -> None:
+    """A resident child's turn ended (its parent's waiting call is answered: apps.runs.resident).
+    Other runs pay nothing; a run's end closes its resident rows through apps.runs.lifecycle."""
+    if not (run.parent_id and write.next == Next.PARK and write.status == RunStatus.AWAITING_INPUT):
         return
     try:
-        hook()
+        resident.resident_turn_ended(child_id=run.id)
     finally:
         connection.close()
 
@@ -918,17 +908,3 @@ def _record_signals(run: ClaimedRun, write: StepWrite, *, final: bool) -> list[s
     elif final and write.next == Next.FINISH:
         recorded.append(signals.record(signals.run_finished, run_id=run.id, status=write.status))
     return [delivery for delivery in recorded if delivery is not None]
-
-
-def _announce_finished(run_id: str, status: str) -> None:
-    try:
-        registry.run_finished(run_id, status)
-    finally:
-        connection.close()
-
-
-def _slot_freed(run_id: str) -> None:
-    try:
-        run_slot_freed(run_id)  # a top-level run's admission slot: the next waiting run starts
-    finally:
-        connection.close()

@@ -174,8 +174,8 @@ class FanOutPark:
 
 
 def _child_insert(ctx: ToolContext, p: Planned, *, depth: int, call_id: str, start: bool) -> str:
+    from apps.runs.create import RunCreate, run_insert
     from apps.runs.prompt import Segment
-    from apps.runs.services import RunCreate, run_insert
 
     data = RunCreate(
         agent=p.agent,

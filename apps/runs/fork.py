@@ -41,10 +41,10 @@ from typing import Any
 
 from apps.core.errors import NotFound, Unprocessable
 from apps.core.types import Principal
+from apps.runs.create import RunCreate, Seed, run_create
 from apps.runs.models import Run
 from apps.runs.prompt import Segment
 from apps.runs.selectors import run_get, run_transcript_through
-from apps.runs.services import RunCreate, Seed, run_create
 from apps.runs.sessions import replayed_history
 
 

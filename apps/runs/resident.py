@@ -23,7 +23,7 @@ Invariants:
   ended parents and rows of ended children: anything lost with a process is made
   up within a sweep period.
 - A row leaves `open` exactly once (apps.runs.store.resident_close); closing an
-  open row cancels the child's run (apps.runs.services.run_stop).
+  open row cancels the child's run (apps.runs.cancel.run_stop).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from apps.runs import selectors, store
+from apps.runs.cancel import run_stop
+from apps.runs.lifecycle import Ended
 from apps.runs.models import TERMINAL, ResidentChild, RunStatus
 from apps.runs.wake import run_answer
 
@@ -153,14 +155,17 @@ def resident_turn_ended(*, child_id: str) -> None:
 
 def resident_close(*, child_id: str, reason: str) -> bool:
     """Close an open row and cancel the child's run (and what it spawned). False when it was closed already."""
-    from apps.runs.services import run_stop
-
     with transaction.atomic():
         closed = store.resident_close(child_id=child_id, reason=reason, now=timezone.now())
     if closed:
         run_stop(run_id=child_id, reason=f"resident child: {reason}")
         resident_report(child_id=child_id)  # a call still waiting on it (a parallel send) gets its answer
     return closed
+
+
+def on_run_ended(ended: Ended) -> None:
+    """apps.runs.lifecycle subscriber (a child, or a run with the Agent tool): its resident rows."""
+    resident_run_ended(run_id=ended.run_id)
 
 
 def resident_run_ended(*, run_id: str) -> None:
@@ -193,8 +198,6 @@ def resident_close_if_idle(*, child_id: str, parent_id: str, now: datetime) -> b
             return False
         closed = store.resident_close(child_id=child_id, reason=Closed.IDLE_TTL, now=now)
     if closed:
-        from apps.runs.services import run_stop
-
         run_stop(run_id=child_id, reason=f"resident child: {Closed.IDLE_TTL}")
     return closed
 
@@ -204,8 +207,6 @@ def resident_sweep(*, now: datetime | None = None) -> int:
     close rows whose parent or child run ended, stop the runs of closed rows still live (a close
     whose stop was lost to a crash), and answer waiting calls whose turn is over or whose wait
     timed out. Safe to overlap: every change is conditional."""
-    from apps.runs.services import run_stop
-
     now = now or timezone.now()
     done = 0
     for child_id, parent_id in selectors.resident_idle_due(now=now, limit=SWEEP_BATCH):

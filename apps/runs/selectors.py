@@ -457,3 +457,19 @@ def runs_orphaned(*, limit: int) -> list[str]:
         .order_by("created_at")
     )
     return [str(i) for i in rows.values_list("id", flat=True)[:limit]]
+
+
+@dataclass(frozen=True)
+class SessionRun:
+    id: str
+    status: str
+    turn: int
+
+
+def session_runs(*, tenant_id: str, user_id: str, session_id: str) -> list[SessionRun]:
+    """The session's top-level runs of this owner, in turn order ([] when it has none):
+    what a new run's placement in its session reads (apps.runs.backpressure.session_place)."""
+    qs = Run.objects.filter(session_id=session_id, parent__isnull=True, tenant_id=tenant_id, user_id=user_id)
+    return [
+        SessionRun(i, s, t) for i, s, t in qs.order_by("session_turn", "id").values_list("id", "status", "session_turn")
+    ]

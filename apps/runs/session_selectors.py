@@ -49,19 +49,6 @@ def session_head(*, tenant_id: str | None, session_id: str, owner: str | None = 
     return SessionHead(first.session_id, first.tenant_id, first.user_id, first.agent_name, first.created_at)
 
 
-@dataclass(frozen=True)
-class SessionRun:
-    id: str
-    status: str
-    turn: int
-
-
-def session_runs(*, tenant_id: str, user_id: str, session_id: str) -> list[SessionRun]:
-    """The session's top-level runs of this owner, in turn order ([] when it has none)."""
-    qs = _top(session_id).filter(tenant_id=tenant_id, user_id=user_id).order_by("session_turn", "id")
-    return [SessionRun(i, s, t) for i, s, t in qs.values_list("id", "status", "session_turn")]
-
-
 def session_history(*, tenant_id: str, session_id: str, before_turn: int | None = None) -> Rows:
     """The transcript rows a continuation replays: the session's top-level runs
     before `before_turn` (all when None), in turn order, less those a `rollback`

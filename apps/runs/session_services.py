@@ -22,7 +22,7 @@ from apps.core.errors import Conflict, Invalid, NotFound
 from apps.core.identity import acting_user_id
 from apps.core.timefmt import ts
 from apps.core.types import Principal
-from apps.runs import services, sessions, store
+from apps.runs import create, sessions, store
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.runs.session_selectors import (
@@ -43,14 +43,14 @@ def _owned(principal: Principal, session_id: str) -> SessionHead:
     return head
 
 
-def session_continue(*, principal: Principal, session_id: str, data: services.RunCreate) -> Run:
+def session_continue(*, principal: Principal, session_id: str, data: create.RunCreate) -> Run:
     """A new run in the session, with the session's agent and user, whose model sees
     the session's stored history first (POST /v1/sessions/{id}/messages)."""
     head = _owned(principal, session_id)
     joined = dataclasses.replace(
         data, agent=head.agent, user_id=head.user_id, session_id=session_id, replay_session=True
     )
-    return services.run_create(principal=principal, data=joined)
+    return create.run_create(principal=principal, data=joined)
 
 
 def session_replay(*, principal: Principal, session_id: str, agent: str | None) -> dict[str, Any]:
@@ -62,15 +62,15 @@ def session_replay(*, principal: Principal, session_id: str, agent: str | None) 
     if not rows:
         raise Invalid(f"session {session_id} has no history to replay", code="empty_source")
     marker = Segment(text=f"[replay of session {session_id}: {len(rows)} messages]")
-    data = services.RunCreate(agent=agent or head.agent, segments=[marker], user_id=head.user_id)
+    data = create.RunCreate(agent=agent or head.agent, segments=[marker], user_id=head.user_id)
     try:
-        resolved = services.run_resolve(tenant_id=principal.tenant_id, data=data)
+        resolved = create.run_resolve(tenant_id=principal.tenant_id, data=data)
     except Invalid as exc:
         if exc.code != "unknown_agent":
             raise
         raise Conflict(f"agent {data.agent!r} is gone: {exc.message}", code="agent_gone") from exc
     with transaction.atomic():
-        seed = services.run_insert(
+        seed = create.run_insert(
             tenant_id=principal.tenant_id, data=data, resolved=resolved, status=RunStatus.COMPLETED, transcript=rows
         )
         store.seed_finish(run_id=seed.id)

@@ -19,13 +19,15 @@ Invariants:
 - Every decision about a session (busy, enqueue order, turn number,
   promotion) runs under its transaction advisory lock (store.session_lock),
   in the transaction that inserts or moves the run.
-- An enqueued run is promoted by the end of the session's live run (the
-  after-commit hook `session_next`, called wherever a top-level run's slot is
-  freed: the engine's finish, a cancel) and by the lease sweep as a backstop
+- An enqueued run is promoted by the end of the session's live run (`session_next`,
+  subscribed to every top-level run's end: apps.runs.lifecycle, called by the
+  engine's finish and by a cancel) and by the lease sweep as a backstop
   (`sessions_promote_sweep`). Promotion is a conditional UPDATE under the
   lock, so it happens once, and it skips a run flagged for cancel. A run
   enqueued also tries a promotion after its own commit (the live run it
   queued behind may have ended before that commit, finding no waiting row).
+  Placement and promotion are the floor's (apps.runs.backpressure: a run's creation
+  and a withdrawn waiting run move the queue too); this module answers a run's end.
 - A run that replays its session sees the transcript rows of the session's
   earlier turns (not rolled back) before its own: they are read at each of its
   iterations, never copied (no history that grows with the square of the turns).
@@ -34,78 +36,20 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
-from apps.core.errors import Conflict, NotFound, Unprocessable
-from apps.runs import backpressure, store
-from apps.runs.dispatch import wake_and_enqueue
-from apps.runs.session_selectors import Rows, session_history, session_runs, session_waiting_of, sessions_stalled
-from apps.runs.statuses import TERMINAL, RunStatus
+from apps.runs.backpressure import session_promote
+from apps.runs.lifecycle import Ended
+from apps.runs.session_selectors import Rows, session_history, session_waiting_of, sessions_stalled
 
 log = logging.getLogger("loomcycle.runs")
 
 
-class Strategy(StrEnum):
-    """What a request does when its session has a run in flight."""
-
-    REJECT = "reject"
-    ENQUEUE = "enqueue"
-    INTERRUPT = "interrupt"
-    ROLLBACK = "rollback"
-
-
-def strategy_of(value: str | None) -> Strategy:
-    """The request's strategy (`reject` when omitted); 422 `invalid_multitask_strategy` otherwise."""
-    if value is None:
-        return Strategy.REJECT
-    try:
-        return Strategy(value)
-    except ValueError:
-        known = ", ".join(s.value for s in Strategy)
-        raise Unprocessable(
-            f"unknown multitask_strategy {value!r}: one of {known}", code="invalid_multitask_strategy"
-        ) from None
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a new run goes in its session (decided under the session's lock)."""
-
-    session_id: str
-    turn: int
-    waits: bool  # inserted `waiting_session`: a run of the session is live
-    cancel: tuple[str, ...] = ()  # live runs flagged for cancel with the new run, finished after (interrupt, rollback)
-    reason: str = ""
-
-
-def session_place(*, tenant_id: str, user_id: str, session_id: str, strategy: Strategy) -> Place:
-    """Inside run_create's transaction: lock the session, check it is this owner's
-    (NotFound otherwise, as for an unknown id), and apply `strategy` if a run of it is
-    live (409 `session_busy` for `reject`). A rollback's marks, and the cancel flags of
-    the runs interrupt/rollback displace, commit with the new run."""
-    store.session_lock(session_id)
-    runs = session_runs(tenant_id=tenant_id, user_id=user_id, session_id=session_id)
-    if not runs:
-        raise NotFound(f"unknown session {session_id}", code="session_not_found")
-    turn = runs[-1].turn + 1
-    live = [r for r in runs if r.status not in TERMINAL]
-    if not live:
-        return Place(session_id, turn, waits=False)
-    if strategy == Strategy.REJECT:
-        busy = next((r.id for r in live if r.status != RunStatus.WAITING_SESSION), live[0].id)
-        raise Conflict(f"session {session_id} has a run in flight", code="session_busy", details={"run_id": busy})
-    if strategy == Strategy.ENQUEUE:
-        return Place(session_id, turn, waits=True)
-    ids = [r.id for r in reversed(live)]  # the enqueued ones first: none of them is promoted on the way
-    if strategy == Strategy.ROLLBACK:
-        store.session_rollback_mark(run_ids=ids)
-    reason = f"multitask_strategy={strategy.value}"
-    store.session_cancel_mark(run_ids=ids, reason=reason)
-    return Place(session_id, turn, waits=True, cancel=tuple(ids), reason=reason)
+def on_run_ended(ended: Ended) -> None:
+    """apps.runs.lifecycle subscriber (top-level runs): the session's next run starts."""
+    session_next(ended.run_id)
 
 
 def session_next(run_id: str) -> None:
@@ -118,32 +62,6 @@ def session_next(run_id: str) -> None:
             session_promote(session_id)
     except DatabaseError:
         log.exception("run %s ended; starting its session's next run failed, the lease sweep will", run_id)
-
-
-def session_promote(session_id: str) -> bool:
-    """Move the session's oldest enqueued run on if none of its runs is live: to
-    `queued` (doorbell after the commit), or to `waiting_slot` when admission is on
-    (the admission promotion that follows a run's end starts it)."""
-    gated = backpressure.limits().max_concurrent_runs > 0
-    status = RunStatus.WAITING_SLOT if gated else RunStatus.QUEUED
-    with transaction.atomic():
-        store.session_lock(session_id)
-        moved = store.session_promote(session_id=session_id, status=status)
-    if moved is None:
-        return False
-    if not gated:  # gated: the admission promotion after a run's end (or beat's) admits it
-        wake_and_enqueue(moved[0], moved[2], moved[1])
-    return True
-
-
-def session_promote_after_commit(session_id: str) -> None:
-    """After a run enqueued in the session committed: promote, in case the live run
-    it queued behind ended before that commit (its `session_next` found no waiting
-    row then). A database error is logged: the lease sweep promotes it."""
-    try:
-        session_promote(session_id)
-    except DatabaseError:
-        log.exception("session %s: promoting after an enqueue failed, the lease sweep will", session_id)
 
 
 def sessions_promote_sweep() -> int:

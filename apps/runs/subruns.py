@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -31,16 +31,15 @@ from apps.core.tools import Park, SpawnRequest, Tool, ToolContext, ToolResult
 from apps.gateway import fairness
 from apps.gateway.providers import ToolCall
 from apps.runs import fanout, store
+from apps.runs.create import RunCreate, run_insert, run_resolve
 from apps.runs.dispatch import enqueue_iteration
+from apps.runs.lifecycle import Ended
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
 from apps.runs.resident_tool import OPS as RESIDENT_OPS
 from apps.runs.resident_tool import resident_execute
 from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
 from apps.runs.wake import run_answer
-
-if TYPE_CHECKING:
-    from apps.runs.services import RunCreate  # imported at call time below: services imports this module
 
 log = logging.getLogger("loomcycle.subruns")
 
@@ -105,7 +104,7 @@ AGENT_TOOL = Tool(
 class Spawn:
     call: ToolCall
     request: SpawnRequest
-    resolved: Any  # services.Resolved
+    resolved: Any  # create.Resolved
     caller_tools: list[str] | None = None  # the top-level caller's narrowing, inherited
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)  # the parent's, inherited
     run_id: str = ""  # the child's id, chosen when its fairness slot was taken (spawn_prepare)
@@ -139,8 +138,6 @@ def spawn_prepare(
     worker waits for a slot. The slot is given back when the child ends, or by
     `spawns_abandon` when the parent's step drops it (a slot leaked by a crash in
     between is freed by the reconcile sweep, as a top-level run's)."""
-    from apps.runs.services import run_resolve
-
     if depth + 1 > MAX_DEPTH:
         raise ApplicationError(f"sub-agent depth limit ({MAX_DEPTH}) reached; cannot spawn {request.agent!r}")
     data = _child_create(
@@ -159,8 +156,6 @@ def _child_create(
     *, request: SpawnRequest, user_id: str, user_tier: str | None, parent_id: str | None, interactive: bool
 ) -> RunCreate:
     """The child's create request: its own prompt, within its parent's caller narrowing and hosts."""
-    from apps.runs.services import RunCreate
-
     return RunCreate(
         agent=request.agent,
         segments=[Segment(text=request.prompt)],
@@ -187,8 +182,6 @@ def spawns_abandon(spawns: list[Spawn], parks: list[Park]) -> None:
 
 def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int, spawns: list[Spawn]) -> list[str]:
     """Inside the parent's step-commit transaction."""
-    from apps.runs.services import RunCreate, run_insert
-
     ids = []
     for s in spawns:
         data = RunCreate(
@@ -228,6 +221,11 @@ def _child_result(child: Run) -> tuple[str, bool]:
         return f"[sub-agent agent_id={child.agent_id}]\n{text}", False
     why = child.error or child.stop_reason or child.status
     return f"[sub-agent agent_id={child.agent_id}] {child.status}: {why}", True
+
+
+def on_run_ended(ended: Ended) -> None:
+    """apps.runs.lifecycle subscriber (children): the child reports to its parent."""
+    run_child_finished(child_id=ended.run_id)
 
 
 def run_child_finished(*, child_id: str) -> bool:

@@ -16,7 +16,7 @@ from django.db import IntegrityError, connection, transaction
 
 from apps.core.errors import Conflict
 from apps.core.redact import runtime_redactor
-from apps.runs import backpressure, operations, services, session_services, sessions, store
+from apps.runs import backpressure, create, operations, services, session_services, sessions, store
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import Segment
 from tests.conftest import ALICE
@@ -104,7 +104,7 @@ def test_an_interrupt_flags_the_runs_it_displaces_in_its_own_transaction(monkeyp
     live = start()
     queued = enqueue(live.session_id)
     lost: list[object] = []
-    monkeypatch.setattr(services, "_session_cancel", lambda *a: lost.append(a))  # the process dies after commit
+    monkeypatch.setattr(create, "_session_cancel", lambda *a: lost.append(a))  # the process dies after commit
     with transaction.atomic():
         new = interrupt(live.session_id)
         flags = set(Run.objects.filter(id__in=[live.id, queued.id]).values_list("cancel_requested", "cancel_reason"))

@@ -17,7 +17,7 @@ their doorbells rung after the commit (`apps.runs.wake.runs_admit_waiting`);
 beat runs the same promotion as a backstop. A full queue is 429
 `backpressure` before any row is written.
 
-A session (apps.runs.sessions) lets one run at a time be in flight: `session_place`
+A session (apps.runs.sessions.promotion) lets one run at a time be in flight: `session_place`
 decides, inside run_create's transaction and under the session's advisory lock, where a
 new run goes (its turn, and whether it waits behind the live one, by its request's
 `multitask_strategy`), and `session_promote` moves the session's oldest enqueued run on
@@ -129,7 +129,7 @@ def withdraw_waiting(run_id: str) -> bool:
     that waited past `queue_timeout_ms`, or whose client left): True when it
     was removed, False when it was admitted meanwhile (and must run). The run was
     its session's live one: a run enqueued behind it there is promoted after the
-    commit (as a run's end does, apps.runs.sessions)."""
+    commit (as a run's end does, apps.runs.sessions.promotion)."""
     with transaction.atomic():
         session_id = store.waiting_withdraw(run_id)
         if session_id is None:
@@ -184,7 +184,7 @@ async def slot_awaited(run_id: str, timeout_ms: int) -> None:
         raise Backpressure("queue timeout")
 
 
-# --- A session's queue (SPEC 2.3, 4.5; the strategies are described in apps.runs.sessions).
+# --- A session's queue (SPEC 2.3, 4.5; the strategies are described in apps.runs.sessions.promotion).
 
 
 class Strategy(StrEnum):

@@ -77,9 +77,9 @@ class RunCreate:
     # user_bearer (under "user_bearer") + user_credentials: sealed on the run, never in clear (apps.runs.credentials)
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
     notify_finished: bool = False  # a trigger's run: the engine tells registry.on_run_finished listeners
-    session_id: str | None = None  # join this session (its owner's only; apps.runs.sessions): None = a new one
+    session_id: str | None = None  # join this session (its owner's only; backpressure.session_place): None = new
     replay_session: bool = False  # the model sees the session's earlier turns (POST /v1/sessions/{id}/messages)
-    multitask_strategy: str | None = None  # with session_id, when the session is busy (apps.runs.sessions)
+    multitask_strategy: str | None = None  # with session_id, when the session is busy (backpressure.Strategy)
     seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
 
 
@@ -117,7 +117,7 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # on, the admission lock and the insert share one transaction (apps.runs.backpressure).
         # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run.
         listened = signals.run_created.has_listeners(Run)
-        # A session's decision (apps.runs.sessions) and the insert share one transaction too.
+        # A session's decision (apps.runs.sessions.promotion) and the insert share one transaction too.
         atomic = gated or listened or data.session_id is not None or connection.in_atomic_block
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)

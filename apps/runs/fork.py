@@ -45,7 +45,7 @@ from apps.runs.create import RunCreate, Seed, run_create
 from apps.runs.models import Run
 from apps.runs.prompt import Segment
 from apps.runs.selectors import run_get, run_transcript_through
-from apps.runs.sessions import replayed_history
+from apps.runs.sessions.replay import replayed_history
 
 
 @dataclass(frozen=True)

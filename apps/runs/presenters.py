@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from apps.core.timefmt import ts
+from apps.runs.children.resident import state_of
 from apps.runs.models import PARKED, RUNNABLE, Interrupt, ResidentChild, Run, RunStatus
-from apps.runs.resident import state_of
 
 _AWAITED = {
     RunStatus.WAITING_CHANNEL: "channel",

@@ -8,7 +8,7 @@ patterns allow any skill (anything but none or `-*`). Both still pass the
 operator floor and the caller's narrowing.
 
 An app may also register a tool-call interceptor (`register_interceptor`, at
-ready()): apps/runs/toolrun.py hands every allowed call to the interceptors,
+ready()): apps/runs/engine/toolrun.py hands every allowed call to the interceptors,
 outermost first, with the call that runs the tool as the innermost step. The
 engine does not know what they do (tool-use hooks, apps/triggers).
 

@@ -139,7 +139,7 @@ def runs_live_counts() -> dict[str, int]:
 def runs_live_by_status() -> dict[str, int]:
     """Live (non-terminal) runs of every tenant by status, every live status present
     (0 when none). Terminal runs are not counted here: their table grows without
-    bound; `loomcycle_runs_finished_total` counts them (apps.runs.metrics)."""
+    bound; `loomcycle_runs_finished_total` counts them (apps.runs.engine.metrics)."""
     rows = Run.objects.filter(status__in=[*RUNNABLE, *PARKED]).values("status").annotate(n=Count("id"))
     counts = {str(s): 0 for s in (*RUNNABLE, *PARKED)}
     counts.update({row["status"]: row["n"] for row in rows})
@@ -333,7 +333,7 @@ def interrupts_due(*, limit: int) -> list[str]:
 
 @dataclass(frozen=True)
 class CancelFlags:
-    """A run's status and both cancel flags, as committed now (apps.runs.turncancel)."""
+    """A run's status and both cancel flags, as committed now (apps.runs.engine.turncancel)."""
 
     status: str
     cancel_requested: bool
@@ -364,7 +364,7 @@ def run_forks(*, run_id: str, limit: int = 100) -> list[Run]:
     return list(Run.objects.filter(forked_from_run_id=run_id).order_by("created_at")[:limit])
 
 
-# --- Resident children (apps.runs.resident).
+# --- Resident children (apps.runs.children.resident).
 
 
 def run_spawn_context(*, run_id: str) -> tuple[int, str | None]:

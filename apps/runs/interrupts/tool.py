@@ -1,6 +1,6 @@
 """`Interruption`: ask a human mid-run (SPEC 6.7), a thin adapter over the
 interrupts table (apps.runs.store.interrupts) and the resolve services
-(apps.runs.interrupts).
+(apps.runs.interrupts.services).
 
 - Default-deny: the agent's `tools:` must list it AND its definition must set
   `interruption: {enabled: true}`; `interruption.kinds`, when set, must include
@@ -31,7 +31,7 @@ from apps.core.ids import new_interrupt_id
 from apps.core.redact import run_redactor
 from apps.core.tools import Park, Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
 from apps.runs import selectors, signals, store
-from apps.runs.interrupts import TOOL
+from apps.runs.interrupts.services import TOOL
 from apps.runs.models import Interrupt, RunStatus
 from apps.runs.presenters import interruption_event
 from apps.substrate.selectors import agent_definition

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from apps.runs import batch, fanout
+from apps.runs.children import batch, fanout
 from apps.runs.schemas import RunCreateIn
 
 

@@ -1,5 +1,5 @@
 """`POST /v1/runs:batch` (SPEC 2.3, join mode): up to 32 top-level runs and
-one `FanOut` join (apps.runs.fanout), then the request waits on the join.
+one `FanOut` join (apps.runs.children.fanout), then the request waits on the join.
 
 Invariants:
 - The children, the join and its slots commit together (one transaction,
@@ -31,8 +31,9 @@ from django.utils import timezone
 from apps.core.errors import ApplicationError, RuntimePaused, Unprocessable
 from apps.core.pubsub import hub
 from apps.core.types import Principal
-from apps.runs import create, fanout, store
+from apps.runs import create, store
 from apps.runs.cancel import run_cancel
+from apps.runs.children import fanout
 from apps.runs.fanout_models import FanOut, FanOutKind, FanOutSlot, SlotState
 from apps.runs.models import TERMINAL, RuntimeStateValue
 from apps.runs.selectors import runtime_state

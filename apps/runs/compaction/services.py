@@ -17,7 +17,8 @@ from django.db import transaction
 
 from apps.core.errors import Conflict, Unprocessable
 from apps.core.types import Principal
-from apps.runs import compacting, signals, store, tracing
+from apps.runs import signals, store, tracing
+from apps.runs.compaction import plan as compacting
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.selectors import run_get, run_routing
 

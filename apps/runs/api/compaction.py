@@ -1,5 +1,5 @@
 """The manual compaction route (docs/compaction.md).
-auth -> schema -> service -> JSON; the rules are apps.runs.compaction_service's."""
+auth -> schema -> service -> JSON; the rules are apps.runs.compaction.services's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ninja import Router
 from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
-from apps.runs.compaction_service import run_compact
+from apps.runs.compaction.services import run_compact
 from apps.runs.schemas import RunCompactIn
 
 router = Router(tags=["runs"])

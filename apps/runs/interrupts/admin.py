@@ -1,6 +1,6 @@
 """The Django admin's interruptions: every interrupt, read-only (the row is the service's), and for a pending one an
 "answer" form that goes through the same service as the REST resolve
-(apps.runs.interrupts.interrupt_resolve), attributed `admin:<username>`. Registered from
+(apps.runs.interrupts.services.interrupt_resolve), attributed `admin:<username>`. Registered from
 RunsConfig.ready()."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.utils.html import format_html
 
 from apps.core.admin import ReadOnlyAdmin
 from apps.core.errors import ApplicationError
-from apps.runs import interrupts
+from apps.runs.interrupts import services as interrupts
 from apps.runs.models import Interrupt, InterruptStatus
 from apps.substrate.admin.common import admin_subject, form_page, pretty_json
 

@@ -1,6 +1,6 @@
 """Resident children (the Agent tool's ops open/send/poll/cancel/close, SPEC 4.8):
 the reports to the parent, the closes, and beat's sweep. The tool's ops are
-apps.runs.resident_tool; the rows' writes apps.runs.store.resident.
+apps.runs.children.resident_tool; the rows' writes apps.runs.store.resident.
 
 Invariants:
 - A resident child is an interactive child run plus its `ResidentChild` row, both

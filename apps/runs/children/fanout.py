@@ -1,5 +1,5 @@
 """Fan-out with one join: the `Agent` tool's op `parallel_spawn` (SPEC 4.8,
-6.4) and the children of `POST /v1/runs:batch` (apps.runs.batch).
+6.4) and the children of `POST /v1/runs:batch` (apps.runs.children.batch).
 
 Invariants:
 - The parent parks ONCE for the whole call (a `Park` with status
@@ -104,7 +104,7 @@ class Planned:
     agent: str
     prompt: str
     parent_context: dict[str, Any] | None
-    spawn: Any = None  # apps.runs.subruns.Spawn
+    spawn: Any = None  # apps.runs.children.spawn.Spawn
     error: str = ""
 
 
@@ -168,7 +168,7 @@ class FanOutPark:
 
     def abandon(self) -> None:
         """The parent's step dropped this park: no child was inserted; give their fairness slots back."""
-        from apps.runs.subruns import spawns_abandon
+        from apps.runs.children.spawn import spawns_abandon
 
         spawns_abandon([p.spawn for p in self.planned if p.spawn is not None], [])
 
@@ -213,7 +213,7 @@ def parallel_spawn_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult
 
 
 def _plan(ctx: ToolContext, entries: list[dict[str, Any]]) -> ToolResult:
-    from apps.runs.subruns import spawn_prepare
+    from apps.runs.children.spawn import spawn_prepare
     from apps.substrate.selectors import agent_definition
 
     depth, routing = Run.objects.filter(id=ctx.run_id).values_list("depth", "routing").get()
@@ -369,7 +369,7 @@ def tool_entries(fanout_id: str) -> list[dict[str, Any]]:
 def batch_report_sweep(*, settle_seconds: float = 2.0) -> int:
     """Batch children that ended but whose report was lost (a crash between
     their commit and the report); parallel_spawn children are swept with every
-    other child by apps.runs.subruns.children_report_sweep."""
+    other child by apps.runs.children.report.children_report_sweep."""
     cutoff = timezone.now() - timedelta(seconds=settle_seconds)
     started = FanOutSlot.objects.filter(state=SlotState.STARTED, fanout__kind=FanOutKind.BATCH).values("run_id")
     rows = list(

@@ -4,7 +4,7 @@ new one, read its transcript. Invariants:
   the caller may act as; anything else is 404 `session_not_found`, as for an
   unknown id;
 - continuing is `run_create` with the session's agent and user, replaying the
-  stored history (apps.runs.sessions), under the same one-in-flight rule and
+  stored history (apps.runs.sessions.promotion), under the same one-in-flight rule and
   `multitask_strategy` as `session_id` on POST /v1/runs;
 - a replay writes one new run, terminal from the start (`completed`,
   stop_reason `session_replay`), whose transcript is the source session's
@@ -22,10 +22,11 @@ from apps.core.errors import Conflict, Invalid, NotFound
 from apps.core.identity import acting_user_id
 from apps.core.timefmt import ts
 from apps.core.types import Principal
-from apps.runs import create, sessions, store
+from apps.runs import create, store
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
-from apps.runs.session_selectors import (
+from apps.runs.sessions import replay
+from apps.runs.sessions.selectors import (
     SessionHead,
     session_compacted,
     session_events,
@@ -58,7 +59,7 @@ def session_replay(*, principal: Principal, session_id: str, agent: str | None) 
     None): 400 `empty_source` when it has none, 409 `agent_gone` when the agent does not
     resolve."""
     head = _owned(principal, session_id)
-    rows = sessions.replayed_history(tenant_id=head.tenant_id, session_id=session_id, turn=None)
+    rows = replay.replayed_history(tenant_id=head.tenant_id, session_id=session_id, turn=None)
     if not rows:
         raise Invalid(f"session {session_id} has no history to replay", code="empty_source")
     marker = Segment(text=f"[replay of session {session_id}: {len(rows)} messages]")

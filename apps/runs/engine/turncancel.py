@@ -36,14 +36,15 @@ from apps.core.types import Principal
 from apps.gateway.providers import ProviderCancelled, ToolCall
 from apps.runs import store
 from apps.runs.credentials import run_redactor_of
+from apps.runs.engine.write import end_turn
 from apps.runs.live import publish_cancel
 from apps.runs.models import RUNNABLE, TERMINAL
 from apps.runs.selectors import run_cancel_flags, run_get
 
 if TYPE_CHECKING:
-    from apps.runs.engine import StepWrite
+    from apps.runs.engine.toolrun import CallOutcome
+    from apps.runs.engine.write import StepWrite
     from apps.runs.store import ClaimedRun
-    from apps.runs.toolrun import CallOutcome
 
 DEFAULT_REASON = "cancelled by operator"
 SYNTHETIC_RESULT = "cancelled by operator"  # SPEC 4.7: the result of a tool_use the cancel kept from running
@@ -167,3 +168,9 @@ def _results(write: StepWrite, calls: Sequence[ToolCall], kept: dict[str, CallOu
         write.finished_calls.append((call.id, is_error))
         result = {"type": "tool_result", "tool_use_id": call.id, "content": text, "is_error": is_error}
         write.transcript.append(("user", [result]))
+
+
+def turn_cancelled(run: ClaimedRun, write: StepWrite, reason: str) -> StepWrite:
+    """SPEC 4.7: the turn ends here; the run parks for input as an ended turn does."""
+    write.events.append(turn_cancelled_event(run, reason))
+    return end_turn(run, write, STOP_REASON)

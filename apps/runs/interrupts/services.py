@@ -2,7 +2,7 @@
 
 Invariants:
 - An interrupt row exists iff its run parked on it (it is inserted in the parked
-  step's commit, apps.runs.interruption) and leaves `pending` exactly once: every
+  step's commit, apps.runs.interrupts.tool) and leaves `pending` exactly once: every
   way out (an answer, a decline, the deadline, its run having ended) takes the
   row lock first, then the run's (through `apps.runs.wake.run_answer`), and moves
   the row with a conditional UPDATE in the same transaction that answers the

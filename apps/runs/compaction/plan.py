@@ -12,7 +12,7 @@ fence discards the compaction with the rest of the iteration.
 
 Settings come from the run's pinned routing (`routing["compaction"]`, set at
 creation from the agent's `compaction` block or, when it has none, its
-parent's: apps.runs.compaction_service.compaction_routing).
+parent's: apps.runs.compaction.services.compaction_routing).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from apps.gateway.providers import PURPOSE_COMPACTION, ProviderError, ProviderRequest
 from apps.gateway.windows import context_window, estimate_tokens
-from apps.runs.compaction import Cut, Entry, Row, after_view, choose_cut, marker_row, render, visible
+from apps.runs.compacted import Cut, Entry, Row, after_view, choose_cut, marker_row, render, visible
 from apps.runs.store import ClaimedRun
 
 SOURCE_MANUAL = "compact"  # RunInput.source of a POST /v1/runs/{id}/compact

@@ -1,5 +1,5 @@
 """Turn-cancel and fork routes (SPEC 2.3 `POST /v1/runs/{id}/cancel`; `POST /v1/runs/{id}/fork`, beyond
-loomcycle). auth -> schema -> service -> schema; the rules are apps.runs.turncancel's and apps.runs.fork's."""
+loomcycle). auth -> schema -> service -> schema; the rules are apps.runs.engine.turncancel's and apps.runs.fork's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from ninja import Router
 from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
-from apps.runs import fork, turncancel
+from apps.runs import fork
+from apps.runs.engine import turncancel
 from apps.runs.schemas import ForkIn, TurnCancelIn
 
 router = Router(tags=["runs"])

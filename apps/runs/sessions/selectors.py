@@ -1,6 +1,6 @@
 """Session reads (SPEC 2.3, 4.5). A session is the set of top-level runs that
 share a `session_id`; all of them belong to the tenant and user of the run
-that made it (apps.runs.sessions checks every new one), so a session is found
+that made it (apps.runs.sessions.promotion checks every new one), so a session is found
 only through its owner: another tenant's or user's session is NotFound, the
 same answer as an unknown id (no existence leak)."""
 
@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import Subquery
 
 from apps.core.errors import NotFound
-from apps.runs.compaction import MARKER_ROLE, visible_rows
+from apps.runs.compacted import MARKER_ROLE, visible_rows
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.statuses import SESSION_IDLE
 
@@ -54,7 +54,7 @@ def session_history(*, tenant_id: str, session_id: str, before_turn: int | None 
     before `before_turn` (all when None), in turn order, less those a `rollback`
     dropped; each run's rows in their order. A run that did not replay the session
     (its first turn, or one appended with `session_id`) contributes its compacted
-    form (apps.runs.compaction.visible_rows): its markers were made against its own
+    form (apps.runs.compacted.visible_rows): its markers were made against its own
     rows only, so left raw, the latest one would cut the earlier turns out of the
     whole history. A replaying run's markers were made against the prefix before it,
     so its rows stay raw."""

@@ -1,5 +1,5 @@
 """The Agent tool's resident-child ops (SPEC 4.8, 6.4), a thin adapter over
-apps.runs.resident (its invariants are there):
+apps.runs.children.resident (its invariants are there):
 
 - `open {name, prompt, idle_ttl_seconds?, timeout_ms?}` starts an interactive child
   that inherits what a spawned child inherits (user, tenant, credentials, host
@@ -10,7 +10,7 @@ apps.runs.resident (its invariants are there):
   `running`), answering with the output the parent had not read.
 - `poll {child_run_id}` never parks: the state and the output not read yet.
 - `cancel {child_run_id}` stops the child's current turn only (the turn-cancel of
-  apps.runs.turncancel: its partial output is kept, it re-parks idle and stays open);
+  apps.runs.engine.turncancel: its partial output is kept, it re-parks idle and stays open);
   an idle child has nothing to cancel (`cancelled: false`).
 - `close {child_run_id}` closes the child (idempotent).
 A parent addresses only children it opened: any other id is `is_error`, whether it
@@ -36,10 +36,7 @@ from apps.core.tools import Park, SpawnRequest, ToolContext, ToolRefusal, ToolRe
 from apps.gateway import fairness
 from apps.gateway.providers import ToolCall
 from apps.runs import selectors, signals, store
-from apps.runs.dispatch import enqueue_iteration
-from apps.runs.live import publish_cancel
-from apps.runs.models import TERMINAL, ResidentChild, RunStatus
-from apps.runs.resident import (
+from apps.runs.children.resident import (
     TOOL,
     Closed,
     Output,
@@ -51,6 +48,9 @@ from apps.runs.resident import (
     resident_report,
     state_of,
 )
+from apps.runs.dispatch import enqueue_iteration
+from apps.runs.live import publish_cancel
+from apps.runs.models import TERMINAL, ResidentChild, RunStatus
 from apps.runs.statuses import ANSWERABLE
 
 OPS = ("open", "send", "poll", "cancel", "close")
@@ -114,7 +114,7 @@ def _deadline(timeout_ms: int | None) -> datetime | None:
 
 
 def _open(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    from apps.runs.subruns import spawn_prepare
+    from apps.runs.children.spawn import spawn_prepare
 
     name, prompt = data.get("name"), _text(data, "prompt")
     if not isinstance(name, str) or not is_ident(name):
@@ -162,7 +162,7 @@ def _record_open(
     call_id: str,
 ) -> None:
     """Inside the parent's park commit (its run row locked): the cap, the child run, its row."""
-    from apps.runs.subruns import children_insert
+    from apps.runs.children.spawn import children_insert
 
     cap = settings.LOOMCYCLE.resident_max_children
     if selectors.resident_open_count(parent_id=run_id) >= cap:  # parallel opens of one step count each other here
@@ -285,7 +285,7 @@ def _cancel(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     if state == State.IDLE:
         body = answer_of(row, state, Output("", row.read_idx, False), status, cancelled=False)
         return ToolResult(json.dumps(body))
-    # A turn-cancel of the child (apps.runs.turncancel): its worker keeps what the turn
+    # A turn-cancel of the child (apps.runs.engine.turncancel): its worker keeps what the turn
     # produced, answers undispatched calls with errors and re-parks it idle; it stays open.
     flagged = store.turn_cancel_request(run_id=child_id, reason=TURN_CANCEL_REASON)
     if flagged:

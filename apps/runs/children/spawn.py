@@ -1,5 +1,5 @@
 """Sub-agents: the `Agent` tool (op `spawn`, SPEC 6.4) and the wake-up of parents.
-Op `parallel_spawn` and its join are apps.runs.fanout's; a fan-out child's report goes there.
+Op `parallel_spawn` and its join are apps.runs.children.fanout's; a fan-out child's report goes there.
 
 Invariants:
 - A parent never waits on a child: the iteration that spawned commits with
@@ -19,85 +19,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
-from django.utils import timezone
-
 from apps.core.errors import ApplicationError
-from apps.core.ids import is_ident, new_run_id
-from apps.core.tools import Park, SpawnRequest, Tool, ToolContext, ToolResult
+from apps.core.ids import new_run_id
+from apps.core.tools import Park, SpawnRequest
 from apps.gateway import fairness
 from apps.gateway.providers import ToolCall
-from apps.runs import fanout, store
 from apps.runs.create import RunCreate, run_insert, run_resolve
 from apps.runs.dispatch import enqueue_iteration
-from apps.runs.lifecycle import Ended
-from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment
-from apps.runs.resident_tool import OPS as RESIDENT_OPS
-from apps.runs.resident_tool import resident_execute
 from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
-from apps.runs.wake import run_answer
 
 log = logging.getLogger("loomcycle.subruns")
 
 MAX_DEPTH = 3  # loomcycle's MaxAgentDepth: a top-level run is depth 0
-
-
-def agent_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    op = data.get("op", "spawn")
-    if op == "parallel_spawn":  # one park for up to 32 children (apps.runs.fanout)
-        return fanout.parallel_spawn_execute(ctx, data)
-    if op in RESIDENT_OPS:  # resident children (apps.runs.resident_tool)
-        return resident_execute(ctx, data)
-    if op != "spawn":
-        return ToolResult(
-            f"op {op!r} is unknown; one of spawn, parallel_spawn, {', '.join(RESIDENT_OPS)}", is_error=True
-        )
-    name, prompt = data.get("name"), data.get("prompt")
-    if not isinstance(name, str) or not is_ident(name):
-        return ToolResult("name must be an agent name ([A-Za-z0-9_-]{1,128})", is_error=True)
-    if not isinstance(prompt, str) or not prompt.strip():
-        return ToolResult("prompt must be a non-empty string", is_error=True)
-    return ToolResult("", spawn=SpawnRequest(agent=name, prompt=prompt))
-
-
-AGENT_TOOL = Tool(
-    name="Agent",
-    description="Run a sub-agent: op=spawn with {name, prompt}. The result is the sub-agent's final text, "
-    "prefixed with [sub-agent agent_id=...]. op=parallel_spawn with spawns:[{name, prompt, parent_context?}] "
-    "(at most 32) runs them all (max_concurrent_children at a time) and answers once with "
-    '{"results":[{index, agent, ok, output?, error?}]}, index-aligned. A resident sub-agent stays alive between '
-    "messages: op=open {name, prompt} (answers its first reply and child_run_id), op=send {child_run_id, prompt} "
-    "(answers its reply), op=poll {child_run_id}, op=cancel {child_run_id}, op=close {child_run_id}.",
-    input_schema={
-        "type": "object",
-        "properties": {
-            "op": {"type": "string", "enum": ["spawn", "parallel_spawn", *RESIDENT_OPS]},
-            "name": {"type": "string"},
-            "prompt": {"type": "string"},
-            "spawns": {
-                "type": "array",
-                "maxItems": 32,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string"},
-                        "prompt": {"type": "string"},
-                        "parent_context": {"type": "object"},
-                    },
-                    "required": ["name", "prompt"],
-                },
-            },
-            "child_run_id": {"type": "string"},
-            "timeout_ms": {"type": "integer", "minimum": 1},
-            "idle_ttl_seconds": {"type": "integer", "minimum": 1},
-        },
-    },
-    execute=agent_execute,
-)
 
 
 @dataclass(frozen=True)
@@ -164,7 +100,7 @@ def _child_create(
         tools=run_caller_tools(parent_id) if parent_id else None,
         allowed_hosts=run_allowed_hosts_of(parent_id) if parent_id else [],
         parent_id=parent_id,  # its volumes are resolved within the parent's (registry.resolve_volumes)
-        # True for a resident child (apps.runs.resident_tool) only: a spawn / parallel_spawn child
+        # True for a resident child (apps.runs.children.resident_tool) only: a spawn / parallel_spawn child
         # must end and report, whatever its agent definition's `interactive` says.
         interactive=interactive,
     )
@@ -209,53 +145,3 @@ def children_enqueue(child_ids: list[str]) -> None:
         enqueue_iteration(child_id, 0)
 
 
-def _child_result(child: Run) -> tuple[str, bool]:
-    if child.status == RunStatus.COMPLETED:
-        last = (
-            TranscriptEntry.objects.filter(run_id=child.id, role="assistant")
-            .order_by("-idx")
-            .values_list("content", flat=True)
-            .first()
-        )
-        text = "".join(b.get("text", "") for b in (last or []) if b.get("type") == "text")
-        return f"[sub-agent agent_id={child.agent_id}]\n{text}", False
-    why = child.error or child.stop_reason or child.status
-    return f"[sub-agent agent_id={child.agent_id}] {child.status}: {why}", True
-
-
-def on_run_ended(ended: Ended) -> None:
-    """apps.runs.lifecycle subscriber (children): the child reports to its parent."""
-    run_child_finished(child_id=ended.run_id)
-
-
-def run_child_finished(*, child_id: str) -> bool:
-    """Report a terminal child to its parent, exactly once. False if nothing to do."""
-    fanout_id = fanout.fanout_of(child_id)
-    if fanout_id is not None:  # a parallel_spawn or runs:batch child: its join answers (apps.runs.fanout)
-        return fanout.fanout_child_finished(child_id=child_id, fanout_id=fanout_id)
-    with transaction.atomic():
-        # Compare-and-set: only the first report of this child proceeds.
-        if not store.child_report_claim(child_id=child_id):
-            return False
-        child = Run.objects.get(id=child_id)
-        text, is_error = _child_result(child)
-        run_answer(
-            run_id=str(child.parent_id), call_id=child.parent_call_id, tool_name="Agent", text=text, is_error=is_error
-        )
-    return True
-
-
-def children_report_sweep(*, settle_seconds: float = 2.0) -> int:
-    """Children that ended but whose report was lost (a crash between their
-    commit and the report)."""
-    cutoff = timezone.now() - timedelta(seconds=settle_seconds)
-    ids = list(
-        Run.objects.filter(
-            parent__isnull=False, reported_to_parent=False, status__in=TERMINAL, completed_at__lt=cutoff
-        ).values_list("id", flat=True)[:500]
-    )
-    reported = sum(run_child_finished(child_id=i) for i in ids)
-    reported += fanout.batch_report_sweep(settle_seconds=settle_seconds)  # runs:batch children have no parent
-    if reported:
-        log.info("sweeper reported %d finished child run(s) to their parents", reported)
-    return reported

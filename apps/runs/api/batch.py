@@ -1,5 +1,5 @@
 """`POST /v1/runs:batch` (SPEC 2.3): auth -> schema -> service -> envelope.
-The rules (limits, the join, the wait) are apps.runs.batch's."""
+The rules (limits, the join, the wait) are apps.runs.children.batch's."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from apps.core.errors import Unprocessable
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import astream_slot
-from apps.runs import batch
 from apps.runs.api import run_create_data
-from apps.runs.batch_schemas import BatchIn, BatchOut, BatchSpawnIn
+from apps.runs.children import batch
+from apps.runs.children.schemas import BatchIn, BatchOut, BatchSpawnIn
 
 router = Router(tags=["runs"])
 

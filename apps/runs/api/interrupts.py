@@ -1,5 +1,5 @@
 """Interruption routes (SPEC 2.3): resolve an ask, a run's interrupts, a user's inbox.
-auth -> schema -> service/selector -> schema; the rules are apps.runs.interrupts'."""
+auth -> schema -> service/selector -> schema; the rules are apps.runs.interrupts.services'."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from ninja import Router
 from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
-from apps.runs import interrupts, selectors
+from apps.runs import selectors
+from apps.runs.interrupts import services as interrupts
 from apps.runs.presenters import interrupt_out
 from apps.runs.schemas import InterruptResolveIn
 

@@ -1,6 +1,6 @@
 """Session routes (SPEC 2.3, 4.5): a session's transcript, continuing it, replaying
 it into a new session. auth -> schema -> service -> schema; the rules are
-apps.runs.session_services' and apps.runs.sessions'."""
+apps.runs.sessions.services' and apps.runs.sessions.promotion'."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.core.types import Principal
-from apps.runs import session_services
 from apps.runs.api import run_create_data, run_response
 from apps.runs.models import Run
 from apps.runs.schemas import RunCreatedOut
-from apps.runs.session_schemas import SessionMessageIn, SessionReplayIn, SessionReplayOut
+from apps.runs.sessions import services as session_services
+from apps.runs.sessions.schemas import SessionMessageIn, SessionReplayIn, SessionReplayOut
 
 router = Router(tags=["sessions"])
 

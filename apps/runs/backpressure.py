@@ -17,7 +17,7 @@ their doorbells rung after the commit (`apps.runs.wake.runs_admit_waiting`);
 beat runs the same promotion as a backstop. A full queue is 429
 `backpressure` before any row is written.
 
-A session (apps.runs.sessions.promotion) lets one run at a time be in flight: `session_place`
+A session (apps.runs.sessions) lets one run at a time be in flight: `session_place`
 decides, inside run_create's transaction and under the session's advisory lock, where a
 new run goes (its turn, and whether it waits behind the live one, by its request's
 `multitask_strategy`), and `session_promote` moves the session's oldest enqueued run on

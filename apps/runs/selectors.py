@@ -200,11 +200,6 @@ def run_parent_id(*, run_id: str) -> str | None:
     return found
 
 
-def run_notifies_finished(*, run_id: str) -> bool:
-    """Whether the run's end is announced to registry.on_run_finished listeners."""
-    return Run.objects.filter(id=run_id, notify_finished=True).exists()
-
-
 def run_is_answerable(*, run_id: str) -> bool:
     """Whether the run is parked where an answer to a parked call can wake it.
     A check before the answer is computed (a channel wait's answer moves a

@@ -13,7 +13,7 @@ from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.runs import selectors
 from apps.runs.interrupts import services as interrupts
-from apps.runs.presenters import interrupt_out
+from apps.runs.interrupts.presenters import interrupt_out
 from apps.runs.schemas import InterruptResolveIn
 
 router = Router(tags=["runs"])

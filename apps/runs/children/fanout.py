@@ -43,6 +43,8 @@ from apps.core.ids import is_ident
 from apps.core.tools import Park, SpawnRequest, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
 from apps.runs import signals, store
+from apps.runs.children.spawn import spawn_prepare, spawns_abandon
+from apps.runs.create import RunCreate, run_insert
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.fanout_models import FanOut, FanOutKind, FanOutSlot, SlotState
 from apps.runs.models import TERMINAL, Run, RunStatus, TranscriptEntry
@@ -168,13 +170,10 @@ class FanOutPark:
 
     def abandon(self) -> None:
         """The parent's step dropped this park: no child was inserted; give their fairness slots back."""
-        from apps.runs.children.spawn import spawns_abandon
-
         spawns_abandon([p.spawn for p in self.planned if p.spawn is not None], [])
 
 
 def _child_insert(ctx: ToolContext, p: Planned, *, depth: int, call_id: str, start: bool) -> str:
-    from apps.runs.create import RunCreate, run_insert
     from apps.runs.prompt import Segment
 
     data = RunCreate(
@@ -213,7 +212,6 @@ def parallel_spawn_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult
 
 
 def _plan(ctx: ToolContext, entries: list[dict[str, Any]]) -> ToolResult:
-    from apps.runs.children.spawn import spawn_prepare
     from apps.substrate.selectors import agent_definition
 
     depth, routing = Run.objects.filter(id=ctx.run_id).values_list("depth", "routing").get()

@@ -75,4 +75,3 @@ def children_report_sweep(*, settle_seconds: float = 2.0) -> int:
     if reported:
         log.info("sweeper reported %d finished child run(s) to their parents", reported)
     return reported
-

@@ -48,6 +48,7 @@ from apps.runs.children.resident import (
     resident_report,
     state_of,
 )
+from apps.runs.children.spawn import children_insert, spawn_prepare
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.live import publish_cancel
 from apps.runs.models import TERMINAL, ResidentChild, RunStatus
@@ -114,8 +115,6 @@ def _deadline(timeout_ms: int | None) -> datetime | None:
 
 
 def _open(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    from apps.runs.children.spawn import spawn_prepare
-
     name, prompt = data.get("name"), _text(data, "prompt")
     if not isinstance(name, str) or not is_ident(name):
         raise ToolRefusal("name must be an agent name ([A-Za-z0-9_-]{1,128})")
@@ -162,8 +161,6 @@ def _record_open(
     call_id: str,
 ) -> None:
     """Inside the parent's park commit (its run row locked): the cap, the child run, its row."""
-    from apps.runs.children.spawn import children_insert
-
     cap = settings.LOOMCYCLE.resident_max_children
     if selectors.resident_open_count(parent_id=run_id) >= cap:  # parallel opens of one step count each other here
         resident_refuse(parent_id=run_id, call_id=call_id, message=_cap_message(cap))

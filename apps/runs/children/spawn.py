@@ -1,22 +1,18 @@
-"""Sub-agents: the `Agent` tool (op `spawn`, SPEC 6.4) and the wake-up of parents.
-Op `parallel_spawn` and its join are apps.runs.children.fanout's; a fan-out child's report goes there.
+"""Sub-agents started by the Agent tool's `spawn` (SPEC 6.4): the child resolved before any
+write, inserted with its parent's step, enqueued after it. Its report is
+apps.runs.children.report's; `parallel_spawn` and its join are apps.runs.children.fanout's.
 
 Invariants:
 - A parent never waits on a child: the iteration that spawned commits with
   the parent parked at `waiting_children`, and its child runs are inserted
   in the SAME transaction as that fenced step commit (a lost fence leaves no
   orphan children). Children are enqueued after the commit.
-- A child reports to its parent exactly once: a conditional UPDATE flips
-  `reported_to_parent` on the child, in the transaction that appends the
-  `tool_result` to the parent (`apps.runs.wake.run_answer`). The last
-  pending answer flips the parent back to `running` and rings its doorbell
-  on commit.
-- A report lost to a crash is made by the sweeper (`children_report_sweep`).
+- A child takes its fairness slot here, before its parent's commit; a spawn the
+  parent's step drops gives it back (`spawns_abandon`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +26,6 @@ from apps.runs.create import RunCreate, run_insert, run_resolve
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.prompt import Segment
 from apps.runs.selectors import run_allowed_hosts_of, run_caller_tools
-
-log = logging.getLogger("loomcycle.subruns")
 
 MAX_DEPTH = 3  # loomcycle's MaxAgentDepth: a top-level run is depth 0
 
@@ -143,5 +137,3 @@ def children_insert(*, parent_id: str, tenant_id: str, user_id: str, depth: int,
 def children_enqueue(child_ids: list[str]) -> None:
     for child_id in child_ids:
         enqueue_iteration(child_id, 0)
-
-

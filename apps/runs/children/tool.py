@@ -66,4 +66,3 @@ AGENT_TOOL = Tool(
     },
     execute=agent_execute,
 )
-

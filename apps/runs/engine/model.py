@@ -3,7 +3,6 @@ stream read into text and tool calls, and the usage it costs."""
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -33,9 +32,6 @@ from apps.runs.engine.admission import ADMISSION
 from apps.runs.engine.turncancel import TurnCut
 from apps.runs.engine.write import StepWrite
 from apps.runs.store import ClaimedRun, Switched
-
-log = logging.getLogger("loomcycle.engine")
-
 
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 

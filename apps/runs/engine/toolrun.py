@@ -78,7 +78,7 @@ def _run_tool(tool: Tool, ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     """The tool itself; an exception inside it is the model's is_error result, except a lost
     database connection (a Postgres restart): not the tool's failure, so it ends the iteration
     uncommitted, and the engine hands the claim back and rings the step again (the tool runs
-    again; apps.runs.engine._hand_back)."""
+    again; apps.runs.engine.iterate._hand_back)."""
     try:
         return tool.execute(ctx, data)
     except Exception as exc:

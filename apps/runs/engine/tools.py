@@ -4,7 +4,6 @@ order."""
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from django.db import connection
@@ -27,8 +26,6 @@ from apps.runs.engine.write import Next, StepWrite, cancelled_write, finish
 from apps.runs.models import RunStatus
 from apps.runs.store import ClaimedRun
 from apps.substrate.selectors import agent_def_is_operator_yaml
-
-log = logging.getLogger("loomcycle.engine")
 
 
 def _tools_now(run: ClaimedRun) -> list[str]:

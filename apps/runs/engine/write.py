@@ -1,8 +1,8 @@
-"""What one iteration commits (StepWrite) and the writes that end a step: a finished turn, a cancel, a failure."""
+"""What one iteration commits (StepWrite) and the writes that end a step: a finished
+turn, a cancel, a failure."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -14,8 +14,6 @@ from apps.runs.children.spawn import Spawn
 from apps.runs.compaction import plan as compacting
 from apps.runs.models import RunStatus
 from apps.runs.store import ClaimedRun, Switched
-
-log = logging.getLogger("loomcycle.engine")
 
 
 class Next(StrEnum):

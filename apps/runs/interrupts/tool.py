@@ -31,9 +31,9 @@ from apps.core.ids import new_interrupt_id
 from apps.core.redact import run_redactor
 from apps.core.tools import Park, Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
 from apps.runs import selectors, signals, store
+from apps.runs.interrupts.presenters import interruption_event
 from apps.runs.interrupts.services import TOOL
 from apps.runs.models import Interrupt, RunStatus
-from apps.runs.presenters import interruption_event
 from apps.substrate.selectors import agent_definition
 
 OPS = ("ask", "notify")

@@ -69,5 +69,3 @@ def sessions_promote_sweep() -> int:
     if started:
         log.info("sessions: %d enqueued run(s) started by the sweep", started)
     return started
-
-

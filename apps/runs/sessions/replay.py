@@ -50,4 +50,3 @@ def _tool_use_ids(content: list[dict[str, Any]]) -> list[str]:
 
 def _no_result(tool_use_id: str) -> dict[str, Any]:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": NO_RESULT, "is_error": True}
-

@@ -47,7 +47,7 @@ def heard() -> Iterator[list[tuple[str, str]]]:
 
     registry.on_run_finished(spy)
     yield calls
-    registry._FINISHED.remove(spy)
+    lifecycle._FINISHED.remove(spy)
 
 
 def fired_run(name: str, **fields: Any) -> str:

@@ -1,7 +1,7 @@
 """A run's end has one fan-out (apps.runs.lifecycle.run_ended), whoever ends it: each way a run
 can end calls it once, with the run's own row, and the wings' after-effects follow the same
 conditions (a top-level run's end starts its session's next run; a child's end reports to its
-parent). Runs iterate in this process (no workers), so every after-effect is seen here."""
+parent). Runs iterate in this process (`no_workers`), so every after-effect is seen here."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from apps.runs.prompt import Segment
 from apps.runs.sessions import services as session_services
 from tests.conftest import ALICE
 
-pytestmark = pytest.mark.usefixtures("agents")
+pytestmark = pytest.mark.usefixtures("agents", "no_workers")
 
 
 @pytest.fixture
@@ -68,6 +68,7 @@ def test_a_completed_run_ends_once_and_starts_its_sessions_next_run(ended: dict[
     assert [(e.run_id, e.status, e.parent_id) for e in ended["all"]] == [(run.id, RunStatus.COMPLETED, None)]
     assert ended["top"] == ended["all"] and ended["child"] == []
     assert status(later) == RunStatus.QUEUED  # the sessions wing's subscriber promoted it
+    services.run_cancel(principal=ALICE, run_id=later.id)  # nothing left queued for the flush to wait on
 
 
 def test_a_failed_run_ends_once_through_the_same_fan_out(ended: dict[str, list[Ended]]) -> None:
@@ -77,6 +78,7 @@ def test_a_failed_run_ends_once_through_the_same_fan_out(ended: dict[str, list[E
     assert status(run) == RunStatus.FAILED
     assert [(e.run_id, e.status) for e in ended["all"]] == [(run.id, RunStatus.FAILED)]
     assert status(later) == RunStatus.QUEUED
+    services.run_cancel(principal=ALICE, run_id=later.id)
 
 
 def test_a_cancelled_run_that_no_worker_holds_ends_through_the_same_fan_out(ended: dict[str, list[Ended]]) -> None:
@@ -87,6 +89,7 @@ def test_a_cancelled_run_that_no_worker_holds_ends_through_the_same_fan_out(ende
         (run.id, RunStatus.CANCELLED, tuple(Run.objects.get(id=run.id).tools))
     ]
     assert status(later) == RunStatus.QUEUED  # the same rule as the engine's finish
+    services.run_cancel(principal=ALICE, run_id=later.id)
 
 
 def test_a_run_cancelled_while_parked_and_its_orphaned_child_each_end_once(ended: dict[str, list[Ended]]) -> None:

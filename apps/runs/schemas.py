@@ -36,7 +36,7 @@ class RunCreateIn(BaseModel):
     # Append to this session, without replaying it (SPEC 4.5).
     session_id: str | None = Field(default=None, json_schema_extra={"pattern": IDENT_PATTERN})
     # With session_id, when the session has a run in flight: reject | enqueue | interrupt | rollback
-    # (apps.runs.sessions; checked there: 422 invalid_multitask_strategy).
+    # (apps.runs.sessions; checked by backpressure.strategy_of: 422 invalid_multitask_strategy).
     multitask_strategy: str | None = Field(
         default=None, max_length=32, description="reject (default) | enqueue | interrupt | rollback"
     )

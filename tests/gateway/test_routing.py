@@ -16,7 +16,9 @@ from apps.core.errors import ApplicationError
 from apps.gateway.models import UsageEntry
 from apps.gateway.providers.base import ProviderError
 from apps.gateway.resolver import Candidate, Policy, resolve, resolve_route
-from apps.runs.engine import Next, StepWrite, _call_model, _fallback_target, strip_reasoning
+from apps.runs.engine.model import _fallback_target, strip_reasoning
+from apps.runs.engine.model import call_model as _call_model
+from apps.runs.engine.write import Next, StepWrite
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.store import ClaimedRun, Switched
 from tests.conftest import wait_status

@@ -17,11 +17,12 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from apps.runs import batch, engine, fanout, services, subruns
+from apps.runs import engine, services
+from apps.runs.children import batch, fanout, report
+from apps.runs.children.report import run_child_finished
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
-from apps.runs.subruns import run_child_finished
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 
@@ -225,8 +226,8 @@ def test_a_lost_batch_report_is_made_once_by_the_sweep(no_workers: None) -> None
     # A worker that committed both children's ends and died before reporting them.
     Run.objects.filter(id__in=kids).update(status=RunStatus.COMPLETED, completed_at=past)
     assert FanOut.objects.get(id=join_id).completed_at is None
-    assert subruns.children_report_sweep() == 2
-    assert subruns.children_report_sweep() == 0  # reported exactly once
+    assert report.children_report_sweep() == 2
+    assert report.children_report_sweep() == 0  # reported exactly once
     join = FanOut.objects.get(id=join_id)
     assert (join.reported, join.completed_at is not None) == (2, True)
     body = batch.batch_result(fanout_id=join_id)

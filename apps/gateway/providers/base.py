@@ -28,7 +28,7 @@ class Capabilities:
     native_prompt_cache: bool = False
     effort: bool = False
     # The call waits on the network. The engine then gives its admission slot
-    # (apps.core.admission) to the next iteration for the call's duration; an
+    # (apps.runs.engine.admission) to the next iteration for the call's duration; an
     # in-process provider (the mock) marks its own waits instead (apps.gateway.waits).
     remote: bool = True
 
@@ -68,7 +68,7 @@ class ProviderRequest:
     # send it nowhere, the mock derives deterministic tool ids from it.
     run_id: str = ""
     # What the call is for: "" a model turn, PURPOSE_COMPACTION a context summary
-    # (apps.runs.compacting). Drivers send it nowhere; the mock answers a summary.
+    # (apps.runs.compaction.plan). Drivers send it nowhere; the mock answers a summary.
     purpose: str = ""
 
 

@@ -16,11 +16,11 @@ class BatchSpawnIn(RunCreateIn):
 
 
 class BatchIn(BaseModel):
-    # The 1..32 bound is the service's (422 `invalid_spawns`, naming the limit); the schema documents it.
+    # The 1..32 bound is the service's (400 `invalid_spawns`, naming the limit); the schema documents it.
     spawns: list[BatchSpawnIn] = Field(
         default_factory=list, max_length=1024, json_schema_extra={"minItems": 1, "maxItems": fanout.MAX_SPAWNS}
     )
-    mode: str = "join"
+    mode: str = Field(default="join", json_schema_extra={"enum": list(batch.MODES)})
     timeout_ms: int | None = Field(default=None, ge=1)
     model_config = {"extra": "ignore"}
 

@@ -35,6 +35,7 @@ from apps.runs import backpressure, registry, sessions, signals, store, tracing
 from apps.runs.compaction_service import compaction_routing
 from apps.runs.credentials import credentials_check, run_redactor_of, seal
 from apps.runs.dispatch import broker_emptied, broker_mark, enqueue_iteration, notify_events
+from apps.runs.inert import inert_events
 from apps.runs.live import publish_cancel
 from apps.runs.models import (
     PARKED,
@@ -48,6 +49,7 @@ from apps.runs.models import (
 from apps.runs.prompt import Segment, split_segments, system_blocks
 from apps.runs.resident import resident_run_ended
 from apps.runs.rollback import release_slot_unless_committed
+from apps.runs.run_options import RunOptions, parent_context_for, routing_with
 from apps.runs.selectors import (
     paused_runs_count,
     run_get,
@@ -101,6 +103,7 @@ class RunCreate:
     replay_session: bool = False  # the model sees the session's earlier turns (POST /v1/sessions/{id}/messages)
     multitask_strategy: str | None = None  # with session_id, when the session is busy (apps.runs.sessions)
     seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
+    options: RunOptions = field(default_factory=RunOptions)  # the request's sampling, compaction... (run_options)
 
 
 def runtime_state_get() -> str:
@@ -240,7 +243,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
-        routing=run_routing(route, d, parent_id=data.parent_id),
+        routing=routing_with(run_routing(route, d, parent_id=data.parent_id), data.options),
     )
 
 
@@ -338,6 +341,7 @@ def run_insert(
         allowed_hosts=r.allowed_hosts,
         volumes=r.volumes,
         metadata=data.metadata or {},
+        parent_context=parent_context_for(data.options, data.parent_id),
         # Announced to registry.on_run_finished listeners when it ends: a trigger's run, or a
         # top-level run whose ephemeral volumes must go with it.
         notify_finished=data.notify_finished or (data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)),
@@ -377,6 +381,7 @@ def _first_events(data: RunCreate, r: Resolved) -> list[dict[str, Any]]:
         events.append({"type": "user_input", "segments": segments, **pinned})
     if r.system:
         events.append({"type": "system_prompt", "system_prompt": "\n\n".join(r.system), **pinned})
+    events.extend(inert_events(r.agent_def.definition, data.options, r.routing))  # no silent drops
     return events
 
 

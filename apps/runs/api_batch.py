@@ -24,7 +24,7 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024  # SPEC 2.0's body cap for runs:batch
 def _spawn(data: BatchSpawnIn) -> batch.BatchSpawn:
     # POST /v1/runs's mapping; a batch child never joins a session (SPEC: runs:batch ignores session_id).
     create = dataclasses.replace(run_create_data(data), session_id=None, multitask_strategy=None)
-    return batch.BatchSpawn(create=create, parent_context=data.parent_context)
+    return batch.BatchSpawn(create=create, parent_context=create.options.parent_context)
 
 
 def _start(principal: Principal, data: BatchIn) -> str:

@@ -1,5 +1,5 @@
 """`POST /v1/runs:batch` bodies (SPEC 2.3): each spawn is a `POST /v1/runs`
-body plus `parent_context` (passed through to its result entry)."""
+body, its `parent_context` also passed through to its result entry."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from apps.runs.schemas import RunCreateIn
 
 
 class BatchSpawnIn(RunCreateIn):
-    parent_context: dict[str, Any] | None = None
+    """A `POST /v1/runs` body; its `parent_context` (RunCreateIn's) is also echoed in its result entry."""
 
 
 class BatchIn(BaseModel):

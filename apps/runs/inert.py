@@ -38,7 +38,7 @@ AGENT_ACTED = frozenset(
         "channels", "compaction", "description", "effort", "evaluation_scopes", "interruption",
         "max_concurrent_children", "max_iterations", "max_tokens", "memory_scopes", "model", "models", "name",
         "provider", "providers", "sampling", "system_prompt", "tier", "tools", "unbounded_iterations",
-        "interactive", "skills", "disable_context", "volumes",
+        "interactive", "skills", "disable_context", "volumes", "retry_attempts",
     }
 )  # fmt: skip
 _NO_SQL = "this runtime has no SQL memory"
@@ -61,7 +61,6 @@ AGENT_INERT = {
     "search_providers": ("WebSearch", "this runtime has no WebSearch tool"),
     "sql_quota_bytes": ("SQL", _NO_SQL),
     "sql_scopes": ("SQL", _NO_SQL),
-    "retry_attempts": ("", "same-provider retries come from the user tier's policy, not the agent"),
 }
 COMPACTION_INERT = {"memory_flush": ("Memory", "compaction does not flush to memory")}
 

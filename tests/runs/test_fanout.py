@@ -193,6 +193,7 @@ def test_a_detached_batch_answers_handles_at_once_and_its_runs_go_on(
     assert body["spawned"] == 2 and "timed_out" not in body
     assert (first["status"], first["final_text"], first["error"]) == ("running", "", "")
     assert first["parent_context"] == {"function_key": "fk"} and second["status"] == "running"
+    assert run_row(first["run_id"]).parent_context == {"function_key": "fk"}  # stored on the run too
     assert (ghost["run_id"], ghost["status"]) == ("", "failed") and "unknown_agent" in ghost["error"]
     assert wait_status(first["run_id"], *TERMINAL, timeout=30).status == RunStatus.COMPLETED
     assert wait_status(second["run_id"], *TERMINAL).status == RunStatus.COMPLETED

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,7 +40,7 @@ class SamplingIn(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = None
-    stop: str | list[str] | None = Field(default=None, max_length=16)
+    stop: Annotated[str, Field(max_length=1024)] | Annotated[list[str], Field(max_length=16)] | None = None
 
 
 class CompactionIn(BaseModel):

@@ -128,6 +128,7 @@ def test_bad_options_are_400_and_good_ones_reach_the_run(http: httpx.Client) -> 
     for body, where in (
         ({"sampling": {"temperature": 3}}, "temperature"),
         ({"sampling": {"top_q": 1}}, "top_q"),
+        ({"sampling": {"stop": ["x"] * 17}}, "stop"),
         ({"compaction": {"keep_last_n": 0}}, "keep_last_n"),
         ({"parent_context": {"owner": "x"}}, "parent_context"),
         ({"web_search_filter": "sometimes"}, "web_search_filter"),
@@ -135,10 +136,11 @@ def test_bad_options_are_400_and_good_ones_reach_the_run(http: httpx.Client) -> 
         reply = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "background": True, **body})
         assert (reply.status_code, reply.json()["code"]) == (400, "invalid_body"), body
         assert where in reply.text
-    good = {"sampling": {"temperature": 0}, "parent_context": {"function_key": "fk"}, "web_search_filter": "drop"}
+    sampling = {"temperature": 0, "stop": "a stop sequence longer than sixteen characters"}
+    good = {"sampling": sampling, "parent_context": {"function_key": "fk"}, "web_search_filter": "drop"}
     reply = http.post("/v1/runs", json={"agent": "echo", "prompt": "hi", "background": True, **good})
     assert reply.status_code == 202, reply.text
     run = Run.objects.get(id=reply.json()["run_id"])
-    assert (run.routing["sampling"], run.parent_context) == ({"temperature": 0}, {"function_key": "fk"})
+    assert (run.routing["sampling"], run.parent_context) == (sampling, {"function_key": "fk"})
     assert http.get(f"/v1/agents/{run.agent_id}").json()["parent_context"] == {"function_key": "fk"}
     assert set(_inert(run)) == {"web_search_filter"}

@@ -34,9 +34,11 @@ from apps.runs import backpressure, registry, signals, store, tracing
 from apps.runs.cancel import run_cancel
 from apps.runs.credentials import credentials_check, seal
 from apps.runs.dispatch import enqueue_iteration
+from apps.runs.inert import inert_events
 from apps.runs.models import Run, RunStatus, RuntimeStateValue
 from apps.runs.prompt import Segment, split_segments, system_blocks
 from apps.runs.rollback import release_slot_unless_committed
+from apps.runs.run_options import RunOptions, parent_context_for, routing_with
 from apps.runs.selectors import run_routing as run_routing_of
 from apps.runs.selectors import runtime_state
 from apps.runs.wake import ring_promoted
@@ -81,6 +83,7 @@ class RunCreate:
     replay_session: bool = False  # the model sees the session's earlier turns (POST /v1/sessions/{id}/messages)
     multitask_strategy: str | None = None  # with session_id, when the session is busy (backpressure.Strategy)
     seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
+    options: RunOptions = field(default_factory=RunOptions)  # the request's sampling, compaction... (run_options)
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -216,7 +219,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
         user_text=user_text,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
-        routing=run_routing(route, d, parent_id=data.parent_id),
+        routing=routing_with(run_routing(route, d, parent_id=data.parent_id), data.options),
     )
 
 
@@ -327,6 +330,7 @@ def run_insert(
         allowed_hosts=r.allowed_hosts,
         volumes=r.volumes,
         metadata=data.metadata or {},
+        parent_context=parent_context_for(data.options, data.parent_id),
         # Announced to registry.on_run_finished listeners when it ends: a trigger's run, or a
         # top-level run whose ephemeral volumes must go with it.
         notify_finished=data.notify_finished or (data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)),
@@ -366,4 +370,5 @@ def _first_events(data: RunCreate, r: Resolved) -> list[dict[str, Any]]:
         events.append({"type": "user_input", "segments": segments, **pinned})
     if r.system:
         events.append({"type": "system_prompt", "system_prompt": "\n\n".join(r.system), **pinned})
+    events.extend(inert_events(r.agent_def.definition, data.options, r.routing))  # no silent drops
     return events

@@ -87,6 +87,9 @@ class Run(models.Model):
     # Resolved volume bindings (apps.core.tools.VolumeBinding.as_dict()); sub-agents get a subset.
     volumes = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict)
+    # The caller's opaque lineage (SPEC 2.3 `parent_context`; apps.runs.run_options): returned as given,
+    # inherited by sub-agents.
+    parent_context = models.JSONField(null=True, blank=True)
     # user_bearer + user_credentials, AES-GCM sealed (apps.runs.credentials); "" once the run is terminal.
     credentials_sealed = models.TextField(blank=True, default="")
     # Created by a trigger that wants to hear when it ends (apps.runs.registry.on_run_finished):

@@ -27,6 +27,7 @@ def agent_out(run: Run) -> dict[str, Any]:
         "agent": run.agent_name,
         "user_id": run.user_id,
         "parent_agent_id": run.parent.agent_id if run.parent else None,
+        "parent_context": run.parent_context,
         "status": "running" if live else run.status,
         "state": run.status,
         "step": run.step,

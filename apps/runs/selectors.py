@@ -123,6 +123,11 @@ def runnable_runs_count() -> int:
     return Run.objects.filter(status__in=RUNNABLE).count()
 
 
+def live_runs_count() -> int:
+    """Runs of every tenant that have not ended (runnable or parked)."""
+    return Run.objects.exclude(status__in=TERMINAL).count()
+
+
 def paused_runs_count() -> int:
     return Run.objects.filter(status=RunStatus.PAUSED).count()
 

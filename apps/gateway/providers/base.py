@@ -147,9 +147,18 @@ class ProviderCancelled(Exception):
     """The cancel event fired while the driver was waiting."""
 
 
+SAMPLING_KNOBS = frozenset({"temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "seed", "stop"})
+
+
 class Provider(ABC):
     id: str
     capabilities: Capabilities
+
+    def unsent_sampling(self, sampling: dict[str, Any], effort: str) -> list[str]:
+        """The knobs of `sampling` (set, not None) this provider's requests will not carry, so
+        the run can report them (capability_inert) instead of dropping them silently. The
+        default: none (the mock takes every knob; it samples nothing, its answers are scripted)."""
+        return []
 
     def check_model(self, model: str) -> None:  # noqa: B027 -- a hook with a default, not abstract
         """Raise ValueError for a model string this provider refuses before any

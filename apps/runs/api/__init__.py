@@ -60,6 +60,7 @@ def run_create_data(data: RunCreateIn) -> services.RunCreate:
         credentials=credentials_from_wire(user_bearer=data.user_bearer, user_credentials=data.user_credentials),
         session_id=data.session_id,
         multitask_strategy=data.multitask_strategy,
+        options=data.options(),
     )
 
 
@@ -122,7 +123,7 @@ async def _post_frames(
                 "run_id": run.id,
                 "session_id": run.session_id,
                 "parent_agent_id": None,
-                "parent_context": None,
+                "parent_context": run.parent_context,
             },
         )
     )

@@ -1,5 +1,6 @@
-"""`POST /v1/runs:batch` (SPEC 2.3, join mode): up to 32 top-level runs and
-one `FanOut` join (apps.runs.children.fanout), then the request waits on the join.
+"""`POST /v1/runs:batch` (SPEC 2.3): up to 32 top-level runs. Mode `join`: one
+`FanOut` join (apps.runs.children.fanout), then the request waits on the join. Mode
+`detach` (loomcycle 1.124): the runs only, answered at once with their handles.
 
 Invariants:
 - The children, the join and its slots commit together (one transaction,
@@ -15,6 +16,8 @@ Invariants:
 - On timeout the children still running are cancelled and the response says
   `timed_out: true`; their entries carry the status read then (a worker may
   still be landing the cancel) and the error `runs:batch timed out; run cancelled`.
+- A detached batch has no join and takes no `timeout_ms`: its children commit
+  together (a savepoint each) and go on after the answer like any background run.
 """
 
 from __future__ import annotations
@@ -28,20 +31,21 @@ from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.core.errors import ApplicationError, RuntimePaused, Unprocessable
+from apps.core.errors import ApplicationError, Invalid, RuntimePaused, Unprocessable
 from apps.core.pubsub import hub
 from apps.core.types import Principal
 from apps.runs import create, store
 from apps.runs.cancel import run_cancel
 from apps.runs.children import fanout
 from apps.runs.fanout_models import FanOut, FanOutKind, FanOutSlot, SlotState
-from apps.runs.models import TERMINAL, RuntimeStateValue
+from apps.runs.models import TERMINAL, Run, RunStatus, RuntimeStateValue
 from apps.runs.selectors import runtime_state
 
 REPOLL_S = 5.0  # the backstop re-read of the join while no ring came
 DEFAULT_TIMEOUT_MS = 300_000
 TIMED_OUT = "runs:batch timed out"
 MAX_TIMEOUT_MS = 1_800_000  # as the longest SSE stream (30 min)
+MODES = ("join", "detach")
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,19 @@ class BatchSpawn:
     parent_context: dict[str, Any] | None = None
 
 
+def batch_check(*, count: int, mode: str, timeout_ms: int | None) -> None:
+    """SPEC 2.3's malformed batch, a 400: 0 or over 32 spawns, an unknown mode, a timeout on detach."""
+    if not 1 <= count <= fanout.MAX_SPAWNS:
+        raise Invalid(f"spawns must hold 1..{fanout.MAX_SPAWNS} runs (got {count})", code="invalid_spawns")
+    if mode not in MODES:
+        raise Invalid(f'mode must be "join" or "detach" (got {mode!r})', code="unsupported_mode")
+    if mode == "detach" and timeout_ms is not None:
+        raise Invalid('timeout_ms is refused with mode "detach", which does not wait', code="invalid_body")
+
+
 def batch_start(*, principal: Principal, spawns: list[BatchSpawn]) -> str:
     """Create the children and their join (one transaction); the join's id."""
-    if not 1 <= len(spawns) <= fanout.MAX_SPAWNS:
-        raise Unprocessable(f"spawns must hold 1..{fanout.MAX_SPAWNS} runs", code="invalid_spawns")
+    batch_check(count=len(spawns), mode="join", timeout_ms=None)
     if any(s.create.interactive for s in spawns):
         raise Unprocessable(
             "a batch joins on its runs' ends: interactive runs (which park for input) are refused",
@@ -85,13 +98,44 @@ def batch_start(*, principal: Principal, spawns: list[BatchSpawn]) -> str:
         connection.close()
 
 
-def _child(principal: Principal, index: int, spawn: BatchSpawn) -> FanOutSlot:
+def batch_detach(*, principal: Principal, spawns: list[BatchSpawn]) -> dict[str, Any]:
+    """Mode detach: create the children (one transaction, no join) and answer their handles;
+    each goes on after the call. A child refused at admission is a failed entry in its slot."""
+    batch_check(count=len(spawns), mode="detach", timeout_ms=None)
+    if runtime_state() != RuntimeStateValue.RUNNING:
+        raise RuntimePaused("runtime is paused; retry after resume")
+    try:
+        with transaction.atomic():
+            slots = [_child(principal, i, s, join=False) for i, s in enumerate(spawns)]
+        runs = {r.id: r for r in Run.objects.filter(id__in=[s.run_id for s in slots if s.run_id])}
+    finally:
+        connection.close()
+    results = [_detached_entry(slot, runs.get(slot.run_id or "")) for slot in slots]
+    return {"results": results, "spawned": len(runs)}
+
+
+def _detached_entry(slot: FanOutSlot, run: Run | None) -> dict[str, Any]:
+    """A detached child's handle: `running`, or loomcycle's `queued` while it waits for a run slot."""
+    if run is None:
+        return _entry(fanout.ChildView(slot=slot, run=None, final_text=""), frozenset())
+    status = "queued" if run.status == RunStatus.WAITING_SLOT else "running"
+    return {
+        **_entry(fanout.ChildView(slot=slot, run=run, final_text=""), frozenset()),
+        "status": status,
+        "error": "",
+    }
+
+
+def _child(principal: Principal, index: int, spawn: BatchSpawn, *, join: bool = True) -> FanOutSlot:
     """One child in its own savepoint; a refusal becomes a reported slot with its error."""
     agent = spawn.create.agent
     try:
         with transaction.atomic():
-            # Never interactive, whatever the agent's definition says: the join waits for its end.
-            data = dataclasses.replace(spawn.create, notify_finished=True, interactive=False)
+            # A joined child is never interactive, whatever the agent's definition says: the join
+            # waits for its end. A detached one is an ordinary run, reporting to no join.
+            data = spawn.create
+            if join:
+                data = dataclasses.replace(data, notify_finished=True, interactive=False)
             run = create.run_create(principal=principal, data=data)
     except ApplicationError as exc:
         error = f"{exc.code}: {exc.message}"

@@ -1,5 +1,5 @@
 """`POST /v1/runs:batch` bodies (SPEC 2.3): each spawn is a `POST /v1/runs`
-body plus `parent_context` (passed through to its result entry)."""
+body, its `parent_context` also passed through to its result entry."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from apps.runs.schemas import RunCreateIn
 
 
 class BatchSpawnIn(RunCreateIn):
-    parent_context: dict[str, Any] | None = None
+    """A `POST /v1/runs` body; its `parent_context` (RunCreateIn's) is also echoed in its result entry."""
 
 
 class BatchIn(BaseModel):
-    # The 1..32 bound is the service's (422 `invalid_spawns`, naming the limit); the schema documents it.
+    # The 1..32 bound is the service's (400 `invalid_spawns`, naming the limit); the schema documents it.
     spawns: list[BatchSpawnIn] = Field(
         default_factory=list, max_length=1024, json_schema_extra={"minItems": 1, "maxItems": fanout.MAX_SPAWNS}
     )
-    mode: str = "join"
+    mode: str = Field(default="join", json_schema_extra={"enum": list(batch.MODES)})
     timeout_ms: int | None = Field(default=None, ge=1)
     model_config = {"extra": "ignore"}
 

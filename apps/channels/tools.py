@@ -172,7 +172,7 @@ def _ack(caller: _Caller, data: dict[str, Any]) -> ToolResult:
     try:
         return _ok(cursors.ack(stream=stream, cursor=data.get("cursor")))
     except ChannelCursorRegression as exc:
-        raise Refusal(f"ack: channel: {exc.message}") from exc
+        raise Refusal(f"ack: cursor_regression: {exc.message}") from exc  # loomcycle's ChannelError code
 
 
 def _list_channels(caller: _Caller, data: dict[str, Any]) -> ToolResult:

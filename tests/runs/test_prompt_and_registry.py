@@ -11,6 +11,7 @@ import pytest
 
 from apps.core.errors import Invalid
 from apps.core.tools import Tool, ToolContext, ToolResult
+from apps.gateway.windows import IMAGE_TOKENS, estimate_tokens
 from apps.runs import registry
 from apps.runs.prompt import Segment, messages_from_rows, parse_segments, split_segments, system_blocks
 
@@ -350,3 +351,14 @@ def test_registering_a_different_tool_under_a_taken_name_is_refused() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         registry.register(Tool("Context", "imposter", {}, _noop))
     assert registry.get("Context") is context
+
+
+# --- the token estimate of a message with an image --------------------------------------
+
+
+def test_an_image_counts_a_fixed_token_cost_not_its_base64() -> None:
+    text = {"role": "user", "content": [{"type": "text", "text": "look"}]}
+    base = estimate_tokens(["sys"], [text])
+    big = {"type": "image", "media_type": "image/png", "data": "A" * 4_000_000}
+    with_image = {"role": "user", "content": [{"type": "text", "text": "look"}, big]}
+    assert estimate_tokens(["sys"], [with_image]) == base + IMAGE_TOKENS

@@ -173,21 +173,29 @@ def images_fetched(segments: list[Segment], *, hosts: Sequence[str]) -> list[Seg
     return out
 
 
-def routed_prompt(
-    segments: list[Segment], route: Route, hosts: Sequence[str]
-) -> tuple[Route, list[str], list[dict[str, Any]]]:
-    """A new run's system blocks and first user message. With an image: only the route's
-    candidates whose model sees images (400 `model_lacks_vision` when none does), and each
-    image given by URL fetched now (`images_fetched`). Blocking (run creation's thread)."""
+def vision_route(route: Route, *, image: bool) -> Route:
+    """For a run whose model will see an image (in its prompt or its history): only the route's
+    candidates whose model takes images, so no fallback sends one to a model that cannot;
+    400 `model_lacks_vision` when none does."""
+    if not image:
+        return route
+    seeing = tuple(c for c in route.candidates if vision.has_vision(c.provider, c.model))
+    if not seeing:
+        first = route.candidates[0]
+        vision.require_vision(first.provider, first.model)
+    return dataclasses.replace(route, candidates=seeing)
+
+
+def prompt_content(segments: list[Segment], *, hosts: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """A new run's request system blocks and first user message, each image given by URL
+    fetched now (`images_fetched`). Blocking (run creation's thread)."""
     if has_image(segments):
-        seeing = tuple(c for c in route.candidates if vision.has_vision(c.provider, c.model))
-        if not seeing:
-            first = route.candidates[0]
-            vision.require_vision(first.provider, first.model)
-        route = dataclasses.replace(route, candidates=seeing)
         segments = images_fetched(segments, hosts=hosts)
-    system, content = split_segments(segments)
-    return route, system, content
+    return split_segments(segments)
+
+
+def rows_have_image(rows: Sequence[tuple[str, list[dict[str, Any]]]]) -> bool:
+    return any(isinstance(b, dict) and b.get("type") == "image" for _, content in rows for b in content)
 
 
 def _render(segment: Segment) -> str:

@@ -45,7 +45,7 @@ from apps.runs.models import (
     RuntimeState,
     RuntimeStateValue,
 )
-from apps.runs.prompt import Segment, routed_prompt, system_blocks
+from apps.runs.prompt import Segment, has_image, prompt_content, rows_have_image, system_blocks, vision_route
 from apps.runs.resident import resident_run_ended
 from apps.runs.rollback import release_slot_unless_committed
 from apps.runs.selectors import (
@@ -56,6 +56,7 @@ from apps.runs.selectors import (
     runs_orphaned,
     runtime_state,
 )
+from apps.runs.session_selectors import session_has_image
 from apps.runs.subruns import run_child_finished
 from apps.runs.wake import ring_promoted, run_slot_freed
 from apps.substrate.models import AgentDef
@@ -221,11 +222,10 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         raise Invalid(exc.message, code="unknown_agent") from exc
     d = agent_def.definition
     route = resolve_route(user_tier=data.user_tier, agent=d)  # 400/403/503 before any row exists
+    route = vision_route(route, image=has_image(data.segments) or _history_has_image(tenant_id, data))
     allowed_hosts = list(run_allowed_hosts(data.allowed_hosts))
     no_prompt = data.seed is not None and not data.segments  # a fork without a new prompt
-    route, request_system, user_content = (
-        (route, [], []) if no_prompt else routed_prompt(data.segments, route, allowed_hosts)
-    )
+    request_system, user_content = ([], []) if no_prompt else prompt_content(data.segments, hosts=allowed_hosts)
     interactive = bool(d.get("interactive", False)) if data.interactive is None else data.interactive
     agent_cap = d.get("max_iterations") or (
         UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
@@ -245,6 +245,16 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
         routing=run_routing(route, d, parent_id=data.parent_id),
     )
+
+
+def _history_has_image(tenant_id: str, data: RunCreate) -> bool:
+    """Whether the history the run's model sees first holds an image: a fork's copied rows,
+    or the session's earlier turns a continuation replays (loomcycle checks prior turns too)."""
+    if data.seed is not None and rows_have_image(data.seed.history):
+        return True
+    if data.replay_session and data.session_id:
+        return session_has_image(tenant_id=tenant_id, session_id=data.session_id)
+    return False
 
 
 def run_tools(*, agent_def: AgentDef, caller: list[str] | None, tenant_id: str) -> list[str]:

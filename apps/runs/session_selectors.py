@@ -89,6 +89,20 @@ def session_history(*, tenant_id: str, session_id: str, before_turn: int | None 
     return out
 
 
+def session_has_image(*, tenant_id: str, session_id: str) -> bool:
+    """Whether a transcript row of the history a continuation replays holds an image (a JSONB
+    containment test; a row a compaction left out counts too, which errs on refusing)."""
+    return bool(
+        TranscriptEntry.objects.filter(
+            run__session_id=session_id,
+            run__tenant_id=tenant_id,
+            run__parent__isnull=True,
+            run__session_rolled_back=False,
+            content__contains=[{"type": "image"}],
+        ).exists()
+    )
+
+
 def session_compacted(*, tenant_id: str, session_id: str) -> bool:
     """Whether a run of the history a replay copies (top-level, not rolled back) was
     compacted: its marker is copied as it is (a replaying run) or applied (the others'

@@ -22,8 +22,10 @@ from apps.core.errors import Invalid
 from apps.core.types import Principal
 from apps.gateway.providers import registry
 from apps.runs import services
+from apps.runs.fork import ForkRequest, run_fork
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.prompt import parse_segments
+from apps.runs.session_services import session_continue
 from apps.substrate.services import agent_def_sync_static
 from tests.gateway.wire import Wire
 from tests.runs.test_admin import drive
@@ -221,3 +223,32 @@ def test_an_image_url_over_the_size_limit_is_refused_while_reading(upstreams: Up
     with pytest.raises(Invalid) as exc:
         start("img-openai", segments(LOOK, {"type": "image", "url": url}))
     assert exc.value.code == "image_too_large" and exc.value.details["max_bytes"] == len(PNG) - 1
+
+
+def test_a_fork_of_a_run_with_an_image_to_a_model_without_vision_is_refused(upstreams: Upstreams) -> None:
+    upstreams.openai.reply((FIXTURES / "openai" / "text.sse").read_bytes())
+    run = start("img-openai", segments(LOOK, IMAGE))
+    assert drive(run.id).status == RunStatus.COMPLETED
+    with pytest.raises(Invalid) as exc:
+        run_fork(principal=ACME, run_id=run.id, request=ForkRequest(from_step=0, agent="img-blind", prompt="and now?"))
+    assert exc.value.code == "model_lacks_vision"
+    upstreams.openai.reply((FIXTURES / "openai" / "text.sse").read_bytes())
+    fork = run_fork(principal=ACME, run_id=run.id, request=ForkRequest(from_step=0, prompt="and now?"))
+    assert drive(fork.id).status == RunStatus.COMPLETED
+    sent = upstreams.openai.requests[1]["messages"]
+    # The copied first turn (a fork's system prompt is its agent's own: none here), then the new prompt.
+    assert [part["type"] for part in sent[0]["content"]] == ["text", "image_url"]
+    assert sent[-1] == {"role": "user", "content": "and now?"}
+
+
+def test_continuing_a_session_whose_history_holds_an_image_needs_a_model_with_vision(upstreams: Upstreams) -> None:
+    upstreams.openai.reply((FIXTURES / "openai" / "text.sse").read_bytes())
+    run = start("img-openai", segments(LOOK, IMAGE))
+    assert drive(run.id).status == RunStatus.COMPLETED
+    # The session's agent now names a model without vision: the next turn would replay the image to it.
+    agent_def_sync_static(name="img-openai", raw={"provider": "img-blind", "model": "llama3", "tools": []})
+    turn = services.RunCreate(agent="", segments=parse_segments([{"role": "user", "content": [LOOK]}]))
+    with pytest.raises(Invalid) as exc:
+        session_continue(principal=ACME, session_id=run.session_id, data=turn)
+    assert exc.value.code == "model_lacks_vision"
+    assert Run.objects.filter(session_id=run.session_id).count() == 1

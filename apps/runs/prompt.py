@@ -165,9 +165,10 @@ def images_fetched(segments: list[Segment], *, hosts: Sequence[str]) -> list[Seg
     """Each image given by URL replaced by its bytes, fetched once at admission (through the
     SSRF guard, reaching only `hosts`), so the run never fetches it again. Blocking."""
     out = []
-    for i, seg in enumerate(segments):
+    for seg in segments:
         if seg.type == "image" and seg.data is None and seg.url:
-            got = images.fetch(seg.url, hosts=hosts, where=f"image {i}", media_type=seg.media_type)
+            where = f"segments: the image url {seg.url[:200]!r}"
+            got = images.fetch(seg.url, hosts=hosts, where=where, media_type=seg.media_type)
             seg = seg.model_copy(update={"media_type": got.media_type, "data": got.data})
         out.append(seg)
     return out

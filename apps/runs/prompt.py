@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from apps.core.errors import Invalid
 from apps.gateway import images, vision
@@ -73,12 +73,29 @@ SEGMENTS_SCHEMA: dict[str, Any] = {
         "description": "loomcycle's {role, content: [block]}; the flat {role, type, text, kind} is also accepted",
     },
 }
+NULLABLE_SEGMENTS_SCHEMA: dict[str, Any] = {"anyOf": [SEGMENTS_SCHEMA, {"type": "null"}]}
+
+
+class PromptBlock(BaseModel):
+    """One block of loomcycle's nested `content` (for the API description: parse_segments reads it)."""
+
+    type: Literal["trusted-text", "untrusted-block", "image"]
+    text: str = ""
+    cacheable: bool = False
+    kind: str | None = Field(default=None, description="untrusted-block: the wrapper tag (loomcycle's allowlist)")
+    media_type: Literal["image/png", "image/jpeg", "image/gif", "image/webp"] | None = None
+    data: str | None = Field(default=None, description="image: standard base64, no data: prefix")
+    url: str | None = Field(default=None, description="image: http(s), fetched through the SSRF guard")
 
 
 class Segment(BaseModel):
-    """One block with its segment's role (the flat shape)."""
+    """One block with its segment's role (the flat shape), which is what parse_segments makes of
+    loomcycle's nested `{role, content: [block, ...]}`; a request may send either."""
 
     role: Literal["user", "system"] = "user"
+    content: list[PromptBlock] | None = Field(
+        default=None, description="loomcycle's shape: this segment's blocks (then the flat fields are not used)"
+    )
     type: Literal["trusted-text", "untrusted-block", "image"] = "trusted-text"
     text: str = ""
     kind: str = "untrusted"
@@ -134,7 +151,7 @@ def _block(block: Any, role: str, where: str) -> Segment:
             details={"type": str(kind)[:64]},
         )
     try:
-        segment = Segment.model_validate({**block, "role": role, "type": kind})
+        segment = Segment.model_validate({**block, "role": role, "type": kind, "content": None})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
-from apps.runs.prompt import SEGMENTS_SCHEMA, Segment, parse_segments
+from apps.runs.prompt import Segment, parse_segments
 
 IDENT_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"  # IDENT_RE, anchored, as the OpenAPI schema states it
 
@@ -23,7 +23,7 @@ class RunCreateIn(BaseModel):
     agent: str = Field(min_length=1, max_length=128, json_schema_extra={"pattern": IDENT_PATTERN})
     prompt: str | None = None
     # loomcycle's nested segments or the flat shape: apps.runs.prompt.parse_segments, the one parser.
-    segments: Annotated[list[Segment] | None, WithJsonSchema(SEGMENTS_SCHEMA)] = None
+    segments: list[Segment] | None = None
     tools: list[str] | None = None
     # SPEC 6.1: omitted/null = the operator's hosts, [] = no network, a list = operator ∩ caller.
     allowed_hosts: list[str] | None = Field(default=None, max_length=256)

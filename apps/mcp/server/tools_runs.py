@@ -29,7 +29,7 @@ from apps.mcp.server.registry import Args, McpTool, register
 from apps.runs import interrupts, selectors, services
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out
-from apps.runs.prompt import SEGMENTS_SCHEMA
+from apps.runs.prompt import NULLABLE_SEGMENTS_SCHEMA
 from apps.runs.schemas import RunCreateIn
 from apps.runs.streams import run_frames
 from apps.substrate.auth import RUNS_CREATE, RUNS_READ
@@ -42,7 +42,7 @@ def _run_id() -> Any:
 class SpawnRunArgs(Args):
     agent: str = Field(min_length=1, max_length=128, description="agent name (yaml or AgentDef)")
     prompt: str | None = Field(default=None, description="the user prompt (one trusted-text user segment)")
-    segments: Annotated[list[Any] | None, WithJsonSchema(SEGMENTS_SCHEMA)] = Field(
+    segments: Annotated[list[Any] | None, WithJsonSchema(NULLABLE_SEGMENTS_SCHEMA)] = Field(
         default=None,
         description="loomcycle's prompt segments, each {role: system|user, content: [blocks]} "
         "(blocks: trusted-text, untrusted-block, image); wins over prompt",

@@ -3,7 +3,7 @@ the checks every image passes before any provider sees it, and the fetch of an
 image given by URL.
 
 An image is one of the media types all four vision drivers accept (png, jpeg,
-gif, webp), standard base64 with no `data:` prefix once checked, and at most
+gif, webp), standard base64 with no `data:` prefix (line breaks are dropped), and at most
 LOOMCYCLE_MAX_IMAGE_BYTES decoded. A URL (http or https only) is fetched
 through the SSRF guard (apps.core.egress) with the host list the caller gives
 (a run's effective `allowed_hosts`), at most that many bytes read and at most
@@ -68,6 +68,7 @@ def from_base64(media_type: str | None, data: str, where: str) -> Image:
     """A base64 image, checked: its type, its encoding, its decoded size (the size is
     known from the length before anything is decoded, so an oversized one costs nothing)."""
     kind = media_type_checked(media_type, where)
+    data = data.replace("\r", "").replace("\n", "")  # wrapped base64 (76-column lines), as Go's decoder allows
     if not data:
         raise Invalid(f"{where}: an image needs data (base64) or url", code="invalid_image")
     estimate = decoded_size(data)

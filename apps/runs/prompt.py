@@ -156,22 +156,20 @@ def _block(block: Any, role: str, where: str) -> Segment:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise Invalid(f"{where}.{field}: {first['msg']}", code="invalid_body") from exc
-    if kind == "image":
-        _image_checked(segment, where)
-    return segment
+    return _image_checked(segment, where) if kind == "image" else segment
 
 
-def _image_checked(segment: Segment, where: str) -> None:
+def _image_checked(segment: Segment, where: str) -> Segment:
     if segment.role != "user":
         raise Invalid(f"{where}: an image is allowed only in a user segment", code="image_not_allowed")
     if (segment.data is None) == (segment.url is None):
         raise Invalid(f"{where}: an image needs exactly one of data (base64) or url", code="invalid_image")
-    if segment.data is not None:
-        images.from_base64(segment.media_type, segment.data, where)
-    else:
-        images.url_checked(str(segment.url), where)
-        if segment.media_type is not None:
-            images.media_type_checked(segment.media_type, where)
+    if segment.data is not None:  # line breaks dropped, as loomcycle's decoder ignores them
+        return segment.model_copy(update={"data": images.from_base64(segment.media_type, segment.data, where).data})
+    images.url_checked(str(segment.url), where)
+    if segment.media_type is not None:
+        images.media_type_checked(segment.media_type, where)
+    return segment
 
 
 def has_image(segments: Sequence[Segment]) -> bool:

@@ -362,3 +362,11 @@ def test_an_image_counts_a_fixed_token_cost_not_its_base64() -> None:
     big = {"type": "image", "media_type": "image/png", "data": "A" * 4_000_000}
     with_image = {"role": "user", "content": [{"type": "text", "text": "look"}, big]}
     assert estimate_tokens(["sys"], [with_image]) == base + IMAGE_TOKENS
+
+
+def test_wrapped_base64_is_accepted_and_sent_unwrapped() -> None:
+    wrapped = PNG_B64[:40] + "\r\n" + PNG_B64[40:] + "\n"
+    (image,) = parse_segments(
+        [{"role": "user", "content": [{"type": "image", "media_type": "image/png", "data": wrapped}]}]
+    )
+    assert image.data == PNG_B64

@@ -147,8 +147,15 @@ def test_a_streamed_tool_call_is_one_delta_with_its_index(http: httpx.Client) ->
         ({**MOCK, "messages": []}, "invalid_body"),
         ({**MOCK, "messages": [{"role": "tool", "content": "x"}]}, "bad_request"),
         (
-            {**MOCK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            {
+                **MOCK,
+                "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}],
+            },
             "bad_request",
+        ),
+        (  # image_url parts: tests/gateway/test_gateway_images.py
+            {**MOCK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "invalid_image",
         ),
         ({**MOCK, "messages": HI, "user": "not an id!"}, "invalid_user_id"),
         ({**MOCK, "messages": HI, "loomcycle_user_tier": "gold"}, "unknown_user_tier"),

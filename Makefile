@@ -14,7 +14,9 @@ $(STAMP): requirements/base.txt requirements/embedded.txt requirements/dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
 	# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root
 	# project: that would register the pytest11 plugin and shadow this checkout's apps.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e ./loomcycle
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e ./loomcycle_http
+	# A .venv made before the rename: its editable `loomcycle-client` would shadow PyPI's `loomcycle`.
+	if $(PY) -m pip show --quiet loomcycle-client 2>/dev/null; then $(PY) -m pip uninstall --quiet -y loomcycle-client; fi
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -44,7 +46,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
-	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing loomcycle
+	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing loomcycle_http
 
 bench: $(STAMP)
 	$(PY) bench/loop.py

@@ -25,7 +25,7 @@ from apps.runs import services
 from apps.runs.fork import ForkRequest, run_fork
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.prompt import parse_segments
-from apps.runs.session_services import session_continue
+from apps.runs.sessions.services import session_continue
 from apps.substrate.services import agent_def_sync_static
 from tests.gateway.wire import Wire
 from tests.runs.test_admin import drive

@@ -1,0 +1,312 @@
+"""The synchronous client: `Client(url, token)` with `runs`, `agents`, `memory`,
+`channels` and `runtime`. Every refusal raises a typed `ApiError`; streams reconnect
+from the last seq they saw (see `Runs.stream`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+
+from loomcycle_http.client import _base as b
+from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
+from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+
+JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
+_DROPPED = (httpx.TransportError, ConnectionFailed)
+_Opener = Callable[[], AbstractContextManager[httpx.Response]]
+
+
+class Client:
+    """A connection to one runtime. `url` defaults to LOOMCYCLE_URL (else
+    http://127.0.0.1:8787), `token` to LOOMCYCLE_TOKEN. Use it as a context manager,
+    or call `close()`."""
+
+    def __init__(
+        self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0, **httpx_kwargs: Any
+    ) -> None:
+        self.url = b.base_url(url)
+        self.http = httpx.Client(base_url=self.url, headers=b.auth_headers(token), timeout=timeout, **httpx_kwargs)
+        self.runs = Runs(self)
+        self.agents = Agents(self)
+        self.memory = Memory(self)
+        self.channels = Channels(self)
+        self.runtime = Runtime(self)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def send(self, call: b.Call, *, timeout: float | None = None) -> Any:
+        """Send `call`; its JSON answer (None for 204), or the typed error."""
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        try:
+            resp = self.http.request(call.method, call.path, json=call.json, params=call.params, **extra)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"{call.method} {self.url}{call.path}: {exc!r}") from exc
+        if resp.status_code >= 400:
+            raise error_from_response(resp)
+        return None if resp.status_code == 204 or not resp.content else resp.json()
+
+
+class Runs:
+    """Runs: start, follow, read, steer and cancel them."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, agent: str, prompt: str | None = None, **fields: Any) -> RunRef:
+        """Start a run in the background (POST /v1/runs, `background: true`); its handles."""
+        body = b.run_body(agent, prompt, {**fields, "background": True})
+        return b.run_ref(self._c.send(b.Call("POST", "/v1/runs", json=body)))
+
+    def start(
+        self, agent: str, prompt: str | None = None, *, reconnect_timeout: float = b.RECONNECT_TIMEOUT_S, **fields: Any
+    ) -> Iterator[Event]:
+        """Start a run and stream its events (POST /v1/runs, SSE) to the end. The run
+        gets a client-made `agent_id` unless `fields` has one, so a stream that drops
+        before it named the run still finds it. A refusal raises before the first event."""
+        body = b.run_body(agent, prompt, fields)
+        cursor = b.Cursor(agent_id=str(body["agent_id"]))
+        return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(body))
+
+    def stream(
+        self, run_id: str, *, from_seq: int = 0, reconnect_timeout: float = b.RECONNECT_TIMEOUT_S
+    ) -> Iterator[Event]:
+        """Follow a run (GET /v1/runs/{id}/stream) from after `from_seq` to its end.
+        A dropped or silent connection is re-opened with `Last-Event-ID` (the last seq
+        seen), so no event is lost or repeated; after `reconnect_timeout` seconds without
+        getting a connection back, ConnectionFailed."""
+        return self._follow(b.Cursor(run_id=run_id, last_seq=from_seq), reconnect_timeout, first=None)
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        return dict(self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
+
+    def get_by_agent_id(self, agent_id: str) -> dict[str, Any]:
+        return dict(self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
+
+    def resolve(self, ref: str) -> dict[str, Any]:
+        """A run by its run_id, else by its agent_id."""
+        try:
+            return self.get(ref)
+        except NotFound:  # not a run_id: try it as an agent_id
+            return self._by_agent_id_or_404(ref)
+
+    def _by_agent_id_or_404(self, ref: str) -> dict[str, Any]:
+        try:
+            return self.get_by_agent_id(ref)
+        except NotFound as exc:
+            raise NotFound(404, "not_found", f"no run with run_id or agent_id {ref!r}", {}, None) from exc
+
+    def list(self, *, status: str = "running", agent: str | None = None, tenant: str | None = None) -> JsonList:
+        """Runs of the caller's tenant (GET /v1/runs), newest first."""
+        return list(self._c.send(b.runs_list_call(status, agent, tenant))["runs"])
+
+    def events(self, run_id: str, *, from_seq: int = 0) -> Iterator[Event]:
+        """Every persisted event after `from_seq`, as stored (GET /v1/runs/{id}/events, paged)."""
+        while True:
+            page = self._c.send(b.events_call(run_id, from_seq, 500))
+            for row in page["events"]:
+                from_seq = int(row["seq"])
+                yield Event(type=str(row["type"]), data=dict(row["payload"]), seq=from_seq)
+            if not page["events"] or from_seq >= int(page["last_seq"]):
+                return
+
+    def event_rows(self, run_id: str, *, from_seq: int = 0) -> Iterator[dict[str, Any]]:
+        """Every persisted event after `from_seq` as the API returns it (`seq`, `type`,
+        `payload`, `created_at`), paged; `events` is the same as `Event`s."""
+        while True:
+            page = self._c.send(b.events_call(run_id, from_seq, 500))
+            for row in page["events"]:
+                from_seq = int(row["seq"])
+                yield dict(row)
+            if not page["events"] or from_seq >= int(page["last_seq"]):
+                return
+
+    def cancel(self, agent_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Cancel a run by its agent_id (and its live sub-runs); idempotent."""
+        body = {"reason": reason} if reason else {}
+        return dict(self._c.send(b.Call("POST", f"/v1/agents/{b.seg(agent_id)}/cancel", json=body)))
+
+    def cancel_turn(self, run_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Turn-cancel an interactive run: stop its current model turn or tool batch and re-park it
+        at `awaiting_input` (`{run_id, stopped, parked}`); 409 `not_interactive` / `not_mid_turn`."""
+        body = {"reason": reason} if reason else {}
+        return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/cancel", json=body)))
+
+    def input(self, run_id: str, text: str) -> dict[str, Any]:
+        """Steer a live run, or answer one parked at `awaiting_input`."""
+        return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/input", json={"text": text})))
+
+    def _post_opener(self, body: dict[str, Any]) -> AbstractContextManager[httpx.Response]:
+        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+        return self._c.http.stream("POST", "/v1/runs", json=body, timeout=timeout)
+
+    def _get_opener(self, cursor: b.Cursor) -> AbstractContextManager[httpx.Response]:
+        if not cursor.run_id:  # the POST's answer never named the run: find it by its handle
+            cursor.run_id = str(self.get_by_agent_id(cursor.agent_id)["run_id"])
+        headers = {"Last-Event-ID": str(cursor.last_seq)}
+        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+        return self._c.http.stream("GET", f"/v1/runs/{b.seg(cursor.run_id)}/stream", headers=headers, timeout=timeout)
+
+    def _follow(self, cursor: b.Cursor, reconnect_timeout: float, first: _Opener | None) -> Iterator[Event]:
+        pace = b.Reconnect(reconnect_timeout)
+        while not cursor.finished:
+            posting, first = first, None  # a POST is sent once: later attempts re-attach by GET
+            before = cursor.last_seq
+            try:
+                yield from self._read(posting() if posting else self._get_opener(cursor), cursor, pace)
+                if cursor.finished or self._has_ended(cursor):
+                    return
+            except _DROPPED as exc:
+                if posting is not None and isinstance(exc, httpx.ConnectError):
+                    raise ConnectionFailed(f"POST {self._c.url}/v1/runs: {exc!r}") from exc
+                time.sleep(self._drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
+                continue
+            time.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end: not a busy loop
+
+    def _drop_wait(self, pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:
+        try:
+            return pace.after_drop()
+        except b.StreamLost:
+            raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
+
+    def _has_ended(self, cursor: b.Cursor) -> bool:
+        """Whether the run of a stream that closed without a terminal event has ended (asked of the runtime)."""
+        run = self.get(cursor.run_id) if cursor.run_id else self.get_by_agent_id(cursor.agent_id)
+        cursor.finished = str(run.get("state") or "") in TERMINAL_STATES
+        return cursor.finished
+
+    def _read(
+        self, opener: AbstractContextManager[httpx.Response], cursor: b.Cursor, pace: b.Reconnect
+    ) -> Iterator[Event]:
+        with opener as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                if resp.status_code in b.RETRYABLE_STATUSES and cursor.opened > 0:
+                    raise httpx.RemoteProtocolError(f"HTTP {resp.status_code} while reconnecting")
+                raise error_from_response(resp)
+            cursor.opened += 1
+            for sse in EventSource(resp).iter_sse():
+                pace.delivered()  # the stream is back: the next outage gets the full timeout
+                event = event_from_sse(sse.event, sse.data, sse.id)
+                if cursor.accept(event):
+                    yield event
+                if cursor.finished:
+                    return
+
+
+class Agents:
+    """Agent definitions (the substrate's AgentDef)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def list(self) -> JsonList:
+        """Every agent name the caller sees, with its version count and whether it is static."""
+        return list(self._c.send(b.Call("GET", "/v1/_agentdef/names"))["names"])
+
+    def versions(self, name: str) -> JsonList:
+        return list(self._c.send(b.Call("POST", "/v1/_agentdef", json={"op": "list", "name": name}))["versions"])
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The active version of `name` (def_id, version, content_sha256, definition, ...)."""
+        row = b.active_row(name, self.list(), self.versions(name))
+        if row is None:
+            raise NotFound(404, "not_found", f"no agent named {name!r}", {}, None)
+        return row
+
+    def apply(self, name: str, definition: dict[str, Any], *, description: str = "") -> dict[str, Any]:
+        """Make `definition` the active version of `name`: a fork of a static yaml entry,
+        else a create (identical content returns the active row, `deduplicated: true`). A static
+        name is refused in the shared tenant (LoomcycleError `static_in_shared_tenant`): there
+        the yaml entry outranks every runtime version."""
+        static = any(row.get("name") == name and row.get("static") for row in self.list())
+        if static:
+            b.check_apply_tenant(name, self._c.send(b.Call("GET", "/v1/_me")))
+        call = b.agent_apply_call(name, definition, static=static, description=description)
+        return dict(self._c.send(call))
+
+
+class Memory:
+    """Memory rows of the caller's tenant (scopes agent, user, tenant, global)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def get(self, scope: str, scope_id: str, key: str) -> Any:
+        """The entry's value; NotFound when the key is absent."""
+        return self._c.send(b.Call("GET", b.memory_key_path(scope, scope_id, key)))["entry"]["value"]
+
+    def set(
+        self, scope: str, scope_id: str, key: str, value: Any, *, ttl_seconds: int | None = None, embed: bool = False
+    ) -> dict[str, Any]:
+        return dict(self._c.send(b.memory_set_call(scope, scope_id, key, value, ttl_seconds=ttl_seconds, embed=embed)))
+
+    def delete(self, scope: str, scope_id: str, key: str) -> None:
+        self._c.send(b.Call("DELETE", b.memory_key_path(scope, scope_id, key)))
+
+    def search(self, query: str, *, scope: str, scope_id: str = "", top_k: int = 5) -> dict[str, Any]:
+        """Semantic search over the slot's embedded rows (POST /v1/_memory/search)."""
+        return dict(self._c.send(b.memory_search_call(query, scope, scope_id, top_k)))
+
+
+class Channels:
+    """Channels of the caller's tenant."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def list(self) -> JsonList:
+        return list(self._c.send(b.Call("GET", "/v1/_channels"))["channels"])
+
+    def publish(self, name: str, payload: Any, *, ttl: int | None = None) -> dict[str, Any]:
+        return dict(self._c.send(b.channel_publish_call(name, payload, ttl)))
+
+    def peek(self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100) -> JsonList:
+        """Messages after `from_cursor`, without committing a cursor."""
+        params = {"from_cursor": from_cursor, "max_messages": max_messages}
+        return list(self._c.send(b.Call("GET", b.channel_path(name, "peek"), params=params))["messages"])
+
+    def wait(self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100, wait_ms: int = 25_000) -> Any:
+        """Long-poll for messages after `from_cursor` (POST /v1/_channels/_await, never
+        commits): `{"messages", "next_cursor"}`, empty when the wait ran out."""
+        call = b.channel_await_call(name, from_cursor, max_messages, wait_ms)
+        answer = self._c.send(call, timeout=wait_ms / 1000 + 30)
+        return answer["results"].get(name) or {"messages": [], "next_cursor": from_cursor}
+
+    def tail(self, name: str, *, from_cursor: str = "cur_0", wait_ms: int = 25_000) -> Iterator[dict[str, Any]]:
+        """Every message after `from_cursor`, then each new one as it is published (forever)."""
+        while True:
+            page = self.wait(name, from_cursor=from_cursor, wait_ms=wait_ms)
+            yield from page["messages"]
+            from_cursor = page.get("next_cursor") or from_cursor
+
+
+class Runtime:
+    """The runtime-wide pause (admin)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def pause(self, timeout_ms: int | None = None) -> dict[str, Any]:
+        body = {} if timeout_ms is None else {"timeout_ms": timeout_ms}
+        return dict(self._c.send(b.Call("POST", "/v1/_pause", json=body), timeout=(timeout_ms or 30_000) / 1000 + 30))
+
+    def resume(self) -> dict[str, Any]:
+        return dict(self._c.send(b.Call("POST", "/v1/_resume", json={})))
+
+    def state(self) -> dict[str, Any]:
+        return dict(self._c.send(b.Call("GET", "/v1/_state")))
+
+
+__all__ = ["ApiError", "Client"]

@@ -157,12 +157,16 @@ def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, 
 
 
 def _wake_spans(receiver: Receiver, run_id: str) -> list[Span]:
-    """The spans once the woken turn is in: two iterations (the second after the wake) and the wake."""
+    """The spans once the woken turn is in: two iterations (the second after the wake), the wake,
+    and every span they link to (the waking request, the woken delivery), each exported by its own
+    process on its own schedule."""
     spans = receiver.snapshot()
     mine = [s for s in spans if s.attributes.get("loomcycle.run_id") == run_id]
     iterations = [s for s in mine if s.name == "run.iterate"]
     wakes = [s for s in mine if s.name == "run.wake"]
-    return spans if len(iterations) == 2 and wakes else []
+    received = {s.span_id for s in spans}
+    linked = {span_id for s in iterations + wakes for _, span_id in s.links}
+    return spans if len(iterations) == 2 and wakes and linked <= received else []
 
 
 @pytest.mark.usefixtures("agents")

@@ -146,6 +146,7 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
         "p99_admission_ms": pct(admission, 0.99),
         "samples": len(samples),
         "commits_per_iteration": commits,
+        **{f"cpu_ms_{k}": v for k, v in cpu.items()},  # per iteration, by process group
     }
 
 

@@ -24,7 +24,9 @@ $(STAMP): requirements/base.txt requirements/embedded.txt requirements/build.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
 	# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root
 	# project: that would register the pytest11 plugin and shadow this checkout's apps.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e ./loomcycle
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e ./loomcycle_http
+	# A .venv made before the rename: its editable `loomcycle-client` would shadow PyPI's `loomcycle`.
+	if $(PY) -m pip show --quiet loomcycle-client 2>/dev/null; then $(PY) -m pip uninstall --quiet -y loomcycle-client; fi
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -54,7 +56,7 @@ lint: $(STAMP) $(PROTO_GEN)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP) $(PROTO_GEN)
-	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing loomcycle
+	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing loomcycle_http
 
 bench: $(STAMP)
 	$(PY) bench/loop.py

@@ -1,4 +1,4 @@
-"""The CLI as a subprocess (`python -m loomcycle`) and the client against a real web process
+"""The CLI as a subprocess (`python -m loomcycle_http`) and the client against a real web process
 (one for the package, restartable on its port) and the session's workers."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def cli_env(web: Web, **extra: str) -> dict[str, str]:
 
 
 def cli_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "loomcycle", *args]
+    return [sys.executable, "-m", "loomcycle_http", *args]
 
 
 def cli(

@@ -1,4 +1,4 @@
-"""loomcycle.client against a real web process: typed errors with the API's code, and the
+"""loomcycle_http.client against a real web process: typed errors with the API's code, and the
 async client's runs, memory and channels (the sync client is exercised by test_cli.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from apps.substrate.models import AgentDef
-from loomcycle.client import AsyncClient, BadRequest, Client, ConnectionFailed, LoomcycleError, NotFound
+from loomcycle_http.client import AsyncClient, BadRequest, Client, ConnectionFailed, LoomcycleError, NotFound
 from tests.cli.conftest import Web, script
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")

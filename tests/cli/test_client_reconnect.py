@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from loomcycle.client import AsyncClient, Client
-from loomcycle.client.events import Event
+from loomcycle_http.client import AsyncClient, Client
+from loomcycle_http.client.events import Event
 
 RUN = "r_00000000000000aa"
 AGENT = "a_00000000000000aa"
@@ -138,7 +138,7 @@ def test_each_drop_gets_the_full_reconnect_timeout(clock: Clock, follow: Callabl
 
 @pytest.mark.parametrize("follow", FOLLOWERS)
 def test_an_outage_longer_than_the_timeout_still_fails(clock: Clock, follow: Callable[..., list[Event]]) -> None:
-    from loomcycle.client import ConnectionFailed
+    from loomcycle_http.client import ConnectionFailed
 
     def script(request: httpx.Request) -> httpx.Response:
         if request.headers.get("last-event-id") == "0" and not clock.slept:

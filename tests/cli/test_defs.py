@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from loomcycle.cli import cli
+from loomcycle_http.cli import cli
 
 
 @pytest.mark.parametrize(

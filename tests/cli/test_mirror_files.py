@@ -1,4 +1,4 @@
-"""The mirror's file primitives (loomcycle/mirror/files.py, runs.py): no stack needed."""
+"""The mirror's file primitives (loomcycle_http/mirror/files.py, runs.py): no stack needed."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from loomcycle.mirror import files
-from loomcycle.mirror.runs import agent_dir, placeable
+from loomcycle_http.mirror import files
+from loomcycle_http.mirror.runs import agent_dir, placeable
 
 
 def test_a_line_cut_short_by_a_crash_is_dropped_and_the_last_whole_line_is_the_resume_point(tmp_path: Path) -> None:

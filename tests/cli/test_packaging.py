@@ -1,4 +1,4 @@
-"""The client-only distribution (loomcycle/pyproject.toml): it installs into a fresh venv
+"""The client-only distribution (loomcycle_http/pyproject.toml): it installs into a fresh venv
 without the runtime (offline: no index, no build isolation), gives the `loomcycle` command,
 and imports without Django; its pins are the runtime's; the runtime's distribution does
 not ship it."""
@@ -17,7 +17,7 @@ from packaging.requirements import Requirement  # (pytest's own dependency)
 
 from tests.procs import ROOT
 
-CLIENT = ROOT / "loomcycle"
+CLIENT = ROOT / "loomcycle_http"
 
 
 def _pins(lines: list[str]) -> dict[str, str]:
@@ -77,7 +77,7 @@ def test_the_client_installs_alone_and_imports_without_django(tmp_path: Path) ->
     wheels = tmp_path / "wheels"
     pip: list[str | Path] = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     _run(*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-w", wheels, source)
-    (wheel,) = wheels.glob("loomcycle_client-*.whl")
+    (wheel,) = wheels.glob("loomcycle_http-*.whl")
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv)
     vpip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
@@ -87,7 +87,7 @@ def test_the_client_installs_alone_and_imports_without_django(tmp_path: Path) ->
     _copy_installed(_closure([re.split(r"[=<>]", pin, maxsplit=1)[0] for pin in pins]), site)
     _run(*vpip, "check")
     assert "Usage: loomcycle" in _run(venv / "bin" / "loomcycle", "--help", cwd=tmp_path)
-    check = "import loomcycle.client, loomcycle.cli, sys; assert 'django' not in sys.modules, 'django imported'"
+    check = "import loomcycle_http.client, loomcycle_http.cli, sys; assert 'django' not in sys.modules, 'django'"
     _run(venv / "bin" / "python", "-c", check, cwd=tmp_path)
     installed = _run(*vpip, "list", "--format=freeze").lower()
     assert "django" not in installed and "celery" not in installed
@@ -99,3 +99,40 @@ def test_the_runtime_distribution_ships_neither_the_client_nor_its_command() -> 
     assert "loomcycle" not in project["project"].get("scripts", {})
     include = project["tool"]["setuptools"]["packages"]["find"]["include"]
     assert not [pattern for pattern in include if pattern.startswith("loomcycle") and "_" not in pattern]
+
+
+def _wheel(source: Path, into: Path) -> Path:
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run(*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-w", into, source)
+    (wheel,) = into.glob("*.whl")
+    return wheel
+
+
+def _record(venv: Path, distribution: str) -> set[str]:
+    """The files `distribution` installed into `venv`, its metadata folder aside."""
+    code = f"from importlib import metadata; print('\\n'.join(str(f) for f in metadata.files({distribution!r})))"
+    files = _run(venv / "bin" / "python", "-c", code).split()
+    return {name for name in files if ".dist-info/" not in name}
+
+
+def test_the_official_loomcycle_client_installs_beside_this_projects_client_and_runtime(tmp_path: Path) -> None:
+    """PyPI's `loomcycle` (loomcycle's own gRPC client, pinned in requirements/dev.txt) and this
+    project's two distributions share no installed file, so installing one never overwrites the
+    other, and both clients import from one environment (docs/client.md, "Names")."""
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv)
+    site = Path(_run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
+    _copy_installed(_closure(["loomcycle"]), site)  # the official client as pip installed it here, offline
+    client = shutil.copytree(CLIENT, tmp_path / "client", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    junk = (".venv", ".git", ".loomcycle", "tests", "node_modules", "build", "*.egg-info", "__pycache__", ".*_cache")
+    runtime = shutil.copytree(ROOT, tmp_path / "runtime", ignore=shutil.ignore_patterns(*junk))
+    vpip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
+    for source in (client, runtime):
+        _run(*vpip, "install", "--quiet", "--no-deps", "--no-index", _wheel(source, tmp_path / f"{source.name}-wheel"))
+    names = ("loomcycle", "loomcycle-http", "loomcycle-django")
+    official, ours, runtime_files = (_record(venv, name) for name in names)
+    assert "loomcycle/client.py" in official and "loomcycle_http/client/sync.py" in ours
+    assert not official & ours and not official & runtime_files and not ours & runtime_files
+    _copy_installed(_closure(["httpx", "httpx-sse", "click", "rich", "pyyaml"]), site)
+    both = "import loomcycle as lc, loomcycle_http.client as o; print(lc.LoomcycleClient.__module__, o.Client.__name__)"
+    assert _run(venv / "bin" / "python", "-c", both, cwd=tmp_path).split() == ["loomcycle.client", "Client"]

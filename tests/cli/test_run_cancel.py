@@ -7,8 +7,8 @@ import json
 
 import httpx
 
-from loomcycle.cli.run import cancel_run
-from loomcycle.client import Client
+from loomcycle_http.cli.run import cancel_run
+from loomcycle_http.client import Client
 
 HANDLE = "a_00000000000000bb"
 

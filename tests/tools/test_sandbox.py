@@ -70,7 +70,8 @@ def test_the_sandbox_sees_the_system_read_only_and_only_its_volumes(settings: An
     (sandbox_dir / "ro" / "f").write_text("read me")
     bindings = (*rw(sandbox_dir / "other"), VolumeBinding(name="ro", path=str(sandbox_dir / "ro"), mode="ro"))
     script = (
-        "ls /; echo --; touch /usr/x /etc/x /x 2>/dev/null || echo sys-ro; cat ../ro/f; echo; touch ../ro/g || echo vol-ro;"
+        "ls /; echo --; touch /usr/x /etc/x /x 2>/dev/null || echo sys-ro; cat ../ro/f; echo;"
+        "touch ../ro/g || echo vol-ro;"
         "echo w > w; ls /proc | grep -c '^[0-9]'; id -u; ls /etc | tr '\\n' ' '"
     )
     out = ok(bash_execute(ctx_for(*bindings), {"command": script}))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from loomcycle.client import Client
+from loomcycle_http.client import Client
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed (its error is on stderr)

@@ -12,8 +12,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from loomcycle.cli import output
-from loomcycle.cli.context import Ctx, pass_ctx
+from loomcycle_http.cli import output
+from loomcycle_http.cli.context import Ctx, pass_ctx
 
 
 @click.command()

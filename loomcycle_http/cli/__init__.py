@@ -1,4 +1,4 @@
-"""The `loomcycle` command line (docs/cli.md), on top of `loomcycle.client`."""
+"""The `loomcycle` command line (docs/cli.md), on top of `loomcycle_http.client`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from typing import Any
 
 import click
 
-from loomcycle import __version__
-from loomcycle.cli import output
-from loomcycle.cli.context import EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_UNREACHABLE, Ctx
-from loomcycle.cli.defs import agent, agents, channel, memory
-from loomcycle.cli.mirror import mirror
-from loomcycle.cli.run import run
-from loomcycle.cli.runs import cancel, logs, pause, ps, resume, send
-from loomcycle.client import ApiError, ConnectionFailed, LoomcycleError
+from loomcycle_http import __version__
+from loomcycle_http.cli import output
+from loomcycle_http.cli.context import EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_UNREACHABLE, Ctx
+from loomcycle_http.cli.defs import agent, agents, channel, memory
+from loomcycle_http.cli.mirror import mirror
+from loomcycle_http.cli.run import run
+from loomcycle_http.cli.runs import cancel, logs, pause, ps, resume, send
+from loomcycle_http.client import ApiError, ConnectionFailed, LoomcycleError
 
 
 class _Group(click.Group):

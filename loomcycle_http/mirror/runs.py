@@ -16,8 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from loomcycle.client import Client, Forbidden, NotFound
-from loomcycle.mirror import files
+from loomcycle_http.client import Client, Forbidden, NotFound
+from loomcycle_http.mirror import files
 
 TRANSCRIPT_TYPES = frozenset({"user_input", "text", "thinking", "tool_call", "tool_result"})
 

@@ -1,6 +1,6 @@
-"""loomcycle.client: a small typed client of a loomcycle runtime's HTTP API (docs/client.md).
+"""loomcycle_http.client: a small typed client of a loomcycle runtime's HTTP API (docs/client.md).
 
-    from loomcycle.client import Client
+    from loomcycle_http.client import Client
 
     with Client("http://127.0.0.1:8787", token="lct_...") as lc:
         for event in lc.runs.start("echo", "hi"):
@@ -10,8 +10,8 @@
 subclasses carry the API's `code`; `ConnectionFailed` means the runtime was unreachable.
 """
 
-from loomcycle.client.aio import AsyncClient
-from loomcycle.client.errors import (
+from loomcycle_http.client.aio import AsyncClient
+from loomcycle_http.client.errors import (
     ApiError,
     BadRequest,
     Conflict,
@@ -24,8 +24,8 @@ from loomcycle.client.errors import (
     ServerError,
     Unauthorized,
 )
-from loomcycle.client.events import TERMINAL_EVENTS, TERMINAL_STATES, Event, RunRef
-from loomcycle.client.sync import Client
+from loomcycle_http.client.events import TERMINAL_EVENTS, TERMINAL_STATES, Event, RunRef
+from loomcycle_http.client.sync import Client
 
 __all__ = [
     "TERMINAL_EVENTS",

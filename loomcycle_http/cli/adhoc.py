@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from loomcycle.client import Client
+from loomcycle_http.client import Client
 
 # loom's prefixes → this runtime's providers (docs/cli.md lists them).
 PROVIDER_PREFIXES = {

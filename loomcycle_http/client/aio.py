@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
-from loomcycle.client import _base as b
-from loomcycle.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
-from loomcycle.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+from loomcycle_http.client import _base as b
+from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
+from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)

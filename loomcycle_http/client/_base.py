@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from loomcycle.client.errors import LoomcycleError
-from loomcycle.client.events import Event, RunRef
+from loomcycle_http.client.errors import LoomcycleError
+from loomcycle_http.client.events import Event, RunRef
 
 DEFAULT_URL = "http://127.0.0.1:8787"
 RECONNECT_TIMEOUT_S = 60.0  # how long a followed stream keeps trying to come back

@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.spinner import Spinner as RichSpinner
 
-from loomcycle.client import Event
+from loomcycle_http.client import Event
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 PREVIEW = 200

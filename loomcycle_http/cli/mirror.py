@@ -9,9 +9,9 @@ from types import FrameType
 
 import click
 
-from loomcycle.cli import output
-from loomcycle.cli.context import EXIT_REFUSED, Ctx, pass_ctx
-from loomcycle.mirror import Mirror, MirrorBusy, dir_lock
+from loomcycle_http.cli import output
+from loomcycle_http.cli.context import EXIT_REFUSED, Ctx, pass_ctx
+from loomcycle_http.mirror import Mirror, MirrorBusy, dir_lock
 
 
 @click.command()

@@ -23,11 +23,11 @@ from typing import Any
 
 import click
 
-from loomcycle.cli import output
-from loomcycle.cli.adhoc import ensure_agent
-from loomcycle.cli.context import EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Ctx, pass_ctx
-from loomcycle.client import Client, Event, NotFound
-from loomcycle.client._base import backoff, new_agent_id
+from loomcycle_http.cli import output
+from loomcycle_http.cli.adhoc import ensure_agent
+from loomcycle_http.cli.context import EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Ctx, pass_ctx
+from loomcycle_http.client import Client, Event, NotFound
+from loomcycle_http.client._base import backoff, new_agent_id
 
 _QUIET = frozenset({"session", "started", "text", "awaiting_input"})
 CANCEL_RETRY_S = 5.0  # how long a cancel keeps asking for a run whose create may not have committed yet

@@ -8,9 +8,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from loomcycle.cli import output
-from loomcycle.cli.context import Ctx, pass_ctx
-from loomcycle.client import Event
+from loomcycle_http.cli import output
+from loomcycle_http.cli.context import Ctx, pass_ctx
+from loomcycle_http.client import Event
 
 
 @click.command()

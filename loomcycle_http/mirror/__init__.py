@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loomcycle.client import Client, ConnectionFailed, RateLimited, ServerError
-from loomcycle.mirror.inbox import Inbox
-from loomcycle.mirror.runs import AGENT_NAME_RE, RunMirror, agent_dir
+from loomcycle_http.client import Client, ConnectionFailed, RateLimited, ServerError
+from loomcycle_http.mirror.inbox import Inbox
+from loomcycle_http.mirror.runs import AGENT_NAME_RE, RunMirror, agent_dir
 
 
 class MirrorBusy(Exception):

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from loomcycle.client import ApiError, Client, Conflict, ConnectionFailed, NotFound, RateLimited, ServerError
-from loomcycle.mirror import files
+from loomcycle_http.client import ApiError, Client, Conflict, ConnectionFailed, NotFound, RateLimited, ServerError
+from loomcycle_http.mirror import files
 
 Outcome = Literal["processed", "failed", "wait"]
 

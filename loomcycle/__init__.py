@@ -1,8 +1,0 @@
-"""loomcycle: the Python client (`loomcycle.client`) and the `loomcycle` command line
-for a loomcycle runtime, over its HTTP API only.
-
-This package imports nothing of the runtime (apps, workers, loomcycle_project, Django):
-an import-linter contract keeps it so, and `loomcycle/pyproject.toml` installs it alone.
-"""
-
-__version__ = "0.1.0"

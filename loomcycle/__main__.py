@@ -1,5 +1,0 @@
-"""`python -m loomcycle`: the command line."""
-
-from loomcycle.cli import main
-
-main()

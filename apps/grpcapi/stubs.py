@@ -22,16 +22,28 @@ def stale(root: Path = ROOT) -> bool:
     return any(not out.exists() or out.stat().st_mtime < source for out in outs)
 
 
+# The service module's import of the messages, as protoc writes it and as this package needs it.
+_FLAT_IMPORT = "import loomcycle_pb2 as loomcycle__pb2"
+_PACKAGE_IMPORT = "from apps.grpcapi.proto import loomcycle_pb2 as loomcycle__pb2"
+
+
 def generate(root: Path = ROOT) -> None:
-    """protoc over the .proto, paths relative to the repository root so the generated
-    service module imports `apps.grpcapi.proto.loomcycle_pb2`. Raises on a protoc error."""
+    """protoc over the .proto, compiled as `loomcycle.proto` (the name the official client's
+    descriptor carries: the two serialize to the same bytes, so protobuf's descriptor pool takes
+    both in one process, the client's and ours). Raises on a protoc error."""
     from grpc_tools import protoc  # build-time only (requirements/build.txt)
 
     include = str(Path(protoc.__file__).parent / "_proto")  # google/protobuf/timestamp.proto
-    argv = ["protoc", "-I", str(root), "-I", include]
-    argv += [f"--{kind}_out={root}" for kind in ("python", "pyi", "grpc_python")]
+    out = root / PROTO.parent
+    argv = ["protoc", "-I", str(out), "-I", include]
+    argv += [f"--{kind}_out={out}" for kind in ("python", "pyi", "grpc_python")]
     if protoc.main([*argv, str(root / PROTO)]) != 0:
         raise RuntimeError(f"protoc failed on {PROTO}")
+    service = out / "loomcycle_pb2_grpc.py"
+    text = service.read_text()
+    if text.count(_FLAT_IMPORT) != 1:
+        raise RuntimeError(f"unexpected protoc output: no single {_FLAT_IMPORT!r} in {service}")
+    service.write_text(text.replace(_FLAT_IMPORT, _PACKAGE_IMPORT))
 
 
 if __name__ == "__main__":

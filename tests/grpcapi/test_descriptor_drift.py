@@ -28,3 +28,17 @@ def test_drift_names_a_changed_field_number_and_a_streaming_flag() -> None:
     assert any(line.startswith("+ message .loomcycle.v1.RunRequest field 99 agent") for line in report)
     assert any("rpc StreamRun" in line and "server_streaming=True" in line for line in report if line[0] == "-")
     assert len(report) == 4
+
+
+def test_official_client_and_project_stubs_share_one_descriptor_in_one_process() -> None:
+    """Compiled as `loomcycle.proto`, the project's descriptor serializes to the official
+    client's bytes, so protobuf's pool takes both modules in one process (a test driving the
+    runtime with the official client beside the project's stubs)."""
+    from google.protobuf import descriptor_pb2
+
+    from tests.grpcapi.wire import official_pb2_source, serialized_descriptor
+
+    theirs = serialized_descriptor(official_pb2_source())
+    ours = project_descriptor().SerializeToString()
+    assert descriptor_pb2.FileDescriptorProto.FromString(theirs).name == project_descriptor().name == "loomcycle.proto"
+    assert ours == theirs

@@ -1,35 +1,23 @@
-"""The official client's wire, read from its pinned wheel (requirements/compat.txt) without
-installing it: `pip download` into this process's data dir, then the serialized
-FileDescriptorProto is read off the generated module's source (its AddSerializedFile literal),
-never imported, so nothing of it reaches the default descriptor pool."""
+"""The official client's wire, read from the pinned `loomcycle` distribution (requirements/dev.txt:
+loomcycle==1.124.0) without importing it: the serialized FileDescriptorProto is read off its
+generated module's source (the AddSerializedFile literal), so a drifted .proto is reported as a
+difference, not as a descriptor-pool clash at import."""
 
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
-import zipfile
-from pathlib import Path
+from importlib import metadata
 
 from google.protobuf import descriptor_pb2
 
-from tests.procs import ROOT
-
-COMPAT = ROOT / "requirements" / "compat.txt"
-PB2_IN_WHEEL = "loomcycle/_generated/loomcycle_pb2.py"
+OFFICIAL_VERSION = "1.124.0"
+PB2_IN_DIST = "loomcycle/_generated/loomcycle_pb2.py"
 
 
-def official_wheel() -> Path:
-    """The pinned `loomcycle` wheel, downloaded once per data dir (hash-checked by pip)."""
-    dest = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "compat-wheels"
-    found = sorted(dest.glob("loomcycle-*.whl"))
-    if not found:
-        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes"]
-        subprocess.run([*argv, "-r", str(COMPAT), "-d", str(dest)], check=True)
-        found = sorted(dest.glob("loomcycle-*.whl"))
-    assert len(found) == 1, found
-    return found[0]
+def official_pb2_source() -> str:
+    dist = metadata.distribution("loomcycle")
+    assert dist.version == OFFICIAL_VERSION, f"requirements/dev.txt pins loomcycle=={OFFICIAL_VERSION}"
+    return dist.locate_file(PB2_IN_DIST).read_text()  # type: ignore[union-attr]
 
 
 def serialized_descriptor(source: str) -> bytes:
@@ -43,9 +31,7 @@ def serialized_descriptor(source: str) -> bytes:
 
 
 def official_descriptor() -> descriptor_pb2.FileDescriptorProto:
-    with zipfile.ZipFile(official_wheel()) as wheel:
-        source = wheel.read(PB2_IN_WHEEL).decode()
-    return descriptor_pb2.FileDescriptorProto.FromString(serialized_descriptor(source))
+    return descriptor_pb2.FileDescriptorProto.FromString(serialized_descriptor(official_pb2_source()))
 
 
 def project_descriptor() -> descriptor_pb2.FileDescriptorProto:

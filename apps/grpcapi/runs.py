@@ -18,7 +18,7 @@ from django.db import connection
 from google.protobuf.timestamp_pb2 import Timestamp
 
 import loomcycle_project
-from apps.core.errors import Invalid
+from apps.core.errors import ApplicationError, Invalid
 from apps.core.http import db_call
 from apps.core.ids import is_ident
 from apps.core.types import Principal
@@ -35,6 +35,12 @@ from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
 
 STARTED = time.time()
+
+
+class StreamLifetime(ApplicationError):
+    """A stream past LOOMCYCLE_MAX_STREAM_SECONDS: UNAVAILABLE, which a client re-attaches after."""
+
+    status, code = 503, "stream_lifetime"
 
 
 def _ident(value: str, what: str) -> str:
@@ -65,7 +71,7 @@ async def _events(run_id: str, from_seq: int, slot: StreamSlot) -> AsyncIterator
             if frame is not KEEPALIVE:
                 yield convert.event(frame)
             if slot.expired():  # LOOMCYCLE_MAX_STREAM_SECONDS: the client re-attaches with StreamRun
-                raise Invalid("stream lifetime reached; re-attach with StreamRun(from_seq)", code="stream_lifetime")
+                raise StreamLifetime("stream lifetime reached; re-attach with StreamRun(from_seq)")
 
 
 async def _registered(run: Run, slot: StreamSlot) -> AsyncIterator[pb.Event]:

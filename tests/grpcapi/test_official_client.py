@@ -60,7 +60,7 @@ def test_a_streamed_run_its_handle_session_transcript_and_reattach(grpc_target: 
 
 
 def test_an_interactive_run_steered_with_run_input_then_cancelled(grpc_target: str) -> None:
-    async def main() -> None:
+    async def main() -> str:
         handles: list[RunHandle] = []
         async with LoomcycleClient(target=grpc_target) as client:
             stream = client.run_streaming(
@@ -76,9 +76,9 @@ def test_an_interactive_run_steered_with_run_input_then_cancelled(grpc_target: s
                     break
             assert await client.cancel_agent(handles[0].agent_id, reason="enough") == 1  # cancelled_count
             await stream.aclose()
-        wait_status(run_id, RunStatus.CANCELLED)
+        return run_id
 
-    asyncio.run(main())
+    wait_status(asyncio.run(main()), RunStatus.CANCELLED)
 
 
 def test_agent_def_created_read_and_run(grpc_target: str) -> None:

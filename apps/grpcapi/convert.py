@@ -64,7 +64,8 @@ def request_body(request: Message) -> dict[str, Any]:
     """Every field the caller set, by its proto name (the HTTP body's names: loomcycle's JSON and
     proto share them), so the route's schema decides what is accepted, acted on or refused;
     int64 as JSON numbers' strings (the schemas' ints take them), bytes as base64."""
-    return json_format.MessageToDict(request, preserving_proto_field_name=True)
+    out: dict[str, Any] = json_format.MessageToDict(request, preserving_proto_field_name=True)
+    return out
 
 
 def run_body(request: Any) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import grpc
 from pydantic import BaseModel
 
-from apps.core.errors import ApplicationError
+from apps.core.errors import ApplicationError, Invalid
 from apps.core.http import check_storable, validated_body
+from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.grpcapi.auth import principal_for
 from apps.grpcapi.errors import Refusal, refusal
@@ -33,6 +34,20 @@ def parsed(schema: type[M], body: dict[str, Any]) -> M:
     """The body an RPC's request became (apps.grpcapi.convert) through the HTTP route's schema."""
     check_storable(body)
     return validated_body(schema, body)
+
+
+def ident(value: str, what: str) -> str:
+    """An id field (run_id, agent_id, session_id, ...) as the HTTP path checks one."""
+    if not is_ident(value):
+        raise Invalid(f"invalid {what}: must match [A-Za-z0-9_-]{{1,128}}", code="invalid_request")
+    return value
+
+
+def only_fields(request: Any, served: set[str], rpc: str) -> None:
+    """A field this runtime does not act on for `rpc` is refused by name, never dropped."""
+    extra = sorted(f.name for f, _ in request.ListFields() if f.name not in served)
+    if extra:
+        raise Invalid(f"{rpc}: not supported by this runtime: {', '.join(extra)}", code="unsupported_field")
 
 
 def _failure(exc: Exception, method: str) -> Refusal:

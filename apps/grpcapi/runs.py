@@ -20,12 +20,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 import loomcycle_project
 from apps.core.errors import ApplicationError, Invalid
 from apps.core.http import db_call
-from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.grpcapi import convert
 from apps.grpcapi.proto import loomcycle_pb2 as pb
-from apps.grpcapi.rpc import parsed, streaming, unary
+from apps.grpcapi.rpc import ident, only_fields, parsed, streaming, unary
 from apps.runs import selectors, services, session_services
 from apps.runs.api import run_create_data
 from apps.runs.models import Run
@@ -41,12 +40,6 @@ class StreamLifetime(ApplicationError):
     """A stream past LOOMCYCLE_MAX_STREAM_SECONDS: UNAVAILABLE, which a client re-attaches after."""
 
     status, code = 503, "stream_lifetime"
-
-
-def _ident(value: str, what: str) -> str:
-    if not is_ident(value):
-        raise Invalid(f"invalid {what}: must match [A-Za-z0-9_-]{{1,128}}", code="invalid_request")
-    return value
 
 
 def _create(principal: Principal, data: RunCreateIn) -> Run:
@@ -97,7 +90,7 @@ class RunRpcs:
 
     @streaming(("POST", "/v1/sessions/x/messages"))
     async def Continue(self, request: pb.ContinueRequest, principal: Principal) -> AsyncIterator[pb.Event]:
-        session_id = _ident(request.session_id, "session_id")
+        session_id = ident(request.session_id, "session_id")
         data = parsed(SessionMessageIn, convert.continue_body(request))
         run, slot = await admit_streamed(principal, lambda: _continue(principal, session_id, data))
         async for event in _registered(run, slot):
@@ -105,7 +98,7 @@ class RunRpcs:
 
     @streaming(("GET", "/v1/runs/x/stream"))
     async def StreamRun(self, request: pb.StreamRunRequest, principal: Principal) -> AsyncIterator[pb.Event]:
-        run_id = _ident(request.run_id, "run_id")
+        run_id = ident(request.run_id, "run_id")
         if request.from_seq < 0:
             raise Invalid("from_seq must be >= 0", code="invalid_request")
         run = await _visible(principal, run_id=run_id)
@@ -115,30 +108,30 @@ class RunRpcs:
 
     @unary(("GET", "/v1/runs/x"))
     async def GetRun(self, request: pb.GetRunRequest, principal: Principal) -> pb.Agent:
-        return await db_call(_agent)(principal, run_id=_ident(request.run_id, "run_id"))
+        return await db_call(_agent)(principal, run_id=ident(request.run_id, "run_id"))
 
     @unary(("GET", "/v1/agents/x"))
     async def GetAgent(self, request: pb.GetAgentRequest, principal: Principal) -> pb.Agent:
-        return await db_call(_agent)(principal, agent_id=_ident(request.agent_id, "agent_id"))
+        return await db_call(_agent)(principal, agent_id=ident(request.agent_id, "agent_id"))
 
     @unary(("POST", "/v1/agents/x/cancel"))
     async def CancelAgent(self, request: pb.CancelAgentRequest, principal: Principal) -> pb.CancelAgentResponse:
-        agent_id = _ident(request.agent_id, "agent_id")
+        agent_id = ident(request.agent_id, "agent_id")
         out = await db_call(services.run_cancel)(principal=principal, agent_id=agent_id, reason=request.reason)
         count = 1 + len(out.get("cascaded", [])) if out["cancelled"] else 0
         return pb.CancelAgentResponse(cancelled_count=count)
 
     @unary(("POST", "/v1/runs/x/input"))
     async def RunInput(self, request: pb.RunInputRequest, principal: Principal) -> pb.RunInputResponse:
-        run_id = _ident(request.run_id, "run_id")
-        _only(request, {"run_id", "text", "source"}, "RunInput")
+        run_id = ident(request.run_id, "run_id")
+        only_fields(request, {"run_id", "text", "source"}, "RunInput")
         data = parsed(InputIn, {"text": request.text})
         out = await db_call(services.run_input)(principal=principal, run_id=run_id, text=data.text)
         return pb.RunInputResponse(run_id=out["run_id"], delivered=bool(out["delivered"]))
 
     @unary(("GET", "/v1/sessions/x/transcript"))
     async def GetTranscript(self, request: pb.GetTranscriptRequest, principal: Principal) -> pb.Transcript:
-        session_id = _ident(request.session_id, "session_id")
+        session_id = ident(request.session_id, "session_id")
         out = await db_call(session_services.session_transcript)(principal=principal, session_id=session_id)
         return pb.Transcript(events=[_transcript_event(session_id, e) for e in out["events"]])
 
@@ -146,20 +139,13 @@ class RunRpcs:
     async def ListUserAgents(
         self, request: pb.ListUserAgentsRequest, principal: Principal
     ) -> pb.ListUserAgentsResponse:
-        user_id = _ident(request.user_id, "user_id")
-        _only(request, {"user_id", "status", "statuses"}, "ListUserAgents")
+        user_id = ident(request.user_id, "user_id")
+        only_fields(request, {"user_id", "status", "statuses"}, "ListUserAgents")
         status = request.status or ",".join(request.statuses) or "running"
         runs = await db_call(selectors.runs_for_user)(
             tenant_id=principal.read_tenant, user_id=user_id, status=status, reader=principal.read_user
         )
         return pb.ListUserAgentsResponse(agents=[convert.agent(r) for r in runs])
-
-
-def _only(request: Any, served: set[str], rpc: str) -> None:
-    """A field this runtime does not act on for `rpc` is refused by name, never dropped."""
-    extra = sorted(f.name for f, _ in request.ListFields() if f.name not in served)
-    if extra:
-        raise Invalid(f"{rpc}: not supported by this runtime: {', '.join(extra)}", code="unsupported_field")
 
 
 def _visible_run(principal: Principal, **key: str) -> Run:

@@ -52,13 +52,13 @@ def interceptors(tracing: bool) -> list[Any]:
         return []
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-    return [aio_server_interceptor()]
+    return [aio_server_interceptor()]  # type: ignore[no-untyped-call]
 
 
 async def build(addr: str, *, tracing: bool = False) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """The server bound to `addr` (not started) and the port it got (`addr` may say :0)."""
     server = grpc.aio.server(options=options(), interceptors=interceptors(tracing))
-    pb_grpc.add_LoomcycleServicer_to_server(Servicer(), server)
+    pb_grpc.add_LoomcycleServicer_to_server(Servicer(), server)  # type: ignore[no-untyped-call]
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

@@ -11,20 +11,25 @@ import grpc
 
 from apps.grpcapi import unserved
 from apps.grpcapi.admin import AdminRpcs
+from apps.grpcapi.control import ControlRpcs
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
 from apps.grpcapi.runs import RunRpcs
+from apps.grpcapi.snapshots import SnapshotRpcs
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Loomcycle"]
 
 
-class Servicer(RunRpcs, AdminRpcs, pb_grpc.LoomcycleServicer):
+GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs)
+
+
+class Servicer(RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, pb_grpc.LoomcycleServicer):
     pass
 
 
 def served() -> list[str]:
     """The RPCs with a handler of their own."""
-    return sorted(m.name for m in SERVICE.methods if m.name in vars(RunRpcs) or m.name in vars(AdminRpcs))
+    return sorted(m.name for m in SERVICE.methods if any(m.name in vars(group) for group in GROUPS))
 
 
 def _unimplemented(rpc: str) -> Callable[..., Coroutine[Any, Any, None]]:

@@ -65,9 +65,20 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
     "ResumeRuntime": lambda i: pb.ResumeRuntimeRequest(),
     "GetRuntimeState": lambda i: pb.GetRuntimeStateRequest(),
     "Health": lambda i: pb.HealthRequest(),
+    "CancelTurn": lambda i: pb.CancelTurnRequest(run_id=i["run_id"]),
+    "CompactRun": lambda i: pb.CompactRunRequest(run_id=i["run_id"]),
+    "ReplaySession": lambda i: pb.ReplaySessionRequest(session_id=i["session_id"]),
+    "ResolveInterrupt": lambda i: pb.ResolveInterruptRequest(run_id=i["run_id"], interrupt_id="intr_x", answer="y"),
+    "CreateSnapshot": lambda i: pb.CreateSnapshotRequest(description="probe"),
+    "ListSnapshots": lambda i: pb.ListSnapshotsRequest(),
+    "GetSnapshot": lambda i: pb.GetSnapshotRequest(snapshot_id="snap_1_deadbeef"),
+    "ExportSnapshot": lambda i: pb.ExportSnapshotRequest(snapshot_id="snap_1_deadbeef"),
+    "RestoreSnapshot": lambda i: pb.RestoreSnapshotRequest(snapshot_id="snap_1_deadbeef"),
+    "DeleteSnapshot": lambda i: pb.DeleteSnapshotRequest(snapshot_id="snap_1_deadbeef"),
 }
 # Operator-only RPCs (substrate:admin, as their HTTP routes): a tenant token is refused before any lookup.
 ADMIN_ONLY = {"OperatorTokenDef", "PauseRuntime", "ResumeRuntime", "GetRuntimeState"}
+ADMIN_ONLY |= {"CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot"}
 # Answers that name no resource: a list that must come back empty (nothing of acme's), and Health.
 EMPTY_LISTS = {"ListUserAgents"}
 OPEN = {"Health"}

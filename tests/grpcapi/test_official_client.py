@@ -118,6 +118,30 @@ def test_pause_refuses_runs_until_resume(grpc_target: str) -> None:
     asyncio.run(main())
 
 
+def test_snapshots_of_the_paused_runtime(grpc_target: str) -> None:
+    async def main() -> None:
+        async with LoomcycleClient(target=grpc_target) as client:
+            with pytest.raises(lc.LoomcycleError) as running:  # captured only paused here (docs/compat.md)
+                await client.create_snapshot(description="too early")
+            assert running.value.reason == "not_paused"
+            await client.pause_runtime(timeout_ms=5000)
+            try:
+                made = await client.create_snapshot(description="over grpc")
+            finally:
+                await client.resume_runtime()
+            listed = await client.list_snapshots()
+            assert made["snapshot_id"] in {s["snapshot_id"] for s in listed}
+            got = await client.get_snapshot(made["snapshot_id"])
+            assert got["description"] == "over grpc" and got["size_bytes"] > 0
+            exported = await client.export_snapshot(made["snapshot_id"])
+            assert exported["checksum"].startswith("sha256:")
+            assert await client.delete_snapshot(made["snapshot_id"]) is True
+            with pytest.raises(lc.SnapshotNotFoundError):
+                await client.get_snapshot(made["snapshot_id"])
+
+    asyncio.run(main())
+
+
 def test_typed_errors_unknown_agent_unknown_run_wrong_token(grpc_target: str, people: Any) -> None:
     async def main() -> None:
         async with LoomcycleClient(target=grpc_target, auth_token="lct_wrong") as stranger:

@@ -19,9 +19,11 @@ from apps.grpcapi.server import options
 from tests.procs import ROOT, free_port
 
 SERVED = {
+    "CancelTurn", "CompactRun", "ReplaySession", "ResolveInterrupt",
     "Health", "Run", "Continue", "StreamRun", "GetRun", "GetAgent", "CancelAgent", "RunInput", "GetTranscript",
     "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState",
     "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef",
+    "CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot",
 }  # fmt: skip
 
 
@@ -47,7 +49,7 @@ def _unary_unserved(stub: pb_grpc.LoomcycleStub, name: str) -> grpc.RpcError:
 
 @pytest.mark.usefixtures("transactional_db")
 def test_unserved_rpcs_answer_unimplemented_naming_themselves(stub: pb_grpc.LoomcycleStub) -> None:
-    for name in ("Decide", "StreamUserRunStates", "SpawnRunBatch", "ListChannels", "CreateSnapshot"):
+    for name in ("Decide", "StreamUserRunStates", "SpawnRunBatch", "ListChannels", "TeamDef"):
         err = _unary_unserved(stub, name)
         assert err.code() == grpc.StatusCode.UNIMPLEMENTED, name
         assert err.details() == unserved.message(name) and f"/{name}:" in err.details()

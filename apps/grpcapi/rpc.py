@@ -25,6 +25,7 @@ log = logging.getLogger("loomcycle.grpc")
 
 M = TypeVar("M", bound=BaseModel)
 Route = tuple[str, str]  # the HTTP (method, path) whose scope the RPC takes
+RouteFor = Route | Callable[[Any], Route]  # fixed, or chosen from the request (an op-dispatch's op)
 UnaryBody = Callable[[Any, Any, Principal], Awaitable[Any]]
 StreamBody = Callable[[Any, Any, Principal], AsyncIterator[Any]]
 INTERNAL = Refusal(grpc.StatusCode.INTERNAL, "internal error", "internal", {})
@@ -61,12 +62,16 @@ async def _abort(context: grpc.aio.ServicerContext, failure: Refusal) -> None:
     await context.abort(failure.code, failure.message, trailing_metadata=failure.trailer())
 
 
-def unary(route: Route) -> Callable[[UnaryBody], Callable[..., Awaitable[Any]]]:
+def _route(route: RouteFor, request: Any) -> Route:
+    return route(request) if callable(route) else route
+
+
+def unary(route: RouteFor) -> Callable[[UnaryBody], Callable[..., Awaitable[Any]]]:
     def wrap(body: UnaryBody) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(body)
         async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                principal = await principal_for(context, *route)
+                principal = await principal_for(context, *_route(route, request))
                 return await body(self, request, principal)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a status (module docstring)
                 failure = _failure(exc, body.__name__)

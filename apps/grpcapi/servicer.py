@@ -12,6 +12,7 @@ import grpc
 from apps.grpcapi import unserved
 from apps.grpcapi.admin import AdminRpcs
 from apps.grpcapi.control import ControlRpcs
+from apps.grpcapi.data import DataRpcs
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
 from apps.grpcapi.runs import RunRpcs
@@ -20,10 +21,10 @@ from apps.grpcapi.snapshots import SnapshotRpcs
 SERVICE = pb.DESCRIPTOR.services_by_name["Loomcycle"]
 
 
-GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs)
+GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs)
 
 
-class Servicer(RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, pb_grpc.LoomcycleServicer):
+class Servicer(RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs, pb_grpc.LoomcycleServicer):
     pass
 
 

@@ -54,7 +54,6 @@ UNSERVED: dict[str, str] = {
     # Capabilities this runtime has over HTTP, not yet over gRPC.
     "SpawnRunBatch": NOT_YET + " (POST /v1/runs:batch)",
     "VolumeDef": NOT_YET + " (POST /v1/_volumedef)",
-    "Memory": NOT_YET + " (/v1/_memory/...)",
     "ListChannels": NOT_YET + " (GET /v1/_channels)",
     "PublishChannel": NOT_YET + " (POST /v1/_channels/{name}/publish)",
     "SubscribeChannel": NOT_YET + " (POST /v1/_channels/{name}/subscribe)",

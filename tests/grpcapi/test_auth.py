@@ -33,6 +33,7 @@ MISSING: Ids = {
     "session_id": "s_00000000deadbeef",
     "def_id": "def_00000000deadbeef",
     "user_id": "nobody-here",
+    "memory_key": "no-such-key",
 }
 
 
@@ -65,6 +66,7 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
     "ResumeRuntime": lambda i: pb.ResumeRuntimeRequest(),
     "GetRuntimeState": lambda i: pb.GetRuntimeStateRequest(),
     "Health": lambda i: pb.HealthRequest(),
+    "Memory": lambda i: sub({"op": "get", "scope": "user", "scope_id": "acme-user", "key": i["memory_key"]}),
     "CancelTurn": lambda i: pb.CancelTurnRequest(run_id=i["run_id"]),
     "CompactRun": lambda i: pb.CompactRunRequest(run_id=i["run_id"]),
     "ReplaySession": lambda i: pb.ReplaySessionRequest(session_id=i["session_id"]),
@@ -116,7 +118,9 @@ def seed(stub: pb_grpc.LoomcycleStub, alice: str) -> Ids:
     created = call(stub, "AgentDef", sub(body), alice)
     assert created[0] == SC.OK and not created[2].is_error, created
     def_id = json.loads(created[2].output_json)["def_id"]
-    return {**ids, "def_id": def_id, "user_id": "acme-user"}
+    note = {"op": "set", "scope": "user", "scope_id": "acme-user", "key": "note", "value": MARK}
+    assert call(stub, "Memory", sub(note), alice)[0] == SC.OK
+    return {**ids, "def_id": def_id, "user_id": "acme-user", "memory_key": "note"}
 
 
 def fresh_tenant(n: int) -> str:
@@ -166,4 +170,8 @@ def test_no_token_or_a_wrong_one_is_unauthenticated_and_scopes_are_the_routes(
     for name in ("AgentDef", "SkillDef", "WebhookDef", *sorted(ADMIN_ONLY)):
         code, details, _ = call(stub, name, PROBES[name](MISSING), bob)
         assert (name, code) == (name, SC.PERMISSION_DENIED) and "insufficient scope" in details
+    # Memory as /v1/_memory: a tenant's member may read (GET), not write (PUT).
+    assert call(stub, "Memory", PROBES["Memory"](MISSING), bob)[0] == SC.NOT_FOUND
+    write = sub({"op": "set", "scope": "user", "scope_id": "acme-user", "key": "k", "value": 1})
+    assert call(stub, "Memory", write, bob)[0] == SC.PERMISSION_DENIED
     assert call(stub, "GetRun", PROBES["GetRun"](MISSING), bob)[0] == SC.NOT_FOUND  # runs:read reaches the lookup

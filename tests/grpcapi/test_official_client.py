@@ -97,6 +97,24 @@ def test_agent_def_created_read_and_run(grpc_target: str) -> None:
     asyncio.run(main())
 
 
+def test_memory_set_get_list_delete(grpc_target: str) -> None:
+    async def main() -> None:
+        async with LoomcycleClient(target=grpc_target) as client:
+            await client.memory({"op": "set", "scope": "user", "key": "tone", "value": "concise", "ttl": 600})
+            got = await client.memory({"op": "get", "scope": "user", "key": "tone"})
+            assert got["entry"]["value"] == "concise" and got["scope_id"] == "open-mode"  # the caller's own user
+            listed = await client.memory({"op": "list", "scope": "user", "prefix": "to"})
+            assert [e["key"] for e in listed["entries"]] == ["tone"]
+            assert (await client.memory({"op": "delete", "scope": "user", "key": "tone"}))["deleted"] is True
+            with pytest.raises(lc.AgentNotFoundError):  # NOT_FOUND, as GET's 404 (the client names it so)
+                await client.memory({"op": "get", "scope": "user", "key": "tone"})
+            with pytest.raises(lc.SubstrateToolRefusedError) as refused:
+                await client.memory({"op": "incr", "scope": "user", "key": "n"})
+            assert "op must be one of" in refused.value.message
+
+    asyncio.run(main())
+
+
 def test_pause_refuses_runs_until_resume(grpc_target: str) -> None:
     async def main() -> None:
         async with LoomcycleClient(target=grpc_target) as client:

@@ -19,7 +19,7 @@ from apps.grpcapi.server import options
 from tests.procs import ROOT, free_port
 
 SERVED = {
-    "CancelTurn", "CompactRun", "ReplaySession", "ResolveInterrupt",
+    "CancelTurn", "CompactRun", "ReplaySession", "ResolveInterrupt", "Memory",
     "Health", "Run", "Continue", "StreamRun", "GetRun", "GetAgent", "CancelAgent", "RunInput", "GetTranscript",
     "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState",
     "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef",

@@ -10,7 +10,7 @@ ask. Measured, from Postgres's own timestamps (one clock):
   resolve's transaction) -> the run completed (`completed_at`): the doorbell,
   one worker claim, the model turn after the answer, the final commit.
 Resolves go through the service the REST route and the admin call
-(apps.runs.interrupts.interrupt_resolve), BENCH_INT_RESOLVERS at a time, once
+(apps.runs.interrupts.services.interrupt_resolve), BENCH_INT_RESOLVERS at a time, once
 every run is parked; HTTP is not in the figure. Prints p50/p99/max of both,
 the parked runs' worker RSS, and the host's CPU steal.
 
@@ -60,7 +60,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from apps.core.types import Principal  # noqa: E402
-from apps.runs import interrupts, services  # noqa: E402
+from apps.runs import services  # noqa: E402
+from apps.runs.interrupts import services as interrupts  # noqa: E402
 from apps.runs.models import Interrupt, Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 from bench import stack  # noqa: E402

@@ -93,7 +93,8 @@ from django.db import connection  # noqa: E402
 
 from apps.core.redis import sync_client  # noqa: E402
 from apps.core.types import Principal  # noqa: E402
-from apps.runs import interrupts, services  # noqa: E402
+from apps.runs import services  # noqa: E402
+from apps.runs.interrupts import services as interrupts  # noqa: E402
 from apps.runs.models import Interrupt, Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 from bench import stack  # noqa: E402

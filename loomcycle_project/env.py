@@ -211,7 +211,7 @@ MOCK_500_RATE: float = env.float("LOOMCYCLE_MOCK_500_RATE", default=0.0)
 # Lets the `mock-crash` model kill its worker (crash-recovery tests only).
 MOCK_ALLOW_CRASH: bool = env.bool("LOOMCYCLE_MOCK_ALLOW_CRASH", default=False)
 
-# Engine admission (apps/core/admission.py): iterations doing engine work at
+# Engine admission (apps/runs/engine/admission.py): iterations doing engine work at
 # once per worker process (0 = no limit: every pool thread runs its iteration
 # at once), and how long a batch of tool calls keeps its slot before a queued
 # iteration may take it (remote provider calls give theirs up at once).
@@ -556,7 +556,7 @@ class RuntimeSettings:
     config_strict: bool = False
 
     # Below: no defaults, so settings.py must set each from this module (one place for a default).
-    # Engine admission and timing samples (apps.core.admission, apps.runs.dispatch).
+    # Engine admission and timing samples (apps.runs.engine.admission, apps.runs.dispatch).
     engine_admission_slots: int
     engine_admission_tools_after_ms: float
     engine_timings_key: str | None

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-import apps.runs.metrics
+import apps.runs.engine.metrics
 import apps.triggers.metrics  # noqa: F401  (declares the schedule and webhook counters)
 from apps.core import metrics as core_metrics
 from apps.core.errors import ApplicationError, NotFound

@@ -210,7 +210,7 @@ def test_the_build_context_leaves_out_git_virtualenvs_data_and_env_files() -> No
                  ".loomcycle/secrets.json", "compose/.env", ".env", "apps/runs/__pycache__/engine.cpython-311.pyc",
                  ".loomcycle.env", "celerybeat-schedule.db"):  # fmt: skip
         assert _ignored(path, patterns), path
-    for path in ("apps/runs/engine.py", "manage.py", "loomcycle.yaml", "requirements/base.txt", "workers/celery.py"):
+    for path in ("apps/runs/models.py", "manage.py", "loomcycle.yaml", "requirements/base.txt", "workers/celery.py"):
         assert not _ignored(path, patterns), path
     assert not (COMPOSE / ".dockerignore").exists()  # Docker would not read it there (the context is the root)
 

@@ -3,7 +3,7 @@ that those of a killed worker are rung again within lease + sweep seconds.
 
 The transport keeps no kombu "unacked" copy of a `runs.iterate` doorbell
 (workers/transport.py). A worker takes up to its prefetch window of them, and
-most wait in admission (apps/core/admission.py) before their claim, where no
+most wait in admission (apps/runs/engine/admission.py) before their claim, where no
 lease covers them. Without a copy, a `kill -9` lost them and their runs
 waited for the sweeper's grace (`LOOMCYCLE_REQUEUE_GRACE_SECONDS`, 120 s).
 

@@ -243,7 +243,7 @@ def channel_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
     except ToolRefusal as exc:
         return ToolResult(str(exc), is_error=True)
     except ChannelCursorRegression as exc:
-        return ToolResult(f"{op}: channel: {exc.message}", is_error=True)
+        return ToolResult(f"{op}: cursor_regression: {exc.message}", is_error=True)  # loomcycle's ChannelError code
     except ApplicationError as exc:
         message = exc.message
         return ToolResult(message if message.startswith(f"{op}: ") else f"{op}: {message}", is_error=True)

@@ -10,7 +10,7 @@ reset per iteration.
 Invariants: a context is a fresh dict per `bound` block, reset when the block
 ends, so nothing leaks from one iteration into the next on a pool thread. Threads
 an iteration starts see it only when started in a copy of the context
-(`contextvars.copy_context().run`, as apps.runs.toolrun does for tool calls).
+(`contextvars.copy_context().run`, as apps.runs.engine.toolrun does for tool calls).
 """
 
 from __future__ import annotations

@@ -19,12 +19,13 @@ class EmitterRole(models.TextChoices):
 
 
 class Evaluation(models.Model):
-    eval_id = models.CharField(primary_key=True, max_length=32)  # ev_<16hex>
+    eval_id = models.CharField(primary_key=True, max_length=32)  # eval_<16hex> (ev_<16hex> before 2026-11-28)
     tenant_id = models.CharField(max_length=128, default="", blank=True)
     run_id = models.CharField(max_length=32)  # the evaluated run
     def_id = models.CharField(max_length=64)  # the evaluated run's pinned agent_def id
     agent_name = models.CharField(max_length=128)  # the evaluated run's agent
     score = models.FloatField()
+    dimensions = models.JSONField(default=dict, blank=True)  # {axis: number}, optional per-axis scores
     judgement = models.TextField(blank=True, default="")
     rationale = models.TextField(blank=True, default="")
     emitter_role = models.CharField(max_length=16, choices=EmitterRole.choices)

@@ -24,6 +24,8 @@ from apps.runs import selectors as run_selectors
 from apps.runs.models import Run
 
 MAX_LINEAGE_HOPS = 100  # a parent chain longer than this is not walked further
+MAX_DIMENSIONS = 32  # axes per evaluation: a score card, not a data dump
+MAX_AXIS_CHARS = 64
 
 
 class EvaluationFieldTooLarge(PayloadTooLarge):
@@ -32,6 +34,10 @@ class EvaluationFieldTooLarge(PayloadTooLarge):
 
 class InvalidScore(Invalid):
     code = "invalid_score"
+
+
+class InvalidDimensions(Invalid):
+    code = "invalid_dimensions"
 
 
 class EvaluatedRunNotFound(NotFound):
@@ -47,7 +53,7 @@ class Evaluator:
 
 
 def new_eval_id() -> str:
-    return f"ev_{secrets.token_hex(8)}"
+    return f"eval_{secrets.token_hex(8)}"  # SPEC 1: eval_<16hex>
 
 
 def evaluated_run_get(*, tenant_id: str, run_id: str) -> Run:
@@ -82,6 +88,22 @@ def _check_score(score: float) -> float:
     return float(score)
 
 
+def _check_dimensions(dimensions: object) -> dict[str, float]:
+    """{axis: finite number}: at most MAX_DIMENSIONS axes named by 1..MAX_AXIS_CHARS characters."""
+    if not isinstance(dimensions, dict):
+        raise InvalidDimensions("dimensions must be an object of axis name to number")
+    if len(dimensions) > MAX_DIMENSIONS:
+        raise InvalidDimensions(f"dimensions has {len(dimensions)} axes, over the limit of {MAX_DIMENSIONS}")
+    out: dict[str, float] = {}
+    for axis, value in dimensions.items():
+        if not isinstance(axis, str) or not 1 <= len(axis) <= MAX_AXIS_CHARS:
+            raise InvalidDimensions(f"a dimension name must be 1..{MAX_AXIS_CHARS} characters (got {axis!r})")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidDimensions(f"dimension {axis!r} must be a finite number (got {value!r})")
+        out[axis] = float(value)
+    return out
+
+
 def _check_size(name: str, text: str, limit: int) -> None:
     size = len(text.encode())
     if size > limit:
@@ -98,6 +120,7 @@ def evaluation_submit(
     score: float,
     judgement: str = "",
     rationale: str = "",
+    dimensions: object = None,
     evaluator: Evaluator,
     role: str,
 ) -> Evaluation:
@@ -105,6 +128,7 @@ def evaluation_submit(
     if target.tenant_id != tenant_id:
         raise EvaluatedRunNotFound(f"run {target.id!r} not found")
     value = _check_score(score)
+    axes = _check_dimensions({} if dimensions is None else dimensions)
     _check_size("judgement", judgement, settings.LOOMCYCLE.evaluation_max_judgement_bytes)
     _check_size("rationale", rationale, settings.LOOMCYCLE.evaluation_max_rationale_bytes)
     return Evaluation.objects.create(
@@ -114,6 +138,7 @@ def evaluation_submit(
         def_id=target.agent_def_id,
         agent_name=target.agent_name,
         score=value,
+        dimensions=axes,
         judgement=judgement,
         rationale=rationale,
         emitter_role=role,

@@ -21,7 +21,10 @@ from apps.evaluations.models import EmitterRole, Evaluation
 from apps.substrate.selectors import agent_definition
 
 OPS = ("submit", "get", "list", "list_for_run", "list_for_def", "aggregate")
-FIELDS = frozenset({"op", "run_id", "eval_id", "def_id", "agent", "score", "judgement", "rationale", "limit"})
+FIELDS = frozenset(
+    {"op", "run_id", "eval_id", "def_id", "agent", "score", "dimensions", "judgement", "rationale", "include_lineage"}
+    | {"limit"}
+)
 READ_SCOPE = "read_any"
 SUBMIT_SCOPES = {  # emitter role -> the scopes that allow submitting in it
     EmitterRole.SELF: ("submit_any", "submit_self"),
@@ -62,6 +65,7 @@ def _out(row: Evaluation) -> dict[str, Any]:
         "agent": row.agent_name,
         "emitter_role": row.emitter_role,
         "score": row.score,
+        "dimensions": row.dimensions,
         "judgement": row.judgement,
         "rationale": row.rationale,
         "evaluator_run_id": row.evaluator_run_id,
@@ -87,6 +91,7 @@ def _submit(ctx: ToolContext, data: dict[str, Any], granted: list[str]) -> dict[
         score=data["score"],
         judgement=texts["judgement"],
         rationale=texts["rationale"],
+        dimensions=data.get("dimensions"),
         evaluator=services.Evaluator(run_id=ctx.run_id, agent_name=ctx.agent_name),
         role=role,
     )
@@ -121,18 +126,22 @@ def _list(ctx: ToolContext, data: dict[str, Any], granted: list[str]) -> dict[st
 def _aggregate(ctx: ToolContext, data: dict[str, Any], granted: list[str]) -> dict[str, Any]:
     _need(granted, (READ_SCOPE,), "aggregate")
     def_id, agent = _str(data, "def_id"), _str(data, "agent")
-    agg = selectors.evaluation_aggregate(tenant_id=ctx.tenant_id, def_id=def_id, agent_name=agent)
+    lineage = data.get("include_lineage", False)
+    if not isinstance(lineage, bool):
+        raise Refusal("include_lineage must be true or false")
+    if lineage and def_id is None:
+        raise Refusal("include_lineage needs def_id (the version whose ancestors are walked)")
+    agg = selectors.evaluation_aggregate(
+        tenant_id=ctx.tenant_id, def_id=def_id, agent_name=agent, include_lineage=lineage
+    )
     return {
         "def_id": def_id,
         "agent": agent,
         "count": agg.count,
-        "mean": agg.mean,
-        "median": agg.median,
-        "min": agg.min,
-        "max": agg.max,
-        "latest": agg.latest,
-        "by_emitter_role": agg.by_emitter_role,
-        "lineage_included": False,
+        "score": agg.score.as_dict(),
+        "dimensions": {axis: stats.as_dict() for axis, stats in agg.dimensions.items()},
+        "by_emitter_role": {role: stats.as_dict() for role, stats in agg.by_emitter_role.items()},
+        "lineage_included": agg.lineage_included,
     }
 
 
@@ -157,8 +166,10 @@ def evaluation_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
 EVALUATION_TOOL = Tool(
     name="Evaluation",
     description="Score runs and read scores. op: submit (run_id, score 0..1, optional judgement and rationale "
-    "text) -> eval_id; get (eval_id); list (run_id or def_id, limit; list_for_run / list_for_def also accepted); "
-    "aggregate (def_id and/or agent) -> count, mean, median, min, max, latest. Evaluations are immutable. "
+    "text, dimensions {axis: number}) -> eval_id; get (eval_id); list (run_id or def_id, limit; list_for_run / "
+    "list_for_def also accepted); aggregate (def_id and/or agent, include_lineage to add the def's ancestor "
+    "versions) -> count, score {mean, median, min, max, latest, count}, dimensions, by_emitter_role. "
+    "Evaluations are immutable. "
     "Allowed ops come from the agent's evaluation_scopes: submit_any, submit_self, submit_descendants, read_any.",
     input_schema={
         "type": "object",
@@ -169,6 +180,12 @@ EVALUATION_TOOL = Tool(
             "def_id": {"type": "string", "description": "list / aggregate: the evaluated agent definition."},
             "agent": {"type": "string", "description": "aggregate: the evaluated agent's name."},
             "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "dimensions": {
+                "type": "object",
+                "additionalProperties": {"type": "number"},
+                "description": 'submit: optional named axes, e.g. {"correctness": 0.8}.',
+            },
+            "include_lineage": {"type": "boolean", "description": "aggregate: also the def's ancestor versions."},
             "judgement": {"type": "string"},
             "rationale": {"type": "string"},
             "limit": {"type": "integer", "description": "list: 1..1000, default 100."},

@@ -21,7 +21,7 @@ Nothing left -> 503 `tier_unavailable`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from apps.core.config import runtime_config
@@ -157,7 +157,7 @@ def resolve_route(
     config = _config()
     agent = agent or {}
     tier_name, block = user_tier_block(user_tier, config)
-    policy = policy_for(block)
+    policy = _agent_retries(policy_for(block), agent)
     aliases = _aliases(config)
     tier = tier or (None if (provider or model) else agent.get("tier")) or None
     if tier:
@@ -183,6 +183,15 @@ def resolve_route(
             code="unknown_provider",
         )
     return Route(_checked([pin]), policy, tier_name)
+
+
+def _agent_retries(policy: Policy, agent: dict[str, Any]) -> Policy:
+    """The agent's `retry_attempts`, when set, wins over its user tier's (0 = no same-provider
+    retry even under a generous tier, loomcycle's rule), capped like the tier's."""
+    own = agent.get("retry_attempts")
+    if not isinstance(own, int) or isinstance(own, bool) or own < 0:
+        return policy
+    return replace(policy, retry_attempts=min(own, MAX_RETRY_ATTEMPTS))
 
 
 def _checked(candidates: list[Candidate]) -> tuple[Candidate, ...]:

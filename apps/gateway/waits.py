@@ -4,7 +4,7 @@ simulated latency, a provider-slot wait), so that whoever schedules that
 thread may run other work meanwhile.
 
 The gateway knows nothing of who that is. The runs app installs the engine's
-admission (`apps.core.admission.ADMISSION.outside`) at AppConfig.ready; until
+admission (`apps.runs.engine.admission.ADMISSION.outside`) at AppConfig.ready; until
 something is installed, and in processes that install nothing, `outside()` is
 a no-op. Remote provider calls are marked by the engine itself (their
 `Capabilities.remote`), not here.

@@ -1,4 +1,4 @@
-"""The join rows of a fan-out (apps.runs.fanout): one `FanOut` per
+"""The join rows of a fan-out (apps.runs.children.fanout): one `FanOut` per
 `Agent` parallel_spawn call or `POST /v1/runs:batch` request, one `FanOutSlot`
 per child, index-aligned with the request. Written only by
 apps.runs.store.fanout; imported into apps.runs.models.

@@ -41,11 +41,11 @@ from typing import Any
 
 from apps.core.errors import NotFound, Unprocessable
 from apps.core.types import Principal
+from apps.runs.create import RunCreate, Seed, run_create
 from apps.runs.models import Run
 from apps.runs.prompt import Segment
 from apps.runs.selectors import run_get, run_transcript_through
-from apps.runs.services import RunCreate, Seed, run_create
-from apps.runs.sessions import replayed_history
+from apps.runs.sessions.replay import replayed_history
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def fork_history(*, source: Run, from_step: int) -> list[tuple[str, list[dict[st
             "fork from an earlier step, or once they are answered",
             code="split_tool_pair",
         )
-    if source.replays_session:  # what its model saw before its own rows (engine._load_rows)
+    if source.replays_session:  # what its model saw before its own rows (apps.runs.engine.step._load_rows)
         earlier = replayed_history(tenant_id=source.tenant_id, session_id=source.session_id, turn=source.session_turn)
         return earlier + rows
     return rows

@@ -8,7 +8,7 @@ tools module from `AppConfig.ready()` (docs/extending.md), and from then on it
 is a tool like the built-ins: the run's tool policy (operator floor, agent
 `tools:` globs, caller narrowing), tool-use hooks (`registry.intercepted`) and
 the redaction of what is stored apply to it unchanged, since all of them live
-around `registry` and `apps.runs.toolrun`, not in the tools. It runs with the
+around `registry` and `apps.runs.engine.toolrun`, not in the tools. It runs with the
 deployment's rights, so it is registered `operator_only`, as Bash is: only agents
 of the operator's yaml and listed tenants may use it (apps.core.privileged).
 
@@ -17,7 +17,7 @@ Invariants:
   engine's `ToolContext`, never from the input schema.
 - Input is validated before the function runs; invalid input (or a `ToolError`
   the function raises) is an `is_error` result the model reads, never a crash.
-  Any other exception becomes an `is_error` result in `apps.runs.toolrun`.
+  Any other exception becomes an `is_error` result in `apps.runs.engine.toolrun`.
 - The function runs synchronously on the tool thread the engine gives it, with no
   transaction open and outside the engine's admission slot (the engine leaves
   it for the tool batch); this thread's connection is handed back to the pool

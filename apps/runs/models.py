@@ -32,7 +32,7 @@ class Run(models.Model):
     id = models.CharField(primary_key=True, max_length=32)  # r_<16hex>
     agent_id = models.CharField(max_length=128)  # caller handle, a_<16hex> by default; unique per tenant
     session_id = models.CharField(max_length=32, db_index=True)  # s_<16hex>
-    # Sessions (apps.runs.sessions): the run's place in its session (0 = the run that made it),
+    # Sessions (apps.runs.sessions.promotion): the run's place in its session (0 = the run that made it),
     # whether its model sees the session's earlier turns (POST /v1/sessions/{id}/messages), and
     # whether a `rollback` dropped its turn from the history later runs replay.
     session_turn = models.PositiveIntegerField(default=0)
@@ -57,7 +57,7 @@ class Run(models.Model):
     lease_token = models.BigIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.CharField(max_length=1024, blank=True, default="")
-    # Turn-cancel of an interactive run (apps.runs.turncancel): the running iteration stops its
+    # Turn-cancel of an interactive run (apps.runs.engine.turncancel): the running iteration stops its
     # model turn or tool batch and re-parks at awaiting_input; the step commit that parks clears it.
     turn_cancel_requested = models.BooleanField(default=False)
     turn_cancel_reason = models.CharField(max_length=1024, blank=True, default="")
@@ -87,6 +87,9 @@ class Run(models.Model):
     # Resolved volume bindings (apps.core.tools.VolumeBinding.as_dict()); sub-agents get a subset.
     volumes = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict)
+    # The caller's opaque lineage (SPEC 2.3 `parent_context`; apps.runs.run_options): returned as given,
+    # inherited by sub-agents.
+    parent_context = models.JSONField(null=True, blank=True)
     # user_bearer + user_credentials, AES-GCM sealed (apps.runs.credentials); "" once the run is terminal.
     credentials_sealed = models.TextField(blank=True, default="")
     # Created by a trigger that wants to hear when it ends (apps.runs.registry.on_run_finished):
@@ -113,7 +116,7 @@ class Run(models.Model):
             # Per tenant, so another tenant's agent_id can be neither probed (409) nor squatted.
             # agent_id first: the index also serves an admin's lookup by agent_id alone.
             models.UniqueConstraint(fields=["agent_id", "tenant_id"], name="run_tenant_agent_id"),
-            # One in-flight run per session, cluster-wide (apps.runs.sessions): enqueued runs
+            # One in-flight run per session, cluster-wide (apps.runs.sessions.promotion): enqueued runs
             # (`waiting_session`) and ended ones are outside the index.
             models.UniqueConstraint(
                 fields=["session_id"],

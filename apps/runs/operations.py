@@ -29,11 +29,11 @@ from apps.core.redact import runtime_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.runs import signals, store
+from apps.runs.cancel import run_cancel
 from apps.runs.dispatch import wake_and_enqueue
 from apps.runs.models import RunStatus, RuntimeStateValue
 from apps.runs.selectors import run_get, runs_live_top_level, runtime_state
-from apps.runs.services import run_cancel
-from apps.runs.session_selectors import session_has_later_turn
+from apps.runs.sessions.selectors import session_has_later_turn
 
 BULK_CANCEL_MAX = 1000
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from apps.core.timefmt import ts
-from apps.runs.models import PARKED, RUNNABLE, Interrupt, ResidentChild, Run, RunStatus
-from apps.runs.resident import state_of
+from apps.runs.children.resident import state_of
+from apps.runs.models import PARKED, RUNNABLE, ResidentChild, Run, RunStatus
 
 _AWAITED = {
     RunStatus.WAITING_CHANNEL: "channel",
@@ -27,6 +27,7 @@ def agent_out(run: Run) -> dict[str, Any]:
         "agent": run.agent_name,
         "user_id": run.user_id,
         "parent_agent_id": run.parent.agent_id if run.parent else None,
+        "parent_context": run.parent_context,
         "status": "running" if live else run.status,
         "state": run.status,
         "step": run.step,
@@ -57,39 +58,3 @@ def _resident(run: Run) -> dict[str, Any]:
     except ResidentChild.DoesNotExist:
         return {"resident": False, "resident_state": ""}
     return {"resident": True, "resident_state": state_of(row, run.status, run.pending_inputs).value}
-
-
-def interrupt_out(row: Interrupt) -> dict[str, Any]:
-    """One interrupt as `GET /v1/runs/{id}/interrupts` and the user inbox list it."""
-    return {
-        "interrupt_id": row.id,
-        "run_id": row.run_id,
-        "agent_id": row.agent_id,
-        "agent": row.agent_name,
-        "user_id": row.user_id,
-        "kind": row.kind,
-        "status": row.status,
-        "question": row.question,
-        "options": row.options,
-        "context": row.context_data,
-        "priority": row.priority,
-        "answer": row.answer,
-        "note": row.note,
-        "resolved_by": row.resolved_by,
-        "created_at": ts(row.created_at),
-        "expires_at": ts(row.expires_at),
-        "resolved_at": ts(row.resolved_at),
-    }
-
-
-def interruption_event(row: Interrupt) -> dict[str, Any]:
-    """The `interruption` object of an `interruption_pending` event (SPEC 3, events table)."""
-    return {
-        "interrupt_id": row.id,
-        "kind": row.kind,
-        "question": row.question,
-        "options": row.options,
-        "context": row.context_data,
-        "priority": row.priority,
-        "expires_at": ts(row.expires_at),
-    }

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from apps.core.errors import Invalid
-from apps.runs.compaction import visible_rows
+from apps.runs.compacted import visible_rows
 
 UNTRUSTED_KINDS = frozenset(
     {
@@ -70,7 +70,7 @@ def system_blocks(agent_prompt: str, request_system: list[str], metadata: dict[s
 def messages_from_rows(rows: list[tuple[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """Merge consecutive same-role rows (tool results after one assistant turn
     become one user message, as the provider APIs require), after the latest
-    compaction marker's rebuild (apps.runs.compaction.visible)."""
+    compaction marker's rebuild (apps.runs.compacted.visible)."""
     messages: list[dict[str, Any]] = []
     for role, content in visible_rows(rows):
         if messages and messages[-1]["role"] == role:

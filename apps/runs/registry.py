@@ -8,7 +8,7 @@ patterns allow any skill (anything but none or `-*`). Both still pass the
 operator floor and the caller's narrowing.
 
 An app may also register a tool-call interceptor (`register_interceptor`, at
-ready()): apps/runs/toolrun.py hands every allowed call to the interceptors,
+ready()): apps/runs/engine/toolrun.py hands every allowed call to the interceptors,
 outermost first, with the call that runs the tool as the innermost step. The
 engine does not know what they do (tool-use hooks, apps/triggers).
 
@@ -168,31 +168,24 @@ def effective_tools(
 
 
 # --- "run finished" listeners ------------------------------------------------------------
-# Apps that want to hear when a run ends (apps.triggers' on_complete hooks; apps.tools purges
-# a top-level run's ephemeral volumes) register here from AppConfig.ready(), as tools do: the
-# engine never imports them. Only runs created with `notify_finished` are announced (a
-# trigger's run, a top-level run with an ephemeral volume), so other runs pay nothing for it.
+# They live in apps.runs.lifecycle (the one fan-out of a run's end); these two names stay the
+# door the other apps' ready() use. Imported at call time: lifecycle imports the run tables.
 
 RunFinished = Callable[[str, str], None]  # (run_id, terminal status)
-_FINISHED: list[RunFinished] = []
 
 
 def on_run_finished(listener: RunFinished) -> None:
-    """Call `listener(run_id, status)` after a notify_finished run's terminal step commits
-    (at most once per run from the engine; a listener must itself tolerate a second call)."""
-    if listener not in _FINISHED:
-        _FINISHED.append(listener)
+    """apps.runs.lifecycle.on_run_finished: `listener(run_id, status)` after a notify_finished run ends."""
+    from apps.runs import lifecycle
+
+    lifecycle.on_run_finished(listener)
 
 
 def run_finished(run_id: str, status: str) -> None:
-    """Tell every listener; one listener's failure is logged and does not stop the others."""
-    for listener in list(_FINISHED):
-        try:
-            listener(run_id, status)
-        except Exception:  # a listener's bug must not fail the run's (committed) iteration
-            log.exception(
-                "run %s: a run-finished listener (%s) failed", run_id, getattr(listener, "__name__", listener)
-            )
+    """apps.runs.lifecycle.run_finished: tell every listener."""
+    from apps.runs import lifecycle
+
+    lifecycle.run_finished(run_id, status)
 
 
 # --- volume bindings ---------------------------------------------------------------------

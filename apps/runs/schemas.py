@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
 from apps.runs.prompt import Segment
+from apps.runs.run_options import CompactionIn, ParentContextIn, RunOptions, SamplingIn, options_of
 
 IDENT_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"  # IDENT_RE, anchored, as the OpenAPI schema states it
 
@@ -36,7 +37,7 @@ class RunCreateIn(BaseModel):
     # Append to this session, without replaying it (SPEC 4.5).
     session_id: str | None = Field(default=None, json_schema_extra={"pattern": IDENT_PATTERN})
     # With session_id, when the session has a run in flight: reject | enqueue | interrupt | rollback
-    # (apps.runs.sessions; checked there: 422 invalid_multitask_strategy).
+    # (apps.runs.sessions; checked by backpressure.strategy_of: 422 invalid_multitask_strategy).
     multitask_strategy: str | None = Field(
         default=None, max_length=32, description="reject (default) | enqueue | interrupt | rollback"
     )
@@ -45,7 +46,22 @@ class RunCreateIn(BaseModel):
     user_credentials: dict[str, Any] | None = Field(default=None, repr=False)
     background: bool = False
     cancel_on_disconnect: bool = False
+    # loomcycle's per-request options (apps.runs.run_options; inert ones announced at run start).
+    sampling: SamplingIn | None = None
+    compaction: CompactionIn | None = None
+    parent_context: ParentContextIn | None = None
+    web_search_filter: Literal["drop", "keep"] | None = None
+    run_timeout_seconds: int | None = Field(default=None, ge=1)
     model_config = {"extra": "ignore"}
+
+    def options(self) -> RunOptions:
+        return options_of(
+            sampling=self.sampling,
+            compaction=self.compaction,
+            parent_context=self.parent_context,
+            web_search_filter=self.web_search_filter,
+            run_timeout_seconds=self.run_timeout_seconds,
+        )
 
     @field_validator("agent")
     @classmethod

@@ -123,6 +123,11 @@ def runnable_runs_count() -> int:
     return Run.objects.filter(status__in=RUNNABLE).count()
 
 
+def live_runs_count() -> int:
+    """Runs of every tenant that have not ended (runnable or parked)."""
+    return Run.objects.exclude(status__in=TERMINAL).count()
+
+
 def paused_runs_count() -> int:
     return Run.objects.filter(status=RunStatus.PAUSED).count()
 
@@ -139,7 +144,7 @@ def runs_live_counts() -> dict[str, int]:
 def runs_live_by_status() -> dict[str, int]:
     """Live (non-terminal) runs of every tenant by status, every live status present
     (0 when none). Terminal runs are not counted here: their table grows without
-    bound; `loomcycle_runs_finished_total` counts them (apps.runs.metrics)."""
+    bound; `loomcycle_runs_finished_total` counts them (apps.runs.engine.metrics)."""
     rows = Run.objects.filter(status__in=[*RUNNABLE, *PARKED]).values("status").annotate(n=Count("id"))
     counts = {str(s): 0 for s in (*RUNNABLE, *PARKED)}
     counts.update({row["status"]: row["n"] for row in rows})
@@ -198,11 +203,6 @@ def run_parent_id(*, run_id: str) -> str | None:
     """The run's parent (None: a top-level run, or no such run)."""
     found: str | None = Run.objects.filter(id=run_id).values_list("parent_id", flat=True).first()
     return found
-
-
-def run_notifies_finished(*, run_id: str) -> bool:
-    """Whether the run's end is announced to registry.on_run_finished listeners."""
-    return Run.objects.filter(id=run_id, notify_finished=True).exists()
 
 
 def run_is_answerable(*, run_id: str) -> bool:
@@ -333,7 +333,7 @@ def interrupts_due(*, limit: int) -> list[str]:
 
 @dataclass(frozen=True)
 class CancelFlags:
-    """A run's status and both cancel flags, as committed now (apps.runs.turncancel)."""
+    """A run's status and both cancel flags, as committed now (apps.runs.engine.turncancel)."""
 
     status: str
     cancel_requested: bool
@@ -364,7 +364,7 @@ def run_forks(*, run_id: str, limit: int = 100) -> list[Run]:
     return list(Run.objects.filter(forked_from_run_id=run_id).order_by("created_at")[:limit])
 
 
-# --- Resident children (apps.runs.resident).
+# --- Resident children (apps.runs.children.resident).
 
 
 def run_spawn_context(*, run_id: str) -> tuple[int, str | None]:
@@ -457,3 +457,19 @@ def runs_orphaned(*, limit: int) -> list[str]:
         .order_by("created_at")
     )
     return [str(i) for i in rows.values_list("id", flat=True)[:limit]]
+
+
+@dataclass(frozen=True)
+class SessionRun:
+    id: str
+    status: str
+    turn: int
+
+
+def session_runs(*, tenant_id: str, user_id: str, session_id: str) -> list[SessionRun]:
+    """The session's top-level runs of this owner, in turn order ([] when it has none):
+    what a new run's placement in its session reads (apps.runs.backpressure.session_place)."""
+    qs = Run.objects.filter(session_id=session_id, parent__isnull=True, tenant_id=tenant_id, user_id=user_id)
+    return [
+        SessionRun(i, s, t) for i, s, t in qs.order_by("session_turn", "id").values_list("id", "status", "session_turn")
+    ]

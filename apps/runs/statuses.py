@@ -10,13 +10,13 @@ from django.db.models import TextChoices
 class RunStatus(TextChoices):
     QUEUED = "queued"
     WAITING_SLOT = "waiting_slot"  # over `max_concurrent_runs`: not admitted yet (apps.runs.backpressure)
-    WAITING_SESSION = "waiting_session"  # enqueued behind its session's live run (apps.runs.sessions)
+    WAITING_SESSION = "waiting_session"  # enqueued behind its session's live run (apps.runs.sessions.promotion)
     RUNNING = "running"
     AWAITING_INPUT = "awaiting_input"
     WAITING_CHILDREN = "waiting_children"
     AWAITING_INTERRUPT = "awaiting_interrupt"
     WAITING_CHANNEL = "waiting_channel"
-    WAITING_FANOUT = "waiting_fanout"  # a parallel_spawn child over max_concurrent_children (apps.runs.fanout)
+    WAITING_FANOUT = "waiting_fanout"  # a parallel_spawn child over max_concurrent_children (apps.runs.children.fanout)
     PAUSED = "paused"
     COMPLETED = "completed"
     FAILED = "failed"

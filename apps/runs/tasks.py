@@ -7,7 +7,10 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.runs import engine, interrupts, resident, services, sessions, signals, subruns, wake
+from apps.runs import engine, services, signals, wake
+from apps.runs.children import report, resident
+from apps.runs.interrupts import services as interrupts
+from apps.runs.sessions import promotion
 from workers import held
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
@@ -37,7 +40,7 @@ def run_leases_sweep_task(**_: Any) -> int:
         services.run_leases_sweep,
         services.run_parked_cancels_finish,
         services.run_orphans_cancel,
-        sessions.sessions_promote_sweep,
+        promotion.sessions_promote_sweep,
         _pause_settle,
         signals.resend_due,
     ):
@@ -60,7 +63,7 @@ def _pause_settle() -> int:
 @shared_task(base=AgentTask, name="maintenance.children_report_sweep")
 def children_report_sweep_task(**_: Any) -> int:
     """Report finished child runs whose report to their parent was lost."""
-    return subruns.children_report_sweep()
+    return report.children_report_sweep()
 
 
 @shared_task(base=AgentTask, name="maintenance.run_slots_reconcile")

@@ -5,7 +5,7 @@ Ops: `self` (who am I), `tools` (what may I call), `time` (now, UTC),
 agents this run's tenant can name, and whether this run may spawn them),
 `skills` (what `Skill` op=list shows), `help` (topics bundled with the
 package as apps/runs/help/*.md) and `compact` (compact this run's context
-before its next model call: apps.runs.compaction_service). Every read is scoped to the run's tenant
+before its next model call: apps.runs.compaction.services). Every read is scoped to the run's tenant
 and the shared tenant.
 """
 
@@ -20,7 +20,7 @@ from django.db import close_old_connections, connection
 from apps.core.timefmt import iso_z
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result
 from apps.runs import helptopics, registry
-from apps.runs.compaction_service import run_compact_self
+from apps.runs.compaction.services import run_compact_self
 from apps.runs.models import TranscriptEntry
 from apps.substrate.kinds import get_kind
 from apps.substrate.selectors import defs_visible

@@ -14,8 +14,8 @@ Invariants:
   alone and the answer is dropped.
 
 Runs waiting for an admission slot (`waiting_slot`, apps.runs.backpressure)
-are woken here too, by `runs_admit_waiting`, when a top-level run ends and by
-beat as a backstop.
+are woken here too, by `runs_admit_waiting`, when a top-level run ends
+(apps.runs.lifecycle) and by beat as a backstop.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import logging
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 
 from apps.runs import backpressure, signals, store, tracing
 from apps.runs.dispatch import enqueue_iteration, notify_events, wake_and_enqueue
-from apps.runs.sessions import session_next
 from apps.runs.statuses import ANSWERABLE as ANSWERABLE
 
 log = logging.getLogger("loomcycle.runs")
@@ -79,18 +78,3 @@ def runs_admit_waiting() -> int:
     if promoted:
         log.info("admission: %d waiting run(s) started", len(promoted))
     return len(promoted)
-
-
-def run_slot_freed(run_id: str) -> None:
-    """After a top-level run ended and committed: the next run enqueued in its
-    session starts (apps.runs.sessions), and its admission slot is free.
-    The latter is a no-op with `max_concurrent_runs` off (beat still promotes leftovers).
-    A database error is logged: the run's end is committed, and beat's sweep
-    promotes within a sweep period."""
-    session_next(run_id)
-    if backpressure.limits().max_concurrent_runs <= 0:
-        return
-    try:
-        runs_admit_waiting()
-    except DatabaseError:
-        log.exception("run %s ended; promoting waiting runs failed, the admission sweep will", run_id)

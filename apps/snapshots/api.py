@@ -15,9 +15,9 @@ from apps.core.http import openapi_body, parse_body
 from apps.core.ids import is_ident
 from apps.snapshots import presenters, selectors, services
 from apps.snapshots.schemas import (
+    SnapshotCapturedOut,
     SnapshotCaptureIn,
     SnapshotListOut,
-    SnapshotOut,
     SnapshotRestoreIn,
     SnapshotRestoreOut,
 )
@@ -34,14 +34,14 @@ def _checked_id(snapshot_id: str) -> str:
 
 @router.post(
     "/_snapshots",
-    response={201: SnapshotOut},
+    response={201: SnapshotCapturedOut},
     openapi_extra=openapi_body(SnapshotCaptureIn),
-    summary="Capture the paused runtime; 409 not_paused, 413 snapshot_too_large",
+    summary="Capture the runtime (its parked runs only when paused); 409 runs_not_parked, 413 snapshot_too_large",
 )
 def snapshots_capture(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, SnapshotCaptureIn, max_bytes=CAPTURE_BODY_BYTES, required=False)
-    row = services.snapshot_capture(label=data.label, max_bytes=data.max_bytes)
-    return JsonResponse(presenters.snapshot_out(row), status=201)
+    capture = services.snapshot_take(label=data.label, max_bytes=data.max_bytes)
+    return JsonResponse(presenters.snapshot_captured_out(capture), status=201)
 
 
 @router.get("/_snapshots", response=SnapshotListOut, summary="Stored snapshots, newest first")

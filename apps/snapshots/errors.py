@@ -13,10 +13,6 @@ class SnapshotIdConflict(Conflict):
     code = "snapshot_id_conflict"
 
 
-class NotPaused(Conflict):
-    code = "not_paused"
-
-
 class RunsNotParked(Conflict):
     code = "runs_not_parked"
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from apps.snapshots.envelope import canonical
 from apps.snapshots.models import Snapshot
+from apps.snapshots.services import Capture
 
 
 def snapshot_out(row: Snapshot) -> dict[str, Any]:
@@ -17,6 +18,17 @@ def snapshot_out(row: Snapshot) -> dict[str, Any]:
         "label": row.label,
         "schema_version": row.schema_version,
         "byte_size": row.byte_size,
+    }
+
+
+def snapshot_captured_out(capture: Capture) -> dict[str, Any]:
+    """The capture's 201 body: the row, and what it carries of the live runs (a capture of a running
+    runtime carries none: pause first to move runs with their state)."""
+    return {
+        **snapshot_out(capture.row),
+        "runtime_state": capture.runtime_state,
+        "runs_captured": capture.runs_captured,
+        "runs_left_out": capture.runs_left_out,
     }
 
 

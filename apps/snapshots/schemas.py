@@ -36,6 +36,14 @@ class SnapshotOut(BaseModel):
     byte_size: int
 
 
+class SnapshotCapturedOut(SnapshotOut):
+    """The capture's answer: the row, and what it carries of the runs alive at that instant."""
+
+    runtime_state: str = Field(description="running | pausing | paused, as the capture read it")
+    runs_captured: int = Field(description="parked runs carried (only a capture of the paused runtime carries runs)")
+    runs_left_out: int = Field(description="runs alive at the capture that the snapshot does not carry")
+
+
 class SnapshotListOut(BaseModel):
     entries: list[SnapshotOut]
 

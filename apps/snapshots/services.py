@@ -1,10 +1,15 @@
 """Capture, restore and delete snapshots (SPEC 2.4, 4.6).
 
 Invariants:
-- A capture needs the runtime `paused` (409 `not_paused`) and no run queued
-  or running (409 `runs_not_parked`, after a pause that timed out), both read
-  in the same REPEATABLE READ, READ ONLY transaction as every section: one
-  consistent picture even if a straggler parks meanwhile.
+- Every section is read in one REPEATABLE READ, READ ONLY transaction: one
+  consistent picture of definitions, memory, channels and evaluations, even
+  while runs move.
+- Runs are carried only by a capture of the `paused` runtime (as loomcycle:
+  only paused runs), and then every parked run, with no run queued or running
+  (409 `runs_not_parked`, after a pause that timed out). A capture of a
+  running (or pausing) runtime carries no run and says how many live runs it
+  left out (`Capture.runs_left_out`): a live run's rows move between reads of
+  different runs, and a parked one may wait on one that moves.
 - A capture never holds more than `max_bytes` of envelope (413
   `snapshot_too_large` as soon as a section passes it); it is stored once,
   under a fresh id, and never changed.
@@ -22,6 +27,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,10 +39,9 @@ from apps.evaluations import snapshot as evaluations_snapshot
 from apps.memory import snapshot as memory_snapshot
 from apps.runs import snapshot as runs_snapshot
 from apps.runs.models import RuntimeStateValue
-from apps.runs.selectors import runnable_runs_count, runtime_state
+from apps.runs.selectors import live_runs_count, runnable_runs_count, runtime_state
 from apps.snapshots import envelope as env
 from apps.snapshots.errors import (
-    NotPaused,
     RunsNotParked,
     SnapshotIdConflict,
     SnapshotInvalid,
@@ -52,62 +57,88 @@ def new_snapshot_id(now: datetime) -> str:
     return f"snap_{int(now.timestamp() * 1000)}_{secrets.token_hex(4)}"
 
 
-def _sections() -> Iterator[tuple[str, Any]]:
+@dataclass(frozen=True)
+class Capture:
+    """A stored snapshot and what it carries of the runs alive when it was read."""
+
+    row: Snapshot
+    runtime_state: str  # running | pausing | paused, as read by the capture
+    runs_captured: int
+    runs_left_out: int  # runs alive at the capture that the snapshot does not carry
+
+
+@dataclass(frozen=True)
+class _Read:
+    sections: str
+    runtime_state: str
+    runs_captured: int
+    runs_left_out: int
+
+
+def _sections(runs: list[dict[str, Any]]) -> Iterator[tuple[str, Any]]:
     """Every section's rows, read one at a time (the caller bounds the total)."""
     yield "agent_defs", substrate_snapshot.agent_defs_export()
     yield "agent_def_active", substrate_snapshot.agent_def_active_export()
     yield "memory", memory_snapshot.memory_export()
-    runs = runs_snapshot.paused_runs_export()
     yield "channels", channels_snapshot.channels_export(run_ids=[e["run"]["id"] for e in runs])
     yield "paused_runs", runs
     yield "evaluations", evaluations_snapshot.evaluations_export()
 
 
-def _quiet_then_read(max_bytes: int) -> str:
-    """In the capture's picture of the database: the runtime paused and no run runnable
-    (a pause that timed out leaves some moving), then every section."""
-    if runtime_state() != RuntimeStateValue.PAUSED:
-        raise NotPaused("pause the runtime first (POST /v1/_pause): a snapshot of moving runs is not consistent")
+def _picture(max_bytes: int) -> _Read:
+    """In the capture's picture of the database: the paused runtime with its parked runs (none
+    runnable: a pause that timed out leaves some moving), or a live one without runs."""
+    state = runtime_state()
+    if state != RuntimeStateValue.PAUSED:
+        left_out = live_runs_count()
+        return _Read(env.sections_text(_sections([]), max_bytes=max_bytes), state, 0, left_out)
     if moving := runnable_runs_count():
         raise RunsNotParked(
             f"{moving} run(s) are still queued or running (the pause timed out?); capture once they park",
             details={"runnable_runs": moving},
         )
-    return env.sections_text(_sections(), max_bytes=max_bytes)
+    runs = runs_snapshot.paused_runs_export()
+    return _Read(env.sections_text(_sections(runs), max_bytes=max_bytes), state, len(runs), 0)
 
 
-def _read_sections(max_bytes: int) -> str:
+def _read_sections(max_bytes: int) -> _Read:
     if connection.in_atomic_block:  # inside a caller's transaction (a test's): that one's picture
-        return _quiet_then_read(max_bytes)
+        return _picture(max_bytes)
     with transaction.atomic():
         with connection.cursor() as cur:  # the transaction's first statement: one snapshot of the database
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        return _quiet_then_read(max_bytes)
+        return _picture(max_bytes)
 
 
 def snapshot_capture(*, label: str = "", max_bytes: int | None = None) -> Snapshot:
-    """Capture the paused runtime into a stored snapshot; `max_bytes` may only lower the configured cap."""
+    """snapshot_take's stored row."""
+    return snapshot_take(label=label, max_bytes=max_bytes).row
+
+
+def snapshot_take(*, label: str = "", max_bytes: int | None = None) -> Capture:
+    """Capture the runtime into a stored snapshot; `max_bytes` may only lower the configured cap."""
     cap = min(max_bytes or settings.LOOMCYCLE.snapshot_max_bytes, settings.LOOMCYCLE.snapshot_max_bytes)
     now = datetime.fromtimestamp(time.time(), tz=UTC)
     snapshot_id = new_snapshot_id(now)
-    sections = _read_sections(cap)
+    read = _read_sections(cap)
     header = {"id": snapshot_id, "created_at": now.isoformat(), "label": label, "schema_version": env.SCHEMA_VERSION}
-    text = env.envelope_text(header, sections)
+    text = env.envelope_text(header, read.sections)
     if len(text.encode()) > cap:  # the header's few hundred bytes on top of the sections
         raise SnapshotTooLarge(f"snapshot passes {cap} bytes", details={"max_bytes": cap})
     try:
         with transaction.atomic():  # a savepoint inside a caller's transaction: the conflict is reported, not fatal
-            return Snapshot.objects.create(
+            row = Snapshot.objects.create(
                 id=snapshot_id,
                 created_at=now,
                 label=label,
                 schema_version=env.SCHEMA_VERSION,
                 byte_size=len(text.encode()),
-                checksum=env.checksum_of(sections),
+                checksum=env.checksum_of(read.sections),
                 content=text,
             )
     except IntegrityError as exc:
         raise SnapshotIdConflict(f"snapshot id {snapshot_id} already exists; capture again") from exc
+    return Capture(row, read.runtime_state, read.runs_captured, read.runs_left_out)
 
 
 def _restore_rows(rows: dict[str, Any]) -> dict[str, int]:

@@ -16,7 +16,7 @@ exempt: these guard the write paths (REST, MCP, agents' def tools), never
 - An AgentDef whose `max_concurrent_children` is above
   LOOMCYCLE_MAX_CONCURRENT_CHILDREN_CAP is refused: 422
   `max_concurrent_children_over_cap` (a yaml agent's is cut to the cap when it
-  runs: apps.runs.fanout.max_concurrent_children).
+  runs: apps.runs.children.fanout.max_concurrent_children).
 """
 
 from __future__ import annotations

@@ -105,6 +105,20 @@ def agent_def_resolve(*, tenant_id: str, name: str) -> AgentDef:
     return row
 
 
+def agent_def_ancestors(*, def_id: str, max_hops: int = 100) -> list[str]:
+    """The parent chain of AgentDef `def_id`, nearest first, at most `max_hops` ids (a cycle ends it)."""
+    out: list[str] = []
+    seen = {def_id}
+    current: str | None = def_id
+    for _ in range(max_hops):
+        current = AgentDef.objects.filter(id=current).values_list("parent_id", flat=True).first()
+        if not current or current in seen:
+            break
+        seen.add(current)
+        out.append(current)
+    return out
+
+
 def agent_def_is_operator_yaml(*, def_id: str) -> bool:
     """Whether the agent version `def_id` is one of the operator's yaml (VersionedDef.is_operator_yaml)."""
     row = AgentDef.objects.filter(id=def_id).only("tenant_id", "source").first()

@@ -123,7 +123,8 @@ def test_ack_moves_forward_and_refuses_a_regression() -> None:
     peeked = selectors.peek(stream=Stream("", "handoff", "global", ""), from_cursor=None, max_messages=10)
     assert ok({"op": "ack", "channel": "handoff", "cursor": peeked.cursors[1]}) == {"ok": True}
     assert values(ok({"op": "subscribe", "channel": "handoff"})) == [2]
-    refused({"op": "ack", "channel": "handoff", "cursor": peeked.cursors[0]}, "ack: channel: ack cursor older than")
+    older = {"op": "ack", "channel": "handoff", "cursor": peeked.cursors[0]}
+    refused(older, "ack: cursor_regression: ack cursor older than")
     assert ok({"op": "ack", "channel": "handoff", "cursor": peeked.cursors[2]}) == {"ok": True}  # same: no-op
     refused({"op": "ack", "channel": "handoff", "cursor": "msg_00"}, "invalid channel cursor")
     refused({"op": "ack", "channel": "handoff"}, "missing required field: cursor")

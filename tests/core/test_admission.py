@@ -1,4 +1,4 @@
-"""Per-process admission of iterations (apps/core/admission.py), with real threads."""
+"""Per-process admission of iterations (apps/runs/engine/admission.py), with real threads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from apps.core.admission import Admission
+from apps.runs.engine.admission import Admission
 
 WAIT = 5.0  # generous bound on every wait; the tests end as soon as the condition holds
 

@@ -5,6 +5,7 @@ isolation of the evaluated run; byte caps; immutable rows."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -15,6 +16,7 @@ from django.db import DatabaseError, transaction
 from apps.evaluations import services
 from apps.evaluations.models import Evaluation
 from apps.runs.models import Run, RunEvent, RunStatus
+from apps.substrate.models import AgentDef
 from tests.conftest import wait_status
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -60,13 +62,15 @@ def test_submit_then_get_list_aggregate(http: httpx.Client, stack: Any) -> None:
             ["submit_any"],
         )
     )
-    assert first["eval_id"].startswith("ev_") and first["score"] == 0.75
+    assert re.fullmatch(r"eval_[0-9a-f]{16}", first["eval_id"]) and first["score"] == 0.75
     assert (first["run_id"], first["def_id"], first["agent"]) == (target_id, target.agent_def_id, "echo")
     assert first["emitter_role"] == "unrelated" and first["created_at"].endswith("Z")
-    second = _ok(_tool(http, "ev-b", {"op": "submit", "run_id": target_id, "score": 0.25}, ["submit_any"]))
+    second_input = {"op": "submit", "run_id": target_id, "score": 0.25, "dimensions": {"speed": 0.5}}
+    second = _ok(_tool(http, "ev-b", second_input, ["submit_any"]))
 
     got = _ok(_tool(http, "ev-get", {"op": "get", "eval_id": first["eval_id"]}, ["read_any"]))
     assert (got["judgement"], got["rationale"], got["evaluator_agent"]) == ("good", "terse and right", "ev-a")
+    assert got["dimensions"] == {} and Evaluation.objects.get(eval_id=second["eval_id"]).dimensions == {"speed": 0.5}
     row = Evaluation.objects.get(eval_id=first["eval_id"])
     assert row.evaluator_run_id == got["evaluator_run_id"] and row.tenant_id == ""
 
@@ -76,10 +80,38 @@ def test_submit_then_get_list_aggregate(http: httpx.Client, stack: Any) -> None:
     assert {e["eval_id"] for e in by_def["evaluations"]} == {first["eval_id"], second["eval_id"]}
 
     agg = _ok(_tool(http, "ev-agg", {"op": "aggregate", "def_id": target.agent_def_id}, ["read_any"]))
-    assert (agg["count"], agg["mean"], agg["median"], agg["min"], agg["max"]) == (2, 0.5, 0.5, 0.25, 0.75)
-    assert agg["latest"] == 0.25 and agg["by_emitter_role"] == {"unrelated": {"count": 2, "mean": 0.5}}
+    both = {"mean": 0.5, "median": 0.5, "min": 0.25, "max": 0.75, "latest": 0.25, "count": 2}
+    assert agg == {
+        "def_id": target.agent_def_id,
+        "agent": None,
+        "count": 2,
+        "score": both,
+        "dimensions": {"speed": {"mean": 0.5, "median": 0.5, "min": 0.5, "max": 0.5, "latest": 0.5, "count": 1}},
+        "by_emitter_role": {"unrelated": both},
+        "lineage_included": False,
+    }
     none = _ok(_tool(http, "ev-agg-none", {"op": "aggregate", "agent": "nobody"}, ["read_any"]))
-    assert (none["count"], none["mean"]) == (0, None)
+    zero = {"mean": 0.0, "median": 0.0, "min": 0.0, "max": 0.0, "latest": 0.0, "count": 0}
+    assert (none["count"], none["score"], none["dimensions"], none["by_emitter_role"]) == (0, zero, {}, {})
+
+
+def test_aggregate_with_lineage_adds_the_ancestor_versions(http: httpx.Client, stack: Any) -> None:
+    target = Run.objects.get(id=_start(http, "echo"))
+    fork = http.post("/v1/_agentdef", json={"op": "fork", "name": "echo", "overlay": {"description": "v2"}})
+    assert fork.status_code == 200, fork.text
+    child_def = fork.json()["def_id"]
+    assert AgentDef.objects.get(id=child_def).parent_id == target.agent_def_id
+    external = {"tenant_id": "", "evaluator": services.Evaluator(), "role": "external"}
+    services.evaluation_submit(target=target, score=0.2, **external)  # scores the parent version
+    target.agent_def_id = child_def  # the same run read as one of the fork (in memory only)
+    services.evaluation_submit(target=target, score=0.8, dimensions={"tone": 1}, **external)
+    alone = _ok(_tool(http, "ev-agg-child", {"op": "aggregate", "def_id": child_def}, ["read_any"]))
+    assert (alone["count"], alone["score"]["mean"], alone["lineage_included"]) == (1, 0.8, False)
+    tree = {"op": "aggregate", "def_id": child_def, "include_lineage": True}
+    lineage = _ok(_tool(http, "ev-agg-tree", tree, ["read_any"]))
+    assert (lineage["count"], lineage["score"]["mean"], lineage["score"]["latest"]) == (2, 0.5, 0.8)
+    assert lineage["lineage_included"] is True and lineage["dimensions"]["tone"]["count"] == 1
+    _refused(_tool(http, "ev-agg-nodef", {"op": "aggregate", "include_lineage": True}, ["read_any"]), "needs def_id")
 
 
 @pytest.mark.parametrize(
@@ -116,6 +148,8 @@ def test_unknown_and_other_tenant_runs_read_the_same(http: httpx.Client, stack: 
         ({"score": 1.5}, "invalid_score: score must be between 0 and 1"),
         ({"score": "high"}, "invalid_score: score must be a number"),
         ({"judgement": {"ok": True}}, "judgement must be a string"),
+        ({"dimensions": {"speed": "fast"}}, "invalid_dimensions: dimension 'speed' must be a finite number"),
+        ({"dimensions": [0.5]}, "invalid_dimensions: dimensions must be an object"),
     ],
 )
 def test_submit_refuses_bad_values(http: httpx.Client, stack: Any, extra: dict[str, Any], needle: str) -> None:

@@ -16,7 +16,9 @@ from apps.core.errors import ApplicationError
 from apps.gateway.models import UsageEntry
 from apps.gateway.providers.base import ProviderError
 from apps.gateway.resolver import Candidate, Policy, resolve, resolve_route
-from apps.runs.engine import Next, StepWrite, _call_model, _fallback_target, strip_reasoning
+from apps.runs.engine.model import _fallback_target, strip_reasoning
+from apps.runs.engine.model import call_model as _call_model
+from apps.runs.engine.write import Next, StepWrite
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.store import ClaimedRun, Switched
 from tests.conftest import wait_status
@@ -269,3 +271,11 @@ def test_a_candidate_not_configured_on_this_worker_falls_back_at_once() -> None:
     assert [e["type"] for e in write.events] == ["provider_fallback"]  # no same-provider retries for it
     assert "not configured on this worker" in write.events[0]["fallback"]["cause_error"]
     assert write.switched == Switched("mock-stable", "mock-generic", 1, 1)
+
+
+def test_an_agents_retry_attempts_wins_over_its_user_tiers(config: Any) -> None:
+    config("user_tiers:\n  default: {retry_attempts: 3}\n")
+    pinned = {"provider": "mock", "model": "mock-generic"}
+    assert resolve_route(agent=pinned).policy.retry_attempts == 3
+    assert resolve_route(agent={**pinned, "retry_attempts": 0}).policy.retry_attempts == 0  # 0: no retry at all
+    assert resolve_route(agent={**pinned, "retry_attempts": 50}).policy.retry_attempts == 5  # the cap

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from apps.core.admission import ADMISSION
 from apps.gateway import waits
+from apps.runs.engine.admission import ADMISSION
 
 WAIT = 5.0  # bound on every wait; each ends as soon as its event is set
 

@@ -15,8 +15,8 @@ from apps.channels import services as channels
 from apps.channels.streams import Stream
 from apps.core.types import Principal
 from apps.runs import services
-from apps.runs.compaction import MARKER_ROLE, SUMMARY_HEADER, Entry, choose_cut, turn_starts, visible
-from apps.runs.compaction_service import compaction_routing
+from apps.runs.compacted import MARKER_ROLE, SUMMARY_HEADER, Entry, choose_cut, turn_starts, visible
+from apps.runs.create import compaction_routing
 from apps.runs.models import Run, RunEvent, RunInput, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment, messages_from_rows
 from apps.substrate.kinds import Refused, normalise_agent

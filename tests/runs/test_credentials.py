@@ -14,7 +14,8 @@ from django.db import transaction
 from apps.core.errors import Invalid
 from apps.core.tools import SpawnRequest
 from apps.gateway.providers import ToolCall
-from apps.runs import engine, services, store
+from apps.runs import services, store
+from apps.runs.children.spawn import children_insert, spawn_prepare
 from apps.runs.credentials import (
     CredentialsUnreadable,
     credentials_check,
@@ -22,9 +23,9 @@ from apps.runs.credentials import (
     seal,
     unseal,
 )
+from apps.runs.engine import step
 from apps.runs.models import Run, RunInput, RunStatus
 from apps.runs.prompt import Segment
-from apps.runs.subruns import children_insert, spawn_prepare
 from tests.conftest import ALICE, wait_for, wait_status
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -117,7 +118,7 @@ def test_the_engine_opens_the_sealed_credentials_into_the_tool_context() -> None
     assert row.credentials_sealed and CREDS["github"] not in row.credentials_sealed
     claimed = store.claim(run_id=run.id, step=0, owner="test", lease_seconds=0)  # lapses at once: cancel finishes it
     assert claimed is not None
-    assert engine._open_credentials(claimed) is None
+    assert step.open_credentials(claimed) is None
     assert claimed.credentials == CREDS
     assert CREDS["github"] not in repr(claimed)
     services.run_cancel(principal=ALICE, agent_id=run.agent_id)

@@ -8,6 +8,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from celery import current_app
 
+from apps.core.errors import RuntimePaused
 from apps.runs import engine, services
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord, TranscriptEntry
 from apps.runs.prompt import Segment
@@ -152,7 +153,7 @@ def test_pause_parks_every_run_and_resume_completes_them(stack: WorkerPool) -> N
     steps = {r.id: run_row(r.id).step for r in runs}
     time.sleep(1.5)  # nothing moves while paused
     assert {r.id: run_row(r.id).step for r in runs} == steps
-    with pytest.raises(services.RuntimePaused):
+    with pytest.raises(RuntimePaused):
         start("echo")
     assert services.runtime_resume()["resumed_runs_count"] == 6
     for r in runs:

@@ -17,11 +17,12 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from apps.runs import batch, engine, fanout, services, subruns
+from apps.runs import engine, services
+from apps.runs.children import batch, fanout, report
+from apps.runs.children.report import run_child_finished
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
-from apps.runs.subruns import run_child_finished
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 
@@ -160,20 +161,45 @@ def test_batch_joins_every_run_index_aligned(stack: WorkerPool, http: httpx.Clie
     assert {(r.tenant_id, r.parent_id, r.reported_to_parent) for r in runs} == {("acme", None, True)}
 
 
-def test_batch_over_32_spawns_or_another_mode_is_422(
+def test_batch_over_32_spawns_or_another_mode_is_400(
     stack: WorkerPool, http: httpx.Client, people: dict[str, Any]
 ) -> None:
     many = {"spawns": [batch_spawn("n")] * 33}
     reply = http.post("/v1/runs:batch", json=many, headers=people["bob"])
-    assert (reply.status_code, reply.json()["code"]) == (422, "invalid_spawns")
+    assert (reply.status_code, reply.json()["code"]) == (400, "invalid_spawns")
     reply = http.post("/v1/runs:batch", json={"spawns": []}, headers=people["bob"])
-    assert (reply.status_code, reply.json()["code"]) == (422, "invalid_spawns")
+    assert (reply.status_code, reply.json()["code"]) == (400, "invalid_spawns")
     reply = http.post("/v1/runs:batch", json={"spawns": [batch_spawn("n")], "mode": "stream"}, headers=people["bob"])
-    assert (reply.status_code, reply.json()["code"]) == (422, "unsupported_mode")
+    assert (reply.status_code, reply.json()["code"]) == (400, "unsupported_mode")
+    detach_with_timeout = {"spawns": [batch_spawn("n")], "mode": "detach", "timeout_ms": 1000}
+    reply = http.post("/v1/runs:batch", json=detach_with_timeout, headers=people["bob"])
+    assert (reply.status_code, reply.json()["code"]) == (400, "invalid_body") and "detach" in reply.json()["error"]
     assert not Run.objects.exists()
     ghosts = {"spawns": [{"agent": "no-such-agent", "prompt": "hi"}]}  # nothing started: answered at once
     reply = http.post("/v1/runs:batch", json=ghosts, headers=people["bob"], timeout=10)
     assert (reply.status_code, reply.json()["spawned"], reply.json()["results"][0]["status"]) == (200, 0, "failed")
+
+
+def test_a_detached_batch_answers_handles_at_once_and_its_runs_go_on(
+    stack: WorkerPool, http: httpx.Client, people: dict[str, Any]
+) -> None:
+    slow = {**batch_spawn("slow", sleep_ms=3000), "parent_context": {"function_key": "fk"}}
+    spawns = [slow, batch_spawn("quick"), {"agent": "no-such-agent", "prompt": "hi"}]
+    started = time.monotonic()
+    reply = http.post("/v1/runs:batch", json={"spawns": spawns, "mode": "detach"}, headers=people["bob"], timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert time.monotonic() - started < 3.0  # it did not wait for the slow child
+    body = reply.json()
+    first, second, ghost = body["results"]
+    assert body["spawned"] == 2 and "timed_out" not in body
+    assert (first["status"], first["final_text"], first["error"]) == ("running", "", "")
+    assert first["parent_context"] == {"function_key": "fk"} and second["status"] == "running"
+    assert run_row(first["run_id"]).parent_context == {"function_key": "fk"}  # stored on the run too
+    assert (ghost["run_id"], ghost["status"]) == ("", "failed") and "unknown_agent" in ghost["error"]
+    assert wait_status(first["run_id"], *TERMINAL, timeout=30).status == RunStatus.COMPLETED
+    assert wait_status(second["run_id"], *TERMINAL).status == RunStatus.COMPLETED
+    assert not FanOut.objects.exists()  # no join: nothing waits on a detached batch
+    assert http.get(f"/v1/agents/{first['agent_id']}", headers=people["bob"]).json()["status"] == "completed"
 
 
 def test_batch_runs_are_the_callers_tenants(stack: WorkerPool, http: httpx.Client, people: dict[str, Any]) -> None:
@@ -225,8 +251,8 @@ def test_a_lost_batch_report_is_made_once_by_the_sweep(no_workers: None) -> None
     # A worker that committed both children's ends and died before reporting them.
     Run.objects.filter(id__in=kids).update(status=RunStatus.COMPLETED, completed_at=past)
     assert FanOut.objects.get(id=join_id).completed_at is None
-    assert subruns.children_report_sweep() == 2
-    assert subruns.children_report_sweep() == 0  # reported exactly once
+    assert report.children_report_sweep() == 2
+    assert report.children_report_sweep() == 0  # reported exactly once
     join = FanOut.objects.get(id=join_id)
     assert (join.reported, join.completed_at is not None) == (2, True)
     body = batch.batch_result(fanout_id=join_id)

@@ -20,7 +20,8 @@ from django.utils import timezone
 from apps.channels.models import ChannelMessage
 from apps.core.errors import Gone
 from apps.core.types import Principal
-from apps.runs import engine, interrupts, services
+from apps.runs import engine, services
+from apps.runs.interrupts import services as interrupts
 from apps.runs.models import Interrupt, InterruptStatus, Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.runs.tasks import interrupts_expire_task

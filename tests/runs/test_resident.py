@@ -17,10 +17,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.runs import engine, services
+from apps.runs.children.resident import resident_sweep
 from apps.runs.models import ResidentChild, Run, RunEvent, RunStatus
 from apps.runs.presenters import agent_out
 from apps.runs.prompt import Segment
-from apps.runs.resident import resident_sweep
 from apps.runs.selectors import run_get
 from apps.runs.tasks import resident_sweep_task
 from tests.conftest import ALICE, run_row, wait_for, wait_status

@@ -18,7 +18,8 @@ import pytest
 
 from apps.core.redis import sync_client
 from apps.gateway.fairness.config import PREFIX, RUNS_KEY
-from apps.runs import batch, services
+from apps.runs import services
+from apps.runs.children import batch
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from tests import procs

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from apps.runs import services
+from apps.runs.children.report import run_child_finished
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord
-from apps.runs.subruns import run_child_finished
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.procs import WorkerPool
 from tests.runs.test_engine import assert_consecutive, event_types, start

@@ -1,5 +1,5 @@
 """Tool output the store cannot take as it is (a NUL, a lone surrogate) is
-made storable in one place (apps.runs.toolrun) instead of failing the
+made storable in one place (apps.runs.engine.toolrun) instead of failing the
 step's commit: a real run whose HTTP tool reads a loopback body with NUL."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from apps.core import logcontext
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
 from apps.runs import registry
-from apps.runs.toolrun import run_calls
+from apps.runs.engine.toolrun import run_calls
 
 
 def _sleep(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:

@@ -19,7 +19,8 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.core.types import Principal
-from apps.runs import services, turncancel
+from apps.runs import services
+from apps.runs.engine import turncancel
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord, TranscriptEntry
 from apps.runs.prompt import Segment, messages_from_rows
 from tests.conftest import ALICE, for_sandbox, run_row, wait_for, wait_status

@@ -16,9 +16,11 @@ from django.db import IntegrityError, connection, transaction
 
 from apps.core.errors import Conflict
 from apps.core.redact import runtime_redactor
-from apps.runs import backpressure, operations, services, session_services, sessions, store
+from apps.runs import backpressure, create, operations, services, store
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import Segment
+from apps.runs.sessions import promotion, replay
+from apps.runs.sessions import services as session_services
 from tests.conftest import ALICE
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
@@ -51,9 +53,9 @@ def test_the_sweep_starts_an_enqueued_run_whose_promotion_was_lost() -> None:
     with transaction.atomic():  # the live run ends with no after-commit hook: as if its process died
         store.cancel(run_id=live.id, reason="lost", redactor=runtime_redactor())
     assert Run.objects.get(id=queued.id).status == RunStatus.WAITING_SESSION
-    assert sessions.sessions_promote_sweep() == 1
+    assert promotion.sessions_promote_sweep() == 1
     assert Run.objects.get(id=queued.id).status == RunStatus.QUEUED
-    assert sessions.sessions_promote_sweep() == 0  # promoted once
+    assert promotion.sessions_promote_sweep() == 0  # promoted once
     services.run_cancel(principal=ALICE, run_id=queued.id)
 
 
@@ -72,13 +74,13 @@ def test_a_cancelled_live_run_starts_the_next_enqueued_one_in_order() -> None:
 def test_history_repair_answers_every_unanswered_tool_use() -> None:
     use = {"type": "tool_use", "id": "t1", "name": "Channel", "input": {}}
     rows = [("user", [{"type": "text", "text": "hi"}]), ("assistant", [use]), ("user", [{"type": "text", "text": "x"}])]
-    repaired = sessions.history_repaired(rows)
+    repaired = replay.history_repaired(rows)
     assert repaired[2] == (
         "user",
-        [{"type": "tool_result", "tool_use_id": "t1", "content": sessions.NO_RESULT, "is_error": True}],
+        [{"type": "tool_result", "tool_use_id": "t1", "content": replay.NO_RESULT, "is_error": True}],
     )
     answered = [*rows[:2], ("user", [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}])]
-    assert sessions.history_repaired(answered) == answered
+    assert replay.history_repaired(answered) == answered
 
 
 def test_retrying_a_failed_run_while_a_later_turn_of_its_session_is_busy_is_409() -> None:
@@ -104,7 +106,7 @@ def test_an_interrupt_flags_the_runs_it_displaces_in_its_own_transaction(monkeyp
     live = start()
     queued = enqueue(live.session_id)
     lost: list[object] = []
-    monkeypatch.setattr(services, "_session_cancel", lambda *a: lost.append(a))  # the process dies after commit
+    monkeypatch.setattr(create, "_session_cancel", lambda *a: lost.append(a))  # the process dies after commit
     with transaction.atomic():
         new = interrupt(live.session_id)
         flags = set(Run.objects.filter(id__in=[live.id, queued.id]).values_list("cancel_requested", "cancel_reason"))
@@ -188,6 +190,6 @@ def test_history_repair_is_linear_in_the_rows() -> None:
         rows.append(("user", [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"}]))
     rows.append(("assistant", [{"type": "tool_use", "id": "last", "name": "Context", "input": {}}]))
     started = time.process_time()  # CPU time: a loaded host waits, it does not count
-    repaired = sessions.history_repaired(rows)
+    repaired = replay.history_repaired(rows)
     assert time.process_time() - started < 2.0  # linear: ~0.2 s; the quadratic pass took 4.8 s
     assert repaired[:-1] == rows and repaired[-1][1][0]["tool_use_id"] == "last"

@@ -13,11 +13,12 @@ import pytest
 
 from apps.core.errors import Conflict, NotFound, Unprocessable
 from apps.core.types import Principal
-from apps.runs import services, session_services
-from apps.runs.compaction import MARKER_ROLE, SUMMARY_HEADER
+from apps.runs import services
+from apps.runs.compacted import MARKER_ROLE, SUMMARY_HEADER
 from apps.runs.fork import ForkRequest, run_fork
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
 from apps.runs.prompt import Segment, messages_from_rows
+from apps.runs.sessions import services as session_services
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.procs import WorkerPool
 

@@ -144,6 +144,25 @@ def test_a_run_whose_agent_id_is_taken_here_is_a_409_not_a_silent_skip(captured:
     assert set(services.snapshot_restore(envelope=captured.envelope).values()) == {0}  # a known id: skipped
 
 
+def test_a_capture_of_the_running_runtime_carries_no_runs_and_counts_the_live_ones() -> None:
+    """As loomcycle, a running runtime is captured (it carries only paused runs: none); the
+    answer says which state it read and how many live runs the snapshot does not carry."""
+    parked = ask_run()
+    engine.run_iterate(run_id=parked.id, step=0)  # parked on its question
+    ask_run()  # queued: no worker claims it here
+    assert runtime_state() == RuntimeStateValue.RUNNING
+    capture = services.snapshot_take(label="live")
+    assert (capture.runtime_state, capture.runs_captured, capture.runs_left_out) == ("running", 0, 2)
+    envelope = json.loads(capture.row.content)
+    assert envelope["sections"]["paused_runs"]["rows"] == []
+    assert envelope["sections"]["agent_defs"]["rows"]  # the rest of the picture is there
+    _set_state(RuntimeStateValue.PAUSING)  # a pause under way: still a live capture
+    try:
+        assert services.snapshot_take(label="pausing").runtime_state == "pausing"
+    finally:
+        _set_state(RuntimeStateValue.RUNNING)
+
+
 def test_capture_refuses_while_a_run_is_still_runnable() -> None:
     """After a pause that timed out a run can still be queued or running: no capture then."""
     ask_run()  # queued: no worker claims it here

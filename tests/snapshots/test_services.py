@@ -61,10 +61,12 @@ def _envelope(**kw: Any) -> dict[str, Any]:
     return envelope
 
 
-def test_capture_needs_a_paused_runtime(db: None) -> None:
-    with pytest.raises(errors.NotPaused) as refused:
-        services.snapshot_capture(label="too early")
-    assert (refused.value.status, refused.value.code) == (409, "not_paused")
+def test_a_running_runtime_is_captured_without_runs(db: None) -> None:
+    _seed()
+    capture = services.snapshot_take(label="live")
+    assert (capture.runtime_state, capture.runs_captured, capture.runs_left_out) == ("running", 0, 0)
+    sections = json.loads(capture.row.content)["sections"]
+    assert sections["paused_runs"]["rows"] == [] and len(sections["memory"]["rows"]) == 1
 
 
 def test_memory_and_evaluations_come_back_whole_and_a_second_restore_writes_nothing(paused: None) -> None:
@@ -168,7 +170,8 @@ def test_rest_capture_list_get_export_restore_delete(transactional_db: None, pau
     meta = created.json()
     assert meta["created_at"].endswith("Z") and len(meta["created_at"]) == len("2026-01-01T00:00:00.000Z")
     listed = client.get("/v1/_snapshots", {"label_contains": "night"}, headers=admin).json()["entries"]
-    assert listed == [meta]
+    live = {"runtime_state": "paused", "runs_captured": 0, "runs_left_out": 0}
+    assert listed == [{k: v for k, v in meta.items() if k not in live}] and {k: meta[k] for k in live} == live
     assert client.get("/v1/_snapshots", {"label_contains": "weekly"}, headers=admin).json() == {"entries": []}
     got = client.get(f"/v1/_snapshots/{meta['id']}", headers=admin).json()
     exported = client.get(f"/v1/_snapshots/{meta['id']}/export", headers=admin)

@@ -161,7 +161,7 @@ def test_an_agent_asking_for_more_children_than_the_cap_is_refused_at_write_time
 
 
 def test_a_yaml_agent_asking_for_more_children_is_cut_to_the_cap(limits: Any) -> None:
-    from apps.runs.fanout import max_concurrent_children
+    from apps.runs.children.fanout import max_concurrent_children
 
     limits(max_concurrent_children_cap=8)
     assert max_concurrent_children({"max_concurrent_children": 32}) == 8

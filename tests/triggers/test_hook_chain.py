@@ -18,7 +18,7 @@ from django.db import connection
 from apps.core.errors import Invalid
 from apps.core.tools import ToolContext, ToolResult
 from apps.core.types import Principal
-from apps.runs.toolrun import _run_tool
+from apps.runs.engine.toolrun import _run_tool
 from apps.runs.tools import CONTEXT_TOOL
 from apps.triggers.hooks import cache, chain, services, widening
 from apps.triggers.hooks.callback import HookCallFailed

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.channels.models import ChannelMessage
 from apps.memory.selectors import memory_get
 from apps.memory.services import Slot
-from apps.runs import engine, registry, services
+from apps.runs import engine, lifecycle, registry, services
 from apps.runs.models import Run
 from apps.runs.prompt import Segment
 from apps.substrate import services as substrate
@@ -47,7 +47,7 @@ def heard() -> Iterator[list[tuple[str, str]]]:
 
     registry.on_run_finished(spy)
     yield calls
-    registry._FINISHED.remove(spy)
+    lifecycle._FINISHED.remove(spy)
 
 
 def fired_run(name: str, **fields: Any) -> str:
@@ -115,7 +115,7 @@ def test_a_cancelled_run_is_announced_by_the_cancel_and_runs_no_hook() -> None:
 def test_a_lost_announcement_is_made_up_by_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
     run_id = fired_run("cancelled", on_complete=[{"kind": "channel.publish", "channel": "handoff"}])
     # The process that cancelled it died between its commit and the announcement.
-    monkeypatch.setattr(services, "_announce_if_notified", lambda run_id, status: None)
+    monkeypatch.setattr(lifecycle, "run_finished", lambda run_id, status: None)
     services.run_cancel(principal=ALICE, agent_id=Run.objects.get(id=run_id).agent_id)
     assert OnCompleteJob.objects.get(run_id=run_id).state == JobState.PENDING
     assert triggers_finished_sweep(grace_seconds=0) == 1

@@ -9,7 +9,7 @@ processes can never both take the last slot. Releasing is ZREM: idempotent.
   tenant's set and gives it back when it finishes or is cancelled: a top-level
   run at admission (429 over a cap), a descendant (sub-agent, parallel_spawn
   child, resident child) when its parent's tool call plans it (over a cap, the
-  call's is_error result; apps.runs.subruns), so fan-out never escapes the caps.
+  call's is_error result; apps.runs.children.spawn), so fan-out never escapes the caps.
   Run slots live an hour; the beat sweeper (`run_slots_reconcile`) refreshes
   those of live runs and frees those of terminal or vanished runs, so a slot
   lost to a crash comes back within one sweep.

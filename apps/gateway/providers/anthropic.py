@@ -307,6 +307,7 @@ class AnthropicDecoder(Decoder):
 
 class AnthropicProtocol(WireProtocol):
     framing: ClassVar[str] = "sse"
+    sampling_knobs: ClassVar[frozenset[str]] = frozenset({*SAMPLING_KEYS, "stop"})
     capabilities: ClassVar[Capabilities] = Capabilities(
         streaming=True,
         parallel_tools=True,
@@ -316,6 +317,16 @@ class AnthropicProtocol(WireProtocol):
         native_prompt_cache=True,
         effort=True,
     )
+
+    def unsent_sampling(self, sampling: dict[str, Any], effort: str) -> list[str]:
+        """Also what extended thinking (an effort with a budget) makes _sampling drop."""
+        unsent = set(super().unsent_sampling(sampling, effort))
+        if EFFORT_BUDGET.get(effort, 0):
+            for key in SAMPLING_KEYS:
+                value = sampling.get(key)
+                if value is not None and (key != "top_p" or float(value) < MIN_THINKING_TOP_P):
+                    unsent.add(key)
+        return sorted(unsent)
 
     def build(self, config: ProviderConfig, request: ProviderRequest) -> HttpCall:
         headers = {

@@ -28,7 +28,7 @@ class Capabilities:
     native_prompt_cache: bool = False
     effort: bool = False
     # The call waits on the network. The engine then gives its admission slot
-    # (apps.core.admission) to the next iteration for the call's duration; an
+    # (apps.runs.engine.admission) to the next iteration for the call's duration; an
     # in-process provider (the mock) marks its own waits instead (apps.gateway.waits).
     remote: bool = True
 
@@ -68,7 +68,7 @@ class ProviderRequest:
     # send it nowhere, the mock derives deterministic tool ids from it.
     run_id: str = ""
     # What the call is for: "" a model turn, PURPOSE_COMPACTION a context summary
-    # (apps.runs.compacting). Drivers send it nowhere; the mock answers a summary.
+    # (apps.runs.compaction.plan). Drivers send it nowhere; the mock answers a summary.
     purpose: str = ""
 
 
@@ -147,9 +147,18 @@ class ProviderCancelled(Exception):
     """The cancel event fired while the driver was waiting."""
 
 
+SAMPLING_KNOBS = frozenset({"temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "seed", "stop"})
+
+
 class Provider(ABC):
     id: str
     capabilities: Capabilities
+
+    def unsent_sampling(self, sampling: dict[str, Any], effort: str) -> list[str]:
+        """The knobs of `sampling` (set, not None) this provider's requests will not carry, so
+        the run can report them (capability_inert) instead of dropping them silently. The
+        default: none (the mock takes every knob; it samples nothing, its answers are scripted)."""
+        return []
 
     def check_model(self, model: str) -> None:  # noqa: B027 -- a hook with a default, not abstract
         """Raise ValueError for a model string this provider refuses before any

@@ -233,6 +233,7 @@ def _generation_config(request: ProviderRequest, model: str) -> dict[str, Any]:
 
 class GeminiProtocol(WireProtocol):
     framing: ClassVar[str] = "sse"
+    sampling_knobs: ClassVar[frozenset[str]] = frozenset({*SAMPLING, "stop"})
     capabilities: ClassVar[Capabilities] = Capabilities(
         streaming=True,
         parallel_tools=True,

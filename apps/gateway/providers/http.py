@@ -93,6 +93,7 @@ class Decoder(ABC):
 class WireProtocol(ABC):
     framing: ClassVar[str]  # "sse" | "ndjson"
     capabilities: ClassVar[Capabilities]
+    sampling_knobs: ClassVar[frozenset[str]]  # the ProviderRequest.sampling keys its requests carry
 
     @abstractmethod
     def build(self, config: ProviderConfig, request: ProviderRequest) -> HttpCall:
@@ -101,6 +102,10 @@ class WireProtocol(ABC):
     @abstractmethod
     def decoder(self, config: ProviderConfig, request: ProviderRequest) -> Decoder:
         """A fresh decoder for one call."""
+
+    def unsent_sampling(self, sampling: dict[str, Any], effort: str) -> list[str]:
+        """The knobs of `sampling` this wire format has no field for (Provider.unsent_sampling)."""
+        return sorted(k for k, v in sampling.items() if v is not None and k not in self.sampling_knobs)
 
     def error_message(self, body: bytes) -> str:
         """The provider's own message from an error body (`{"error": {"message"}}` by default)."""
@@ -205,6 +210,9 @@ class HttpProvider(Provider):
         self._client: httpx.Client | None = None
         self._aclients: WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = WeakKeyDictionary()
         self._lock = threading.Lock()
+
+    def unsent_sampling(self, sampling: dict[str, Any], effort: str) -> list[str]:
+        return self.protocol.unsent_sampling(sampling, effort)
 
     # --- clients (pooled; the async one per event loop) -------------------------
 

@@ -133,6 +133,7 @@ def _options(config: ProviderConfig, request: ProviderRequest) -> dict[str, Any]
 
 class OllamaProtocol(WireProtocol):
     framing: ClassVar[str] = "ndjson"
+    sampling_knobs: ClassVar[frozenset[str]] = frozenset({*OPTION_KEYS, "stop"})
     # Per model in truth (vision: llava, gemma3...); a yaml `capabilities:` block widens it.
     capabilities: ClassVar[Capabilities] = Capabilities(
         streaming=True, parallel_tools=True, vision=False, thinking=True, effort=True

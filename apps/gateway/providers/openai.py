@@ -160,6 +160,7 @@ def openai_tools(request: ProviderRequest) -> list[dict[str, Any]]:
 
 class OpenAIProtocol(WireProtocol):
     framing: ClassVar[str] = "sse"
+    sampling_knobs: ClassVar[frozenset[str]] = frozenset(SAMPLING_KEYS)  # no top_k in Chat Completions
     # Per model in truth; a yaml `capabilities:` block narrows it for one endpoint.
     capabilities: ClassVar[Capabilities] = Capabilities(
         streaming=True, parallel_tools=True, vision=True, thinking=True, max_context_tokens=128_000, effort=True

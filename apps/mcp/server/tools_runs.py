@@ -26,7 +26,8 @@ from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import astream_slot
 from apps.mcp.server.registry import Args, McpTool, register
-from apps.runs import interrupts, selectors, services
+from apps.runs import selectors, services
+from apps.runs.interrupts import services as interrupts
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out
 from apps.runs.schemas import RunCreateIn

@@ -17,7 +17,7 @@ _ADMISSION_LOCK_KEY = 0x6C635F61646D6974  # "lc_admit"
 _TOP_LIVE = f"parent_id IS NULL AND NOT (status IN ({_in(TERMINAL)}))"  # the partial index run_top_live
 
 # A run enqueued behind its session (`waiting_session`) is not admitted yet: its session's
-# promotion (apps.runs.sessions) sends it here as `waiting_slot` when admission is on.
+# promotion (apps.runs.sessions.promotion) sends it here as `waiting_slot` when admission is on.
 _ADMISSION_COUNT_SQL = f"""
 SELECT count(*) FILTER (WHERE status NOT IN ({_in((RunStatus.WAITING_SLOT, RunStatus.WAITING_SESSION))})),
   count(*) FILTER (WHERE status = '{RunStatus.WAITING_SLOT.value}')

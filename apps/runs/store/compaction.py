@@ -1,6 +1,6 @@
 """Compaction requests (part of apps/runs/store/, the one package that writes
 the runs app's tables): a manual or self request is a RunInput row of its own
-`source` (apps.runs.compacting.SOURCES), drained by the engine's next
+`source` (apps.runs.compaction.plan.SOURCES), drained by the engine's next
 iteration like steering input; a run has at most one pending at a time.
 """
 

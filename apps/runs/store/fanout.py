@@ -1,7 +1,7 @@
 """The fan-out join's writes (part of apps/runs/store/, the one package that
 writes the runs app's tables): the join and its slots, inserted with the
 children; a child's report counted under the join's row lock; a waiting
-sibling started; the join closed. apps.runs.fanout says who calls each.
+sibling started; the join closed. apps.runs.children.fanout says who calls each.
 
 Lock order, the same for every report: the FanOut row first (every report
 of one join queues there), then the child's run row (the report's

@@ -194,7 +194,7 @@ class ClaimedRun:
     lease_token: int
     cancel_requested: bool
     cancel_reason: str
-    turn_cancel_requested: bool  # apps.runs.turncancel: stop this turn, re-park at awaiting_input
+    turn_cancel_requested: bool  # apps.runs.engine.turncancel: stop this turn, re-park at awaiting_input
     provider: str
     model: str
     system: list[str]
@@ -215,7 +215,7 @@ class ClaimedRun:
     volumes: list[dict[str, Any]] = field(default_factory=list)
     notify_finished: bool = False
     trace_context: str = ""  # the run's root span (apps.runs.tracing), '' when it was not traced
-    session_turn: int = 0  # its place in its session (apps.runs.sessions)
+    session_turn: int = 0  # its place in its session (apps.runs.sessions.promotion)
     replays_session: bool = False  # its model sees the session's earlier turns first
     first_claim: bool = False
     runtime_state: str = "running"

@@ -1,7 +1,7 @@
 """The interrupts table's writes (part of apps/runs/store/, the one package
 that writes the runs app's tables): the row an Interruption.ask parks on,
 inserted in the parked step's commit; its row lock; and its one way out of
-`pending` (apps.runs.interrupts says who calls each, and in which order).
+`pending` (apps.runs.interrupts.services says who calls each, and in which order).
 """
 
 from __future__ import annotations

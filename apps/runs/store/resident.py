@@ -3,7 +3,7 @@ that writes the runs app's tables): the row inserted with its child run in the
 parent's step commit, the locks every reader-writer takes (parent run row first,
 then the resident row: one order everywhere, so no deadlock), the waiting call
 set and cleared, the read cursor, and the one move out of `open`
-(apps.runs.resident says who calls each, and in which order).
+(apps.runs.children.resident says who calls each, and in which order).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from apps.runs.models import ResidentChild, Run
 def resident_insert(row: ResidentChild) -> None:
     """Insert an unsaved row, in the parent's step commit that inserted its child run. The
     child's report is the resident machinery's, never the one-shot sub-agent report
-    (apps.runs.subruns), which would answer the open call a second time: the child is
+    (apps.runs.children.spawn), which would answer the open call a second time: the child is
     marked reported."""
     row.save(force_insert=True)
     Run.objects.filter(id=row.child_id).update(reported_to_parent=True)

@@ -1,6 +1,6 @@
 """The turn-cancel flag of an interactive run (part of apps/runs/store/, the one
 package that writes the runs app's tables). Set here by the API's request, read
-by the iteration that runs the turn (apps.runs.turncancel), cleared by the step
+by the iteration that runs the turn (apps.runs.engine.turncancel), cleared by the step
 commit that parks the run for input (store.hot's commit)."""
 
 from __future__ import annotations

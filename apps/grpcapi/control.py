@@ -14,10 +14,12 @@ from apps.core.http import db_call
 from apps.core.types import Principal
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.rpc import ident, only_fields, parsed, unary
-from apps.runs import interrupts, session_services, turncancel
-from apps.runs.compaction_service import run_compact
+from apps.runs.compaction.services import run_compact
+from apps.runs.engine import turncancel
+from apps.runs.interrupts import services as interrupts
 from apps.runs.schemas import InterruptResolveIn, TurnCancelIn
-from apps.runs.session_schemas import SessionReplayIn
+from apps.runs.sessions import services as session_services
+from apps.runs.sessions.schemas import SessionReplayIn
 
 
 def _resolve(principal: Principal, run_id: str, interrupt_id: str, data: InterruptResolveIn) -> dict[str, Any]:

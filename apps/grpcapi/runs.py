@@ -25,11 +25,12 @@ from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.grpcapi import convert
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.rpc import ident, only_fields, parsed, streaming, unary
-from apps.runs import selectors, services, session_services
+from apps.runs import selectors, services
 from apps.runs.api import run_create_data
 from apps.runs.models import Run
 from apps.runs.schemas import InputIn, RunCreateIn
-from apps.runs.session_schemas import SessionMessageIn
+from apps.runs.sessions import services as session_services
+from apps.runs.sessions.schemas import SessionMessageIn
 from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
 

@@ -11,6 +11,7 @@ import grpc
 
 from apps.grpcapi import unserved
 from apps.grpcapi.admin import AdminRpcs
+from apps.grpcapi.channels import ChannelRpcs
 from apps.grpcapi.control import ControlRpcs
 from apps.grpcapi.data import DataRpcs
 from apps.grpcapi.proto import loomcycle_pb2 as pb
@@ -21,10 +22,10 @@ from apps.grpcapi.snapshots import SnapshotRpcs
 SERVICE = pb.DESCRIPTOR.services_by_name["Loomcycle"]
 
 
-GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs)
+GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs, ChannelRpcs)
 
 
-class Servicer(RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs, pb_grpc.LoomcycleServicer):
+class Servicer(*GROUPS, pb_grpc.LoomcycleServicer):  # type: ignore[misc]
     pass
 
 

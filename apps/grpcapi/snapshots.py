@@ -1,7 +1,8 @@
 """The six snapshot RPCs, as /v1/_snapshots (substrate:admin): capture, list, get, export,
 restore, delete through apps.snapshots' services and selectors, the route's schemas for the
-inputs. CreateSnapshot's `description` is the snapshot's label; history sections are not built
-here, so `include_history` / `since_ts` are refused by the route's schema, as over HTTP."""
+inputs. CreateSnapshot's `description` is the snapshot's label, and the live runs a capture of
+a running runtime leaves out are named in `warnings`; history sections are not built here, so
+`include_history` / `since_ts` are refused by the route's schema, as over HTTP."""
 
 from __future__ import annotations
 
@@ -72,8 +73,14 @@ class SnapshotRpcs:
     @unary(("POST", "/v1/_snapshots"))
     async def CreateSnapshot(self, request: pb.CreateSnapshotRequest, principal: Principal) -> pb.SnapshotDescriptor:
         data = parsed(SnapshotCaptureIn, _capture_body(request))
-        row = await db_call(services.snapshot_capture)(label=data.label, max_bytes=data.max_bytes)
-        return _descriptor(row)
+        capture = await db_call(services.snapshot_take)(label=data.label, max_bytes=data.max_bytes)
+        reply = _descriptor(capture.row)
+        if capture.runs_left_out:  # what POST /v1/_snapshots answers as runs_left_out, as loomcycle's warnings
+            reply.warnings.append(
+                f"runtime {capture.runtime_state}: {capture.runs_left_out} live run(s) not carried "
+                f"({capture.runs_captured} carried); pause first to carry runs with their state"
+            )
+        return reply
 
     @unary(("GET", "/v1/_snapshots"))
     async def ListSnapshots(self, request: pb.ListSnapshotsRequest, principal: Principal) -> pb.ListSnapshotsResponse:

@@ -54,13 +54,6 @@ UNSERVED: dict[str, str] = {
     # Capabilities this runtime has over HTTP, not yet over gRPC.
     "SpawnRunBatch": NOT_YET + " (POST /v1/runs:batch)",
     "VolumeDef": NOT_YET + " (POST /v1/_volumedef)",
-    "ListChannels": NOT_YET + " (GET /v1/_channels)",
-    "PublishChannel": NOT_YET + " (POST /v1/_channels/{name}/publish)",
-    "SubscribeChannel": NOT_YET + " (POST /v1/_channels/{name}/subscribe)",
-    "PeekChannel": NOT_YET + " (GET /v1/_channels/{name})",
-    "AckChannel": NOT_YET + " (POST /v1/_channels/{name}/ack)",
-    "AwaitChannels": NOT_YET + " (POST /v1/_channels/_await)",
-    "BroadcastChannels": NOT_YET + " (POST /v1/_channels/_broadcast)",
 }
 
 

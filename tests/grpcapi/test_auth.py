@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
+from apps.channels.services import ChannelSpec, channel_create
 from apps.grpcapi import servicer
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
@@ -34,6 +35,7 @@ MISSING: Ids = {
     "def_id": "def_00000000deadbeef",
     "user_id": "nobody-here",
     "memory_key": "no-such-key",
+    "channel": "no-such-channel",
 }
 
 
@@ -67,6 +69,13 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
     "GetRuntimeState": lambda i: pb.GetRuntimeStateRequest(),
     "Health": lambda i: pb.HealthRequest(),
     "Memory": lambda i: sub({"op": "get", "scope": "user", "scope_id": "acme-user", "key": i["memory_key"]}),
+    "ListChannels": lambda i: pb.ListChannelsRequest(),
+    "PublishChannel": lambda i: pb.PublishChannelRequest(channel=i["channel"], payload=b"1"),
+    "SubscribeChannel": lambda i: pb.SubscribeChannelRequest(channel=i["channel"], from_cursor="cur_0"),
+    "PeekChannel": lambda i: pb.PeekChannelRequest(channel=i["channel"]),
+    "AckChannel": lambda i: pb.AckChannelRequest(channel=i["channel"], cursor="cur_0"),
+    "AwaitChannels": lambda i: pb.AwaitChannelsRequest(channels=[i["channel"]]),
+    "BroadcastChannels": lambda i: pb.BroadcastChannelsRequest(channels=[i["channel"]], payload=b"1"),
     "CancelTurn": lambda i: pb.CancelTurnRequest(run_id=i["run_id"]),
     "CompactRun": lambda i: pb.CompactRunRequest(run_id=i["run_id"]),
     "ReplaySession": lambda i: pb.ReplaySessionRequest(session_id=i["session_id"]),
@@ -82,7 +91,7 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
 ADMIN_ONLY = {"OperatorTokenDef", "PauseRuntime", "ResumeRuntime", "GetRuntimeState"}
 ADMIN_ONLY |= {"CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot"}
 # Answers that name no resource: a list that must come back empty (nothing of acme's), and Health.
-EMPTY_LISTS = {"ListUserAgents"}
+EMPTY_LISTS = {"ListUserAgents", "ListChannels"}
 OPEN = {"Health"}
 
 
@@ -120,7 +129,11 @@ def seed(stub: pb_grpc.LoomcycleStub, alice: str) -> Ids:
     def_id = json.loads(created[2].output_json)["def_id"]
     note = {"op": "set", "scope": "user", "scope_id": "acme-user", "key": "note", "value": MARK}
     assert call(stub, "Memory", sub(note), alice)[0] == SC.OK
-    return {**ids, "def_id": def_id, "user_id": "acme-user", "memory_key": "note"}
+    channel = {"channel": "acme-grpc-board", "name": "acme-grpc-board"}
+    channel_create(tenant_id="acme", name=channel["name"], spec=ChannelSpec(description=MARK))  # as POST /v1/_channels
+    post = pb.PublishChannelRequest(channel=channel["name"], payload=json.dumps(MARK).encode())
+    assert call(stub, "PublishChannel", post, alice)[0] == SC.OK
+    return {**ids, "def_id": def_id, "user_id": "acme-user", "memory_key": "note", "channel": channel["name"]}
 
 
 def fresh_tenant(n: int) -> str:
@@ -150,8 +163,9 @@ def test_another_tenants_resources_are_missing_ones_on_every_rpc(
         expected = SC.PERMISSION_DENIED if name in ADMIN_ONLY else SC.OK if name in EMPTY_LISTS | OPEN else SC.NOT_FOUND
         if ours[0] != expected:
             problems.append(f"{name}: {ours[0]} ({ours[1]}), expected {expected}")
-        if name in EMPTY_LISTS and ours[2] is not None and list(ours[2].agents):
-            problems.append(f"{name}: listed {list(ours[2].agents)}")
+        listed = [] if ours[2] is None else getattr(ours[2], "agents", None) or getattr(ours[2], "channels", [])
+        if name in EMPTY_LISTS and any(MARK in repr(x) or "acme-grpc" in repr(x) for x in listed):
+            problems.append(f"{name}: listed acme's {listed}")
     assert problems == []
     # Nothing written through: acme's run still waits for its input, its owner still sees it.
     assert call(stub, "GetRun", PROBES["GetRun"](acme), alice)[2].status == "running"

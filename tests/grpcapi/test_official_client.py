@@ -115,6 +115,32 @@ def test_memory_set_get_list_delete(grpc_target: str) -> None:
     asyncio.run(main())
 
 
+def test_channels_publish_peek_subscribe_ack_await_broadcast(grpc_target: str) -> None:
+    async def main() -> None:
+        async with LoomcycleClient(target=grpc_target) as client:
+            assert "notes" in {c["name"] for c in await client.list_channels()}
+            sent = await client.publish_channel("notes", payload=b'{"n": 1}')
+            assert sent["msg_id"].startswith("msg_") and sent["channel"] == "notes"
+            peeked = await client.peek_channel("notes")
+            assert [m["value"] for m in peeked["messages"]] == [b'{"n": 1}']
+            got = await client.subscribe_channel("notes", from_cursor="cur_0")
+            assert len(got["messages"]) == 1 and got["next_cursor"].startswith("cur_")
+            assert (await client.subscribe_channel("notes"))["messages"] == []  # the cursor was committed
+            await client.ack_channel("notes", cursor=got["next_cursor"])
+            mine = await client.publish_channel("per-user", payload=b'"hi"', scope="user", scope_id="erin")
+            assert mine["channel"] == "per-user"
+            fanned = await client.broadcast_channels(["notes", "capped"], payload=b"2")
+            assert (fanned["published"], fanned["failed"]) == (2, 0)
+            waited = await client.await_channels(["notes", "capped"], mode="all", from_cursor=got["next_cursor"])
+            assert waited["satisfied"] and waited["total_messages"] == 2
+            with pytest.raises(lc.AgentNotFoundError):  # NOT_FOUND: an undeclared channel, as REST's 404
+                await client.publish_channel("no-such-channel", payload=b"1")
+            with pytest.raises(lc.InvalidArgumentError):
+                await client.publish_channel("notes", payload=b"{not json")
+
+    asyncio.run(main())
+
+
 def test_pause_refuses_runs_until_resume(grpc_target: str) -> None:
     async def main() -> None:
         async with LoomcycleClient(target=grpc_target) as client:
@@ -136,23 +162,24 @@ def test_pause_refuses_runs_until_resume(grpc_target: str) -> None:
     asyncio.run(main())
 
 
-def test_snapshots_of_the_paused_runtime(grpc_target: str) -> None:
+def test_snapshots_list_get_export_delete(grpc_target: str) -> None:
     async def main() -> None:
+        handles: list[RunHandle] = []
         async with LoomcycleClient(target=grpc_target) as client:
-            with pytest.raises(lc.LoomcycleError) as running:  # captured only paused here (docs/compat.md)
-                await client.create_snapshot(description="too early")
-            assert running.value.reason == "not_paused"
-            await client.pause_runtime(timeout_ms=5000)
-            try:
+            live = client.run_streaming(agent="very-slow", segments=hi("busy"), on_handle=handles.append)
+            await anext(aiter(live))
+            try:  # a running runtime: captured, the live run named in warnings, not carried
                 made = await client.create_snapshot(description="over grpc")
+                assert any("not carried" in w for w in made["warnings"]), made
             finally:
-                await client.resume_runtime()
+                await client.cancel_agent(handles[0].agent_id)
+                await live.aclose()
             listed = await client.list_snapshots()
             assert made["snapshot_id"] in {s["snapshot_id"] for s in listed}
             got = await client.get_snapshot(made["snapshot_id"])
             assert got["description"] == "over grpc" and got["size_bytes"] > 0
             exported = await client.export_snapshot(made["snapshot_id"])
-            assert exported["checksum"].startswith("sha256:")
+            assert exported["checksum"].startswith("sha256:") and exported["raw_json"] == got["json_content"]
             assert await client.delete_snapshot(made["snapshot_id"]) is True
             with pytest.raises(lc.SnapshotNotFoundError):
                 await client.get_snapshot(made["snapshot_id"])

@@ -20,6 +20,8 @@ from tests.procs import ROOT, free_port
 
 SERVED = {
     "CancelTurn", "CompactRun", "ReplaySession", "ResolveInterrupt", "Memory",
+    "ListChannels", "PublishChannel", "SubscribeChannel", "PeekChannel", "AckChannel", "AwaitChannels",
+    "BroadcastChannels",
     "Health", "Run", "Continue", "StreamRun", "GetRun", "GetAgent", "CancelAgent", "RunInput", "GetTranscript",
     "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState",
     "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef",
@@ -49,7 +51,7 @@ def _unary_unserved(stub: pb_grpc.LoomcycleStub, name: str) -> grpc.RpcError:
 
 @pytest.mark.usefixtures("transactional_db")
 def test_unserved_rpcs_answer_unimplemented_naming_themselves(stub: pb_grpc.LoomcycleStub) -> None:
-    for name in ("Decide", "StreamUserRunStates", "SpawnRunBatch", "ListChannels", "TeamDef"):
+    for name in ("Decide", "StreamUserRunStates", "SpawnRunBatch", "VolumeDef", "TeamDef"):
         err = _unary_unserved(stub, name)
         assert err.code() == grpc.StatusCode.UNIMPLEMENTED, name
         assert err.details() == unserved.message(name) and f"/{name}:" in err.details()

@@ -78,10 +78,24 @@ def _list(principal: Principal) -> list[pb.ChannelDescriptor]:
     out = []
     for row in selectors.channels_visible(tenant_id=principal.tenant_id):
         d = presenters.descriptor(row, selectors.channel_stats(tenant_id=principal.tenant_id, name=row.name))
-        fields = ("name", "scope", "semantic", "publisher", "period", "description", "source", "newest_visible_at")
-        out.append(pb.ChannelDescriptor(**{k: d[k] or "" for k in fields}, max_messages=d["max_messages"],
-                                        default_ttl=d["default_ttl"], message_count=d["message_count"]))  # fmt: skip
+        out.append(_descriptor(d))
     return out
+
+
+def _descriptor(d: dict[str, Any]) -> pb.ChannelDescriptor:
+    return pb.ChannelDescriptor(
+        name=d["name"],
+        scope=d["scope"],
+        semantic=d["semantic"],
+        publisher=d["publisher"] or "",
+        period=d["period"] or "",
+        description=d["description"] or "",
+        source=d["source"] or "",
+        newest_visible_at=d["newest_visible_at"] or "",
+        max_messages=d["max_messages"],
+        default_ttl=d["default_ttl"],
+        message_count=d["message_count"],
+    )
 
 
 def _broadcast(principal: Principal, request: pb.BroadcastChannelsRequest) -> dict[str, Any]:
@@ -143,13 +157,14 @@ class ChannelRpcs:
         cursor, limit = check_cursor(request.from_cursor or None), _max(request.max_messages)
         read = db_call(services.subscribe)
 
-        async def attempt(final: bool) -> tuple[bool, Any]:
+        async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
             got = await read(stream=stream, from_cursor=cursor, max_messages=limit)
-            return bool(got.messages), got
+            return bool(got.messages), presenters.read_result(got)
 
-        got = await long_poll([bell(stream.tenant_id, stream.channel)], access.capped_wait_ms(request.wait_ms), attempt)
+        wait_ms = access.capped_wait_ms(request.wait_ms)
+        out = await long_poll([bell(stream.tenant_id, stream.channel)], wait_ms, attempt)
         return pb.SubscribeChannelResponse(
-            channel=stream.channel, messages=_messages(got.messages), next_cursor=got.next_cursor or ""
+            channel=out["channel"], messages=_messages(out["messages"]), next_cursor=out["next_cursor"] or ""
         )
 
     @unary(_route("peek", "GET"))
@@ -180,13 +195,12 @@ class ChannelRpcs:
         streams = await db_call(_await_streams)(principal, request)
         read = db_call(selectors.await_read)
 
-        async def attempt(final: bool) -> tuple[bool, Any]:
+        async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
             got = await read(streams=streams, spec=spec, timed_out=final)
-            return got.satisfied, got
+            return got.satisfied, presenters.await_result(got)
 
         bells = [bell(s.tenant_id, s.channel) for s, _ in streams]
-        got = await long_poll(bells, access.capped_wait_ms(request.wait_ms), attempt)
-        out = presenters.await_result(got)
+        out = await long_poll(bells, access.capped_wait_ms(request.wait_ms), attempt)
         results = {
             name: pb.AwaitChannelEntry(messages=_messages(r["messages"]), next_cursor=r["next_cursor"] or "")
             for name, r in out["results"].items()

@@ -1,4 +1,5 @@
-"""Run-control RPCs beside Run: CancelTurn (POST /v1/runs/{id}/cancel), ResolveInterrupt
+"""Run-control RPCs beside Run: SpawnRunBatch (POST /v1/runs:batch, join or detach: the route's
+own answer, apps.runs.api.batch.batch_answer), CancelTurn (POST /v1/runs/{id}/cancel), ResolveInterrupt
 (POST /v1/runs/{id}/interrupts/{id}/resolve), CompactRun (POST /v1/runs/{id}/compact) and
 ReplaySession (POST /v1/sessions/{id}/replay), each through its route's schema and service.
 
@@ -12,8 +13,11 @@ from typing import Any
 
 from apps.core.http import db_call
 from apps.core.types import Principal
+from apps.grpcapi import convert
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.rpc import ident, only_fields, parsed, unary
+from apps.runs.api.batch import batch_answer
+from apps.runs.children.schemas import BatchIn
 from apps.runs.compaction.services import run_compact
 from apps.runs.engine import turncancel
 from apps.runs.interrupts import services as interrupts
@@ -35,7 +39,27 @@ def _resolve(principal: Principal, run_id: str, interrupt_id: str, data: Interru
     )
 
 
+def _spawn_result(entry: dict[str, Any]) -> pb.SpawnResult:
+    return pb.SpawnResult(
+        agent_id=entry["agent_id"],
+        run_id=entry["run_id"],
+        session_id=entry["session_id"],
+        status=entry["status"],
+        stop_reason=entry.get("stop_reason") or "",
+        final_text=entry.get("final_text") or "",
+        usage=convert.usage(entry.get("usage") or {}),
+        error=entry.get("error") or "",
+    )
+
+
 class ControlRpcs:
+    @unary(("POST", "/v1/runs:batch"))
+    async def SpawnRunBatch(self, request: pb.BatchSpawnRequest, principal: Principal) -> pb.BatchSpawnResult:
+        body: dict[str, Any] = {"spawns": [convert.run_body(s) for s in request.spawns]}
+        body |= {k: v for k, v in (("mode", request.mode), ("timeout_ms", request.timeout_ms)) if v}
+        out = await batch_answer(principal, parsed(BatchIn, body))
+        return pb.BatchSpawnResult(results=[_spawn_result(e) for e in out["results"]], spawned=out["spawned"])
+
     @unary(("POST", "/v1/runs/x/cancel"))
     async def CancelTurn(self, request: pb.CancelTurnRequest, principal: Principal) -> pb.CancelTurnResponse:
         run_id = ident(request.run_id, "run_id")

@@ -124,7 +124,7 @@ def agent(run: Run) -> pb.Agent:
     )
 
 
-def _usage(usage: dict[str, Any]) -> pb.Usage:
+def usage(usage: dict[str, Any]) -> pb.Usage:
     au = _agent_usage(usage)
     return pb.Usage(
         input_tokens=au.input_tokens,
@@ -179,7 +179,7 @@ def event(frame: Frame) -> pb.Event:
     if isinstance(data.get("tool_use"), dict):
         out.tool_use.CopyFrom(_tool_use(data["tool_use"]))
     if isinstance(data.get("usage"), dict) and data["usage"]:
-        out.usage.CopyFrom(_usage(data["usage"]))
+        out.usage.CopyFrom(usage(data["usage"]))
     for name, cls in _SUBMESSAGES.items():
         if isinstance(data.get(name), dict):
             getattr(out, name).CopyFrom(_sub(cls, data[name]))

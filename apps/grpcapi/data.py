@@ -44,7 +44,7 @@ def _scope_id(principal: Principal, data: dict[str, Any]) -> str:
 
 
 def _set(principal: Principal, scope: str, scope_id: str, data: dict[str, Any]) -> dict[str, Any]:
-    fields = {k: data[k] for k in ("value", "embed", "embed_text") if k in data}
+    fields: dict[str, Any] = {k: data[k] for k in ("value", "embed", "embed_text") if k in data}
     ttl = data.get("ttl_seconds", data.get("ttl"))
     if ttl is not None:
         fields["ttl_seconds"] = ttl
@@ -63,7 +63,7 @@ def _dispatch(principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
         return {"scope": scope, "key": key, "deleted": True}
     if op == "list":
         return keyops.keys_list(principal, scope, scope_id, str(data.get("prefix") or ""), str(data.get("limit", 200)))
-    search = {k: data[k] for k in ("query", "top_k", "rank", "dedup") if k in data}
+    search: dict[str, Any] = {k: data[k] for k in ("query", "top_k", "rank", "dedup") if k in data}
     return keyops.search(principal, parsed(keyops.MemorySearchIn, {**search, "scope": scope, "scope_id": scope_id}))
 
 

@@ -52,7 +52,6 @@ UNSERVED: dict[str, str] = {
     "PeekTeamChannel": ABSENT + " (teams)",
     "ReleaseTeamChannel": ABSENT + " (teams)",
     # Capabilities this runtime has over HTTP, not yet over gRPC.
-    "SpawnRunBatch": NOT_YET + " (POST /v1/runs:batch)",
     "VolumeDef": NOT_YET + " (POST /v1/_volumedef)",
 }
 

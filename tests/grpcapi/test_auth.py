@@ -76,6 +76,9 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
     "AckChannel": lambda i: pb.AckChannelRequest(channel=i["channel"], cursor="cur_0"),
     "AwaitChannels": lambda i: pb.AwaitChannelsRequest(channels=[i["channel"]]),
     "BroadcastChannels": lambda i: pb.BroadcastChannelsRequest(channels=[i["channel"]], payload=b"1"),
+    "SpawnRunBatch": lambda i: pb.BatchSpawnRequest(
+        spawns=[pb.RunRequest(agent="echo", session_id=i["session_id"], segments=segs("probe"))], mode="detach"
+    ),
     "CancelTurn": lambda i: pb.CancelTurnRequest(run_id=i["run_id"]),
     "CompactRun": lambda i: pb.CompactRunRequest(run_id=i["run_id"]),
     "ReplaySession": lambda i: pb.ReplaySessionRequest(session_id=i["session_id"]),
@@ -93,6 +96,8 @@ ADMIN_ONLY |= {"CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot
 # Answers that name no resource: a list that must come back empty (nothing of acme's), and Health.
 EMPTY_LISTS = {"ListUserAgents", "ListChannels"}
 OPEN = {"Health"}
+# Creates in the caller's own tenant and names no resource (a batch child never joins a session).
+CREATES = {"SpawnRunBatch"}
 
 
 def call(stub: pb_grpc.LoomcycleStub, name: str, request: Any, token: str | None) -> tuple[SC, str, Any]:
@@ -160,7 +165,13 @@ def test_another_tenants_resources_are_missing_ones_on_every_rpc(
             problems.append(f"{name}: acme's data in the answer {ours}")
         if ours[0] != missing[0]:
             problems.append(f"{name}: acme's answer {ours[0]} differs from a missing one's {missing[0]}")
-        expected = SC.PERMISSION_DENIED if name in ADMIN_ONLY else SC.OK if name in EMPTY_LISTS | OPEN else SC.NOT_FOUND
+        expected = (
+            SC.PERMISSION_DENIED
+            if name in ADMIN_ONLY
+            else SC.OK
+            if name in EMPTY_LISTS | OPEN | CREATES
+            else SC.NOT_FOUND
+        )
         if ours[0] != expected:
             problems.append(f"{name}: {ours[0]} ({ours[1]}), expected {expected}")
         listed = [] if ours[2] is None else getattr(ours[2], "agents", None) or getattr(ours[2], "channels", [])

@@ -141,6 +141,22 @@ def test_channels_publish_peek_subscribe_ack_await_broadcast(grpc_target: str) -
     asyncio.run(main())
 
 
+def test_spawn_run_batch_join_and_detach(grpc_target: str) -> None:
+    async def main() -> None:
+        async with LoomcycleClient(target=grpc_target) as client:
+            joined = await client.spawn_run_batch(
+                [{"agent": "echo", "segments": hi("a")}, {"agent": "echo", "segments": hi("b")}]
+            )
+            assert joined["spawned"] == 2 and [r["status"] for r in joined["results"]] == ["completed", "completed"]
+            assert [r["final_text"] for r in joined["results"]] == ["ok", "ok"]
+            detached = await client.spawn_run_batch([{"agent": "echo", "segments": hi("c")}], mode="detach")
+            assert detached["spawned"] == 1 and detached["results"][0]["run_id"].startswith("r_")
+            with pytest.raises(lc.InvalidArgumentError):
+                await client.spawn_run_batch([{"agent": "echo", "segments": hi("d")}], mode="sideways")
+
+    asyncio.run(main())
+
+
 def test_pause_refuses_runs_until_resume(grpc_target: str) -> None:
     async def main() -> None:
         async with LoomcycleClient(target=grpc_target) as client:

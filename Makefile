@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: proto run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity soak chaos doctor venv clean
+.PHONY: proto run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
 
 # The gRPC stubs (apps/grpcapi, docs/grpc.md): generated from the project's .proto by grpcio-tools'
 # protoc, never committed (.gitignore); every target that runs code depends on them.
@@ -74,6 +74,10 @@ bench-schedules: $(STAMP)
 
 bench-interrupts: $(STAMP)
 	$(PY) bench/interrupts.py
+
+# gRPC against HTTP on the stack `make run` starts: a unary read and time to first event (bench/grpc_vs_http.py).
+bench-grpc: $(STAMP) $(PROTO_GEN)
+	$(PY) bench/grpc_vs_http.py
 
 bench-fanout: $(STAMP)
 	$(PY) bench/fanout.py

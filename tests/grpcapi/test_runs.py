@@ -124,3 +124,17 @@ def test_bad_input_is_a_status_not_a_crash(stub: pb_grpc.LoomcycleStub) -> None:
         assert info.value.code() == code, (info.value.code(), info.value.details())
         assert text.lower() in info.value.details().lower()
     assert stub.Health(pb.HealthRequest(), timeout=10).ok  # the server went on
+
+
+def test_a_request_field_the_runtime_does_not_act_on_is_announced_on_the_stream(stub: pb_grpc.LoomcycleStub) -> None:
+    """Every field set on RunRequest reaches POST /v1/runs's schema: one it does not act on is
+    announced as loomcycle announces it (`capability_inert`), never dropped in the transport."""
+    request = pb.RunRequest(agent="echo", segments=user_text("hi"), web_search_filter="drop")
+    events = list(stub.Run(request, timeout=60))
+    assert events[-1].type == "done"
+    # Recorded with the run's first events, before the live stream's start (as over SSE): a replay shows it.
+    run_id = json.loads(events[1].error)["run_id"]
+    replay = list(stub.StreamRun(pb.StreamRunRequest(run_id=run_id, from_seq=0), timeout=30))
+    inert = [e.capability_inert for e in replay if e.type == "capability_inert"]
+    assert [i.gate for i in inert] == ["web_search_filter"] and inert[0].tool == "WebSearch"
+    assert "not acted on" in inert[0].message

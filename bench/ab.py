@@ -11,7 +11,15 @@ medians of 3 rounds, and by up to 10 % in single rounds.
     BENCH_AB="default:2:600;fewer:4:300;knob:2:600:LOOMCYCLE_X=1" .venv/bin/python bench/ab.py
 
 Each configuration is name:worker_processes:threads[:ENV=value,ENV=value],
-the environment applying to its workers only. Every process is stopped.
+the environment applying to its workers only. `BENCH_CODE=<checkout>` among
+them runs that configuration's workers on another checkout's code (the same
+database schema), so one spell compares two versions of the engine:
+
+    BENCH_AB="before:2:600:BENCH_CODE=/tmp/before;after:2:600" .venv/bin/python bench/ab.py
+
+Besides iterations/s, each configuration's medians of CPU milliseconds per
+iteration (workers, Postgres) and commits per iteration are printed. Every
+process is stopped.
 """
 
 from __future__ import annotations
@@ -41,10 +49,12 @@ def main() -> None:
     loop.call_command("migrate", interactive=False, verbosity=0)
     loop.load_yaml_config()
     results: dict[str, list[float]] = {name: [] for name, *_ in cfgs}
+    costs: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in cfgs}
     for rnd in range(rounds):
         for name, workers, threads, extra in cfgs:
             loop.sql(loop.TRUNCATE_RUNS)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+            code = Path(env.pop("BENCH_CODE", stack.ROOT))
             procs = stack.start_workers(
                 loop.app,
                 argv_app=["-A", "workers.celery:app"],
@@ -54,12 +64,14 @@ def main() -> None:
                 count=workers,
                 concurrency=threads,
                 logdir=loop.DATA,
+                cwd=code,
             )
             try:
                 r = loop.engine_phase(procs)
             finally:
                 stack.stop_all(procs)
             results[name].append(r["iterations_per_s"])
+            costs[name].append({k: v for k, v in r.items() if k.startswith("cpu_ms_") or k.startswith("commits")})
             print(
                 f"round {rnd} {name}: {r['iterations_per_s']:.0f} iterations/s, overhead p50 "
                 f"{r['p50_overhead_ms']:.1f} ms p99 {r['p99_overhead_ms']:.1f} ms; admission wait p50 "
@@ -68,6 +80,8 @@ def main() -> None:
             )
     for name, values in results.items():
         print(f"{name}: median {statistics.median(values):.0f} iterations/s {[round(v) for v in values]}")
+        medians = {k: statistics.median(c[k] for c in costs[name]) for k in costs[name][0]}
+        print(f"{name}: median per iteration " + ", ".join(f"{k} {v:.2f}" for k, v in medians.items()))
 
 
 if __name__ == "__main__":

@@ -80,27 +80,16 @@ CANCEL_CONCURRENCY = int(os.environ.get("CAPACITY_CANCEL_CONCURRENCY", "600"))
 CANCEL_CLIENTS = int(os.environ.get("CAPACITY_CANCEL_CLIENTS", "8"))
 BENCH_APP = "capacity-bench"  # libpq application_name of the bench's own connections
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "loomcycle.yaml") + ":" + str(ROOT / "bench" / "capacity.yaml"),
-    LOOMCYCLE_MOCK_LATENCY_MS="0",
-    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
-    LOOMCYCLE_LOG_LEVEL="WARNING",
+from bench import stack  # noqa: E402
+
+SERVICES = stack.boot(
+    DATA,
+    stack.ROOT / "loomcycle.yaml",
+    stack.BENCH / "capacity.yaml",
     LOOMCYCLE_FLOWER_ENABLED="0",
     LOOMCYCLE_LISTEN_ADDR=f"127.0.0.1:{PORT}",
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
     PGAPPNAME=BENCH_APP,
 )
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
 import psycopg  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.models import Count, Max  # noqa: E402

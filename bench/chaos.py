@@ -49,12 +49,12 @@ WORKERS = int(os.environ.get("CHAOS_WORKERS", "4"))
 WEBS = int(os.environ.get("CHAOS_WEBS", "2"))
 DEADLINE_S = float(os.environ.get("CHAOS_DEADLINE_S", "2400"))
 
-os.environ.update(
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "chaos.yaml"),
-    LOOMCYCLE_LOG_LEVEL="WARNING",
-    LOOMCYCLE_MOCK_LATENCY_MS="0",
-    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
+from bench import stack  # noqa: E402
+
+SERVICES = stack.boot(
+    DATA,
+    stack.BENCH / "chaos.yaml",
+    load=False,
     # Engine timings short enough that a killed worker's runs resume within seconds (as the tests run).
     LOOMCYCLE_LEASE_SECONDS="5",
     LOOMCYCLE_HEARTBEAT_SECONDS="1",
@@ -67,16 +67,7 @@ os.environ.update(
     LOOMCYCLE_MAX_CONCURRENT_RUNS="48",
     LOOMCYCLE_MAX_QUEUE_DEPTH="10000",
     LOOMCYCLE_FLOWER_ENABLED="0",
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
 )
-
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402

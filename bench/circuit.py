@@ -47,31 +47,18 @@ CIRCUITS_PER_USER = 10
 ROLES = ("researcher", "editor", "evaluator")
 TIMINGS_KEY = "lc:bench:circuit-timings"
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
+from bench import stack  # noqa: E402
+
+SERVICES = stack.boot(
+    DATA,
+    stack.BENCH / "circuit.yaml",
     LOOMCYCLE_ENGINE_TIMINGS_KEY=TIMINGS_KEY,
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "circuit.yaml"),
-    LOOMCYCLE_MOCK_LATENCY_MS="0",
-    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
     LOOMCYCLE_CHANNELS_LONGPOLL_CAP_MS="120000",  # as loomcycle's circuit load test runs
-    LOOMCYCLE_LOG_LEVEL="WARNING",
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
 )
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.models import Count, Max, Min  # noqa: E402
 
-from apps.channels import services as channels  # noqa: E402
 from apps.core.redis import sync_client  # noqa: E402
 from apps.core.types import Principal  # noqa: E402
 from apps.evaluations.models import Evaluation  # noqa: E402
@@ -79,6 +66,7 @@ from apps.memory.models import MemoryEntry  # noqa: E402
 from apps.runs import services  # noqa: E402
 from apps.runs.models import TERMINAL, Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
+from apps.substrate import channeldefs  # noqa: E402
 from bench import stack  # noqa: E402
 from loomcycle_project.bootstrap import load_yaml_config  # noqa: E402
 from workers.celery import app  # noqa: E402
@@ -91,10 +79,10 @@ def _user(n: int) -> str:
 
 
 def declare(circuits: list[int]) -> None:
-    spec = channels.ChannelSpec(scope="global", default_ttl=600, max_messages=1000)
+    spec = channeldefs.ChannelSpec(scope="global", default_ttl=600, max_messages=1000)
     for n in circuits:
         for name in (f"research-done/c{n}", f"editing-done/c{n}"):
-            channels.channel_create(tenant_id="", name=name, spec=spec)
+            channeldefs.channeldef_create(tenant_id="", name=name, spec=spec)
 
 
 def start_circuit(n: int) -> tuple[int, list[str]]:

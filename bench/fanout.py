@@ -37,24 +37,9 @@ LATENCY_MS = int(os.environ.get("BENCH_FANOUT_LATENCY_MS", "1000"))
 WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "64"))  # 32 parents x 4 children: 128 in flight
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
-    LOOMCYCLE_MOCK_LATENCY_MS="0",
-    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
-    LOOMCYCLE_LOG_LEVEL="WARNING",
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
-)
-from loomcycle_project.embedded import ensure_services  # noqa: E402
+from bench import stack  # noqa: E402
 
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
+SERVICES = stack.boot(DATA, stack.BENCH / "agents.yaml")
 from django.core.management import call_command  # noqa: E402
 
 from apps.core.types import Principal  # noqa: E402

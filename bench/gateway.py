@@ -39,6 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import stack  # noqa: E402
+
 DATA = ROOT / ".loomcycle" / "bench-gateway"
 REQUESTS = int(os.environ.get("BENCH_GW_REQUESTS", "3000"))
 WARMUP = int(os.environ.get("BENCH_GW_WARMUP", "500"))
@@ -193,13 +195,15 @@ def spawn(argv: list[str], env: dict[str, str], log: str, fds: tuple[int, ...] =
     )
 
 
-def setup_database() -> None:
-    from loomcycle_project.embedded import ensure_services
-
-    ensure_services(DATA)  # fills DATABASE_URL / REDIS_URL; stopped at exit
-    import django
-
-    django.setup()
+def setup_database(config: Path) -> None:
+    """The bench's start-up (bench/stack.py: embedded services, stopped at exit; Django), migrated."""
+    # A load run: the shipped per-tenant cap (256 calls at once, docs/configuration.md) would refuse some of it.
+    stack.boot(
+        DATA,
+        config,
+        instant_mock=False,
+        DJANGO_SETTINGS_MODULE=os.environ.get("BENCH_GW_SETTINGS", "loomcycle_project.settings"),
+    )
     from django.core.management import call_command
     from django.db import connection
 
@@ -252,16 +256,7 @@ def main() -> None:
     config = Path(tempfile.mkdtemp(prefix="lc-bench-gw-")) / "gateway.yaml"
     provider = {"driver": "openai", "dialect": "compat", "base_url": f"http://127.0.0.1:{up_port}/v1"}
     config.write_text(json.dumps({"providers": {"fake": provider}}))  # JSON is YAML
-    os.environ.update(
-        # A load run: the shipped per-tenant cap (256 calls at once, docs/configuration.md) would refuse some of it.
-        LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-        LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
-        LOOMCYCLE_DATA_DIR=str(DATA),
-        LOOMCYCLE_CONFIG_FILES=str(config),
-        LOOMCYCLE_LOG_LEVEL="WARNING",
-        DJANGO_SETTINGS_MODULE=os.environ.get("BENCH_GW_SETTINGS", "loomcycle_project.settings"),
-    )
-    setup_database()
+    setup_database(config)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     import psutil
 

@@ -28,23 +28,9 @@ DATA = ROOT / ".loomcycle" / "bench-kill"
 RUNS = int(os.environ.get("BENCH_RUNS", "300"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "64"))
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
-    LOOMCYCLE_LOG_LEVEL="WARNING",
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
-)
+from bench import stack  # noqa: E402
 
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
+SERVICES = stack.boot(DATA, stack.BENCH / "agents.yaml", instant_mock=False)
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402

@@ -42,25 +42,14 @@ PARKED = int(os.environ.get("BENCH_PARKED", "1000"))
 WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "600"))
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
+from bench import stack  # noqa: E402
+
+SERVICES = stack.boot(
+    DATA,
+    stack.BENCH / "agents.yaml",
     LOOMCYCLE_ENGINE_TIMINGS_KEY=TIMINGS_KEY,
-    LOOMCYCLE_MOCK_LATENCY_MS="0",
-    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
-    LOOMCYCLE_LOG_LEVEL="WARNING",
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
 )
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
+import django.db.models  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
@@ -157,6 +146,7 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
         "p99_admission_ms": pct(admission, 0.99),
         "samples": len(samples),
         "commits_per_iteration": commits,
+        **{f"cpu_ms_{k}": v for k, v in cpu.items()},  # per iteration, by process group
     }
 
 

@@ -33,28 +33,16 @@ LEAD_S = 20.0  # the slot is at least this far ahead once the definitions are wr
 CREATE_S = 0.05  # a generous time to write one definition (8 at a time), to place the slot after them
 PREFIX = "bench-sched-"
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
+from bench import stack  # noqa: E402
+
+SERVICES = stack.boot(
+    DATA,
+    stack.BENCH / "agents.yaml",
     LOOMCYCLE_TENANT_MAX_SCHEDULES=str(N),  # BENCH_SCHEDULES definitions in one tenant
     LOOMCYCLE_TENANT_MAX_DEFINITIONS=str(N),
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_CONFIG_FILES=str(ROOT / "bench" / "agents.yaml"),
-    LOOMCYCLE_MOCK_LATENCY_MS="0",
-    LOOMCYCLE_MOCK_LATENCY_JITTER_MS="0",
-    LOOMCYCLE_LOG_LEVEL="WARNING",
     LOOMCYCLE_SCHEDULER_ENABLED="1",
     LOOMCYCLE_SCHEDULER_TICK_SECONDS=str(TICK),
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
 )
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-SERVICES = ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 

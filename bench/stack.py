@@ -1,6 +1,6 @@
-"""Process helpers shared by the benchmarks: Celery workers and beat as child
-processes (stopped by the caller, bounded waits), RSS and CPU of process
-trees, percentiles."""
+"""What the benchmarks share: their start-up (`boot`: environment, embedded Postgres and
+Redis, Django), Celery workers and beat as child processes (stopped by the caller, bounded
+waits), RSS and CPU of process trees, percentiles."""
 
 from __future__ import annotations
 
@@ -9,11 +9,42 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
+if TYPE_CHECKING:
+    from loomcycle_project.embedded import EmbeddedServices
+
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+# A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
+NO_RUN_CAPS = {"LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER": "0", "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT": "0"}
+INSTANT_MOCK = {"LOOMCYCLE_MOCK_LATENCY_MS": "0", "LOOMCYCLE_MOCK_LATENCY_JITTER_MS": "0"}
+
+
+def boot(data: Path, *configs: Path, load: bool = True, instant_mock: bool = True, **env: str) -> EmbeddedServices:
+    """The start-up every bench script shares, before it imports anything of the runtime: the
+    environment (its data dir, its yaml files, WARNING logs, the settings module; with `load`
+    the run caps off (NO_RUN_CAPS), with `instant_mock` a mock provider without latency; then
+    `env`, which wins), the embedded Postgres and Redis under `data` (stopped at exit), and
+    Django set up. Returns the embedded services."""
+    values = {
+        "LOOMCYCLE_DATA_DIR": str(data),
+        "LOOMCYCLE_LOG_LEVEL": "WARNING",
+        "DJANGO_SETTINGS_MODULE": "loomcycle_project.settings",
+        **({"LOOMCYCLE_CONFIG_FILES": ":".join(str(c) for c in configs)} if configs else {}),
+        **(NO_RUN_CAPS if load else {}),
+        **(INSTANT_MOCK if instant_mock else {}),
+    }
+    os.environ.update({**values, **env})
+    from loomcycle_project.embedded import ensure_services
+
+    services = ensure_services(data)
+    import django
+
+    django.setup()
+    return services
 
 
 def start_workers(

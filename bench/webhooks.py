@@ -49,24 +49,15 @@ WEB_PROCESSES = int(os.environ.get("BENCH_WH_WEB_PROCESSES", "1"))
 SECRET = "bench-webhook-secret"
 HOOK = "bench"
 
-os.environ.update(
-    # A load run: the shipped per-user/per-tenant run caps (64/256, docs/configuration.md) would refuse most of it.
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER="0",
-    LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_TENANT="0",
-    LOOMCYCLE_DATA_DIR=str(DATA),
-    LOOMCYCLE_LOG_LEVEL="WARNING",
+from bench import stack  # noqa: E402
+
+stack.boot(
+    DATA,
+    instant_mock=False,
     LOOMCYCLE_WEBHOOKS_ENABLED="1",
     LOOMCYCLE_BENCH_WEBHOOK_SECRET=SECRET,
-    DJANGO_SETTINGS_MODULE="loomcycle_project.settings",
 )
 from bench.stack import host_steal_pct, pct, stop_all  # noqa: E402
-from loomcycle_project.embedded import ensure_services  # noqa: E402
-
-ensure_services(DATA)
-
-import django  # noqa: E402
-
-django.setup()
 
 
 def setup() -> None:

@@ -117,6 +117,10 @@ CONFIG_DIR: str = env.str("LOOMCYCLE_CONFIG_DIR", default="").strip()
 # A value set by one layer and changed by a later one is an error (config_conflict), not a log line.
 CONFIG_STRICT: bool = env.bool("LOOMCYCLE_CONFIG_STRICT", default=False)
 MAX_REQUEST_BYTES: int = env.int("LOOMCYCLE_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
+# An `image` prompt block: its decoded size cap (Anthropic's own per-image limit), and how long
+# fetching one given by URL may take (apps.gateway.images).
+MAX_IMAGE_BYTES: int = env.int("LOOMCYCLE_MAX_IMAGE_BYTES", default=5 * 1024 * 1024)
+IMAGE_FETCH_TIMEOUT_MS: int = env.int("LOOMCYCLE_IMAGE_FETCH_TIMEOUT_MS", default=10_000)
 SSE_KEEPALIVE_MS: int = env.int("LOOMCYCLE_SSE_KEEPALIVE_MS", default=20_000)
 TOOL_PARALLELISM: int = env.int("LOOMCYCLE_TOOL_PARALLELISM", default=8)
 # Operator floor of enabled tools ("*" = every registered tool).
@@ -530,6 +534,8 @@ class RuntimeSettings:
     auth_token: str | None
     config_files: tuple[str, ...]
     max_request_bytes: int
+    max_image_bytes: int
+    image_fetch_timeout_ms: int
     sse_keepalive_ms: int
     tool_parallelism: int
     tools_enabled: tuple[str, ...]

@@ -20,6 +20,11 @@ Invariants:
   exporters get our spans;
 - at most once per process (`setup` is idempotent per pid, so a forked child
   sets itself up again, as Celery's prefork children must).
+
+Celery's processes are set up from their signals (`connect_celery`, at the project's
+AppConfig.ready(), so workers/ imports nothing of this module): in the process that runs tasks,
+which is each prefork child (`worker_process_init`, as the Celery instrumentation asks) or
+the worker itself for the threads and solo pools, which send no such signal per child; and in beat.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
+from celery import concurrency
+from celery.concurrency.prefork import TaskPool as PreforkPool
+from celery.signals import beat_init, worker_init, worker_process_init
 from django.conf import settings
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -96,3 +105,23 @@ def _instrument(kind: str) -> None:
     CeleryInstrumentor().instrument()  # type: ignore[no-untyped-call]
     if kind == "web":
         DjangoInstrumentor().instrument()
+
+
+def connect_celery() -> None:
+    """Set tracing up in Celery's processes from their signals (idempotent: ready() may run twice)."""
+    worker_init.connect(_on_worker_init, weak=False, dispatch_uid="telemetry.worker_init")
+    worker_process_init.connect(_on_worker_process_init, weak=False, dispatch_uid="telemetry.worker_process_init")
+    beat_init.connect(_on_beat_init, weak=False, dispatch_uid="telemetry.beat_init")
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    if not issubclass(concurrency.get_implementation(getattr(sender, "pool_cls", "prefork")), PreforkPool):
+        setup("worker")  # threads/solo: tasks run in this process (prefork: in each child, below)
+
+
+def _on_worker_process_init(sender: Any = None, **_: Any) -> None:
+    setup("worker")  # once per process: the solo pool sends this after worker_init
+
+
+def _on_beat_init(sender: Any = None, **_: Any) -> None:
+    setup("beat")

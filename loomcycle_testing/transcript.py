@@ -27,7 +27,6 @@ _UNTRUSTED_KINDS = frozenset(
         "tool_output",
         "search_result",
         "run_metadata",
-        "webhook_payload",
     }
 )
 
@@ -42,7 +41,8 @@ def _segment_text(segment: dict[str, Any]) -> str:
 
 def _user_text(payload: dict[str, Any]) -> str:
     segments = [s for s in payload.get("segments", []) if isinstance(s, dict) and s.get("role", "user") == "user"]
-    return "\n\n".join(_segment_text(s) for s in segments)
+    # An image's bytes are not in the event (the runtime keeps them in its transcript): text only.
+    return "\n\n".join(_segment_text(s) for s in segments if s.get("type") != "image")
 
 
 def _block(kind: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:

@@ -27,6 +27,9 @@ from apps.substrate import auth_cache, tokens
 from tests import procs
 from tests.yaml_rows import yaml_rows_load
 
+# The shapes test modules share (tests/factories/) assert too: their failures read as a test's do.
+pytest.register_assert_rewrite("tests.factories")
+
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
 
 

@@ -47,11 +47,12 @@ def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.value
 
 
-def _run_manager(node: ast.expr) -> str | None:
-    """The run model whose `.objects` a chained call starts from (`Run.objects.filter(...)...`), if any."""
+def _run_manager(node: ast.expr, models: frozenset[str] = RUN_MODELS) -> str | None:
+    """The run model (or one of `models`) whose `.objects` a chained call starts from
+    (`Run.objects.filter(...)...`), if any."""
     while True:
         if isinstance(node, ast.Attribute):
-            if node.attr == "objects" and isinstance(node.value, ast.Name) and node.value.id in RUN_MODELS:
+            if node.attr == "objects" and isinstance(node.value, ast.Name) and node.value.id in models:
                 return node.value.id
             node = node.value
         elif isinstance(node, ast.Call):
@@ -117,3 +118,70 @@ cur.execute("insert into runs_runevent (run_id) values (%s)", [r])
         run_state_violations('Run.objects.filter(id=r).first()\n"maintenance.runs_admission_sweep"', inside_runs=True)
         == []
     )
+
+
+# --- One owner of channel declarations (issue 34): ChannelDef rows are substrate's, written only
+# by apps/substrate (channeldefs.py for the runtime ones, config.py for yaml); apps/channels reads.
+
+CHANNEL_DEF_SQL = re.compile(
+    r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+substrate_channeldef\b", re.I
+)
+
+
+def channel_def_writes(source: str) -> list[str]:
+    """What in `source` writes ChannelDef rows: a manager write, a bulk insert handed the model, SQL."""
+    tree = ast.parse(source)
+    found = [f"{n}: SQL writes substrate_channeldef" for n, s in _strings(tree) if CHANNEL_DEF_SQL.search(s)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in WRITE_METHODS:
+            if _run_manager(node.value, frozenset({"ChannelDef"})) is not None:
+                found.append(f"{node.lineno}: ChannelDef.objects ... .{node.attr}(")
+        elif isinstance(node, ast.Call) and "insert" in ast.unparse(node.func):
+            if any(isinstance(a, ast.Name) and a.id == "ChannelDef" for a in node.args):
+                found.append(f"{node.lineno}: ChannelDef rows inserted")
+    return found
+
+
+def test_only_substrate_writes_channel_declarations() -> None:
+    offences = []
+    for path in _modules():
+        name = path.relative_to(ROOT).as_posix()
+        if not name.startswith("apps/substrate/"):
+            offences += [f"{name}:{line}" for line in channel_def_writes(path.read_text())]
+    assert offences == []
+
+
+def test_the_channel_declaration_check_sees_each_kind_of_write() -> None:
+    source = """
+ChannelDef.objects.create(tenant_id="", name="x")
+ChannelDef.objects.filter(name="x").delete()
+rows_insert_or_ignore(ChannelDef, rows)
+cur.execute("DELETE FROM substrate_channeldef WHERE name = %s", [n])
+ChannelDef.objects.filter(name="x").first()
+"""
+    assert sorted(v.split(":")[0] for v in channel_def_writes(source)) == ["2", "3", "4", "5"]
+
+
+# --- Shared shapes have one home (issue 34): test modules share set-up through tests/factories/
+# and conftest fixtures, never by importing each other; bench scripts start through bench/stack.
+
+
+TEST_MODULE_IMPORT = re.compile(
+    r"^\s*(?:from\s+tests(?:\.\w+)*\.test_\w+\s+import|import\s+tests(?:\.\w+)*\.test_\w+)", re.M
+)
+
+
+def test_no_test_module_imports_another() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)}:{source[: m.start()].count(chr(10)) + 1}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for source in [path.read_text()]
+        for m in TEST_MODULE_IMPORT.finditer(source)
+    ]
+    assert offences == []
+
+
+def test_bench_scripts_start_through_bench_stack() -> None:
+    """Django is set up (after the environment and the embedded services) in bench/stack.boot only."""
+    scripts = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "stack.py")
+    assert [p.name for p in scripts if "django.setup()" in p.read_text()] == []

@@ -10,7 +10,8 @@ waited for the sweeper's grace (`LOOMCYCLE_REQUEUE_GRACE_SECONDS`, 120 s).
 So a worker records each doorbell it takes in its own hash,
 `lc:held:<worker id>` (one HSET when the message is delivered, no MULTI/EXEC),
 and the removal rides with the transport's deferred acks. The lease sweeper
-(`recover_dead`) pushes back onto their queues the doorbells of every worker
+(`recover_dead`, through workers/transport.py's `recover` when the broker is served by that
+transport) pushes back onto their queues the doorbells of every worker
 whose presence key has expired (workers/signals.py; its TTL is the lease), and
 drops that hash. A doorbell re-rung although its iteration had started or
 finished is a stale doorbell, which the claim turns into a no-op; a worker that
@@ -22,7 +23,7 @@ same window); the sweeper's grace still re-rings it.
 
 Only with the fast transport (LOOMCYCLE_FAST_TRANSPORT, the default). With
 kombu's stock transport a doorbell is in kombu's unacked hash like any task,
-`recover` finds no channel of ours and does nothing, and a killed worker's
+`transport.recover` finds no channel of ours and does nothing, and a killed worker's
 doorbells come back through the sweeper's grace (the run sat unleased) or,
 later, kombu's visibility timeout (a duplicate, a no-op at the claim).
 
@@ -111,19 +112,3 @@ def recover_dead(channel: Any, presence: Any) -> int:
         log.warning("worker %s is gone: %d doorbell(s) it held are back in their queues", worker, len(entries))
         total += len(entries)
     return total
-
-
-def recover() -> int:
-    """The sweeper's entry point: `recover_dead` over the broker, when it is
-    served by our transport (with any other transport, kombu's own bookkeeping
-    applies)."""
-    from celery import current_app
-
-    from apps.core.redis import sync_client
-    from workers.transport import Channel
-
-    with current_app.connection_for_write() as conn:
-        channel = conn.default_channel
-        if not isinstance(channel, Channel):
-            return 0
-        return recover_dead(channel, sync_client())

@@ -1,10 +1,11 @@
 """Worker presence: each worker process keeps a Redis key alive, for /healthz and for
 the sweeper, which re-rings the doorbells of a worker whose key expired (workers/held.py).
-Each worker process also makes itself non-dumpable (loomcycle_project.hardening), and stops the MCP
-sessions it opened (stdio server processes included) when it shuts down.
-Tracing is set up here too (loomcycle_project.telemetry): in the process that runs tasks,
-which is each prefork child (`worker_process_init`, as the Celery instrumentation asks) or
-the worker itself for the threads and solo pools, which send no such signal per child; and in beat."""
+Each worker process (and beat) also makes itself non-dumpable (loomcycle_project.hardening).
+
+Plumbing only: what the project and the apps do in a worker's life (tracing set-up,
+loomcycle_project.telemetry; stopping the MCP sessions at shutdown, apps.mcp) they connect
+to Celery's signals themselves, from their AppConfig.ready(), which Celery's Django fixup
+runs before it sends any of them."""
 
 from __future__ import annotations
 
@@ -14,20 +15,10 @@ import threading
 import time
 from typing import Any
 
-from celery import concurrency
-from celery.concurrency.prefork import TaskPool as PreforkPool
-from celery.signals import (
-    beat_init,
-    worker_init,
-    worker_process_init,
-    worker_process_shutdown,
-    worker_ready,
-    worker_shutdown,
-)
+from celery.signals import beat_init, worker_init, worker_process_init, worker_ready
 from django.conf import settings
 from redis import RedisError
 
-from loomcycle_project import telemetry
 from loomcycle_project.hardening import not_dumpable
 from workers.held import PRESENCE_PREFIX, WORKER_ID, presence_value
 
@@ -65,26 +56,13 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 @worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     not_dumpable()  # the main process: the threads pool runs tools here
-    if not issubclass(concurrency.get_implementation(getattr(sender, "pool_cls", "prefork")), PreforkPool):
-        telemetry.setup("worker")  # threads/solo: tasks run in this process (prefork: in each child, below)
 
 
 @worker_process_init.connect
 def _on_worker_process_init(sender: Any = None, **_: Any) -> None:
     not_dumpable()  # a prefork child (inherited already; set again in case a pool re-execs)
-    telemetry.setup("worker")  # once per process: the solo pool sends this after worker_init
 
 
 @beat_init.connect
 def _on_beat_init(sender: Any = None, **_: Any) -> None:
     not_dumpable()  # workers.celery did already; kept with the worker's for one place to read
-    telemetry.setup("beat")
-
-
-@worker_shutdown.connect
-@worker_process_shutdown.connect
-def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
-    """Stop this process's MCP sessions: its stdio servers exit with it, not after it."""
-    from apps.mcp.client.calls import shutdown
-
-    shutdown()

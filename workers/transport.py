@@ -234,6 +234,21 @@ class Transport(kombu_redis.Transport):
                 log.exception("could not settle %d acks; retrying", len(qos._pending_acks))
 
 
+def recover() -> int:
+    """The sweeper's entry point: `held.recover_dead` over the broker, when it is served by
+    this transport (with any other transport, kombu's own bookkeeping applies). It lives
+    here, not in workers/held.py, so that the imports run one way: transport -> held."""
+    from celery import current_app
+
+    from apps.core.redis import sync_client
+
+    with current_app.connection_for_write() as conn:
+        channel = conn.default_channel
+        if not isinstance(channel, Channel):
+            return 0
+        return held.recover_dead(channel, sync_client())
+
+
 class SocketTransport(Transport):
     """`Transport` for a Unix socket broker URL in its `socket:///path` form
     (settings.py turns `redis+socket://` into it): kombu passes the URL

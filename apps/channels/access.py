@@ -35,7 +35,7 @@ from apps.core.errors import Forbidden, Invalid
 from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.substrate.kinds import Refused
-from apps.substrate.kinds_admin.fields import check_channel_name, is_system_channel
+from apps.substrate.kinds.fields import check_channel_name, is_system_channel
 from apps.substrate.models import ChannelDef, ChannelScope, DefSource
 
 ADMIN = "_admin"  # published_by / published_by_user_id of operator publishes (SPEC 9.4)

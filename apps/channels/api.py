@@ -20,8 +20,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel
 
-from apps.channels import access, presenters, selectors, services
-from apps.channels.longpoll import long_poll
+from apps.channels import access, cursors, presenters, selectors, services
+from apps.channels.longpoll import long_poll, subscribe_waiting
 from apps.channels.schemas import (
     ChannelAckIn,
     ChannelAwaitIn,
@@ -36,6 +36,7 @@ from apps.core.errors import Invalid
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.numbers import parse_count
 from apps.core.types import Principal
+from apps.substrate import channeldefs
 from apps.substrate.models import ChannelDef
 
 router = Router(tags=["channels"])
@@ -83,16 +84,10 @@ def _publish(target: access.Target, body: ChannelPublishIn, by_user: str) -> dic
 
 
 async def _subscribe(stream: Stream, body: ChannelSubscribeIn) -> dict[str, Any]:
-    from_cursor = check_cursor(body.from_cursor)
-    limit = selectors.clamp_max(body.max_messages)
-    read = db_call(services.subscribe)
-
-    async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
-        got = await read(stream=stream, from_cursor=from_cursor, max_messages=limit)
-        return bool(got.messages), presenters.read_result(got)
-
-    wait_ms = access.capped_wait_ms(body.wait_ms)
-    return await long_poll([bell(stream.tenant_id, stream.channel)], wait_ms, attempt)
+    read = await subscribe_waiting(
+        stream=stream, from_cursor=body.from_cursor, max_messages=body.max_messages, wait_ms=body.wait_ms
+    )
+    return presenters.read_result(read)
 
 
 def _peek(stream: Stream, from_cursor: str | None, max_raw: str | None) -> dict[str, Any]:
@@ -127,7 +122,7 @@ def _list(principal: Principal) -> dict[str, Any]:
 
 def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
     name = access.runtime_channel_name(body.name)
-    spec = services.ChannelSpec(
+    spec = channeldefs.ChannelSpec(
         description=body.description,
         scope=body.scope,
         semantic=body.semantic,
@@ -136,12 +131,12 @@ def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
         publisher=body.publisher,
         period=body.period,
     )
-    row = services.channel_create(tenant_id=principal.tenant_id, name=name, spec=spec)
+    row = channeldefs.channeldef_create(tenant_id=principal.tenant_id, name=name, spec=spec)
     return _described(row, principal.tenant_id)
 
 
 def _update(principal: Principal, name: str, body: ChannelUpdateIn) -> dict[str, Any]:
-    row = services.channel_update(tenant_id=principal.tenant_id, name=name, changes=body.model_dump())
+    row = channeldefs.channeldef_update(tenant_id=principal.tenant_id, name=name, changes=body.model_dump())
     return _described(row, principal.tenant_id)
 
 
@@ -256,7 +251,7 @@ async def channel_subscribe(request: HttpRequest, name: str) -> JsonResponse:
 
 
 def _admin_ack(principal: Principal, name: str, cursor: Any) -> dict[str, Any]:
-    return services.ack(stream=access.admin_stream(principal, name)[0], cursor=cursor)
+    return cursors.ack(stream=access.admin_stream(principal, name)[0], cursor=cursor)
 
 
 @router.post(
@@ -390,7 +385,7 @@ async def user_channel_subscribe(request: HttpRequest, user_id: str, name: str) 
 
 
 def _user_ack(principal: Principal, user_id: str, name: str, cursor: Any) -> dict[str, Any]:
-    return services.ack(stream=access.user_stream(principal, user_id, name)[0], cursor=cursor)
+    return cursors.ack(stream=access.user_stream(principal, user_id, name)[0], cursor=cursor)
 
 
 @router.post(

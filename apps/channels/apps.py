@@ -12,7 +12,7 @@ class AgentChannelsConfig(AppConfig):
     def ready(self) -> None:
         from apps.channels import bridge
         from apps.channels.tools import CHANNEL_TOOL
-        from apps.runs import registry
+        from apps.core import toolregistry
 
-        registry.register(CHANNEL_TOOL)
+        toolregistry.register(CHANNEL_TOOL)
         bridge.connect()

@@ -1,4 +1,6 @@
-"""The channel app's error codes (each maps to one HTTP status through its base class)."""
+"""The channel app's error codes (each maps to one HTTP status through its base class). A
+declaration's own (channel_not_found, channel_yaml_immutable, channel_name_in_use) are
+apps.substrate.channeldefs', whose rows they are about."""
 
 from __future__ import annotations
 
@@ -7,10 +9,6 @@ from apps.core.errors import ApplicationError, Conflict, Forbidden, Invalid, Not
 
 class ChannelNotDeclared(NotFound):
     code = "channel_not_declared"
-
-
-class ChannelNotFound(NotFound):
-    code = "channel_not_found"
 
 
 class UnknownChannel(NotFound):
@@ -23,14 +21,6 @@ class ChannelCursorRegression(Conflict):
 
 class ChannelValueTooLarge(PayloadTooLarge):
     code = "channel_value_too_large"
-
-
-class ChannelYamlImmutable(Conflict):
-    code = "channel_yaml_immutable"
-
-
-class ChannelNameInUse(Conflict):
-    code = "channel_name_in_use"
 
 
 class NonSystemChannel(Forbidden):

@@ -1,4 +1,6 @@
-"""REST long-poll (`wait_ms`) over the channel doorbells.
+"""Long-poll (`wait_ms`) over the channel doorbells, for every async transport: REST, the MCP
+server and gRPC call `subscribe_waiting` (a subscribe that waits) rather than each writing
+the wait around `cursors.subscribe`; REST's fan-in await calls `long_poll` itself.
 
 The reader subscribes to the channels' doorbells (`streams.bell`) BEFORE its
 first read, then re-reads on every ring and at least every second (a
@@ -11,15 +13,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TypeVar
 
+from apps.channels import access, cursors, selectors
+from apps.channels.streams import Read, Stream, bell, check_cursor
+from apps.core.http import db_call
 from apps.core.pubsub import hub
 
 REPOLL_S = 1.0
-Attempt = Callable[[bool], Awaitable[tuple[bool, dict[str, Any]]]]
+T = TypeVar("T")
+Attempt = Callable[[bool], Awaitable[tuple[bool, T]]]
 
 
-async def long_poll(bells: list[str], wait_ms: int, attempt: Attempt) -> dict[str, Any]:
+async def subscribe_waiting(
+    *, stream: Stream, from_cursor: str | None, max_messages: int | None, wait_ms: int | None
+) -> Read:
+    """Read `stream` after `from_cursor` (absent: the committed cursor) and commit the cursor
+    past what was read; with nothing there, wait up to `wait_ms` (cut to the operator's cap)
+    for a message. Raises InvalidCursor for a bad cursor; a timeout is an empty read."""
+    start = check_cursor(from_cursor)
+    limit = selectors.clamp_max(max_messages)
+    read = db_call(cursors.subscribe)
+
+    async def attempt(final: bool) -> tuple[bool, Read]:
+        got = await read(stream=stream, from_cursor=start, max_messages=limit)
+        return bool(got.messages), got
+
+    return await long_poll([bell(stream.tenant_id, stream.channel)], access.capped_wait_ms(wait_ms), attempt)
+
+
+async def long_poll(bells: list[str], wait_ms: int, attempt: Attempt[T]) -> T:
     """`attempt(final)` until it is satisfied or the wait is over (its last call
     gets final=True); returns what the last attempt answered."""
     loop = asyncio.get_running_loop()

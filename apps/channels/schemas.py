@@ -16,7 +16,7 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# What kinds_admin.fields.check_channel_name accepts (it also refuses `.`/`..` segments).
+# What kinds.fields.check_channel_name accepts (it also refuses `.`/`..` segments).
 CHANNEL_NAME_DOC: dict[str, Any] = {
     "minLength": 1,
     "maxLength": 256,

@@ -1,7 +1,7 @@
-"""Channel writes (SPEC 6.3, 9.4): publish, broadcast, subscribe (the read
-that commits the cursor), ack, purge, the expiry sweep, and runtime channel
-CRUD. Reads are in `selectors`, wire shapes in `presenters`, stream
-resolution for the transports in `access`.
+"""Channel writes (SPEC 6.3, 9.4): publish, broadcast, purge, the expiry sweep, and
+runtime channel CRUD. The cursor writes (subscribe: the read that commits the cursor; ack)
+are in `cursors`, reads in `selectors`, wire shapes in `presenters`, stream resolution
+for the transports in `access`.
 
 Invariants:
 - Publishes to one stream are serialised by a transaction-scoped advisory
@@ -10,9 +10,6 @@ Invariants:
   message has therefore seen every message ordered before it, and a cursor
   never skips a message that commits late. A `deliver_at` in the future is
   the message's visible_at; one already past counts as immediate.
-- `subscribe` commits the cursor in the transaction that reads (at most once
-  per stream: readers of one stream are serialised on the cursor row); the
-  cursor only moves forward. `ack` refuses a regression (409).
 - Overflow beyond the channel's `max_messages` is trimmed, oldest first, in
   the publishing transaction.
 - After a publish commits: stream readers are rung (Redis pub/sub, at most
@@ -24,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,103 +29,31 @@ from django.db import connection, transaction
 from django.utils import timezone
 from redis import RedisError
 
-from apps.channels.errors import (
-    ChannelCursorRegression,
-    ChannelNameInUse,
-    ChannelNotFound,
-    ChannelValueTooLarge,
-    ChannelYamlImmutable,
-)
+from apps.channels.errors import ChannelValueTooLarge
 from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
-from apps.channels.selectors import channel_get, committed_cursor, stream_read
-from apps.channels.streams import OLDEST_CURSORS, Published, Read, Stream, bell, decode_cursor, new_message_id
+from apps.channels.selectors import channel_get
+from apps.channels.streams import Published, Stream, bell, new_message_id
+from apps.channels.waits import waits_answer_stream
 from apps.core.errors import ApplicationError, Invalid
-from apps.core.quotas import tenant_count_check, tenant_count_lock
 from apps.core.redis import sync_client
-from apps.substrate.models import ChannelDef, DefSource
+from apps.substrate import channeldefs
+from apps.substrate.models import ChannelDef
 
 log = logging.getLogger("loomcycle.channels")
 
 SWEEP_BATCH = 1000
 
 # --- declarations -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChannelSpec:
-    description: str = ""
-    scope: str = "global"
-    semantic: str = "queue"
-    default_ttl: int | None = None
-    max_messages: int | None = None
-    publisher: str = ""
-    period: str = ""
-
-
-def channel_create(*, tenant_id: str, name: str, spec: ChannelSpec) -> ChannelDef:
-    if len(spec.publisher) > 32 or len(spec.period) > 64:
-        raise Invalid("publisher is at most 32 characters, period at most 64", code="invalid_body")
-    with transaction.atomic():
-        existing = ChannelDef.objects.select_for_update().filter(name=name, tenant_id__in={tenant_id, ""})
-        for row in existing:
-            if row.source == DefSource.YAML:
-                raise ChannelYamlImmutable(f'channel "{name}" is declared in yaml; it cannot be redeclared at runtime')
-            if row.tenant_id == tenant_id:
-                raise ChannelNameInUse(f'channel "{name}" already exists')
-        tenant_count_lock("channels", tenant_id)  # the count and the insert are one decision
-        tenant_count_check(
-            resource="channels",
-            tenant_id=tenant_id,
-            held=ChannelDef.objects.filter(tenant_id=tenant_id, source=DefSource.RUNTIME).count(),
-            cap=settings.LOOMCYCLE.tenant_max_channels,
-            setting="LOOMCYCLE_TENANT_MAX_CHANNELS",
-        )
-        return ChannelDef.objects.create(
-            tenant_id=tenant_id,
-            name=name,
-            source=DefSource.RUNTIME,
-            description=spec.description,
-            scope=spec.scope,
-            semantic=spec.semantic,
-            default_ttl_seconds=spec.default_ttl or None,
-            max_messages=spec.max_messages or None,
-            publisher=spec.publisher,
-            period=spec.period,
-        )
-
-
-def _runtime_row(tenant_id: str, name: str) -> ChannelDef:
-    """The tenant's own runtime channel `name` (what PATCH and DELETE may change)."""
-    rows = list(ChannelDef.objects.filter(name=name, tenant_id__in={tenant_id, ""}))
-    if any(r.source == DefSource.YAML for r in rows):
-        raise ChannelYamlImmutable(f'channel "{name}" is declared in yaml; change the yaml instead')
-    for row in rows:
-        if row.tenant_id == tenant_id:
-            return row
-    raise ChannelNotFound(f'channel "{name}" not found')
-
-
-def channel_update(*, tenant_id: str, name: str, changes: dict[str, Any]) -> ChannelDef:
-    """PATCH: description, semantic, default_ttl, max_messages of a runtime channel (0 = none)."""
-    row = _runtime_row(tenant_id, name)
-    if changes.get("description") is not None:
-        row.description = changes["description"]
-    if changes.get("semantic") is not None:
-        row.semantic = changes["semantic"]
-    if changes.get("default_ttl") is not None:
-        row.default_ttl_seconds = changes["default_ttl"] or None
-    if changes.get("max_messages") is not None:
-        row.max_messages = changes["max_messages"] or None
-    row.save()
-    return row
+# The declarations (ChannelDef) are substrate's rows, written by apps.substrate.channeldefs:
+# REST calls it to create and change them; deleting one takes its messages and cursors along.
 
 
 def channel_delete(*, tenant_id: str, name: str) -> None:
-    row = _runtime_row(tenant_id, name)
+    row = channeldefs.channeldef_runtime(tenant_id=tenant_id, name=name)
     with transaction.atomic():
         ChannelMessage.objects.filter(tenant_id=tenant_id, channel=name).delete()
         ChannelCursor.objects.filter(tenant_id=tenant_id, channel=name).delete()
-        row.delete()
+        channeldefs.channeldef_delete(row)
 
 
 def channel_purge(*, tenant_id: str, name: str) -> dict[str, Any]:
@@ -272,8 +196,6 @@ def after_publish(done: Published) -> None:
     The waits come first: they are rows, and their answer must not depend on Redis. The
     ring is at most once (readers re-poll Postgres), so a Redis error is logged, not raised:
     the message is committed and the publish succeeded."""
-    from apps.channels.waits import waits_answer_stream
-
     if not done.deferred:
         waits_answer_stream(done.stream)
     try:
@@ -282,57 +204,6 @@ def after_publish(done: Published) -> None:
         log.warning(
             "channel %s: message %s committed, live readers not rung: %s", done.stream.channel, done.message_id, exc
         )
-
-
-# --- subscribe, ack ----------------------------------------------------------------
-
-
-_LOCK_CURSOR_SQL = """
-INSERT INTO agent_channels_channelcursor AS c (tenant_id, channel, scope, scope_id, cursor, updated_at)
-VALUES (%s, %s, %s, %s, '', now())
-ON CONFLICT (tenant_id, channel, scope, scope_id) DO UPDATE SET cursor = c.cursor
-RETURNING c.cursor
-"""
-
-
-def _committed_locked(stream: Stream) -> str:
-    """The stream's committed cursor ("" = from the oldest); the cursor row is
-    created if absent and locked until the transaction ends, in one statement
-    (readers of one stream are serialised on it)."""
-    with connection.cursor() as cur:
-        cur.execute(_LOCK_CURSOR_SQL, [stream.tenant_id, stream.channel, stream.scope, stream.scope_id])
-        return str(cur.fetchone()[0])
-
-
-def subscribe(*, stream: Stream, from_cursor: str | None, max_messages: int) -> Read:
-    """Read after `from_cursor` (default: the committed cursor) and commit the
-    cursor past what was read before returning (at most once)."""
-    start = decode_cursor(from_cursor)
-    with transaction.atomic():
-        committed = _committed_locked(stream)
-        read = stream_read(stream, start if from_cursor is not None else decode_cursor(committed), max_messages)
-        if read.next_cursor and read.next_cursor > committed:
-            ChannelCursor.objects.filter(**stream.filter()).update(cursor=read.next_cursor, updated_at=timezone.now())
-    return read
-
-
-def ack(*, stream: Stream, cursor: Any) -> dict[str, Any]:
-    if cursor is None:
-        raise Invalid("missing required field: cursor", code="missing_cursor")
-    decode_cursor(cursor)
-    if cursor in OLDEST_CURSORS:
-        # `cur_0` is the position before every message: older than any committed cursor,
-        # so acking it is a regression once one exists (as loomcycle answers), a no-op before.
-        if committed_cursor(stream):
-            raise ChannelCursorRegression("ack cursor older than committed")
-        return {"ok": True}
-    with transaction.atomic():
-        committed = _committed_locked(stream)
-        if cursor < committed:
-            raise ChannelCursorRegression("ack cursor older than committed")
-        if cursor != committed:
-            ChannelCursor.objects.filter(**stream.filter()).update(cursor=cursor, updated_at=timezone.now())
-    return {"ok": True}
 
 
 # --- maintenance ------------------------------------------------------------------

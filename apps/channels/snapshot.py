@@ -7,7 +7,7 @@ idempotency key), a cursor by its stream, a declaration by (tenant, name), a
 wait by (run, call_id); what this instance already has wins. A restored wait
 is due at once: beat re-checks it against the restored messages. A runtime
 declaration whose name this instance declares in yaml is skipped (yaml
-channels cannot be redeclared at runtime, apps.channels.services). Waits are
+channels cannot be redeclared at runtime, apps.substrate.channeldefs). Waits are
 restored after their runs (their foreign key), and only for runs the restore
 wrote, so a second restore writes none.
 """
@@ -22,6 +22,7 @@ from django.utils import timezone
 from apps.channels.models import ChannelCursor, ChannelMessage, ChannelWait
 from apps.core.errors import Invalid
 from apps.core.rows import row_dump, rows_insert_or_ignore
+from apps.substrate import channeldefs
 from apps.substrate.models import ChannelDef, DefSource
 
 
@@ -53,10 +54,8 @@ def _rows(section: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 def channels_restore(section: dict[str, Any]) -> ChannelsRestored:
     """Inside the restore's transaction: declarations, messages and cursors (not waits)."""
-    yaml_names = set(ChannelDef.objects.filter(source=DefSource.YAML).values_list("name", flat=True))
-    defs = [r for r in _rows(section, "defs") if r.get("name") not in yaml_names]
     return ChannelsRestored(
-        channel_defs_restored=rows_insert_or_ignore(ChannelDef, defs),
+        channel_defs_restored=channeldefs.channeldefs_restore(_rows(section, "defs")),
         channel_messages_restored=rows_insert_or_ignore(ChannelMessage, _rows(section, "messages")),
         channel_cursors_restored=rows_insert_or_ignore(ChannelCursor, _rows(section, "cursors")),
     )

@@ -19,15 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import close_old_connections, connection
-
-from apps.channels import access, presenters, selectors, services
+from apps.channels import access, cursors, presenters, selectors, services
 from apps.channels.errors import ChannelCursorRegression, ChannelNotDeclared
 from apps.channels.streams import Read, Stream, check_cursor
 from apps.channels.waits import WaitRequest, park
 from apps.core.errors import ApplicationError
-from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, input_refusal
-from apps.substrate.kinds_admin.fields import is_system_channel
+from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, op_tool_result
+from apps.substrate.kinds.fields import is_system_channel
 from apps.substrate.models import ChannelDef
 from apps.substrate.selectors import agent_definition
 
@@ -150,7 +148,7 @@ def _subscribe(caller: _Caller, data: dict[str, Any]) -> ToolResult:
     stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
     from_cursor = _from_cursor(data)
     limit = selectors.clamp_max(data.get("max_messages"))
-    read = services.subscribe(stream=stream, from_cursor=from_cursor, max_messages=limit)
+    read = cursors.subscribe(stream=stream, from_cursor=from_cursor, max_messages=limit)
     wait_ms = _wait_ms(data)
     if not read.messages and wait_ms > 0:
         return ToolResult("", park=park(WaitRequest("subscribe", [(stream, from_cursor)], limit), wait_ms))
@@ -171,7 +169,10 @@ def _peek(caller: _Caller, data: dict[str, Any]) -> ToolResult:
 
 def _ack(caller: _Caller, data: dict[str, Any]) -> ToolResult:
     stream, _ = caller.resolve(data.get("channel"), SUBSCRIBE)
-    return _ok(services.ack(stream=stream, cursor=data.get("cursor")))
+    try:
+        return _ok(cursors.ack(stream=stream, cursor=data.get("cursor")))
+    except ChannelCursorRegression as exc:
+        raise Refusal(f"ack: cursor_regression: {exc.message}") from exc  # loomcycle's ChannelError code
 
 
 def _list_channels(caller: _Caller, data: dict[str, Any]) -> ToolResult:
@@ -233,22 +234,7 @@ _HANDLERS: dict[str, Callable[[_Caller, dict[str, Any]], ToolResult]] = {
 
 
 def channel_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    refused = input_refusal(data, OPS, FIELDS)
-    if refused is not None:
-        return refused
-    op = str(data["op"])
-    close_old_connections()
-    try:
-        return _HANDLERS[op](_Caller(ctx), data)
-    except ToolRefusal as exc:
-        return ToolResult(str(exc), is_error=True)
-    except ChannelCursorRegression as exc:
-        return ToolResult(f"{op}: cursor_regression: {exc.message}", is_error=True)  # loomcycle's ChannelError code
-    except ApplicationError as exc:
-        message = exc.message
-        return ToolResult(message if message.startswith(f"{op}: ") else f"{op}: {message}", is_error=True)
-    finally:
-        connection.close()
+    return op_tool_result(data, ops=OPS, fields=FIELDS, run=lambda op: _HANDLERS[op](_Caller(ctx), data))
 
 
 CHANNEL_TOOL = Tool(

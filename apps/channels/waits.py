@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 
-from apps.channels import presenters, selectors, services
+from apps.channels import cursors, presenters, selectors
 from apps.channels.models import ChannelMessage, ChannelWait
 from apps.channels.selectors import AwaitSpec
 from apps.channels.streams import Stream
@@ -122,7 +122,7 @@ def _answer(request: WaitRequest, timed_out: bool) -> tuple[str, tuple[dict[str,
     """The answer text and events if the wait is satisfied (or timed out); None to keep waiting."""
     if request.op == "subscribe":
         stream, from_cursor = request.streams[0]
-        read = services.subscribe(stream=stream, from_cursor=from_cursor, max_messages=request.max_messages)
+        read = cursors.subscribe(stream=stream, from_cursor=from_cursor, max_messages=request.max_messages)
         if not read.messages and not timed_out:
             return None
         return presenters.result_text(presenters.read_result(read)), tuple(presenters.delivery_events(read))

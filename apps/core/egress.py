@@ -1,7 +1,7 @@
 """The SSRF guard (SPEC 8): every outbound HTTP call a tenant can influence
 goes through `client()` / `async_client()` / `async_pool()`: the HTTP and
-WebFetch tools, tool-use hook callbacks and the MCP client. Host-list matching
-lives in apps.core.hosts.
+WebFetch tools, tool-use hook callbacks, the MCP client and prompt images given
+by URL (apps.gateway.images). Host-list matching lives in apps.core.hosts.
 
 Invariants, per connection and so per redirect hop (httpx calls the transport
 once per hop, and the pool opens a connection per origin):

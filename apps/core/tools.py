@@ -155,17 +155,44 @@ class ToolRefusal(Exception):
     """An input an op-dispatch tool refuses; its text is the is_error result."""
 
 
-def db_tool_result(call: Callable[[], dict[str, Any]]) -> ToolResult:
-    """Run one tool op against the database on a worker thread: a ToolRefusal or
-    an ApplicationError (quota, size, unknown row...) becomes an is_error result
-    the model reads; the connection goes back to the pool either way."""
+def tool_error_text(exc: ApplicationError) -> str:
+    """The one text every agent tool gives for a service error: `<code>: <message>`."""
+    return f"{exc.code}: {exc.message}"
+
+
+def db_tool_result(
+    call: Callable[[], dict[str, Any] | ToolResult], *, refusals: tuple[type[Exception], ...] = ()
+) -> ToolResult:
+    """Run one tool op against the database on a worker thread: a ToolRefusal (or one of
+    the tool's own `refusals`, read as its message) or an ApplicationError (quota, size,
+    unknown row...: `tool_error_text`) becomes an is_error result the model reads; the
+    connection goes back to the pool either way. A dict is the JSON result; a ToolResult
+    (events, a park) is returned as it is."""
     close_old_connections()
     try:
         out = call()
     except ToolRefusal as exc:
         return ToolResult(str(exc), is_error=True)
+    except refusals as exc:  # checked before ApplicationError: a quota refusal is one of those too
+        return ToolResult(str(getattr(exc, "message", exc)), is_error=True)
     except ApplicationError as exc:
-        return ToolResult(f"{exc.code}: {exc.message}", is_error=True)
+        return ToolResult(tool_error_text(exc), is_error=True)
     finally:
         connection.close()
-    return ToolResult(json.dumps(out))
+    return out if isinstance(out, ToolResult) else ToolResult(json.dumps(out))
+
+
+def op_tool_result(
+    data: dict[str, Any],
+    *,
+    ops: tuple[str, ...],
+    fields: frozenset[str],
+    run: Callable[[str], dict[str, Any] | ToolResult],
+) -> ToolResult:
+    """The shell of every op-dispatch tool (Memory, Evaluation, Channel): refuse an unknown
+    op or field, then `run(op)` through `db_tool_result`, so all report errors alike."""
+    refused = input_refusal(data, ops, fields)
+    if refused is not None:
+        return refused
+    op = str(data["op"])
+    return db_tool_result(lambda: run(op))

@@ -7,7 +7,7 @@ class EvaluationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core import toolregistry
         from apps.evaluations.tools import EVALUATION_TOOL
-        from apps.runs import registry
 
-        registry.register(EVALUATION_TOOL)
+        toolregistry.register(EVALUATION_TOOL)

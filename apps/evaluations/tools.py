@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from apps.core.timefmt import ts
-from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
+from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, op_tool_result
 from apps.evaluations import selectors, services
 from apps.evaluations.models import EmitterRole, Evaluation
 from apps.substrate.selectors import agent_definition
@@ -156,11 +156,7 @@ _HANDLERS: dict[str, Callable[[ToolContext, dict[str, Any], list[str]], dict[str
 
 
 def evaluation_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    refused = input_refusal(data, OPS, FIELDS)
-    if refused is not None:
-        return refused
-    op = str(data["op"])
-    return db_tool_result(lambda: _HANDLERS[op](ctx, data, _granted(ctx)))
+    return op_tool_result(data, ops=OPS, fields=FIELDS, run=lambda op: _HANDLERS[op](ctx, data, _granted(ctx)))
 
 
 EVALUATION_TOOL = Tool(

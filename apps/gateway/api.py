@@ -19,7 +19,7 @@ from apps.gateway.calls import Call, ChatSpec, caller_user_id, chat_open, chat_r
 from apps.gateway.embeddings import embeddings_create
 from apps.gateway.models import Endpoint
 from apps.gateway.schemas import ChatCompletionIn, EmbeddingsIn, LlmChatIn
-from apps.gateway.streams import StreamBody, stream_chunks
+from apps.gateway.sse import StreamBody, stream_chunks
 
 router = Router(tags=["gateway"])
 

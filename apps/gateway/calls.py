@@ -33,6 +33,7 @@ from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.audit import WRITER
+from apps.gateway.convert import images_ready
 from apps.gateway.operator_key import operator_key_check
 from apps.gateway.providers import (
     Done,
@@ -261,8 +262,9 @@ async def chat_open(call: Call, spec: ChatSpec) -> ProviderEvent:
         call.routed(candidate.provider, candidate.model)
         provider = get_provider(candidate.provider)
         operator_key_check(call.principal, provider, candidate.provider)  # 403 before any slot is taken
+        request = await images_ready(spec.request, candidate.provider, candidate.model)  # 400s, then any fetch
         await call.admit()
-        call.start(provider.astream(replace(spec.request, model=candidate.model)))
+        call.start(provider.astream(replace(request, model=candidate.model)))
         first = await call.next_event()
         if first is None:
             raise provider_failed(ProviderError(candidate.provider, 0, "the provider ended the reply without events"))

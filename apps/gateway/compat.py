@@ -20,7 +20,7 @@ from typing import Any
 
 from apps.core.errors import ApplicationError
 from apps.gateway.calls import ChatSpec, Reply, random_hex
-from apps.gateway.convert import Conversation, bad_request, content_text
+from apps.gateway.convert import Conversation, bad_request, content_text, user_blocks
 from apps.gateway.providers import Done, ProviderEvent, TextDelta, ThinkingDelta, ToolCall, ToolSpec, Usage
 from apps.gateway.schemas import ChatCompletionIn
 
@@ -57,11 +57,12 @@ def chat_spec(data: ChatCompletionIn) -> ChatSpec:
     convo = Conversation()
     for i, m in enumerate(data.messages):
         where = f"messages[{i}]"
+        if m.role == "user":  # the one role whose parts may be images
+            convo.add_user_blocks(user_blocks(m.content, where))
+            continue
         text = content_text(m.content, where)
         if m.role in ("system", "developer"):
             convo.add_system(text)
-        elif m.role == "user":
-            convo.add_user(text)
         elif m.role == "assistant":
             calls = [
                 (c.id, c.function.name, _arguments(c.function.arguments, f"{where}.tool_calls[{j}]"))

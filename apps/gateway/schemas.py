@@ -21,12 +21,19 @@ class _Lenient(BaseModel):
 # --- shared -------------------------------------------------------------------
 
 
+class ImageUrlIn(_Lenient):
+    url: str = Field(max_length=16 * 1024 * 1024)  # a data: URL or http(s); apps.gateway.images checks it
+    detail: str | None = None  # accepted; no driver has a knob for it
+
+
 class ContentPartIn(_Lenient):
-    """A content part; only `text` (and an assistant's `refusal`) carry text the gateway can send."""
+    """A content part: `text` (and an assistant's `refusal`) carry text; a user's
+    `image_url` an image (apps.gateway.convert). Any other type is refused."""
 
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: ImageUrlIn | None = None
 
 
 Content = str | list[ContentPartIn] | None

@@ -20,6 +20,8 @@ from django.conf import settings
 from apps.gateway.providers import get_provider, has_provider
 
 CHARS_PER_TOKEN = 4
+# What one image costs at most on Anthropic (about 1.15 megapixels, the size it scales images down to).
+IMAGE_TOKENS = 1600
 
 
 def context_window(provider_id: str) -> int:
@@ -31,8 +33,19 @@ def context_window(provider_id: str) -> int:
     return int(settings.LOOMCYCLE.context_window_default)
 
 
+def _is_image(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "image"
+
+
 def estimate_tokens(system: list[str], messages: list[dict[str, Any]]) -> int:
     """Tokens a request of these system blocks and messages costs, estimated
-    from their characters (messages as compact JSON, as the wire carries them)."""
-    chars = sum(len(block) for block in system) + len(json.dumps(messages, separators=(",", ":"), ensure_ascii=False))
-    return (chars + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    from their characters (messages as compact JSON, as the wire carries them).
+    An image counts IMAGE_TOKENS, not its base64: providers bill an image by its
+    pixels, and a megabyte of base64 counted as text would trigger compaction."""
+    images = sum(1 for m in messages if isinstance(m.get("content"), list) for b in m["content"] if _is_image(b))
+    texts = [
+        {**m, "content": [b for b in m["content"] if not _is_image(b)]} if isinstance(m.get("content"), list) else m
+        for m in messages
+    ]
+    chars = sum(len(block) for block in system) + len(json.dumps(texts, separators=(",", ":"), ensure_ascii=False))
+    return (chars + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN + images * IMAGE_TOKENS

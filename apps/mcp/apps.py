@@ -1,7 +1,7 @@
 """MCP on both sides: MCP servers' tools offered to agents (the client), and the
 runtime itself served over MCP (`/v1/_mcp` and `manage.py mcp`).
 
-Client tools register with the runs tool registry at `AppConfig.ready()`, like
+Client tools register with the tool registry (apps.core.toolregistry) at `AppConfig.ready()`, like
 every other app's tools, so the engine never imports this app.
 """
 

@@ -1,4 +1,4 @@
-"""MCP servers' tools as agent tools: the runs registry's tool provider.
+"""MCP servers' tools as agent tools: the tool registry's provider (apps.core.toolregistry).
 
 For a tenant, every MCPServerDef it can see (its own, then the shared ones)
 offers the tools its cache row lists (narrowed by the def's `tools:` when set),

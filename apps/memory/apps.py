@@ -7,7 +7,7 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core import toolregistry
         from apps.memory.tools import MEMORY_TOOL
-        from apps.runs import registry
 
-        registry.register(MEMORY_TOOL)
+        toolregistry.register(MEMORY_TOOL)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from apps.core.timefmt import ts
-from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result, input_refusal
+from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, op_tool_result
 from apps.memory import presenters, selectors, services
 from apps.memory.models import MemoryScope
 from apps.memory.selectors import MAX_KEY_CHARS
@@ -160,17 +160,12 @@ _HANDLERS: dict[str, Callable[[Slot, dict[str, Any], int | None], dict[str, Any]
 
 
 def memory_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    refused = input_refusal(data, OPS, FIELDS)
-    if refused is not None:
-        return refused
-    op = str(data["op"])
-
-    def run() -> dict[str, Any]:
+    def run(op: str) -> dict[str, Any]:
         granted, quota = _policy(ctx)
         slot = _slot(ctx, data.get("scope"), op, granted)
         return _HANDLERS[op](slot, data, quota)
 
-    return db_tool_result(run)
+    return op_tool_result(data, ops=OPS, fields=FIELDS, run=run)
 
 
 MEMORY_TOOL = Tool(

@@ -7,8 +7,9 @@ class RunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core import toolregistry
         from apps.gateway import waits
-        from apps.runs import lifecycle, registry
+        from apps.runs import lifecycle
         from apps.runs.children import fanout, report, resident
         from apps.runs.children.tool import AGENT_TOOL
         from apps.runs.engine.admission import ADMISSION
@@ -17,9 +18,9 @@ class RunsConfig(AppConfig):
         from apps.runs.sessions import promotion
         from apps.runs.tools import CONTEXT_TOOL
 
-        registry.register(CONTEXT_TOOL)
-        registry.register(AGENT_TOOL)
-        registry.register(INTERRUPTION_TOOL)
+        toolregistry.register(CONTEXT_TOOL)
+        toolregistry.register(AGENT_TOOL)
+        toolregistry.register(INTERRUPTION_TOOL)
         # A run's end (apps.runs.lifecycle): the wings' after-effects, in this order.
         lifecycle.subscribe(resident.on_run_ended, when=lifecycle.may_hold_residents)
         lifecycle.subscribe(report.on_run_ended, when=lifecycle.is_child)

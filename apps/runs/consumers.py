@@ -9,7 +9,7 @@ socket open for LOOMCYCLE_MAX_STREAM_SECONDS with 4408 (re-attach with
 
 Without a bearer, the Django admin's session cookie of a staff user with
 `runs.view_run` also opens it (the run console's live tail), on a
-same-origin handshake only (apps.substrate.sessions).
+same-origin handshake only (apps.substrate.sessionauth).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from apps.gateway.fairness.streams import LIFETIME_CLOSE, StreamSlot, astream_sl
 from apps.runs.selectors import run_get
 from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
 from apps.substrate.auth import aauthenticate_for, bearer_from_headers
-from apps.substrate.sessions import session_principal
+from apps.substrate.sessionauth import session_principal
 
 # What a Django admin session needs to tail a run (the run console's view permission).
 CONSOLE_PERMISSION = "runs.view_run"
@@ -61,7 +61,7 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
         try:
             token = bearer_from_headers(headers)
             principal = None
-            if token is None and "cookie" in headers:  # the run console's live tail (apps.substrate.sessions)
+            if token is None and "cookie" in headers:  # the run console's live tail (apps.substrate.sessionauth)
                 principal = await sync_to_async(session_principal, thread_sensitive=False)(
                     headers, permission=CONSOLE_PERMISSION
                 )

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from apps.core import privileged
+from apps.core import toolregistry as registry
 from apps.core.errors import Conflict, Invalid, NotFound, RuntimePaused
 from apps.core.hosts import run_allowed_hosts
 from apps.core.identity import acting_tenant_id, acting_user_id
@@ -30,17 +31,17 @@ from apps.core.redact import run_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import backpressure, registry, signals, store, tracing
+from apps.runs import backpressure, signals, store, tracing
 from apps.runs.cancel import run_cancel
 from apps.runs.credentials import credentials_check, seal
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.inert import inert_events
 from apps.runs.models import Run, RunStatus, RuntimeStateValue
-from apps.runs.prompt import Segment, split_segments, system_blocks
+from apps.runs.prompt import Segment, has_image, prompt_content, rows_have_image, system_blocks, vision_route
 from apps.runs.rollback import release_slot_unless_committed
 from apps.runs.run_options import RunOptions, parent_context_for, routing_with
 from apps.runs.selectors import run_routing as run_routing_of
-from apps.runs.selectors import runtime_state
+from apps.runs.selectors import runtime_state, session_has_image
 from apps.runs.wake import ring_promoted
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
@@ -200,8 +201,10 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         raise Invalid(exc.message, code="unknown_agent") from exc
     d = agent_def.definition
     route = resolve_route(user_tier=data.user_tier, agent=d)  # 400/403/503 before any row exists
-    seeded_only = data.seed is not None and not data.segments  # a fork without a new prompt
-    request_system, user_text = ([], "") if seeded_only else split_segments(data.segments)
+    route = vision_route(route, image=has_image(data.segments) or _history_has_image(tenant_id, data))
+    allowed_hosts = list(run_allowed_hosts(data.allowed_hosts))
+    no_prompt = data.seed is not None and not data.segments  # a fork without a new prompt
+    request_system, user_content = ([], []) if no_prompt else prompt_content(data.segments, hosts=allowed_hosts)
     interactive = bool(d.get("interactive", False)) if data.interactive is None else data.interactive
     agent_cap = d.get("max_iterations") or (
         UNBOUNDED_ITERATIONS if interactive or d.get("unbounded_iterations") else 16
@@ -216,11 +219,21 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         interactive=interactive,
         max_iterations=max_it,
         tools=tools,
-        allowed_hosts=list(run_allowed_hosts(data.allowed_hosts)),
-        user_text=user_text,
+        allowed_hosts=allowed_hosts,
+        user_content=user_content,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
         routing=routing_with(run_routing(route, d, parent_id=data.parent_id), data.options),
     )
+
+
+def _history_has_image(tenant_id: str, data: RunCreate) -> bool:
+    """Whether the history the run's model sees first holds an image: a fork's copied rows,
+    or the session's earlier turns a continuation replays (loomcycle checks prior turns too)."""
+    if data.seed is not None and rows_have_image(data.seed.history):
+        return True
+    if data.replay_session and data.session_id:
+        return session_has_image(tenant_id=tenant_id, session_id=data.session_id)
+    return False
 
 
 def run_tools(*, agent_def: AgentDef, caller: list[str] | None, tenant_id: str) -> list[str]:
@@ -281,7 +294,7 @@ class Resolved:
     max_iterations: int
     tools: list[str]
     allowed_hosts: list[str]
-    user_text: str
+    user_content: list[dict[str, Any]]  # the first user message's blocks
     system: list[str]
     routing: dict[str, Any]
     volumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # registry.resolve_volumes
@@ -350,7 +363,7 @@ def run_insert(
         store.insert_run(
             run,
             # A session replay's seed `transcript` replaces the first message; a fork's history precedes it.
-            first_message=[{"type": "text", "text": r.user_text}] if r.user_text and transcript is None else None,
+            first_message=r.user_content if r.user_content and transcript is None else None,
             events=events,
             redactor=run_redactor(data.credentials),
             history=transcript if transcript is not None else (seed.history if seed is not None else None),
@@ -366,7 +379,7 @@ def _first_events(data: RunCreate, r: Resolved) -> list[dict[str, Any]]:
     }
     events: list[dict[str, Any]] = []
     if data.segments:  # a fork without a new prompt has no user input of its own
-        segments = [seg.model_dump(exclude_none=True) for seg in data.segments]
+        segments = [seg.as_event() for seg in data.segments]  # an image's bytes only in the transcript
         events.append({"type": "user_input", "segments": segments, **pinned})
     if r.system:
         events.append({"type": "system_prompt", "system_prompt": "\n\n".join(r.system), **pinned})

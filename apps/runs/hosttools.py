@@ -3,7 +3,7 @@
 `@tool` reads the function's signature: every parameter but the one annotated
 `RunContext` becomes a field of a pydantic model, whose JSON schema is the
 tool's input schema; the docstring is its description. The tool is registered
-with `apps.runs.registry` when it is decorated, so a user's app imports its
+with `apps.core.toolregistry` when it is decorated, so a user's app imports its
 tools module from `AppConfig.ready()` (docs/extending.md), and from then on it
 is a tool like the built-ins: the run's tool policy (operator floor, agent
 `tools:` globs, caller narrowing), tool-use hooks (`registry.intercepted`) and
@@ -37,8 +37,8 @@ import pydantic_core
 from django.db import close_old_connections, connection
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from apps.core import toolregistry as registry
 from apps.core.tools import Tool, ToolContext, ToolResult
-from apps.runs import registry
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 P = ParamSpec("P")

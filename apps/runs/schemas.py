@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
-from apps.runs.prompt import Segment
+from apps.runs.prompt import Segment, parse_segments
 from apps.runs.run_options import CompactionIn, ParentContextIn, RunOptions, SamplingIn, options_of
 
 IDENT_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"  # IDENT_RE, anchored, as the OpenAPI schema states it
@@ -23,6 +23,7 @@ def _ident(value: str | None, field: str) -> str | None:
 class RunCreateIn(BaseModel):
     agent: str = Field(min_length=1, max_length=128, json_schema_extra={"pattern": IDENT_PATTERN})
     prompt: str | None = None
+    # loomcycle's nested segments or the flat shape: apps.runs.prompt.parse_segments, the one parser.
     segments: list[Segment] | None = None
     tools: list[str] | None = None
     # SPEC 6.1: omitted/null = the operator's hosts, [] = no network, a list = operator ∩ caller.
@@ -67,6 +68,12 @@ class RunCreateIn(BaseModel):
     @classmethod
     def _agent(cls, v: str) -> str:
         return _ident(v, "agent") or v
+
+    @field_validator("segments", mode="before")
+    @classmethod
+    def _segments(cls, v: Any) -> list[Segment] | None:
+        # Its refusals are ApplicationErrors (400 with their own codes), which pydantic lets through.
+        return None if v is None else parse_segments(v)
 
     @field_validator("allowed_hosts")
     @classmethod

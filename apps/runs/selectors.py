@@ -473,3 +473,17 @@ def session_runs(*, tenant_id: str, user_id: str, session_id: str) -> list[Sessi
     return [
         SessionRun(i, s, t) for i, s, t in qs.order_by("session_turn", "id").values_list("id", "status", "session_turn")
     ]
+
+
+def session_has_image(*, tenant_id: str, session_id: str) -> bool:
+    """Whether a transcript row of the history a continuation replays holds an image (a JSONB
+    containment test; a row a compaction left out counts too, which errs on refusing)."""
+    return bool(
+        TranscriptEntry.objects.filter(
+            run__session_id=session_id,
+            run__tenant_id=tenant_id,
+            run__parent__isnull=True,
+            run__session_rolled_back=False,
+            content__contains=[{"type": "image"}],
+        ).exists()
+    )

@@ -34,13 +34,13 @@ from apps.core.errors import ApplicationError, Conflict, Invalid
 from apps.core.hosts import run_allowed_hosts
 from apps.core.ids import is_ident
 from apps.core.rows import row_dump
+from apps.core.toolregistry import resolve_volumes
 from apps.gateway.resolver import resolve_route
 from apps.runs import signals, store
 from apps.runs.create import run_routing, run_tools
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import PARKED, ResidentChild, Run, RunStatus, RuntimeStateValue
-from apps.runs.registry import resolve_volumes
 from apps.runs.selectors import runtime_state
 from apps.runs.store.snapshot import CHILD_TABLES
 from apps.substrate.models import AgentDef

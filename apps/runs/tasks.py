@@ -11,7 +11,7 @@ from apps.runs import engine, services, signals, wake
 from apps.runs.children import report, resident
 from apps.runs.interrupts import services as interrupts
 from apps.runs.sessions import promotion
-from workers import held
+from workers import transport
 from workers.base import AgentTask
 from workers.queues import ITERATE_TASK
 
@@ -36,7 +36,7 @@ def run_leases_sweep_task(**_: Any) -> int:
     Postgres sweeps); the first failure is raised once all have run."""
     total, failure = 0, None
     for sweep in (
-        held.recover,
+        transport.recover,
         services.run_leases_sweep,
         services.run_parked_cancels_finish,
         services.run_orphans_cancel,

@@ -17,9 +17,10 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
+from apps.core import toolregistry as registry
 from apps.core.timefmt import iso_z
 from apps.core.tools import Tool, ToolContext, ToolRefusal, ToolResult, db_tool_result
-from apps.runs import helptopics, registry
+from apps.runs import helptopics
 from apps.runs.compaction.services import run_compact_self
 from apps.runs.models import TranscriptEntry
 from apps.substrate.kinds import get_kind

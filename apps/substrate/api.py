@@ -15,32 +15,16 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
-from pydantic import BaseModel, ConfigDict
 
 from apps.core.errors import ApplicationError
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.substrate import selectors, services
 from apps.substrate.kinds import KINDS, REFUSALS, Kind, Refusal, refusal_details
+from apps.substrate.schemas import DefOpIn
 
 router = Router(tags=["substrate"])
 ADMIN_BODY_BYTES = 1024 * 1024
-
-
-class DefOpIn(BaseModel):
-    """The def tools' common input (SPEC 6.5); each op reads what it needs."""
-
-    model_config = ConfigDict(extra="allow")
-
-    op: str
-    name: Any = None
-    def_id: Any = None
-    parent_def_id: Any = None
-    overlay: Any = None
-    description: Any = None
-    promote: Any = None
-    retired: Any = None
-    content_sha256: Any = None
 
 
 class ToolError(ApplicationError):

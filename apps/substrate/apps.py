@@ -7,12 +7,13 @@ class SubstrateConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.runs import registry
-        from apps.substrate.kinds_admin import install_ops
+        from apps.core import toolregistry
+        from apps.substrate import services
+        from apps.substrate.hookops import SCHEDULE_OPS
         from apps.substrate.skills import make_skill_tool
         from apps.substrate.tools import AGENT_DEF_TOOL, SKILL_DEF_TOOL
 
-        install_ops()  # kind-specific ops (ScheduleDef add_hook/remove_hook; apps.mcp adds MCPServerDef ones)
-        registry.register(AGENT_DEF_TOOL)
-        registry.register(SKILL_DEF_TOOL)
-        registry.register(make_skill_tool(registry.names))
+        services.def_ops_register("schedule", SCHEDULE_OPS)  # add_hook, remove_hook (apps.mcp adds MCPServerDef's)
+        toolregistry.register(AGENT_DEF_TOOL)
+        toolregistry.register(SKILL_DEF_TOOL)
+        toolregistry.register(make_skill_tool(toolregistry.names))

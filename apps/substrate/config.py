@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.core.config import yaml_problem
 from apps.core.errors import Invalid
 from apps.substrate.kinds import Refused
-from apps.substrate.kinds_admin.fields import check_channel_name, is_system_channel
+from apps.substrate.kinds.fields import check_channel_name, is_system_channel
 from apps.substrate.models import ChannelDef, DefSource
 
 log = logging.getLogger("loomcycle.substrate")

@@ -29,7 +29,7 @@ from django.conf import settings
 
 from apps.core.quotas import tenant_count_check, tenant_count_lock
 from apps.substrate.kinds import Kind, Refused
-from apps.substrate.kinds_admin.schedule import cron_fields
+from apps.substrate.kinds.schedule import cron_fields
 
 _WALK_FROM = datetime(2026, 1, 1, tzinfo=UTC)  # any fixed start: a cron's pattern repeats within a year
 _WALK_FIRES = 2000  # consecutive fires compared, at most

@@ -31,8 +31,8 @@ from apps.core.http import db_call
 from apps.core.ids import new_def_id
 from apps.substrate import quotas
 from apps.substrate.kinds import KINDS, Kind, Refused, RefusedNotFound, check_def_name, get_kind
+from apps.substrate.kinds.secretrefs import check_definition, redacted
 from apps.substrate.models import AgentDef, DefPointer, DefSource, VersionedDef
-from apps.substrate.secretrefs import check_definition, redacted
 from apps.substrate.signals import version_activated
 from apps.substrate.skills import skill_pattern_allows
 
@@ -67,7 +67,7 @@ class Author:
 
     def definition_of(self, kind: Kind, row: VersionedDef) -> dict[str, Any]:
         """`row.definition` as this author may see it: secret fields masked
-        unless the author owns the row (apps.substrate.secretrefs)."""
+        unless the author owns the row (apps.substrate.kinds.secretrefs)."""
         return row.definition if self.owns(row.tenant_id) else redacted(kind, row.definition)
 
 
@@ -466,10 +466,19 @@ OPS = {
     "promote": def_promote,
     "verify": def_verify,
 }
-EXTRA_OPS: dict[str, dict[str, Any]] = {}  # kind key -> op -> function, for kind-specific ops
-# kind key -> op -> coroutine function: the twin of an EXTRA_OPS op that waits on something
+DefOp = Callable[[Kind, Author, dict[str, Any]], dict[str, Any]]
+AsyncDefOp = Callable[[Kind, Author, dict[str, Any]], Awaitable[dict[str, Any]]]
+_EXTRA_OPS: dict[str, dict[str, DefOp]] = {}  # kind key -> op -> function, for kind-specific ops
+# kind key -> op -> coroutine function: the twin of an extra op that waits on something
 # outside the process (an MCP server's discovery), which def_dispatch_async awaits on its loop.
-ASYNC_OPS: dict[str, dict[str, Callable[[Kind, Author, dict[str, Any]], Awaitable[dict[str, Any]]]]] = {}
+_ASYNC_OPS: dict[str, dict[str, AsyncDefOp]] = {}
+
+
+def def_ops_register(kind_key: str, ops: dict[str, DefOp], async_ops: dict[str, AsyncDefOp] | None = None) -> None:
+    """Add (or override) ops of one kind, from an AppConfig.ready(): ScheduleDef's hooks
+    (apps.substrate.hookops), MCPServerDef's discovery (apps.mcp). Idempotent."""
+    _EXTRA_OPS.setdefault(kind_key, {}).update(ops)
+    _ASYNC_OPS.setdefault(kind_key, {}).update(async_ops or {})
 
 
 def def_dispatch(kind: Kind, author: Author, data: Any) -> dict[str, Any]:
@@ -479,9 +488,9 @@ def def_dispatch(kind: Kind, author: Author, data: Any) -> dict[str, Any]:
     op = data.get("op")
     if not op:
         raise Refused("missing required field: op")
-    fn = EXTRA_OPS.get(kind.key, {}).get(op) or (OPS.get(op) if op in kind.ops else None)
+    fn = _EXTRA_OPS.get(kind.key, {}).get(op) or (OPS.get(op) if op in kind.ops else None)
     if fn is None:
-        known = sorted(kind.ops | set(EXTRA_OPS.get(kind.key, {})))
+        known = sorted(kind.ops | set(_EXTRA_OPS.get(kind.key, {})))
         raise Refused(f"unknown op {op!r} (must be one of: {', '.join(known)})")
     result: dict[str, Any] = fn(kind, author, data)
     return result
@@ -489,11 +498,11 @@ def def_dispatch(kind: Kind, author: Author, data: Any) -> dict[str, Any]:
 
 async def def_dispatch_async(kind: Kind, author: Author, data: Any) -> dict[str, Any]:
     """def_dispatch for an async transport (REST, the MCP server), the one entry both await.
-    An op with an ASYNC_OPS twin is awaited on the caller's loop, so its wait on the outside
+    An op with an async twin (def_ops_register) is awaited on the caller's loop, so its wait on the outside
     holds no thread of the process; any other op runs def_dispatch on a worker thread (its
     DB connection handed back after). Raises Refused."""
     op = data.get("op") if isinstance(data, dict) else None
-    waits = ASYNC_OPS.get(kind.key, {}).get(op) if isinstance(op, str) else None
+    waits = _ASYNC_OPS.get(kind.key, {}).get(op) if isinstance(op, str) else None
     if waits is not None:
         return await waits(kind, author, data)
     return await db_call(def_dispatch)(kind, author, data)

@@ -3,7 +3,7 @@
 Invariants:
 - The agent's `skills:` patterns gate both ops, default-deny: no patterns
   (or only `-*`) means no skill, and then the tool is not even offered
-  (`apps.runs.registry.effective_tools`). The same patterns gate SkillDef
+  (`apps.core.toolregistry.effective_tools`). The same patterns gate SkillDef
   authoring (`apps.substrate.services`), through `skill_pattern_allows`.
 - Resolution is tenant-scoped: the run's tenant's active version, then the
   shared tenant's active version, then the static yaml one. Another tenant's

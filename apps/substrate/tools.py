@@ -8,12 +8,9 @@ Refusals are `is_error` results the model can read and act on.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.db import close_old_connections, connection
-
-from apps.core.tools import Tool, ToolContext, ToolResult
+from apps.core.tools import Tool, ToolContext, ToolResult, db_tool_result
 from apps.substrate import services
 from apps.substrate.kinds import REFUSALS, Kind, get_kind
 from apps.substrate.selectors import agent_definition
@@ -56,15 +53,8 @@ def _author(kind: Kind, ctx: ToolContext) -> services.Author:
 
 def _make(kind_key: str, description: str) -> Tool:
     def execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-        kind = get_kind(kind_key)
-        close_old_connections()
-        try:
-            out = services.def_dispatch(kind, _author(kind, ctx), data)
-        except REFUSALS as exc:
-            return ToolResult(exc.message, is_error=True)
-        finally:
-            connection.close()  # back to the pool: tools run on short-lived threads
-        return ToolResult(json.dumps(out))
+        kind = get_kind(kind_key)  # a refusal reads as its message, as over REST's `error`
+        return db_tool_result(lambda: services.def_dispatch(kind, _author(kind, ctx), data), refusals=REFUSALS)
 
     return Tool(name=get_kind(kind_key).tool, description=description, input_schema=_SCHEMA, execute=execute)
 

@@ -184,7 +184,7 @@ def _remove_tree(target: Path, what: str) -> None:
         return
 
 
-# --- binding resolution (registered with apps.runs.registry) ------------------------
+# --- binding resolution (registered with apps.core.toolregistry) --------------------
 
 
 def _binding_spec(raw: Any, where: str) -> dict[str, Any]:

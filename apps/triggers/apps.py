@@ -13,12 +13,13 @@ class TriggersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core import toolregistry
         from apps.runs import registry
         from apps.substrate.signals import version_activated
         from apps.triggers.hooks.chain import intercept
         from apps.triggers.services import schedule_activated, trigger_run_finished
 
-        registry.register_interceptor(intercept)  # tool-use hooks around every tool call
+        toolregistry.register_interceptor(intercept)  # tool-use hooks around every tool call
 
         # A trigger's run (created with notify_finished) ends: its on_complete hooks, its fire's record.
         registry.on_run_finished(trigger_run_finished)

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, croniter
 
-from apps.substrate.kinds_admin.schedule import cron_fields
+from apps.substrate.kinds.schedule import cron_fields
 
 _JUST_AFTER = timedelta(microseconds=1)  # croniter's get_prev is strictly before its start
 

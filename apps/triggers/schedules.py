@@ -39,13 +39,13 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from apps.core.errors import ApplicationError, QuotaExhausted, RuntimePaused
+from apps.core.errors import ApplicationError, Invalid, QuotaExhausted, RuntimePaused
 from apps.core.identity import ACT_AS_USER_SCOPE
 from apps.core.metrics import count_on_commit
 from apps.core.scopes import TENANT
 from apps.core.types import Principal
 from apps.runs.models import RuntimeStateValue
-from apps.runs.prompt import Segment
+from apps.runs.prompt import Segment, parse_segments
 from apps.runs.selectors import runtime_state
 from apps.runs.services import RunCreate, run_create
 from apps.substrate.kinds import get_kind
@@ -448,7 +448,7 @@ def schedule_run_input(row: ScheduleDef, slot: datetime) -> RunCreate:
 
 
 def prompt_segments(prompt: Any, name: str, slot: datetime) -> list[Segment]:
-    """A ScheduleDef prompt (validated by apps.substrate.kinds_admin.schedule)
+    """A ScheduleDef prompt (validated by apps.substrate.kinds.schedule)
     as run segments: text is trusted, `untrusted-block` keeps its kind. No
     prompt: one line naming the schedule and the slot. Raises ValueError on a
     stored prompt no run can start from (blank, an `assistant` role, no user
@@ -459,20 +459,21 @@ def prompt_segments(prompt: Any, name: str, slot: datetime) -> list[Segment]:
         if not prompt.strip():
             raise ValueError("the prompt is blank")
         return [Segment(text=prompt)]
-    out = []
     for message in prompt:
         if message["role"] not in ("user", "system"):
             raise ValueError(f"prompt role {message['role']!r} cannot start a run (user or system)")
-        for block in message["content"]:
-            untrusted = block["type"] == "untrusted-block"
-            out.append(
-                Segment(
-                    role=message["role"],
-                    type="untrusted-block" if untrusted else "trusted-text",
-                    text=block["text"],
-                    kind=block.get("kind") or "untrusted",
-                )
-            )
+    # The one parser of every run's segments (apps.runs.prompt); a stored "text" block is trusted text.
+    wire = [
+        {
+            "role": m["role"],
+            "content": [{**b, "type": "trusted-text"} if b["type"] == "text" else b for b in m["content"]],
+        }
+        for m in prompt
+    ]
+    try:
+        out = parse_segments(wire)
+    except Invalid as exc:
+        raise ValueError(exc.message) from exc
     if not any(seg.role == "user" and seg.text.strip() for seg in out):
         raise ValueError("the prompt has no user text")
     return out

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from django.db import connection, transaction
 
-from apps.channels import selectors, services, waits
+from apps.channels import cursors, selectors, services, waits
 from apps.channels.models import ChannelMessage, ChannelWait
 from apps.channels.streams import Published, Stream
 from apps.runs.models import RunEvent, RunStatus, TranscriptEntry
@@ -74,7 +74,7 @@ def test_a_publish_wakes_a_parked_subscriber_exactly_once(http: httpx.Client, st
     roles = [(t.role, t.content[0]["type"]) for t in TranscriptEntry.objects.filter(run_id=run_id).order_by("idx")]
     assert roles == [("user", "text"), ("assistant", "tool_use"), ("user", "tool_result"), ("assistant", "text")]
     assert not ChannelWait.objects.exists()
-    assert services.subscribe(stream=HANDOFF, from_cursor=None, max_messages=10).messages == []  # cursor committed
+    assert cursors.subscribe(stream=HANDOFF, from_cursor=None, max_messages=10).messages == []  # cursor committed
     seqs = list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
 
@@ -152,7 +152,7 @@ def test_a_cancelled_waiter_is_never_answered(http: httpx.Client, stack: Any) ->
     assert [m["value"] for m in selectors.peek(stream=HANDOFF, from_cursor=None, max_messages=5).messages] == [
         "too late"
     ]
-    assert services.subscribe(stream=HANDOFF, from_cursor=None, max_messages=5).messages[0]["value"] == "too late"
+    assert cursors.subscribe(stream=HANDOFF, from_cursor=None, max_messages=5).messages[0]["value"] == "too late"
 
 
 def test_subscribers_of_one_stream_share_its_messages(http: httpx.Client, stack: Any) -> None:

@@ -169,6 +169,16 @@ def test_oversized_payload_is_refused() -> None:
     refused({"op": "publish", "channel": "handoff", "value": "x" * 70_000}, "payload (70002 bytes) exceeds max 65536")
 
 
+def test_a_service_error_reads_code_then_message_as_every_tools_does() -> None:
+    """One format for a service's error across the op tools (apps.core.tools.op_tool_result):
+    `<code>: <message>`, as Memory's and Evaluation's (docs/memory.md, docs/evaluation.md)."""
+    result = call({"op": "publish", "channel": "handoff", "value": "x" * 70_000})
+    assert (result.is_error, result.text) == (
+        True,
+        "channel_value_too_large: payload (70002 bytes) exceeds max 65536 bytes",
+    )
+
+
 def test_user_and_agent_scopes_partition_the_stream() -> None:
     ok({"op": "publish", "channel": "per-user", "value": "for u1"}, ctx(user_id="u1"))
     assert ok({"op": "subscribe", "channel": "per-user"}, ctx(user_id="u2"))["messages"] == []

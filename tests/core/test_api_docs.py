@@ -16,17 +16,8 @@ from openapi_spec_validator import validate
 from playwright.sync_api import Route, sync_playwright
 
 from loomcycle_project.api import api
+from tests.factories.observability import CHROMIUM, CHROMIUM_ARGS
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 LOOPBACK_PREFIXES = ("http://127.0.0.1:", "http://localhost:")
 
 

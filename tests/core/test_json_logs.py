@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,30 +25,10 @@ from apps.runs.prompt import Segment
 from loomcycle_project.settings import logging_config
 from tests import procs
 from tests.conftest import wait_for, wait_status
+from tests.factories.observability import json_logging_worker, json_records
 
 ACME = Principal(tenant_id="acme", subject="u", scopes=frozenset({"substrate:tenant"}))
 SCRIPT = [{"tools": [{"tool": "Context", "input": {"op": "self"}}]}, {"text": "done"}]
-
-
-@contextmanager
-def json_logging_worker(env: dict[str, str], log: Path, name: str = "json") -> Iterator[Path]:
-    """One worker process (`<name>@host`, 4 threads, queues runs and maintenance) with `env`,
-    logging JSON at DEBUG, so every library's records go through the formatter too; yields
-    its log file (stdout and stderr) and stops it on leaving."""
-    env = {
-        **env,
-        "LOOMCYCLE_LOG_FORMAT": "json",
-        "LOOMCYCLE_LOG_LEVEL": "DEBUG",
-        # This host runs the suite as root, which Celery warns about before logging is set up
-        # (a container runs the worker as an unprivileged user).
-        "PYTHONWARNINGS": "ignore:You're running the worker with superuser privileges",
-    }
-    argv = [*procs.CELERY, "--quiet", "worker", "--pool", "threads", "-c", "4", "-Q", "runs,maintenance", "-l", "DEBUG"]
-    proc = procs.spawn([*argv, "-n", f"{name}@%h", "--without-gossip", "--without-mingle"], env, log)
-    try:
-        yield log
-    finally:
-        procs.stop(proc)
 
 
 @pytest.fixture
@@ -57,18 +36,6 @@ def json_worker(no_workers: None, stack_env: dict[str, str], logdir: Path) -> It
     """One JSON worker (the session's are stopped); yields its log file."""
     with json_logging_worker(stack_env, logdir / "json-worker.log") as log:
         yield log
-
-
-def json_records(log: Path) -> list[dict[str, Any]]:
-    """Every line of the log, each parsed as one JSON object (a line that is not fails the test)."""
-    lines = [line for line in log.read_text().splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pytest.fail(f"line {number} of {log} is not JSON: {line[:300]!r}")
-    return records
 
 
 def _wait_for_line(log: Path, *needles: str, timeout: float = 20.0) -> None:

@@ -9,10 +9,8 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +19,14 @@ import pytest
 from celery import current_app
 from mcp.client import Client
 from opentelemetry import trace
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.trace import TracerProvider
 
 from apps.runs.models import Run, RunStatus
 from loomcycle_project import env as E
 from loomcycle_project import telemetry
 from tests.conftest import daphne, run_row, wait_for, wait_status
-from tests.mcp.test_server import call, over_stdio
+from tests.factories.mcp import call, over_stdio
+from tests.factories.observability import Receiver, Span, otel_env, otlp_receiver
 from tests.procs import ROOT, WorkerPool
 from workers import doorbell
 from workers.queues import ITERATE_TASK, RUNS
@@ -42,113 +36,10 @@ ITERATIONS = 5  # of the two-turn script (`_script`): three on one worker, two o
 TOOL_STEPS = (0, 1, 3)  # the steps whose model turn calls a tool
 
 
-@dataclasses.dataclass(frozen=True)
-class Span:
-    service: str
-    instance: str
-    name: str
-    kind: int
-    trace_id: str
-    span_id: str
-    parent_id: str
-    attributes: dict[str, Any]
-    links: tuple[tuple[str, str], ...]
-    events: tuple[tuple[str, dict[str, Any]], ...]
-
-
-def _value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
-
-
-def _attrs(items: Any) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in items}
-
-
-class Receiver(ThreadingHTTPServer):
-    """An OTLP/HTTP trace receiver: every span of every export, decoded."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.spans: list[Span] = []
-        self.lock = threading.Lock()
-
-    def add(self, request: ExportTraceServiceRequest) -> None:
-        with self.lock:
-            for rs in request.resource_spans:
-                resource = _attrs(rs.resource.attributes)
-                for ss in rs.scope_spans:
-                    self.spans.extend(_span(resource, s) for s in ss.spans)
-
-    def snapshot(self) -> list[Span]:
-        with self.lock:
-            return list(self.spans)
-
-
-def _span(resource: dict[str, Any], s: Any) -> Span:
-    return Span(
-        service=str(resource.get("service.name")),
-        instance=str(resource.get("service.instance.id")),
-        name=s.name,
-        kind=s.kind,
-        trace_id=s.trace_id.hex(),
-        span_id=s.span_id.hex(),
-        parent_id=s.parent_span_id.hex(),
-        attributes=_attrs(s.attributes),
-        links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
-        events=tuple((e.name, _attrs(e.attributes)) for e in s.events),
-    )
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Receiver
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path != "/v1/traces" or self.headers["Content-Type"] != "application/x-protobuf":
-            self.send_error(404 if self.path != "/v1/traces" else 415)
-            return
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        self.server.add(request)
-        reply = ExportTraceServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # the test reads spans, not access logs
-
-
-@contextmanager
-def otlp_receiver() -> Iterator[Receiver]:
-    """A `Receiver` serving on a loopback port until the block ends."""
-    server = Receiver()
-    thread = threading.Thread(target=server.serve_forever, name="otlp-receiver", daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     with otlp_receiver() as server:
         yield server
-
-
-def otel_env(receiver: Receiver) -> dict[str, str]:
-    """A process exports to `receiver`, every 100 ms."""
-    return {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-    }
 
 
 @pytest.fixture(scope="module")
@@ -266,12 +157,16 @@ def test_a_run_is_one_trace_from_its_request_across_workers(receiver: Receiver, 
 
 
 def _wake_spans(receiver: Receiver, run_id: str) -> list[Span]:
-    """The spans once the woken turn is in: two iterations (the second after the wake) and the wake."""
+    """The spans once the woken turn is in: two iterations (the second after the wake), the wake,
+    and every span they link to (the waking request, the woken delivery), each exported by its own
+    process on its own schedule."""
     spans = receiver.snapshot()
     mine = [s for s in spans if s.attributes.get("loomcycle.run_id") == run_id]
     iterations = [s for s in mine if s.name == "run.iterate"]
     wakes = [s for s in mine if s.name == "run.wake"]
-    return spans if len(iterations) == 2 and wakes else []
+    received = {s.span_id for s in spans}
+    linked = {span_id for s in iterations + wakes for _, span_id in s.links}
+    return spans if len(iterations) == 2 and wakes and linked <= received else []
 
 
 @pytest.mark.usefixtures("agents")

@@ -205,7 +205,7 @@ def test_the_doorbells_of_a_worker_without_presence_go_back_to_the_front_of_thei
     finally:
         presence.delete(held.PRESENCE_PREFIX + held.WORKER_ID)
     # This process now looks dead: its doorbells are recovered, here or by a session worker's lease sweep
-    # (it runs held.recover too, and may win the race), so the count here may be 0; the outcome may not vary.
+    # (it runs transport.recover too, and may win the race), so the count here may be 0; the outcome may not vary.
     held.recover_dead(channel, presence)
     assert not channel.client.exists(held.held_key())
     back = [base64.b64decode(m["body"]).decode() for m in reversed(queued(channel, queue))]  # BRPOP order

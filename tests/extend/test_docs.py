@@ -17,7 +17,7 @@ _RUNNER = """
 import json, sys
 import django
 django.setup()
-from apps.runs import registry
+from apps.core import toolregistry as registry
 from loomcycle_project.extend import RunContext
 blocks = json.loads(sys.stdin.read())
 namespace = {"__name__": "docs_extending"}

@@ -13,13 +13,14 @@ from typing import Annotated, Any, Optional
 import pytest
 from pydantic import Field
 
+from apps.core import toolregistry as registry
 from apps.core.types import Principal
-from apps.runs import engine, registry
-from apps.runs.models import TERMINAL, Run, RunEvent
+from apps.runs.models import Run, RunEvent
 from apps.triggers.hooks import cache
 from apps.triggers.hooks import services as hook_services
 from apps.triggers.models import HookRegistration
 from loomcycle_project.extend import RunContext, ToolError, run_create, tool
+from tests.factories.extend import drive
 from tests.triggers.hookserver import HookServer, hook_server, reply
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
@@ -44,16 +45,6 @@ def ext_lookup(
 @tool(name="ext_leak", description="Returns a credential (redaction must catch it).")
 def leak(token: str) -> str:
     return f"the token is {token}"
-
-
-def drive(run: Run) -> Run:
-    """Run the engine here, step by step, until the run is terminal."""
-    step = 0
-    while (row := Run.objects.get(id=run.id)).status not in TERMINAL:
-        engine.run_iterate(run_id=run.id, step=step)
-        step = Run.objects.get(id=run.id).step
-        assert step < 10, "the run did not finish"
-    return row
 
 
 def scripted(calls: list[dict[str, Any]], **kw: Any) -> Run:

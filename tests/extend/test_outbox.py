@@ -23,7 +23,7 @@ from apps.runs import store as runs_store
 from apps.runs.models import Run, RunStatus, SignalOutbox
 from apps.runs.tasks import run_leases_sweep_task
 from loomcycle_project.extend import run_create
-from tests.extend.test_hosttools import drive
+from tests.factories.extend import drive
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
 

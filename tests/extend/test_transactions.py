@@ -25,7 +25,7 @@ from apps.runs import engine, services
 from apps.runs.models import Run, RunEvent, RunStatus
 from loomcycle_project.extend import run_create, signals
 from tests.conftest import wait_status
-from tests.extend.test_hosttools import drive
+from tests.factories.extend import drive
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents")

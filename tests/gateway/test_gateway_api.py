@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,8 +28,8 @@ from apps.gateway.pricing import cost_usd
 from apps.gateway.providers import Usage
 from apps.gateway.services import CallRecord, gateway_audit_prune, gateway_calls_save, usage_entry_build
 from apps.substrate import tokens
-from tests import procs
 from tests.conftest import wait_for
+from tests.factories.gateway import OPERATOR_KEY, chunk
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
 
@@ -45,7 +44,6 @@ WEATHER = {
     },
 }
 TOOL_MODEL = "mock-tool-loop?tool=get_weather&calls=1&input=%7B%22city%22%3A%22Paris%22%7D"
-OPERATOR_KEY = "sk-operator-test-key-0123456789"
 
 
 def audit_row(request_id: str) -> GatewayCall:
@@ -147,8 +145,15 @@ def test_a_streamed_tool_call_is_one_delta_with_its_index(http: httpx.Client) ->
         ({**MOCK, "messages": []}, "invalid_body"),
         ({**MOCK, "messages": [{"role": "tool", "content": "x"}]}, "bad_request"),
         (
-            {**MOCK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            {
+                **MOCK,
+                "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}],
+            },
             "bad_request",
+        ),
+        (  # image_url parts: tests/gateway/test_gateway_images.py
+            {**MOCK, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "invalid_image",
         ),
         ({**MOCK, "messages": HI, "user": "not an id!"}, "invalid_user_id"),
         ({**MOCK, "messages": HI, "loomcycle_user_tier": "gold"}, "unknown_user_tier"),
@@ -351,51 +356,15 @@ def test_token_arrays_are_refused(http: httpx.Client) -> None:
 # --- a second web process: no embedder, a per-user cap of 1, an OpenAI-compatible upstream ---------
 
 
-@pytest.fixture(scope="module")
-def alt_web(
-    stack_env: dict[str, str], logdir: Path, make_httpserver: HTTPServer, tmp_path_factory: Any
-) -> Iterator[str]:
-    """Daphne with LOOMCYCLE_EMBEDDER=none, one call per user, SSE keepalives every second and a
-    provider `up` (our OpenAI driver) pointing at the pytest-httpserver on loopback."""
-    config = tmp_path_factory.mktemp("alt") / "alt.yaml"
-    upstream = {"driver": "openai", "dialect": "compat", "base_url": make_httpserver.url_for("/v1")}
-    keyed = {**upstream, "api_key_env": "GATEWAY_TEST_OPERATOR_KEY"}  # the same upstream, with the operator's key
-    config.write_text(json.dumps({"providers": {"up": upstream, "keyed": keyed}}))
-    env = {
-        **stack_env,
-        "GATEWAY_TEST_OPERATOR_KEY": OPERATOR_KEY,
-        "LOOMCYCLE_EMBEDDER": "none",
-        "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER": "1",
-        "LOOMCYCLE_SSE_KEEPALIVE_MS": "1000",
-        "LOOMCYCLE_CONFIG_FILES": f"{stack_env['LOOMCYCLE_CONFIG_FILES']},{config}",
-    }
-    port = procs.free_port()
-    argv = procs.web_argv(port)
-    proc = procs.spawn(argv, env, logdir / "daphne-alt.log")
-    try:
-        procs.wait_http(f"http://127.0.0.1:{port}/healthz")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        procs.stop(proc)
-
-
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    # Shape from the OpenAI Chat Completions streaming reference (chat.completion.chunk objects),
-    # https://platform.openai.com/docs/api-reference/chat-streaming
-    body = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 0, "model": "up-model"}
-    body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
 def test_a_slow_upstream_stream_is_relayed_with_keepalives_in_between(alt_web: str, httpserver: HTTPServer) -> None:
     def slow_sse(request: Request) -> Response:
         assert json.loads(request.data)["stream"] is True  # the driver always streams
 
         def body() -> Iterator[bytes]:
-            yield _chunk({"role": "assistant", "content": "Bonjour"})
+            yield chunk({"role": "assistant", "content": "Bonjour"})
             time.sleep(2.5)  # longer than the 1 s keepalive of this web process
-            yield _chunk({"content": ", Paris"})
-            yield _chunk({}, "stop")
+            yield chunk({"content": ", Paris"})
+            yield chunk({}, "stop")
             usage = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
             yield b"data: " + json.dumps({"id": "chatcmpl-up", "choices": [], "usage": usage}).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
@@ -439,7 +408,7 @@ def test_an_upstream_error_is_a_502_that_names_the_provider(alt_web: str, httpse
 
 def _answer_if_keyed(request: Request) -> Response:
     assert request.headers.get("authorization") == f"Bearer {OPERATOR_KEY}"  # the operator's key was spent
-    body = _chunk({"role": "assistant", "content": "paid"}, "stop") + b"data: [DONE]\n\n"
+    body = chunk({"role": "assistant", "content": "paid"}, "stop") + b"data: [DONE]\n\n"
     return Response(body, content_type="text/event-stream")
 
 

@@ -22,8 +22,8 @@ from apps.runs.engine.write import Next, StepWrite
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.store import ClaimedRun, Switched
 from tests.conftest import wait_status
+from tests.factories.runs import event_types, start
 from tests.procs import WorkerPool
-from tests.runs.test_engine import event_types, start
 
 ALWAYS_429 = Candidate("mock", "mock-generic?rate_429=1&latency_ms=0&jitter_ms=0")
 STEADY = Candidate("mock-stable", "mock-generic")

@@ -17,13 +17,13 @@ import pytest
 from django.urls import reverse
 from mcp.shared.exceptions import MCPError
 
+from apps.core import toolregistry as registry
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.mcp import selectors, services
 from apps.mcp.client import calls
 from apps.mcp.client.servers import ServerSpec, server_spec
 from apps.mcp.client.sessions import gone
 from apps.mcp.server.http import _Manager
-from apps.runs import registry
 from apps.substrate.kinds import Refused, get_kind
 from apps.substrate.services import Author, def_dispatch
 from apps.triggers.models import OnCompleteJob

@@ -30,9 +30,9 @@ from apps.runs import services as run_services
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from tests.conftest import daphne, wait_for, wait_status
+from tests.factories.mcp import call, over_http
 from tests.mcp.conftest import mcpserver_op
 from tests.mcp.servers import Hostile, gzip_bomb, hostile_serving
-from tests.mcp.test_server import call, over_http
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "mcp_net")

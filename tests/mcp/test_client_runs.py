@@ -20,10 +20,10 @@ from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate.kinds import Refused
 from tests.conftest import unicode_escaped, wait_for, wait_status
+from tests.factories.runs import _pg_dump
 from tests.mcp.conftest import mcpserver_op
 from tests.mcp.servers import WAITING, Recorder
 from tests.procs import WorkerPool
-from tests.runs.test_redaction import _pg_dump
 
 pytestmark = pytest.mark.usefixtures("agents", "mcp_net")
 

@@ -1,5 +1,5 @@
-"""A worker stops its stdio MCP servers when it shuts down (workers/signals.py
-`_on_worker_shutdown` -> apps.mcp.client.calls.shutdown), rather than leaving them behind.
+"""A worker stops its stdio MCP servers when it shuts down (apps.mcp.client.calls
+`_on_worker_shutdown`, connected at McpConfig.ready() -> `shutdown`), rather than leaving them behind.
 
 The server is the reference time server under `sh -c '...; sleep 60'`: on its own, the shell
 outlives the worker by a minute (the time server ends at its stdin's EOF, the shell does not),

@@ -7,52 +7,21 @@ Tokens (tests/conftest.py `people`): alice (acme, substrate:tenant), bob
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
-import httpx2
 import pytest
 from mcp.client import Client
-from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
 
 from apps.runs.models import RunStatus
 from apps.substrate import tokens
-from tests import procs
 from tests.conftest import wait_status
+from tests.factories.mcp import call, over_http, over_stdio, script
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 
-T = TypeVar("T")
-Work = Callable[[Client], Awaitable[T]]
 ADMIN_TOOLS = {"pause", "resume", "state"}
-
-
-def over_http(base: str, headers: dict[str, str], work: Work[T]) -> T:
-    """Run `work` with an SDK client connected to `base`/v1/_mcp with `headers`."""
-
-    async def session() -> T:
-        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
-            async with Client(streamable_http_client(base + "/v1/_mcp", http_client=http), cache=None) as client:
-                return await work(client)
-
-    return asyncio.run(session())
-
-
-async def call(client: Client, name: str, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-    """(is_error, body): the text content's JSON, which the structured content repeats."""
-    result = await client.call_tool(name, args)
-    body = json.loads(result.content[0].text)  # type: ignore[union-attr]
-    assert result.structured_content == body
-    return result.is_error, body
-
-
-def script(*steps: dict[str, Any]) -> str:
-    return f"Test prompt. MOCK_SCRIPT: {json.dumps(list(steps))}"
 
 
 def test_spawn_run_waits_for_its_result_and_its_events_and_transcript_are_readable(
@@ -190,17 +159,6 @@ def test_open_mode_serves_loopback_hosts_and_same_site_clients_only(web: str) ->
     assert page.status_code == 403 and page.json()["code"] == "cross_site_request"
     ok = httpx.post(web + "/v1/_mcp", json=listing, headers=base, timeout=10)
     assert ok.status_code == 200 and ADMIN_TOOLS <= {t["name"] for t in ok.json()["result"]["tools"]}
-
-
-def over_stdio(argv: list[str], env: dict[str, str], work: Work[T]) -> T:
-    """Run `work` with an SDK stdio client of `manage.py <argv>`."""
-    params = StdioServerParameters(command=sys.executable, args=["manage.py", *argv], env=env, cwd=str(procs.ROOT))
-
-    async def session() -> T:
-        async with Client(params, cache=None) as client:
-            return await work(client)
-
-    return asyncio.run(session())
 
 
 def test_manage_py_mcp_serves_the_tools_over_stdio(

@@ -16,7 +16,7 @@ from apps.runs import services as run_services
 from apps.runs.models import RunEvent, RunStatus
 from apps.substrate import tokens
 from tests.conftest import wait_for, wait_status
-from tests.mcp.test_server import call, over_http, script
+from tests.factories.mcp import call, over_http, script
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 

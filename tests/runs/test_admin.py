@@ -27,9 +27,10 @@ from apps.gateway.models import UsageEntry
 from apps.gateway.selectors import UsageGroup
 from apps.gateway.usage_report import usage_report
 from apps.runs import engine, operations, services
-from apps.runs.models import PARKED, TERMINAL, Run, RunEvent, RunStatus, RuntimeState
+from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus, RuntimeState
 from apps.runs.prompt import Segment
 from tests.conftest import ALICE
+from tests.factories.runs import drive
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
 
@@ -43,16 +44,6 @@ def start(principal: Principal, agent: str = "scripted", script: list[dict[str, 
     prompt = f"Console test. MOCK_SCRIPT: {json.dumps(script or [{'text': 'hello'}])}"
     data = services.RunCreate(agent=agent, segments=[Segment(text=prompt)])
     return services.run_create(principal=principal, data=data)
-
-
-def drive(run_id: str, steps: int = 10) -> Run:
-    """Iterate the run in this process until it parks or ends."""
-    for _ in range(steps):
-        run = Run.objects.get(id=run_id)
-        if run.status in TERMINAL or run.status in PARKED:
-            return run
-        engine.run_iterate(run_id=run_id, step=run.step)
-    raise AssertionError(f"run {run_id} still {Run.objects.get(id=run_id).status} after {steps} iterations")
 
 
 def run_url(view: str, run_id: str) -> str:

@@ -30,7 +30,7 @@ from loomcycle_project import env as E
 from loomcycle_project.management.commands import up
 from tests import procs
 from tests.conftest import wait_for, wait_status
-from tests.core.test_api_docs import CHROMIUM, CHROMIUM_ARGS
+from tests.factories.observability import CHROMIUM, CHROMIUM_ARGS
 
 # The web process first: started beside booting workers on a busy host, its first /healthz can miss the 1 s probe.
 pytestmark = pytest.mark.usefixtures("web", "agents")

@@ -17,30 +17,10 @@ from apps.core.errors import Forbidden, Unauthorized
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.substrate.auth import authenticate
 from tests.conftest import run_row, wait_for, wait_status
+from tests.factories.runs import sse_frames
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
-
-
-def sse_frames(lines: Any, stop_after: int | None = None) -> list[dict[str, Any]]:
-    """Parse SSE lines into frames {id, event, data}; stop after N persisted frames."""
-    frames: list[dict[str, Any]] = []
-    cur: dict[str, Any] = {}
-    persisted = 0
-    for line in lines:
-        if line == "":
-            if cur:
-                frames.append(cur)
-                persisted += "id" in cur
-                cur = {}
-                if stop_after is not None and persisted >= stop_after:
-                    break
-            continue
-        if line.startswith(":"):
-            continue
-        key, _, value = line.partition(": ")
-        cur[key] = int(value) if key == "id" else json.loads(value) if key == "data" else value
-    return frames
 
 
 def persisted_seqs(run_id: str) -> list[int]:

@@ -15,7 +15,7 @@ from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.wake import run_answer
 from tests.conftest import ALICE, run_row, wait_for
-from tests.runs.test_engine import assert_consecutive, event_types, start
+from tests.factories.runs import assert_consecutive, event_types, start
 
 pytestmark = pytest.mark.usefixtures("agents")
 

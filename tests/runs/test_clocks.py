@@ -12,8 +12,8 @@ import pytest
 
 from apps.runs.models import RunStatus
 from tests.conftest import run_row, wait_for, wait_status
+from tests.factories.runs import event_types, start
 from tests.procs import ROOT, WorkerPool
-from tests.runs.test_engine import event_types, start
 
 pytestmark = pytest.mark.usefixtures("agents")
 

@@ -25,8 +25,8 @@ from apps.runs.models import Run, RunStatus
 from loomcycle_project import pytest_plugin
 from loomcycle_project.db.base import check_idle_connection
 from tests.conftest import wait_for
+from tests.factories.runs import assert_consecutive, start
 from tests.procs import WorkerPool
-from tests.runs.test_engine import assert_consecutive, start
 from workers.queues import RUNS
 
 pytestmark = pytest.mark.usefixtures("agents")

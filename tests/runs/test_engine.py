@@ -10,28 +10,12 @@ from celery import current_app
 
 from apps.core.errors import RuntimePaused
 from apps.runs import engine, services
-from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord, TranscriptEntry
-from apps.runs.prompt import Segment
+from apps.runs.models import Run, RunStatus, ToolCallRecord, TranscriptEntry
 from tests.conftest import ALICE, run_row, wait_for, wait_status
+from tests.factories.runs import assert_consecutive, event_types, start
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents")
-
-
-def start(agent: str, prompt: str = "hi", **kw: object) -> Run:
-    data = services.RunCreate(agent=agent, segments=[Segment(text=prompt)], **kw)  # type: ignore[arg-type]
-    return services.run_create(principal=ALICE, data=data)
-
-
-def event_types(run_id: str) -> list[str]:
-    return list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("type", flat=True))
-
-
-def assert_consecutive(run_id: str) -> None:
-    seqs = list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
-    idxs = list(TranscriptEntry.objects.filter(run_id=run_id).order_by("idx").values_list("idx", flat=True))
-    assert idxs == list(range(len(idxs)))
 
 
 def test_tool_calling_run_of_three_iterations_has_exact_events_and_transcript(stack: WorkerPool) -> None:

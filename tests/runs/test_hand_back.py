@@ -20,9 +20,10 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from apps.core import toolregistry as registry
 from apps.core.redis import sync_client
 from apps.core.tools import Tool, ToolContext, ToolResult
-from apps.runs import engine, registry
+from apps.runs import engine
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord
 from loomcycle_project.extend import run_create
 from workers.queues import RUNS

@@ -16,6 +16,7 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
+from mcp.client import Client as McpClient
 
 from apps.channels.models import ChannelMessage
 from apps.core.errors import Gone
@@ -26,22 +27,12 @@ from apps.runs.models import Interrupt, InterruptStatus, Run, RunEvent, RunStatu
 from apps.runs.prompt import Segment
 from apps.runs.tasks import interrupts_expire_task
 from tests.conftest import ALICE, wait_for, wait_status
-from tests.mcp.test_server import Client as McpClient
-from tests.mcp.test_server import call as mcp_call
-from tests.mcp.test_server import over_http
+from tests.factories.mcp import call as mcp_call
+from tests.factories.mcp import over_http
+from tests.factories.runs import ASK, ask_run
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents")
-
-ASK = {"op": "ask", "question": "Deploy to production?", "options": ["yes", "no"], "priority": "high"}
-
-
-def ask_run(agent: str = "asker", principal: Principal = ALICE, tools: list[dict[str, Any]] | None = None) -> Run:
-    """A run whose first turn makes the given Interruption calls (one `ask` by default), then says done."""
-    calls = tools or [{"tool": "Interruption", "input": ASK}]
-    prompt = "MOCK_SCRIPT: " + json.dumps([{"tools": calls}, {"text": "done"}])
-    data = services.RunCreate(agent=agent, segments=[Segment(text=prompt)], user_id="u1")
-    return services.run_create(principal=principal, data=data)
 
 
 def events(run_id: str, kind: str) -> list[dict[str, Any]]:

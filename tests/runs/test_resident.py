@@ -24,9 +24,8 @@ from apps.runs.prompt import Segment
 from apps.runs.selectors import run_get
 from apps.runs.tasks import resident_sweep_task
 from tests.conftest import ALICE, run_row, wait_for, wait_status
+from tests.factories.runs import ASK, assert_consecutive
 from tests.procs import WorkerPool
-from tests.runs.test_engine import assert_consecutive
-from tests.runs.test_interrupts import ASK
 
 pytestmark = pytest.mark.usefixtures("agents")
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from apps.core import toolregistry as registry
 from apps.core.tools import ToolContext, ToolResult
-from apps.runs import helptopics, registry, services
+from apps.runs import helptopics, services
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.runs.tools import context_execute

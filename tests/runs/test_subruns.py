@@ -10,8 +10,8 @@ from apps.runs import services
 from apps.runs.children.report import run_child_finished
 from apps.runs.models import Run, RunEvent, RunStatus, ToolCallRecord
 from tests.conftest import ALICE, run_row, wait_for, wait_status
+from tests.factories.runs import assert_consecutive, event_types, start
 from tests.procs import WorkerPool
-from tests.runs.test_engine import assert_consecutive, event_types, start
 
 pytestmark = pytest.mark.usefixtures("agents")
 

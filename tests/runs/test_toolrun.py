@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from apps.core import logcontext
+from apps.core import toolregistry as registry
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
-from apps.runs import registry
 from apps.runs.engine.toolrun import run_calls
 
 

@@ -13,9 +13,9 @@ from django.db import transaction
 from apps.runs import services
 from apps.runs.models import Run, RunStatus
 from tests.conftest import ALICE, run_row, wait_for, wait_status
+from tests.factories.runs import assert_consecutive, event_types, start
 from tests.procs import WorkerPool
 from tests.runs.locks import run_updates_waiting
-from tests.runs.test_engine import assert_consecutive, event_types, start
 
 pytestmark = pytest.mark.usefixtures("agents")
 

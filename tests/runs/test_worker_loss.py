@@ -22,9 +22,9 @@ from django.db.models.functions import Now
 from apps.core.redis import sync_client
 from apps.runs.models import Run, RunStatus
 from tests.conftest import fast_transport, wait_for
+from tests.factories.runs import start
 from tests.procs import WorkerPool
 from tests.runs.locks import run_updates_waiting
-from tests.runs.test_engine import start
 from workers.queues import RUNS
 
 pytestmark = pytest.mark.usefixtures("agents")

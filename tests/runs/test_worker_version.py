@@ -27,8 +27,8 @@ from apps.runs import services
 from apps.runs.models import TERMINAL, Run, RunEvent, RunStatus, ToolCallRecord
 from apps.runs.prompt import Segment
 from tests.conftest import ALICE, wait_for, wait_status
+from tests.factories.runs import drive
 from tests.procs import WorkerPool
-from tests.runs.test_admin import drive
 from workers import held
 
 pytestmark = pytest.mark.usefixtures("agents")

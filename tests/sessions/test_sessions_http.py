@@ -9,34 +9,18 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from apps.runs.models import Run, RunStatus
-from tests.conftest import daphne, wait_status
-from tests.runs.test_api import sse_frames
+from tests.conftest import daphne
+from tests.factories.runs import sse_frames
+from tests.factories.sessions import body, new_session
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 
 PARK = [{"tool": "Channel", "input": {"op": "subscribe", "channel": "handoff", "wait_ms": 120_000}}]
-
-
-def body(text: str, steps: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
-    return {"prompt": f"{text} MOCK_SCRIPT: {json.dumps(steps)}", **kw}
-
-
-def new_session(http: httpx.Client, headers: dict[str, str] | None = None) -> str:
-    """A session whose first run answered `first answer`; its id."""
-    resp = http.post(
-        "/v1/runs",
-        headers=headers,
-        json={"agent": "scripted", **body("P0", [{"text": "first answer"}], background=True)},
-    )
-    assert resp.status_code == 202, resp.text
-    wait_status(resp.json()["run_id"], RunStatus.COMPLETED, timeout=30)
-    return str(resp.json()["session_id"])
 
 
 @pytest.fixture(scope="module")

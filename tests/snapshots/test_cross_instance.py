@@ -22,21 +22,14 @@ import pytest
 
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, RunStatus, TranscriptEntry
-from apps.runs.prompt import Segment
 from apps.snapshots.envelope import canonical, checksum_of
 from tests.conftest import ALICE, wait_for, wait_status
+from tests.factories.snapshots import SUBSCRIBE, scripted
 from tests.procs import ROOT, WorkerPool, free_port, wait_http
 
 pytestmark = pytest.mark.usefixtures("agents")
 
 CONFIGS = ",".join(str(ROOT / p) for p in ("loomcycle.yaml", "bench/circuit.yaml", "tests/loomcycle.test.yaml"))
-SUBSCRIBE = {"op": "subscribe", "channel": "handoff", "wait_ms": 110_000, "max_messages": 1}
-
-
-def scripted(steps: list[dict[str, Any]], **kw: Any) -> Run:
-    prompt = f"Move me. MOCK_SCRIPT: {json.dumps(steps)}"
-    data = services.RunCreate(agent="scripted", segments=[Segment(text=prompt)], **kw)
-    return services.run_create(principal=ALICE, data=data)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from apps.snapshots import services
 from apps.snapshots.envelope import canonical, checksum_of
 from apps.snapshots.errors import RunsNotParked
 from tests.conftest import ALICE
-from tests.runs.test_interrupts import ask_run
+from tests.factories.runs import ask_run
 
 pytestmark = pytest.mark.usefixtures("agents", "no_workers")
 

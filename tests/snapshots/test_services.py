@@ -225,7 +225,7 @@ def test_a_run_parked_on_a_question_moves_with_its_interrupt() -> None:
     """A run at `awaiting_interrupt` keeps its interrupt (the same `intr_` id, still pending) through a restore."""
     from apps.runs import engine
     from apps.runs.models import Interrupt, InterruptStatus, Run, RunStatus
-    from tests.runs.test_interrupts import ask_run
+    from tests.factories.runs import ask_run
 
     run = ask_run()
     engine.run_iterate(run_id=run.id, step=0)

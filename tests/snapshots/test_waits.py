@@ -17,8 +17,8 @@ from apps.runs.models import RunEvent, RunStatus
 from apps.snapshots import services as snapshots
 from apps.snapshots.envelope import canonical, checksum_of
 from tests.conftest import ALICE, wait_status
+from tests.factories.snapshots import SUBSCRIBE, scripted
 from tests.procs import WorkerPool
-from tests.snapshots.test_cross_instance import SUBSCRIBE, scripted
 
 pytestmark = pytest.mark.usefixtures("agents")
 

@@ -20,7 +20,7 @@ from apps.runs.prompt import Segment
 from apps.substrate.kinds import get_kind
 from apps.substrate.models import AgentDef
 from apps.substrate.services import Author, def_create
-from tests.extend.test_hosttools import drive
+from tests.factories.extend import drive
 
 ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
 SHELL = {"provider": "mock", "model": "mock-script", "tools": ["Bash", "Read"]}

@@ -19,7 +19,7 @@ from apps.core.config import load_config
 from apps.core.errors import Invalid
 from apps.substrate.hashing import mcp_content_sha256
 from apps.substrate.kinds import Refused, get_kind
-from apps.substrate.kinds_admin.mcp import mcp_server_connection
+from apps.substrate.kinds.mcp import mcp_server_connection
 from apps.substrate.models import DefSource, MCPServerDef, MCPServerDefActive
 from apps.substrate.services import Author, def_dispatch
 from loomcycle_project.bootstrap import load_yaml_config
@@ -231,7 +231,7 @@ def test_connect_refuses_rows_stored_before_the_rules(tenant_id: str, source: st
 
 
 def test_a_tenant_sees_no_literal_beside_a_reference_nor_a_fallback() -> None:
-    from apps.substrate.secretrefs import redacted
+    from apps.substrate.kinds.secretrefs import redacted
 
     headers = {
         "A": "Bearer ${LOOMCYCLE_X}",

@@ -40,7 +40,7 @@ from apps.runs.routing import websocket_urlpatterns as run_ws
 from apps.substrate import tokens
 from loomcycle_project.api import api
 from tests.conftest import wait_for, wait_status
-from tests.mcp.test_server import over_http
+from tests.factories.mcp import over_http
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 

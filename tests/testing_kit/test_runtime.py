@@ -106,5 +106,5 @@ def test_the_plugins_transcript_renders_segments_as_the_runtime_does() -> None:
         {"role": "system", "type": "trusted-text", "text": "not user text"},
     ]
     _, user = split_segments([Segment(**s) for s in segments])
-    assert transcript._user_text({"segments": segments}) == user
+    assert transcript._user_text({"segments": segments}) == user[0]["text"]
     assert transcript._UNTRUSTED_KINDS == UNTRUSTED_KINDS

@@ -1,15 +1,19 @@
 """Helpers for the world-tool tests: a ToolContext as the engine builds one,
-and the runtime settings of a configured network."""
+the runtime settings of a configured network, and the static `work` volume."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from apps.core.tools import ToolContext
+from tests.conftest import for_sandbox
+from tests.factories.tools import STATIC
 
 
 def tool_context(
@@ -44,3 +48,12 @@ def net(settings: Any) -> Any:
         http_caller_authoritative=False,
     )
     return settings
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """The static `work` volume of tests/loomcycle.test.yaml, empty for each test."""
+    shutil.rmtree(STATIC, ignore_errors=True)
+    for_sandbox(STATIC / "work")  # its Bash commands write here
+    yield STATIC / "work"
+    shutil.rmtree(STATIC, ignore_errors=True)

@@ -22,7 +22,7 @@ import pytest
 from apps.core.tools import VolumeBinding
 from apps.tools.bash import OUTPUT_CAP, bash_execute
 from tests.conftest import wait_for
-from tests.tools.test_files import ctx_for, err, ok
+from tests.factories.tools import ctx_for, err, gone, ok
 
 
 @pytest.fixture
@@ -47,20 +47,6 @@ def bash_unsandboxed(settings: pytest.FixtureRequest) -> None:
 
 def rw(root: Path) -> tuple[VolumeBinding, ...]:
     return (VolumeBinding(name="work", path=str(root), mode="rw"),)
-
-
-def alive(pid: int) -> bool:
-    """Running (a killed orphan may stay a zombie until init reaps it: that is not alive)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
-def gone(pid: int) -> None:
-    """SIGKILL is delivered when the process is next scheduled: wait (bounded) for it to land."""
-    wait_for(lambda: not alive(pid), timeout=2)
 
 
 def test_bash_is_refused_when_not_enabled(settings: pytest.FixtureRequest, tmp_path: Path) -> None:
@@ -197,7 +183,7 @@ def test_a_cancel_returns_although_an_escaped_child_holds_the_output(tmp_path: P
 
 _PROBE = """
 import ctypes, os, subprocess, sys
-from workers.signals import not_dumpable
+from loomcycle_project.hardening import not_dumpable
 if os.geteuid() == 0:  # root reads any /proc/<pid>/environ: probe as an ordinary user, as the docs advise
     os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
 ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as a process started as this user is

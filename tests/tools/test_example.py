@@ -13,8 +13,9 @@ import pytest
 from django.conf import settings as django_settings
 from pytest_httpserver import HTTPServer
 
+from apps.core import toolregistry as registry
 from apps.core.tools import VolumeBinding
-from apps.runs import registry, services
+from apps.runs import services
 from apps.runs.models import RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools.posture import Posture, posture

@@ -19,26 +19,7 @@ from apps.tools import files, fs
 from apps.tools import grep as grep_module
 from apps.tools.files import READ_CAP, WRITE_CAP, edit_execute, glob_execute, read_execute, write_execute
 from apps.tools.grep import GREP_TIMEOUT_S, grep_execute
-
-
-def ctx_for(*bindings: VolumeBinding) -> ToolContext:
-    return ToolContext(
-        run_id="r_test",
-        agent_id="a_test",
-        session_id="s_test",
-        tenant_id="",
-        user_id="",
-        agent_name="files",
-        agent_def_id="d",
-        agent_def_sha256="",
-        provider="mock",
-        model="mock-script",
-        step=0,
-        call_id="c1",
-        tools=("Read", "Write", "Edit", "Glob", "Grep"),
-        volumes=bindings,
-        cancelled=threading.Event(),
-    )
+from tests.factories.tools import ctx_for, err, ok
 
 
 @pytest.fixture
@@ -56,16 +37,6 @@ def rw(root: Path) -> ToolContext:
 
 def ro(root: Path) -> ToolContext:
     return ctx_for(VolumeBinding(name="work", path=str(root), mode="ro"))
-
-
-def err(result: ToolResult) -> str:
-    assert result.is_error, result.text
-    return result.text
-
-
-def ok(result: ToolResult) -> str:
-    assert not result.is_error, result.text
-    return result.text
 
 
 # --- traversal ---------------------------------------------------------------------

@@ -21,8 +21,7 @@ from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.prompt import Segment
 from apps.tools.network import NO_HOSTS
 from tests.conftest import ALICE, wait_for, wait_status
-from tests.core.test_json_logs import json_logging_worker, json_records
-from tests.core.test_tracing import Receiver, Span, otel_env, otlp_receiver
+from tests.factories.observability import Receiver, Span, json_logging_worker, json_records, otel_env, otlp_receiver
 from tests.procs import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("agents", "net")

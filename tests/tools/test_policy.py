@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 
 from apps.core import hosts
-from apps.runs import registry
+from apps.core import toolregistry as registry
 from apps.runs.prompt import Segment
 from apps.runs.services import RunCreate, run_resolve
 from apps.tools.posture import Posture, posture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from datetime import datetime
@@ -23,8 +22,7 @@ from django.db import connection
 from apps.core.errors import ApplicationError, Conflict, Invalid
 from apps.core.tools import VolumeBinding
 from apps.runs import services
-from apps.runs.models import Run, RunEvent, RunStatus
-from apps.runs.prompt import Segment
+from apps.runs.models import Run, RunStatus
 from apps.tools import services as volume_services
 from apps.tools.files import read_execute, write_execute
 from apps.tools.volumes import (
@@ -36,33 +34,9 @@ from apps.tools.volumes import (
     volumes_root,
 )
 from loomcycle_project.db.base import application_name
-from tests.conftest import ALICE, for_sandbox, run_row, wait_for, wait_status
+from tests.conftest import ALICE, run_row, wait_for, wait_status
+from tests.factories.tools import STATIC, ctx_for, gone, results, scripted
 from tests.procs import WorkerPool
-from tests.tools.test_bash import gone
-from tests.tools.test_files import ctx_for
-
-STATIC = Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "volumes-static"
-
-
-@pytest.fixture
-def work() -> Iterator[Path]:
-    """The static `work` volume of tests/loomcycle.test.yaml, empty for each test."""
-    shutil.rmtree(STATIC, ignore_errors=True)
-    for_sandbox(STATIC / "work")  # its Bash commands write here
-    yield STATIC / "work"
-    shutil.rmtree(STATIC, ignore_errors=True)
-
-
-def scripted(agent: str, steps: list[dict[str, Any]], **kw: Any) -> Run:
-    prompt = f"MOCK_SCRIPT: {json.dumps(steps)}"
-    data = services.RunCreate(agent=agent, segments=[Segment(text=prompt)], **kw)
-    return services.run_create(principal=ALICE, data=data)
-
-
-def results(run_id: str) -> list[tuple[str, str, bool]]:
-    rows = RunEvent.objects.filter(run_id=run_id, type="tool_result").order_by("seq")
-    return [(e.payload["tool_use"]["name"], e.payload["text"], e.payload["is_error"]) for e in rows]
-
 
 # --- binding resolution (in-process) ------------------------------------------------------
 

@@ -20,7 +20,7 @@ from apps.core.tools import VolumeBinding
 from apps.tools import sandbox
 from apps.tools.bash import bash_execute
 from tests.conftest import for_sandbox, wait_for
-from tests.tools.test_files import ctx_for, err, ok
+from tests.factories.tools import ctx_for, err, ok
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="needs bubblewrap (.ci/run installs it)")
 

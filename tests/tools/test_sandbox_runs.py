@@ -15,8 +15,8 @@ from django.conf import settings
 from apps.runs.models import RunStatus
 from loomcycle_project import instance_secrets
 from tests.conftest import wait_status
+from tests.factories.tools import results, scripted
 from tests.procs import WorkerPool
-from tests.tools.test_runs import results, scripted, work  # noqa: F401  (work: a fixture)
 
 pytestmark = [
     pytest.mark.usefixtures("agents"),

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from apps.channels.models import ChannelMessage
-from apps.channels.services import ChannelSpec, channel_create
 from apps.runs.models import Run, RunEvent, TranscriptEntry
 from apps.substrate import tokens
+from apps.substrate.channeldefs import ChannelSpec, channeldef_create
 from apps.substrate.kinds import Refused
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
 from tests.conftest import wait_for, wait_status
@@ -280,7 +280,7 @@ def test_a_replay_on_the_other_web_process_returns_the_first_run(hook_webs: list
 
 
 def test_a_channel_delivery_publishes_the_raw_body_once(hook_webs: list[str]) -> None:
-    channel_create(tenant_id="", name="inbox-hooks", spec=ChannelSpec())
+    channeldef_create(tenant_id="", name="inbox-hooks", spec=ChannelSpec())
     define("to-channel", delivery="channel", channel="inbox-hooks")
     body = payload(ping=1)
     first = post(hook_webs[0], "to-channel", body, github(body))
@@ -401,7 +401,7 @@ def test_admin_routes_list_recent_deliveries_and_dry_run(hook_webs: list[str]) -
 
 
 def test_on_complete_hooks_run_once_when_the_spawned_run_completes(hook_webs: list[str], stack: Any) -> None:
-    channel_create(tenant_id="", name="hook-done", spec=ChannelSpec())
+    channeldef_create(tenant_id="", name="hook-done", spec=ChannelSpec())
     hooks = [{"kind": "channel.publish", "channel": "hook-done", "payload": {"source": "ci"}}]
     define("with-hooks", on_complete=hooks)
     body = payload(q="build finished")

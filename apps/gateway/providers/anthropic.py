@@ -89,6 +89,8 @@ def _keep(block: dict[str, Any], role: str) -> bool:
 def _block(block: dict[str, Any], role: str) -> dict[str, Any]:
     kind = block.get("type")
     if kind == "text":
+        if block.get("cacheable"):  # a caller's cache breakpoint (a `cacheable` trusted-text prompt block)
+            return {"type": "text", "text": block["text"], "cache_control": {"type": "ephemeral"}}
         return {"type": "text", "text": block["text"]}
     if kind == "tool_use":
         return {"type": "tool_use", "id": block["id"], "name": block["name"], "input": block.get("input") or {}}

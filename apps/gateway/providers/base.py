@@ -47,9 +47,12 @@ PURPOSE_COMPACTION = "compaction"
 class ProviderRequest:
     """`messages` are provider-neutral: {"role": "user"|"assistant", "content": [blocks]}
     with blocks {"type": "text", "text"}, {"type": "tool_use", "id", "name", "input"},
-    {"type": "tool_result", "tool_use_id", "content", "is_error"} and, in
+    {"type": "tool_result", "tool_use_id", "content", "is_error"}, {"type": "image",
+    "media_type", "data"} (user turns; standard base64) and, in
     assistant turns, {"type": "thinking", "thinking", "signature"} (replayed to
-    the provider that produced it, dropped by the others).
+    the provider that produced it, dropped by the others). A user text block
+    may carry `cacheable: true`: a prompt-cache breakpoint (Anthropic
+    `cache_control`), ignored by drivers without a native cache.
 
     `system` blocks are trusted text; with `cache_system` a driver with a
     native prompt cache marks them cacheable (Anthropic `cache_control`).

@@ -7,32 +7,32 @@
   on_complete hooks use (a call waits on a future, never holding a DB connection), and
   `alist_tools`, discovery for the web process's event loop (it holds no thread);
 - `servers`: an MCPServerDef row made into what a session needs, per run;
-- `provider`: the runs registry's tool provider (the cached tools of the servers a
+- `provider`: the tool registry's provider (apps.core.toolregistry) (the cached tools of the servers a
   tenant can see).
 """
 
 
 def install() -> None:
     """Wire the client into the runtime (from McpConfig.ready(); idempotent)."""
+    from apps.core import toolregistry
     from apps.mcp import services
     from apps.mcp.client import calls
     from apps.mcp.tools import PREFIX, mcp_tools
-    from apps.runs import registry
     from apps.substrate import services as substrate_services
 
-    registry.register_provider(mcp_tools, prefix=PREFIX)
+    toolregistry.register_provider(mcp_tools, prefix=PREFIX)
     calls.set_tools_listener(services.tools_relisted)
-    substrate_services.EXTRA_OPS.setdefault("mcpserver", {}).update(
+    calls.connect_worker_shutdown()
+    substrate_services.def_ops_register(
+        "mcpserver",
         {
             "create": services.mcpserver_create,
             "fork": services.mcpserver_fork,
             "rediscover": services.mcpserver_rediscover,
-        }
-    )
-    substrate_services.ASYNC_OPS.setdefault("mcpserver", {}).update(
+        },
         {
             "create": services.amcpserver_create,
             "fork": services.amcpserver_fork,
             "rediscover": services.amcpserver_rediscover,
-        }
+        },
     )

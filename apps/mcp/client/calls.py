@@ -8,8 +8,8 @@ future, bounded: the coroutine runs under `anyio.fail_after(timeout)`, and the
 wait gives up a little later still. The caller holds no DB connection while it
 waits (the tool adapter closes it first) and never the engine's admission slot
 (tool calls run outside it, apps.runs.engine). `shutdown()` stops every session
-(stdio server processes included); the worker calls it at shutdown and atexit
-covers other processes.
+(stdio server processes included); a worker calls it when it shuts down (its handler is
+connected from McpConfig.ready(), `connect_worker_shutdown`) and atexit covers other processes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import anyio
 import anyio.to_thread
 import httpx2
 import mcp_types as types
+from celery.signals import worker_process_shutdown, worker_shutdown
 from django.conf import settings
 from mcp.shared.exceptions import MCPError
 
@@ -134,6 +135,17 @@ def shutdown(timeout: float = 15.0) -> None:
 
 
 atexit.register(shutdown)
+
+
+def connect_worker_shutdown() -> None:
+    """Stop a worker's sessions when it (or a prefork child) shuts down: its stdio servers exit
+    with it, not after it. Idempotent: ready() may run more than once in a process."""
+    worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="mcp.worker_shutdown")
+    worker_process_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="mcp.worker_process_shutdown")
+
+
+def _on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    shutdown()
 
 
 def _reason(exc: BaseException) -> str:

@@ -33,7 +33,7 @@ from apps.core import egress, hosts
 from apps.core.egress import EgressRefused, HostPolicy
 from apps.core.tools import ToolRefusal
 from apps.substrate.kinds import Refused
-from apps.substrate.kinds_admin.mcp import mcp_server_connection
+from apps.substrate.kinds.mcp import mcp_server_connection
 from apps.substrate.models import DefSource, VersionedDef
 from apps.tools.httpcall import substitute
 

@@ -19,28 +19,19 @@ from pydantic import ConfigDict, Field
 from apps.core.errors import ApplicationError
 from apps.core.http import db_call
 from apps.core.types import Principal
-from apps.mcp.server.registry import Args, McpTool, register
+from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
 from apps.substrate import services as substrate
 from apps.substrate.auth import ADMIN, TENANT
 from apps.substrate.kinds import REFUSALS, Refusal, get_kind, refusal_details
+from apps.substrate.schemas import DefOpIn
 
 
-class DefOpArgs(Args):
+class DefOpArgs(DefOpIn, Args):
     """The def tools' common input (SPEC 6.5); each op reads what it needs, others pass through."""
 
-    model_config = ConfigDict(extra="allow")
-
-    op: str = Field(description="create | fork | get | list | retire | promote | verify")
-    name: Any = None
-    def_id: Any = None
-    parent_def_id: Any = None
-    overlay: Any = None
-    description: Any = None
-    promote: Any = None
-    retired: Any = None
-    content_sha256: Any = None
+    model_config = ConfigDict(extra="allow")  # as DefOpIn: Args refuses unknown fields
 
 
 class DefRefused(ApplicationError):

@@ -16,13 +16,12 @@ from typing import Any
 from pydantic import Field, StrictInt
 
 from apps.channels import access, presenters, services
-from apps.channels import selectors as channel_selectors
-from apps.channels.longpoll import long_poll
-from apps.channels.streams import Stream, bell, check_cursor
+from apps.channels.longpoll import subscribe_waiting
+from apps.channels.streams import Stream
 from apps.core.errors import Forbidden, Invalid, NotFound
 from apps.core.http import db_call
 from apps.core.types import Principal
-from apps.mcp.server.registry import Args, McpTool, register
+from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.memory import presenters as memory_presenters
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services
@@ -160,16 +159,10 @@ async def channel_publish(principal: Principal, args: ChannelPublishArgs) -> dic
 async def channel_subscribe(principal: Principal, args: ChannelSubscribeArgs) -> dict[str, Any]:
     """Reads after the committed cursor and commits it; `wait_ms` long-polls as REST does."""
     stream: Stream = (await db_call(_target)(principal, args))[0]
-    from_cursor = check_cursor(args.from_cursor)
-    limit = channel_selectors.clamp_max(args.max_messages)
-    read = db_call(services.subscribe)
-
-    async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
-        got = await read(stream=stream, from_cursor=from_cursor, max_messages=limit)
-        return bool(got.messages), presenters.read_result(got)
-
-    wait_ms = access.capped_wait_ms(args.wait_ms)
-    return await long_poll([bell(stream.tenant_id, stream.channel)], wait_ms, attempt)
+    read = await subscribe_waiting(
+        stream=stream, from_cursor=args.from_cursor, max_messages=args.max_messages, wait_ms=args.wait_ms
+    )
+    return presenters.read_result(read)
 
 
 register(

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from typing import Any
+from typing import Annotated, Any
 
 from django.conf import settings
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, WithJsonSchema
 
 from apps.core.errors import Invalid
 from apps.core.http import db_call
@@ -25,11 +25,12 @@ from apps.core.ids import IDENT_RE
 from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import astream_slot
-from apps.mcp.server.registry import Args, McpTool, register
+from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.runs import selectors, services
 from apps.runs.interrupts import services as interrupts
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out
+from apps.runs.prompt import NULLABLE_SEGMENTS_SCHEMA
 from apps.runs.schemas import RunCreateIn
 from apps.runs.streams import run_frames
 from apps.substrate.auth import RUNS_CREATE, RUNS_READ
@@ -41,7 +42,12 @@ def _run_id() -> Any:
 
 class SpawnRunArgs(Args):
     agent: str = Field(min_length=1, max_length=128, description="agent name (yaml or AgentDef)")
-    prompt: str = Field(description="the user prompt")
+    prompt: str | None = Field(default=None, description="the user prompt (one trusted-text user segment)")
+    segments: Annotated[list[Any] | None, WithJsonSchema(NULLABLE_SEGMENTS_SCHEMA)] = Field(
+        default=None,
+        description="loomcycle's prompt segments, each {role: system|user, content: [blocks]} "
+        "(blocks: trusted-text, untrusted-block, image); wins over prompt",
+    )
     user_id: str | None = Field(default=None, description="end user the run acts for")
     metadata: dict[str, Any] | None = None
     tools: list[str] | None = Field(default=None, description="narrow the agent's tools to these")
@@ -81,9 +87,9 @@ class InterruptionResolveArgs(Args):
 
 
 def _create(principal: Principal, args: SpawnRunArgs) -> dict[str, Any]:
-    wire = args.model_dump(include={"agent", "prompt", "user_id", "metadata", "tools", "max_iterations"})
+    wire = args.model_dump(include={"agent", "prompt", "segments", "user_id", "metadata", "tools", "max_iterations"})
     try:
-        data = RunCreateIn.model_validate(wire)  # the REST body's checks (identifiers)
+        data = RunCreateIn.model_validate(wire)  # the REST body's checks (identifiers, segments)
     except ValidationError as exc:
         raise Invalid(f"{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}", code="invalid_body") from exc
     run = services.run_create(

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
+from apps.core import toolregistry as registry
 from apps.gateway import fairness
 from apps.gateway.pricing import cost_usd
 from apps.gateway.providers import (
@@ -26,7 +27,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import registry, tracing
+from apps.runs import tracing
 from apps.runs.engine import metrics
 from apps.runs.engine.admission import ADMISSION
 from apps.runs.engine.turncancel import TurnCut

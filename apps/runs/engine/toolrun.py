@@ -26,11 +26,12 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from opentelemetry import context as otel_context
 
+from apps.core import toolregistry as registry
 from apps.core.database import connection_lost
 from apps.core.http import storable, storable_text
 from apps.core.tools import Tool, ToolContext, ToolResult
 from apps.gateway.providers import ToolCall
-from apps.runs import registry, tracing
+from apps.runs import tracing
 
 log = logging.getLogger("loomcycle.tools")
 

@@ -31,8 +31,8 @@ from typing import Any
 
 from django.conf import settings
 
+from apps.core.toolregistry import ToolRunner
 from apps.core.tools import ToolContext, ToolResult
-from apps.runs.registry import ToolRunner
 from apps.triggers.hooks import cache, callback, widening
 from apps.triggers.hooks.callback import HookCallFailed
 from apps.triggers.hooks.types import Hook
@@ -86,7 +86,7 @@ class _Call:
 
 
 def intercept(ctx: ToolContext, tool: str, data: dict[str, Any], runner: ToolRunner) -> ToolResult:
-    """The engine's interceptor (apps.runs.registry): the chains around `runner`."""
+    """The engine's interceptor (apps.core.toolregistry): the chains around `runner`."""
     hooks = [h for h in cache.hooks() if h.applies(tenant_id=ctx.tenant_id, agent=ctx.agent_name, tool=tool)]
     if not hooks:
         return runner(ctx, data)

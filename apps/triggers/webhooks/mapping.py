@@ -3,7 +3,7 @@
 
 A tiny parser rather than a JSONPath library: the subset is three token
 kinds, and a library would accept (and need refusing) everything else.
-WebhookDef validation (apps.substrate.kinds_admin.webhook) already refuses
+WebhookDef validation (apps.substrate.kinds.webhook) already refuses
 any other path, so `parse_path` failing here means a definition written
 before that check: a 400 `bad_mapping`, never a 500.
 """
@@ -19,7 +19,7 @@ from typing import Any
 from apps.core.errors import Invalid
 from apps.core.http import loads_checked
 from apps.core.ids import is_ident
-from apps.substrate.kinds_admin.webhook import PATH_KEY
+from apps.substrate.kinds.webhook import PATH_KEY
 from apps.triggers.webhooks.errors import BadMapping
 
 log = logging.getLogger("loomcycle.webhooks")

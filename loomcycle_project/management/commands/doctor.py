@@ -167,7 +167,7 @@ def check_providers() -> list[Check]:
 
 def check_tools() -> list[Check]:
     """The SPEC 8 posture the settings add up to, and what each built-in tool may do."""
-    from apps.runs import registry
+    from apps.core import toolregistry
     from apps.tools.posture import posture, stances
 
     floor = list(settings.LOOMCYCLE.tools_enabled)
@@ -177,8 +177,8 @@ def check_tools() -> list[Check]:
     except ApplicationError as exc:
         return [("FAIL", "posture", f"cannot tell: {exc.message}")]
     out: list[Check] = [("PASS", "posture", f"{current} (docs/tools.md#policy-and-postures)")]
-    for name in registry.names():
-        if not registry.allowed(floor, name):
+    for name in toolregistry.names():
+        if not toolregistry.allowed(floor, name):
             out.append(("PASS", f"tool {name}", "off: not in LOOMCYCLE_TOOLS_ENABLED"))
             continue
         detail = described.get(name, "for agents that list it in tools:, within its own ACLs")

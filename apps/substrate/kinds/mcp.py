@@ -4,7 +4,7 @@ The MCP client (apps.mcp) adds `rediscover` and discovery on create/fork.
 `headers` and `env` are secret-bearing: they are stored with their `${NAME}`
 references as written (yaml expansion skips them), so rows, hashes and every
 answer carry the reference. `mcp_server_connection` is the one place that
-resolves them, for the MCP client at connect time (apps.substrate.secretrefs
+resolves them, for the MCP client at connect time (apps.substrate.kinds.secretrefs
 has the rules every secret-bearing field follows).
 """
 
@@ -22,10 +22,11 @@ from apps.core import egress
 from apps.core.config import runtime_config
 from apps.core.hosts import host_matches
 from apps.core.secrets import config_secret_names, resolve_references
-from apps.substrate.kinds import Refused, _drop_unknown, string_list
-from apps.substrate.kinds_admin.fields import get_secret_map, get_text, put
-from apps.substrate.models import DefSource, VersionedDef
-from apps.substrate.secretrefs import check_tenant_refs
+from apps.substrate import hashing
+from apps.substrate.kinds.base import Kind, Refused, drop_unknown, string_list
+from apps.substrate.kinds.fields import get_secret_map, get_text, put
+from apps.substrate.kinds.secretrefs import check_tenant_refs
+from apps.substrate.models import DefSource, MCPServerDef, MCPServerDefActive, VersionedDef
 
 MCP_FIELDS = frozenset({"transport", "url", "headers", "description", "command", "args", "env", "tools"})
 HTTP_TRANSPORTS = ("http", "streamable-http")
@@ -81,7 +82,7 @@ def normalise_mcpserver(name: str, raw: dict[str, Any], strict: bool) -> dict[st
     _check_server_name(name, what)
     raw = dict(raw)
     raw.pop("name", None)
-    d = _drop_unknown(name, "mcp server", raw, MCP_FIELDS, strict)
+    d = drop_unknown(name, "mcp server", raw, MCP_FIELDS, strict)
     transport = d.get("transport")
     out: dict[str, Any] = {"transport": transport}
     if transport == "stdio":
@@ -153,3 +154,16 @@ def mcp_server_connection(row: VersionedDef) -> MCPServerConnection:
         env=resolve("env"),
         tools=tuple(d.get("tools") or ()),
     )
+
+
+MCPSERVER = Kind(
+    key="mcpserver",
+    tool="MCPServerDef",
+    model=MCPServerDef,
+    pointer=MCPServerDefActive,
+    ops=frozenset({"create", "fork", "get", "list", "retire", "promote", "verify"}),
+    normalise=normalise_mcpserver,
+    content_hash=hashing.mcp_content_sha256,
+    yaml_key="mcp_servers",
+    secret_fields=("headers", "env"),
+)

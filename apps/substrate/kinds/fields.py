@@ -8,7 +8,7 @@ from typing import Any
 
 from apps.core.config import runtime_config
 from apps.core.secrets import config_secret_names, name_refusal, referenced_names
-from apps.substrate.kinds import Refused
+from apps.substrate.kinds.base import Refused
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 IDENT_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -85,7 +85,7 @@ def check_secret_name(name: str, what: str, *, runtime: bool) -> None:
 
 def get_secret_map(d: dict[str, Any], key: str, what: str, *, runtime: bool) -> dict[str, str] | None:
     """A string map whose values may hold `${NAME}` references, stored as
-    written (resolved only at use, see kinds_admin.mcp.mcp_server_connection)."""
+    written (resolved only at use, see kinds.mcp.mcp_server_connection)."""
     value = get_str_map(d, key, what)
     for k, v in (value or {}).items():
         for name in referenced_names(v):

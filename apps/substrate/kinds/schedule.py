@@ -4,15 +4,15 @@ scheduler that fires these definitions is not part of this module."""
 from __future__ import annotations
 
 import zoneinfo
-from collections.abc import Callable
 from typing import Any
 
 from celery.schedules import ParseException, crontab
 from croniter import croniter
 
-from apps.substrate.kinds import Kind, Refused, _drop_unknown
-from apps.substrate.kinds_admin.fields import get_flag, get_int, get_text, put
-from apps.substrate.kinds_admin.triggers import check_credentials, check_hook, common_trigger_fields
+from apps.substrate.kinds.base import Kind, Refused, drop_unknown
+from apps.substrate.kinds.fields import get_flag, get_int, get_text, put
+from apps.substrate.kinds.triggers import TRIGGER_OPS, check_credentials, common_trigger_fields
+from apps.substrate.models import ScheduleDef, ScheduleDefActive
 
 SCHEDULE_FIELDS = frozenset(
     {
@@ -146,7 +146,7 @@ def normalise_schedule(name: str, raw: dict[str, Any], strict: bool) -> dict[str
     what = f"schedule {name!r}"
     raw = dict(raw)
     raw.pop("name", None)
-    d = _drop_unknown(name, "schedule", raw, SCHEDULE_FIELDS, strict)
+    d = drop_unknown(name, "schedule", raw, SCHEDULE_FIELDS, strict)
     out: dict[str, Any] = {"agent": get_text(d, "agent", what, required=True)}
     cron, tiers = d.get("schedule"), d.get("user_tier_schedules")
     if cron and tiers:
@@ -179,57 +179,15 @@ def normalise_schedule(name: str, raw: dict[str, Any], strict: bool) -> dict[str
     return out
 
 
-def _hook_edit(
-    kind: Kind, author: Any, data: dict[str, Any], op: str, edit: Callable[[list[Any]], str]
-) -> dict[str, Any]:
-    """Fork `def_id` with its hook list edited: a new, promoted version whose parent is `def_id`."""
-    from apps.substrate import services  # services imports this module through kinds
-
-    def_id = _def_id(data, op)
-    try:
-        current = services.def_get(kind, author, {"def_id": def_id})
-    except Refused as exc:
-        raise Refused(f"{op}:{exc.message.split(':', 1)[1]}") from exc
-    hooks = list(current["definition"].get("on_complete") or [])
-    summary = edit(hooks)
-    body = {
-        "name": current["name"],
-        "parent_def_id": def_id,
-        "overlay": {"on_complete": hooks},
-        "description": data.get("description") or summary,
-        "promote": data.get("promote"),
-    }
-    return services.def_fork(kind, author, body)
-
-
-def _def_id(data: dict[str, Any], op: str) -> str:
-    def_id = data.get("def_id")
-    if not isinstance(def_id, str) or not def_id:
-        raise Refused(f"{op}: missing required field: def_id")
-    return def_id
-
-
-def schedule_add_hook(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
-    _def_id(data, "add_hook")
-    hook = check_hook(data.get("hook"), "add_hook: hook", strict=True)
-
-    def add(hooks: list[Any]) -> str:
-        hooks.append(hook)
-        return f"add_hook: {hook['kind']}"
-
-    return _hook_edit(kind, author, data, "add_hook", add)
-
-
-def schedule_remove_hook(kind: Kind, author: Any, data: dict[str, Any]) -> dict[str, Any]:
-    _def_id(data, "remove_hook")
-    index = data.get("hook_index")
-    if not isinstance(index, int) or isinstance(index, bool):
-        raise Refused("remove_hook: missing required field: hook_index (an integer)")
-
-    def remove(hooks: list[Any]) -> str:
-        if not 0 <= index < len(hooks):
-            raise Refused(f"remove_hook: hook_index {index} is out of range (the def has {len(hooks)} hook(s))")
-        removed = hooks.pop(index)
-        return f"remove_hook: {removed.get('kind')} at {index}"
-
-    return _hook_edit(kind, author, data, "remove_hook", remove)
+SCHEDULE = Kind(
+    key="schedule",
+    tool="ScheduleDef",
+    model=ScheduleDef,
+    pointer=ScheduleDefActive,
+    ops=TRIGGER_OPS,
+    normalise=normalise_schedule,
+    content_hash=None,
+    fork_promotes=True,
+    yaml_key="scheduled_runs",
+    credential_env_fields=("user_credentials_from_env",),
+)

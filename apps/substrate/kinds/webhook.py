@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from apps.substrate.kinds import Refused, _drop_unknown
-from apps.substrate.kinds_admin.fields import (
+from apps.substrate.kinds.base import Kind, Refused, drop_unknown
+from apps.substrate.kinds.fields import (
     check_channel_name,
     get_env_name,
     get_flag,
@@ -15,7 +15,8 @@ from apps.substrate.kinds_admin.fields import (
     get_text,
     put,
 )
-from apps.substrate.kinds_admin.triggers import check_credentials, common_trigger_fields
+from apps.substrate.kinds.triggers import TRIGGER_OPS, check_credentials, common_trigger_fields
+from apps.substrate.models import WebhookDef, WebhookDefActive
 
 WEBHOOK_FIELDS = frozenset(
     {
@@ -55,7 +56,7 @@ def _check_auth(value: Any, name: str, strict: bool) -> dict[str, Any]:
         value = {}
     if not isinstance(value, dict):
         raise Refused(f"{what}: auth must be an object")
-    d = _drop_unknown(name, "webhook auth", value, _AUTH_FIELDS, strict)
+    d = drop_unknown(name, "webhook auth", value, _AUTH_FIELDS, strict)
     kind = d.get("kind") or "hmac"
     if kind not in ("hmac", "bearer", "none"):
         raise Refused(f"{what}: auth.kind must be hmac, bearer or none (got {kind!r})")
@@ -135,7 +136,7 @@ def normalise_webhook(name: str, raw: dict[str, Any], strict: bool) -> dict[str,
         )
     raw = dict(raw)
     raw.pop("name", None)
-    d = _drop_unknown(name, "webhook", raw, WEBHOOK_FIELDS, strict)
+    d = drop_unknown(name, "webhook", raw, WEBHOOK_FIELDS, strict)
     delivery = d.get("delivery") or "spawn"
     if delivery not in ("spawn", "channel"):
         raise Refused(f"{what}: delivery must be spawn or channel (got {delivery!r})")
@@ -150,3 +151,17 @@ def normalise_webhook(name: str, raw: dict[str, Any], strict: bool) -> dict[str,
     out |= check_credentials(d, what)
     out |= common_trigger_fields(d, what, strict)
     return out
+
+
+WEBHOOK = Kind(
+    key="webhook",
+    tool="WebhookDef",
+    model=WebhookDef,
+    pointer=WebhookDefActive,
+    ops=TRIGGER_OPS,
+    normalise=normalise_webhook,
+    content_hash=None,
+    fork_promotes=True,
+    yaml_key="webhooks",
+    credential_env_fields=("user_credentials_from_env", "auth.signing_secret_env", "auth.bearer_token_env"),
+)

@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.core.secrets import REF_RE, credential_env_refusal, referenced_names
-from apps.substrate.kinds import Kind, Refused
+from apps.substrate.kinds.base import Kind, Refused
 
 MASKED = "[redacted]"
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.substrate.kinds import Refused, _drop_unknown, string_list
-from apps.substrate.kinds_admin.fields import IDENT_RE, check_channel_name, get_object, get_str_map, get_text, put
+from apps.substrate.kinds.base import Refused, drop_unknown, string_list
+from apps.substrate.kinds.fields import IDENT_RE, check_channel_name, get_object, get_str_map, get_text, put
 
 _HOOKS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # kind -> (required text fields, optional fields)
     "channel.publish": (("channel",), ("payload",)),
     "memory.set": (("scope", "key"), ("payload",)),
     "mcp.call": (("server", "tool"), ("args",)),
 }
+
+
+TRIGGER_OPS = frozenset({"create", "fork", "get", "list", "retire"})  # ScheduleDef and WebhookDef
 
 
 def check_hook(hook: Any, what: str, strict: bool) -> dict[str, Any]:
@@ -22,7 +25,7 @@ def check_hook(hook: Any, what: str, strict: bool) -> dict[str, Any]:
         raise Refused(f"{what}: hook kind must be one of {', '.join(_HOOKS)} (got {got!r})")
     kind = hook["kind"]
     required, optional = _HOOKS[kind]
-    out = _drop_unknown(kind, f"{what}: hook", hook, frozenset({"kind", *required, *optional}), strict)
+    out = drop_unknown(kind, f"{what}: hook", hook, frozenset({"kind", *required, *optional}), strict)
     for field in required:
         get_text(out, field, f"{what} ({kind})", required=True)
     if kind == "channel.publish":

@@ -60,7 +60,7 @@ def start(web: int, grpc_port: int) -> subprocess.Popen[bytes]:
 
 
 def wait_up(base: str, target: str) -> None:
-    from tests.grpcapi.conftest import wait_serving
+    from tests.factories.grpc import wait_serving
 
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

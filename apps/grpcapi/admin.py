@@ -22,9 +22,9 @@ from apps.runs import selectors, services
 from apps.runs.schemas import PauseIn
 from apps.substrate import services as substrate
 from apps.substrate import tokens
-from apps.substrate.api import DefOpIn
 from apps.substrate.api_auth import OperatorTokenOpIn
 from apps.substrate.kinds import KINDS, Refused, RefusedNotFound
+from apps.substrate.schemas import DefOpIn
 
 Dispatch = Callable[[Principal, dict[str, Any]], Awaitable[dict[str, Any]]]
 

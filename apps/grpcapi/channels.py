@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from apps.channels import access, presenters, selectors, services
-from apps.channels.longpoll import long_poll
+from apps.channels import access, cursors, presenters, selectors, services
+from apps.channels.longpoll import long_poll, subscribe_waiting
 from apps.channels.streams import Stream, bell, check_cursor
 from apps.core.errors import Invalid
 from apps.core.http import db_call, loads_checked
@@ -154,17 +154,14 @@ class ChannelRpcs:
         self, request: pb.SubscribeChannelRequest, principal: Principal
     ) -> pb.SubscribeChannelResponse:
         stream = await db_call(_stream)(principal, request)
-        cursor, limit = check_cursor(request.from_cursor or None), _max(request.max_messages)
-        read = db_call(services.subscribe)
-
-        async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
-            got = await read(stream=stream, from_cursor=cursor, max_messages=limit)
-            return bool(got.messages), presenters.read_result(got)
-
-        wait_ms = access.capped_wait_ms(request.wait_ms)
-        out = await long_poll([bell(stream.tenant_id, stream.channel)], wait_ms, attempt)
+        got = await subscribe_waiting(
+            stream=stream,
+            from_cursor=request.from_cursor or None,
+            max_messages=request.max_messages or None,
+            wait_ms=request.wait_ms,
+        )
         return pb.SubscribeChannelResponse(
-            channel=out["channel"], messages=_messages(out["messages"]), next_cursor=out["next_cursor"] or ""
+            channel=stream.channel, messages=_messages(got.messages), next_cursor=got.next_cursor or ""
         )
 
     @unary(_route("peek", "GET"))
@@ -177,7 +174,7 @@ class ChannelRpcs:
     @unary(_route("ack"))
     async def AckChannel(self, request: pb.AckChannelRequest, principal: Principal) -> pb.AckChannelResponse:
         stream = await db_call(_stream)(principal, request)
-        await db_call(services.ack)(stream=stream, cursor=request.cursor or None)
+        await db_call(cursors.ack)(stream=stream, cursor=request.cursor or None)
         return pb.AckChannelResponse(ok=True)
 
     @unary(("POST", "/v1/_channels/_broadcast"))

@@ -54,7 +54,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> list[int]:
 
 def _grpc_serves_a_run(target: str, log: Path) -> None:
     """`up` with LOOMCYCLE_GRPC_ADDR: its banner names the address and loomcycle.v1 serves a run there."""
-    from tests.grpcapi.conftest import wait_serving
+    from tests.factories.grpc import wait_serving
 
     wait_serving(target, timeout=60)
     from apps.grpcapi.proto import loomcycle_pb2 as pb

@@ -15,12 +15,12 @@ from typing import Any
 import grpc
 import pytest
 
-from apps.channels.services import ChannelSpec, channel_create
 from apps.grpcapi import servicer
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
 from apps.runs.models import RunStatus
 from apps.substrate import tokens
+from apps.substrate.channeldefs import ChannelSpec, channeldef_create
 from tests.conftest import wait_status
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
@@ -134,11 +134,11 @@ def seed(stub: pb_grpc.LoomcycleStub, alice: str) -> Ids:
     def_id = json.loads(created[2].output_json)["def_id"]
     note = {"op": "set", "scope": "user", "scope_id": "acme-user", "key": "note", "value": MARK}
     assert call(stub, "Memory", sub(note), alice)[0] == SC.OK
-    channel = {"channel": "acme-grpc-board", "name": "acme-grpc-board"}
-    channel_create(tenant_id="acme", name=channel["name"], spec=ChannelSpec(description=MARK))  # as POST /v1/_channels
-    post = pb.PublishChannelRequest(channel=channel["name"], payload=json.dumps(MARK).encode())
+    board = "acme-grpc-board"
+    channeldef_create(tenant_id="acme", name=board, spec=ChannelSpec(description=MARK))  # as POST /v1/_channels
+    post = pb.PublishChannelRequest(channel=board, payload=json.dumps(MARK).encode())
     assert call(stub, "PublishChannel", post, alice)[0] == SC.OK
-    return {**ids, "def_id": def_id, "user_id": "acme-user", "memory_key": "note", "channel": channel["name"]}
+    return {**ids, "def_id": def_id, "user_id": "acme-user", "memory_key": "note", "channel": board}
 
 
 def fresh_tenant(n: int) -> str:

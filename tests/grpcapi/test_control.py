@@ -12,7 +12,7 @@ from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
 from apps.runs.models import Interrupt, RunStatus
 from tests.conftest import wait_status
-from tests.grpcapi.test_runs import user_text
+from tests.factories.grpc import user_text
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 

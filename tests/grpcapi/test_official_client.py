@@ -20,7 +20,7 @@ from loomcycle import errors as lc
 from apps.runs.models import RunStatus
 from tests import procs
 from tests.conftest import wait_status
-from tests.grpcapi.conftest import wait_serving
+from tests.factories.grpc import wait_serving
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 

@@ -12,12 +12,9 @@ from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
 from apps.runs.models import RunStatus
 from tests.conftest import wait_status
+from tests.factories.grpc import user_text
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
-
-
-def user_text(text: str) -> list[pb.PromptSegment]:
-    return [pb.PromptSegment(role="user", content=[pb.PromptContentBlock(type="trusted-text", text=text)])]
 
 
 def test_run_streams_session_agent_then_the_run_events(stub: pb_grpc.LoomcycleStub) -> None:

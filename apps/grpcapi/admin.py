@@ -1,5 +1,6 @@
 """The runtime-admin and substrate RPCs: pause/resume/state (POST /v1/_pause, /v1/_resume,
-GET /v1/_state) and the def op-dispatch RPCs (POST /v1/_<kind>def, /v1/_operatortokendef),
+GET /v1/_state) and the def op-dispatch RPCs (POST /v1/_<kind>def, /v1/_operatortokendef,
+/v1/_volumedef),
 each through the service its HTTP route calls, with the route's scope and schema.
 
 A def RPC answers loomcycle's SubstrateResponse: the op's JSON in `output_json`, or a refused
@@ -25,6 +26,8 @@ from apps.substrate import tokens
 from apps.substrate.api_auth import OperatorTokenOpIn
 from apps.substrate.kinds import KINDS, Refused, RefusedNotFound
 from apps.substrate.schemas import DefOpIn
+from apps.tools.schemas import VolumeDefOpIn
+from apps.tools.services import volume_def_dispatch
 
 Dispatch = Callable[[Principal, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -62,8 +65,13 @@ async def _token_dispatch(principal: Principal, data: dict[str, Any]) -> dict[st
     return await db_call(tokens.token_dispatch)(body, by=principal.subject)
 
 
+async def _volume_dispatch(principal: Principal, data: dict[str, Any]) -> dict[str, Any]:
+    return await db_call(volume_def_dispatch)(principal, parsed(VolumeDefOpIn, data))
+
+
 def _def_rpc(key: str, path: str) -> Callable[..., Awaitable[pb.SubstrateResponse]]:
-    dispatch = _token_dispatch if key == "operatortoken" else _kind_dispatch(key)
+    special: dict[str, Dispatch] = {"operatortoken": _token_dispatch, "volume": _volume_dispatch}
+    dispatch = special.get(key) or _kind_dispatch(key)
 
     async def body(self: Any, request: pb.SubstrateRequest, principal: Principal) -> pb.SubstrateResponse:
         return await _substrate(request, principal, dispatch)
@@ -106,3 +114,4 @@ class AdminRpcs:
     ScheduleDef = _def_rpc("schedule", "/v1/_scheduledef")
     WebhookDef = _def_rpc("webhook", "/v1/_webhookdef")
     OperatorTokenDef = _def_rpc("operatortoken", "/v1/_operatortokendef")
+    VolumeDef = _def_rpc("volume", "/v1/_volumedef")

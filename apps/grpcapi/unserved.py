@@ -9,7 +9,8 @@ ABSENT = "this runtime does not have this capability"
 NOT_YET = "this runtime has it over HTTP (docs/compat.md) but does not serve it over gRPC yet"
 
 UNSERVED: dict[str, str] = {
-    # Capabilities loomcycle has and this runtime does not (docs/compat.md).
+    # Capabilities loomcycle has and this runtime does not (docs/compat.md); and HookDef, whose
+    # capability exists over HTTP in another shape.
     "Config": ABSENT + " (no instance-configuration report, GET /v1/config)",
     "DeleteRunTree": ABSENT,
     "CreateConfiguredRun": ABSENT + " (configured runs)",
@@ -36,7 +37,7 @@ UNSERVED: dict[str, str] = {
     "MemoryBackendDef": ABSENT,
     "DocumentSourceDef": ABSENT + " (documents)",
     "TeamDef": ABSENT + " (teams)",
-    "HookDef": ABSENT + " (hooks are served at /v1/hooks, not as a def kind)",
+    "HookDef": NOT_YET + " (tool-use hooks are registered at /v1/hooks here, not as a def kind)",
     "Path": ABSENT + " (Path VFS)",
     "Document": ABSENT + " (documents)",
     "CredentialDef": ABSENT,
@@ -52,7 +53,6 @@ UNSERVED: dict[str, str] = {
     "PeekTeamChannel": ABSENT + " (teams)",
     "ReleaseTeamChannel": ABSENT + " (teams)",
     # Capabilities this runtime has over HTTP, not yet over gRPC.
-    "VolumeDef": NOT_YET + " (POST /v1/_volumedef)",
 }
 
 

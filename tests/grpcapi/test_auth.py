@@ -36,6 +36,7 @@ MISSING: Ids = {
     "user_id": "nobody-here",
     "memory_key": "no-such-key",
     "channel": "no-such-channel",
+    "volume": "no-such-volume",
 }
 
 
@@ -64,6 +65,7 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
     "ScheduleDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
     "WebhookDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
     "OperatorTokenDef": lambda i: sub({"op": "list"}),
+    "VolumeDef": lambda i: sub({"op": "get", "name": i["volume"]}),
     "PauseRuntime": lambda i: pb.PauseRuntimeRequest(timeout_ms=1),
     "ResumeRuntime": lambda i: pb.ResumeRuntimeRequest(),
     "GetRuntimeState": lambda i: pb.GetRuntimeStateRequest(),
@@ -138,7 +140,16 @@ def seed(stub: pb_grpc.LoomcycleStub, alice: str) -> Ids:
     channeldef_create(tenant_id="acme", name=board, spec=ChannelSpec(description=MARK))  # as POST /v1/_channels
     post = pb.PublishChannelRequest(channel=board, payload=json.dumps(MARK).encode())
     assert call(stub, "PublishChannel", post, alice)[0] == SC.OK
-    return {**ids, "def_id": def_id, "user_id": "acme-user", "memory_key": "note", "channel": board}
+    volume = call(stub, "VolumeDef", sub({"op": "create", "name": "acme-grpc-vol"}), alice)
+    assert volume[0] == SC.OK and not volume[2].is_error, volume
+    return {
+        **ids,
+        "def_id": def_id,
+        "user_id": "acme-user",
+        "memory_key": "note",
+        "channel": board,
+        "volume": "acme-grpc-vol",
+    }
 
 
 def fresh_tenant(n: int) -> str:

@@ -93,6 +93,9 @@ def test_agent_def_created_read_and_run(grpc_target: str) -> None:
             with pytest.raises(lc.SubstrateToolRefusedError) as refused:
                 await client.agent_def({"op": "create", "name": "grpc-bad", "overlay": {"provider": "mock"}})
             assert refused.value.tool == "AgentDef" and "provider and model" in refused.value.message
+            made = await client.volume_def({"op": "create", "name": "grpc-vol"})
+            assert made["name"] == "grpc-vol"
+            assert "grpc-vol" in {v["name"] for v in (await client.volume_def({"op": "list"}))["volumes"]}
 
     asyncio.run(main())
 

@@ -19,7 +19,7 @@ from apps.grpcapi.server import options
 from tests.procs import ROOT, free_port
 
 SERVED = {
-    "SpawnRunBatch", "CancelTurn", "CompactRun", "ReplaySession", "ResolveInterrupt", "Memory",
+    "SpawnRunBatch", "VolumeDef", "CancelTurn", "CompactRun", "ReplaySession", "ResolveInterrupt", "Memory",
     "ListChannels", "PublishChannel", "SubscribeChannel", "PeekChannel", "AckChannel", "AwaitChannels",
     "BroadcastChannels",
     "Health", "Run", "Continue", "StreamRun", "GetRun", "GetAgent", "CancelAgent", "RunInput", "GetTranscript",
@@ -51,12 +51,12 @@ def _unary_unserved(stub: pb_grpc.LoomcycleStub, name: str) -> grpc.RpcError:
 
 @pytest.mark.usefixtures("transactional_db")
 def test_unserved_rpcs_answer_unimplemented_naming_themselves(stub: pb_grpc.LoomcycleStub) -> None:
-    for name in ("Decide", "StreamUserRunStates", "VolumeDef", "TeamDef"):
+    for name in ("Decide", "StreamUserRunStates", "TeamDef", "History"):
         err = _unary_unserved(stub, name)
         assert err.code() == grpc.StatusCode.UNIMPLEMENTED, name
         assert err.details() == unserved.message(name) and f"/{name}:" in err.details()
     assert "does not have this capability" in _unary_unserved(stub, "Decide").details()
-    assert "not serve it over gRPC yet" in _unary_unserved(stub, "VolumeDef").details()
+    assert "not serve it over gRPC yet" in _unary_unserved(stub, "HookDef").details()
 
 
 def test_health_and_reflection_serve_grpcurl_and_load_balancers(grpc_target: str) -> None:

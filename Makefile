@@ -3,13 +3,23 @@
 # `LOOMCYCLE_SCHEDULER_ENABLED=1 make run` also fires ScheduleDefs (docs/triggers.md).
 VENV  := .venv
 PY    := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/dev.txt | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit rolling-deploy capacity soak chaos doctor venv clean
+.PHONY: proto run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
 
-venv: $(STAMP)
+# The gRPC stubs (apps/grpcapi, docs/grpc.md): generated from the project's .proto by grpcio-tools'
+# protoc, never committed (.gitignore); every target that runs code depends on them.
+PROTO     := apps/grpcapi/proto/loomcycle.proto
+PROTO_GEN := apps/grpcapi/proto/loomcycle_pb2.py
 
-$(STAMP): requirements/base.txt requirements/embedded.txt requirements/dev.txt
+venv: $(STAMP) $(PROTO_GEN)
+
+proto: $(PROTO_GEN)
+
+$(PROTO_GEN): $(PROTO) $(STAMP)
+	$(PY) -m apps.grpcapi.stubs
+
+$(STAMP): requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
 	# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root
@@ -20,10 +30,10 @@ $(STAMP): requirements/base.txt requirements/embedded.txt requirements/dev.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) $(PROTO_GEN)
 	$(PY) manage.py up
 
-doctor: $(STAMP)
+doctor: $(STAMP) $(PROTO_GEN)
 	$(PY) manage.py doctor
 
 # TEST_WORKERS pytest-xdist workers (0: one process), each with its own embedded Postgres,
@@ -34,18 +44,18 @@ doctor: $(STAMP)
 # when neither part collected a test.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) $(PROTO_GEN)
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not solo" $(PYTEST_ARGS); main=$$?; \
 	$(PY) -m pytest -m solo $(PYTEST_ARGS); solo=$$?; \
 	for rc in $$main $$solo; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
 	if [ $$main -eq 5 ] && [ $$solo -eq 5 ]; then exit 5; fi; exit 0
 
-lint: $(STAMP)
+lint: $(STAMP) $(PROTO_GEN)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) $(PROTO_GEN)
 	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing loomcycle_http
 
 bench: $(STAMP)
@@ -64,6 +74,10 @@ bench-schedules: $(STAMP)
 
 bench-interrupts: $(STAMP)
 	$(PY) bench/interrupts.py
+
+# gRPC against HTTP on the stack `make run` starts: a unary read and time to first event (bench/grpc_vs_http.py).
+bench-grpc: $(STAMP) $(PROTO_GEN)
+	$(PY) bench/grpc_vs_http.py
 
 bench-fanout: $(STAMP)
 	$(PY) bench/fanout.py

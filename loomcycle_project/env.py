@@ -499,6 +499,17 @@ def _tenant_env_allowlist(name: str) -> dict[str, tuple[str, ...]]:
 TENANT_CREDENTIAL_ENV: dict[str, tuple[str, ...]] = _tenant_env_allowlist("LOOMCYCLE_TENANT_CREDENTIAL_ENV")
 # Fire rows and finished on_complete jobs older than this are deleted by the finished sweep.
 TRIGGERS_RETENTION_DAYS: int = env.int("LOOMCYCLE_TRIGGERS_RETENTION_DAYS", default=30)
+# gRPC (apps/grpcapi, docs/grpc.md): loomcycle.v1.Loomcycle served on this host:port by its own
+# process (`manage.py grpc`, which `up` starts); unset, no gRPC. Limits: the largest message
+# received (a bigger one is RESOURCE_EXHAUSTED, the stream survives) and sent; keepalive pings
+# an idle connection every KEEPALIVE_TIME and drops it when no answer comes within
+# KEEPALIVE_TIMEOUT; a client pinging more often than MIN_PING_INTERVAL is sent GOAWAY.
+GRPC_ADDR: str | None = env.str("LOOMCYCLE_GRPC_ADDR", default=None) or None
+GRPC_MAX_RECV_BYTES: int = _at_least("LOOMCYCLE_GRPC_MAX_RECV_BYTES", 16 * 1024 * 1024, 1024)
+GRPC_MAX_SEND_BYTES: int = _at_least("LOOMCYCLE_GRPC_MAX_SEND_BYTES", 64 * 1024 * 1024, 1024)
+GRPC_KEEPALIVE_TIME_MS: int = _at_least("LOOMCYCLE_GRPC_KEEPALIVE_TIME_MS", 30_000, 1000)
+GRPC_KEEPALIVE_TIMEOUT_MS: int = _at_least("LOOMCYCLE_GRPC_KEEPALIVE_TIMEOUT_MS", 10_000, 1000)
+GRPC_MIN_PING_INTERVAL_MS: int = _at_least("LOOMCYCLE_GRPC_MIN_PING_INTERVAL_MS", 10_000, 1000)
 # MCP client (docs/mcp.md): how long one tool call or one discovery may take, and how many stdio
 # server processes one process keeps (the least recently used is stopped past it).
 MCP_CALL_TIMEOUT_SECONDS: float = env.float("LOOMCYCLE_MCP_CALL_TIMEOUT_SECONDS", default=60.0)
@@ -656,6 +667,13 @@ class RuntimeSettings:
     mcp_discovery_timeout_seconds: float
     mcp_max_stdio_processes: int
     mcp_max_response_bytes: int
+    # gRPC (apps.grpcapi): LOOMCYCLE_GRPC_ADDR None = not served.
+    grpc_addr: str | None = None
+    grpc_max_recv_bytes: int = 16 * 1024 * 1024
+    grpc_max_send_bytes: int = 64 * 1024 * 1024
+    grpc_keepalive_time_ms: int = 30_000
+    grpc_keepalive_timeout_ms: int = 10_000
+    grpc_min_ping_interval_ms: int = 10_000
     # Observability (apps.core.metrics, loomcycle_project.health).
     metrics_enabled: bool = True
     replica_id: str = ""

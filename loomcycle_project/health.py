@@ -110,6 +110,7 @@ async def healthz(request: HttpRequest) -> JsonResponse:
         "workers": workers,
         "metrics_enabled": settings.LOOMCYCLE.metrics_enabled,
         "replica_id": replica_id(),
+        "grpc": {"addr": settings.LOOMCYCLE.grpc_addr},  # None: no gRPC served (apps/grpcapi)
         "replicas": await _off_thread(_replicas, _NO_REPLICAS) if redis["ok"] else [],
     }
     return JsonResponse(body, status=status)

@@ -1,4 +1,4 @@
-"""`python -m loomcycle_project.healthcheck {web,worker,beat,flower} [--url URL]`: the health
+"""`python -m loomcycle_project.healthcheck {web,worker,beat,flower,grpc} [--url URL]`: the health
 of the process of that kind in this container (compose/docker-compose.yml runs it as each
 service's healthcheck). Exit status 0 when healthy; otherwise 1, with one line on stderr
 saying why. It loads Django settings (for REDIS_URL and the knobs) but never sets Django up,
@@ -15,6 +15,8 @@ so a check costs about half a second of one core.
 - beat: the file beat's scheduler keeps fresh (workers/heartbeat.py) is younger than three
   heartbeat periods (LOOMCYCLE_HEARTBEAT_SECONDS).
 - flower: Flower's own `GET /healthcheck` (unauthenticated) answers `OK`.
+- grpc: the standard `grpc.health.v1` Check of `loomcycle.v1.Loomcycle` answers SERVING, on
+  loopback at LOOMCYCLE_GRPC_ADDR's port (or --url host:port).
 """
 
 from __future__ import annotations
@@ -157,18 +159,47 @@ def check_flower(url: str | None) -> str:
     return f"{target}: OK"
 
 
+def grpc_target() -> str:
+    """LOOMCYCLE_GRPC_ADDR on loopback (its host when it is a specific one)."""
+    addr = _settings().LOOMCYCLE.grpc_addr
+    if not addr:
+        raise Unhealthy("LOOMCYCLE_GRPC_ADDR is unset: this container serves no gRPC")
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):  # a wildcard bind answers on loopback
+        host = "127.0.0.1"
+    return f"{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def check_grpc(url: str | None) -> str:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    target = url or grpc_target()
+    request = health_pb2.HealthCheckRequest(service="loomcycle.v1.Loomcycle")
+    try:
+        with grpc.insecure_channel(target) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(request, timeout=TIMEOUT_S)
+    except grpc.RpcError as exc:
+        raise Unhealthy(f"{target}: {exc.code().name} {exc.details()}") from exc
+    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+        raise Unhealthy(f"{target}: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
+    return f"{target}: SERVING"
+
+
 CHECKS: dict[str, Callable[[str | None], str]] = {
     "web": check_web,
     "worker": check_worker,
     "beat": check_beat,
     "flower": check_flower,
+    "grpc": check_grpc,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loomcycle_project.healthcheck", description=__doc__.split("\n")[0])
     parser.add_argument("kind", choices=sorted(CHECKS))
-    parser.add_argument("--url", help="web: the /healthz URL; flower: the /healthcheck URL")
+    parser.add_argument("--url", help="web: the /healthz URL; flower: the /healthcheck URL; grpc: host:port")
     args = parser.parse_args(argv)
     try:
         print(CHECKS[args.kind](args.url))

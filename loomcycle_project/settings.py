@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "apps.tools",
     "apps.mcp",
     "apps.snapshots",  # spans the apps above: each exports and restores its own tables
+    "apps.grpcapi",  # the gRPC transport over the apps above (`manage.py grpc`)
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",
@@ -294,6 +295,12 @@ LOOMCYCLE = E.RuntimeSettings(
     mcp_discovery_timeout_seconds=E.MCP_DISCOVERY_TIMEOUT_SECONDS,
     mcp_max_stdio_processes=E.MCP_MAX_STDIO_PROCESSES,
     mcp_max_response_bytes=E.MCP_MAX_RESPONSE_BYTES,
+    grpc_addr=E.GRPC_ADDR,
+    grpc_max_recv_bytes=E.GRPC_MAX_RECV_BYTES,
+    grpc_max_send_bytes=E.GRPC_MAX_SEND_BYTES,
+    grpc_keepalive_time_ms=E.GRPC_KEEPALIVE_TIME_MS,
+    grpc_keepalive_timeout_ms=E.GRPC_KEEPALIVE_TIMEOUT_MS,
+    grpc_min_ping_interval_ms=E.GRPC_MIN_PING_INTERVAL_MS,
     metrics_enabled=E.METRICS_ENABLED,
     replica_id=E.REPLICA_ID,
     allowed_hosts=tuple(E.ALLOWED_HOSTS),

@@ -1,6 +1,7 @@
-"""OpenTelemetry, set up once per process: web (Daphne), each Celery worker, beat, and
-`manage.py mcp` (the stdio MCP server creates runs: loomcycle_project/cli.py). No other
-command runs the engine or creates runs; `up` only starts the processes above.
+"""OpenTelemetry, set up once per process: web (Daphne), each Celery worker, beat,
+`manage.py mcp` (the stdio MCP server creates runs: loomcycle_project/cli.py) and
+`manage.py grpc` (the gRPC server). No other command runs the engine or creates runs; `up`
+only starts the processes above.
 
 What a process installs is decided by `settings.LOOMCYCLE.tracing_exporters`
 (env.py reads OTEL_TRACES_EXPORTER, OTEL_SDK_DISABLED and whether an OTLP
@@ -8,7 +9,7 @@ endpoint is set); everything else is the SDK's own OTEL_* configuration, read
 by the SDK: the OTLP endpoint and headers, the sampler (OTEL_TRACES_SAMPLER),
 the batch delays (OTEL_BSP_*), OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME,
 which overrides the per-kind default name (`loomcycle-web`, `loomcycle-worker`,
-`loomcycle-beat`, `loomcycle-mcp`).
+`loomcycle-beat`, `loomcycle-mcp`, `loomcycle-grpc`).
 
 Invariants:
 - no exporter configured: nothing is installed (no tracer provider, no
@@ -47,7 +48,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 log = logging.getLogger("loomcycle.telemetry")
 
-KINDS = frozenset({"web", "worker", "beat", "mcp"})  # mcp: `manage.py mcp`, which creates runs
+# mcp: `manage.py mcp`, which creates runs; grpc: `manage.py grpc` (apps.grpcapi.server adds
+# the gRPC server instrumentation as an interceptor when this returns True).
+KINDS = frozenset({"web", "worker", "beat", "mcp", "grpc"})
 _set_up_in: int | None = None  # the pid that ran `setup`
 
 

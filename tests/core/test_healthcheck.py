@@ -138,7 +138,17 @@ def test_flower_asks_for_basic_auth_and_its_healthcheck_does_not(flower: str, st
 
 # --- /healthz ----------------------------------------------------------------------------------
 
-DETAILS = {"version", "uptime_seconds", "postgres", "redis", "workers", "metrics_enabled", "replica_id", "replicas"}
+DETAILS = {
+    "version",
+    "uptime_seconds",
+    "postgres",
+    "redis",
+    "workers",
+    "metrics_enabled",
+    "replica_id",
+    "replicas",
+    "grpc",
+}
 
 
 def _admin_bearer() -> dict[str, str]:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import psutil
 import pytest
@@ -20,8 +21,10 @@ from django.core.management import call_command
 from tests.procs import ROOT, free_port, wait_http
 
 
-def _up(data: Path, port: int, log: Path, web_processes: int = 1) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+def _up(data: Path, port: int, log: Path, web_processes: int = 1, grpc_addr: str = "") -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "LOOMCYCLE_GRPC_ADDR")}
+    if grpc_addr:
+        env["LOOMCYCLE_GRPC_ADDR"] = grpc_addr
     env.update(
         LOOMCYCLE_DATA_DIR=str(data),
         LOOMCYCLE_LISTEN_ADDR=f"127.0.0.1:{port}",
@@ -49,14 +52,35 @@ def _stop(proc: subprocess.Popen[bytes]) -> list[int]:
     return [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
+def _grpc_serves_a_run(target: str, log: Path) -> None:
+    """`up` with LOOMCYCLE_GRPC_ADDR: its banner names the address and loomcycle.v1 serves a run there."""
+    from tests.factories.grpc import wait_serving
+
+    wait_serving(target, timeout=60)
+    from apps.grpcapi.proto import loomcycle_pb2 as pb
+    from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
+
+    block = pb.PromptContentBlock(type="trusted-text", text="hi")
+    with grpc.insecure_channel(target) as channel:
+        events = list(
+            pb_grpc.LoomcycleStub(channel).Run(
+                pb.RunRequest(agent="echo", segments=[pb.PromptSegment(role="user", content=[block])]), timeout=60
+            )
+        )
+    assert [e.type for e in events] == ["session", "agent", "started", "text", "usage", "done"]
+    assert f"grpc     {target}  (loomcycle.v1.Loomcycle" in log.read_text()
+
+
 def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(server_tmp: Path) -> None:
     tmp_path = server_tmp  # its Postgres data dir must stay reachable by the postgres user (tests/conftest.py)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "up.log"
-    proc = _up(tmp_path / "data", port, log)
+    grpc_addr = f"127.0.0.1:{free_port()}"
+    proc = _up(tmp_path / "data", port, log, grpc_addr=grpc_addr)
     try:
         wait_http(base + "/healthz", timeout=90)
+        _grpc_serves_a_run(grpc_addr, log)
         with httpx.stream("POST", base + "/v1/runs", content='{"agent":"echo","prompt":"hi"}', timeout=30) as resp:
             lines = list(resp.iter_lines())
         frames = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
@@ -64,6 +88,7 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(server_tmp: Pa
         run_id = json.loads(next(ln for ln in lines if '"run_id"' in ln).removeprefix("data: "))["run_id"]
         health = httpx.get(base + "/healthz").json()
         assert health["postgres"]["ok"] and health["redis"]["ok"] and health["workers"]["count"] == 1
+        assert health["grpc"] == {"addr": grpc_addr}  # where gRPC is served (an admin's detail)
         runs = httpx.get(base + "/v1/users/_/agents", params={"status": "all"}).json()["agents"]
         assert runs == []
         mint = {"op": "create", "name": "ops", "tenant_id": "ops"}
@@ -83,7 +108,9 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(server_tmp: Pa
         wait_http(base + "/healthz", timeout=90)
         kids = psutil.Process(proc.pid).children(recursive=True)
         assert sum(1 for k in kids if "daphne" in k.cmdline() and "--fd" in k.cmdline()) == 2
+        assert not any("grpc" in k.cmdline() for k in kids)  # LOOMCYCLE_GRPC_ADDR unset: no gRPC
         bearer = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(base + "/healthz", headers=bearer).json()["grpc"] == {"addr": None}
         for _ in range(6):  # connections spread over both; every one is answered, the token still valid
             again = httpx.get(f"{base}/v1/runs/{run_id}", headers=bearer).json()
             assert again["status"] == "completed" and again["run_id"] == run_id

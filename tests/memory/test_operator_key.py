@@ -25,7 +25,7 @@ from werkzeug import Request, Response
 from apps.core.errors import Forbidden
 from apps.core.types import Principal
 from apps.mcp.server import tools_data
-from apps.memory import api, selectors, services
+from apps.memory import keyops, selectors, services
 from apps.memory.services import Slot
 
 pytestmark = pytest.mark.django_db
@@ -73,25 +73,25 @@ def refused(exc: pytest.ExceptionInfo[Forbidden]) -> None:
 @pytest.mark.usefixtures("keyed")
 def test_a_principal_without_the_scope_may_not_embed_with_the_operators_key(upstream: list[dict[str, Any]]) -> None:
     with pytest.raises(Forbidden) as put:
-        api._put(MEMBER, "tenant", "-", "k", api.MemoryPutIn(value="the cat", embed=True), False)
+        keyops.key_put(MEMBER, "tenant", "-", "k", keyops.MemoryPutIn(value="the cat", embed=True), False)
     refused(put)
     with pytest.raises(Forbidden) as mcp_set:
         tools_data._memory_set(MEMBER, tools_data.MemorySetArgs(scope="tenant", key="k", value="x", embed=True))
     refused(mcp_set)
     with pytest.raises(Forbidden) as search:
-        api._search(MEMBER, api.MemorySearchIn(query="cat", scope="tenant"))
+        keyops.search(MEMBER, keyops.MemorySearchIn(query="cat", scope="tenant"))
     refused(search)
     with pytest.raises(Forbidden) as mcp_search:
         tools_data._memory_search(MEMBER, tools_data.MemorySearchArgs(query="cat", scope="tenant"))
     refused(mcp_search)
     assert upstream == [] and selectors.memory_get(slot=SLOT, key="k") is None  # nothing spent, nothing written
     # Without `embed` nothing is spent: the write is the member's to make.
-    assert api._put(MEMBER, "tenant", "-", "k", api.MemoryPutIn(value="the cat"), False)["embedded"] is False
+    assert keyops.key_put(MEMBER, "tenant", "-", "k", keyops.MemoryPutIn(value="the cat"), False)["embedded"] is False
 
 
 @pytest.mark.usefixtures("keyed")
 def test_a_principal_with_the_scope_and_a_runs_own_tool_embed_with_it(upstream: list[dict[str, Any]]) -> None:
-    out = api._put(KEYHOLDER, "tenant", "-", "k", api.MemoryPutIn(value="the cat", embed=True), False)
+    out = keyops.key_put(KEYHOLDER, "tenant", "-", "k", keyops.MemoryPutIn(value="the cat", embed=True), False)
     assert out["embedded"] is True and upstream[0]["authorization"] == f"Bearer {OPERATOR_KEY}"
     found = tools_data._memory_search(KEYHOLDER, tools_data.MemorySearchArgs(query="cat", scope="tenant"))
     assert [hit["key"] for hit in found["entries"]] == ["k"]
@@ -100,7 +100,7 @@ def test_a_principal_with_the_scope_and_a_runs_own_tool_embed_with_it(upstream: 
 
 
 def test_a_keyless_embedder_stays_open_to_every_principal() -> None:
-    out = api._put(MEMBER, "tenant", "-", "k", api.MemoryPutIn(value="the cat sat", embed=True), False)
+    out = keyops.key_put(MEMBER, "tenant", "-", "k", keyops.MemoryPutIn(value="the cat sat", embed=True), False)
     assert out["embedded"] is True and "embed_warning" not in out
-    found = api._search(MEMBER, api.MemorySearchIn(query="cat", scope="tenant"))
+    found = keyops.search(MEMBER, keyops.MemorySearchIn(query="cat", scope="tenant"))
     assert [(hit["key"], hit["embedded_with"]["provider"]) for hit in found["entries"]] == [("k", "hashing")]

@@ -23,11 +23,12 @@ from apps.core.numbers import parse_count
 from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
-from apps.runs import backpressure, selectors, services
+from apps.runs import selectors, services
 from apps.runs.credentials import credentials_from_wire
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import Run
 from apps.runs.presenters import agent_out
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
+from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import Frame, keepalive_seconds, run_frames, sse_encode
 
 log = logging.getLogger("loomcycle.api.runs")
@@ -90,15 +91,7 @@ async def run_response(principal: Principal, data: RunCreateIn, create: Callable
         run = await sync_to_async(create, thread_sensitive=False)()
         body = {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
         return JsonResponse(body, status=202)
-    slot = await astream_slot(principal)  # before the run exists: a 429 here starts nothing
-    try:
-        run = await sync_to_async(create, thread_sensitive=False)()
-        if run.status == RunStatus.WAITING_SLOT:  # over max_concurrent_runs: 429 if no slot within queue_timeout_ms
-            with slot.kept():  # the wait may outlast the slot's TTL
-                await backpressure.slot_awaited(run.id, backpressure.limits().queue_timeout_ms)
-    except BaseException:
-        await slot.release()
-        raise
+    run, slot = await admit_streamed(principal, create)
     stream = _post_stream(run, principal, slot, cancel_on_disconnect=data.cancel_on_disconnect)
     return StreamingHttpResponse(stream, content_type="text/event-stream", headers=_SSE_HEADERS)
 

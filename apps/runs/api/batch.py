@@ -4,6 +4,7 @@ The rules (limits, the join, the wait) are apps.runs.children.batch's."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
@@ -43,10 +44,14 @@ def _detach(principal: Principal, data: BatchIn) -> dict[str, object]:
 )
 async def runs_batch(request: HttpRequest) -> JsonResponse:
     data = parse_body(request, BatchIn, max_bytes=MAX_BATCH_BYTES)
-    principal: Principal = request_principal(request)
+    return JsonResponse(await batch_answer(request_principal(request), data))
+
+
+async def batch_answer(principal: Principal, data: BatchIn) -> dict[str, Any]:
+    """The batch's answer, as POST /v1/runs:batch gives it (gRPC's SpawnRunBatch calls this too)."""
     batch.batch_check(count=len(data.spawns), mode=data.mode, timeout_ms=data.timeout_ms)
     if data.mode == "detach":  # answered at once: no stream slot, no join
-        return JsonResponse(await sync_to_async(_detach, thread_sensitive=False)(principal, data))
+        return dict(await sync_to_async(_detach, thread_sensitive=False)(principal, data))
     # The request is held open up to 30 min, as a stream is: it holds one of the principal's
     # stream slots (LOOMCYCLE_MAX_STREAMS_PER_PRINCIPAL), taken before any run exists (a 429
     # here starts nothing) and given back when it answers or its client leaves.
@@ -57,5 +62,7 @@ async def runs_batch(request: HttpRequest) -> JsonResponse:
         if not await batch.batch_await(fanout_id, data.timeout()):
             cancel = sync_to_async(batch.batch_cancel_unfinished, thread_sensitive=False)
             late = await cancel(principal=principal, fanout_id=fanout_id)
-    body = await sync_to_async(batch.batch_result, thread_sensitive=False)(fanout_id=fanout_id, timed_out=late)
-    return JsonResponse(body)
+    result: dict[str, Any] = await sync_to_async(batch.batch_result, thread_sensitive=False)(
+        fanout_id=fanout_id, timed_out=late
+    )
+    return result

@@ -1,5 +1,6 @@
 """`manage.py up`: migrate, load loomcycle.yaml, then run and supervise the
-web server (Daphne), Celery workers, Celery beat and Flower as children.
+web server (Daphne), Celery workers, Celery beat, Flower and, with LOOMCYCLE_GRPC_ADDR set,
+the gRPC server (`manage.py grpc`) as children.
 
 A child that dies is restarted (with a back-off); Ctrl-C / SIGTERM stops
 every child (SIGTERM, then SIGKILL after a grace period) and then the
@@ -60,10 +61,10 @@ class Child:
         self.started_at = time.monotonic()
 
 
-def split_addr(addr: str) -> tuple[str, int]:
+def split_addr(addr: str, name: str = "LOOMCYCLE_LISTEN_ADDR") -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     if not host or not port.isdigit():
-        raise CommandError(f"LOOMCYCLE_LISTEN_ADDR must be host:port, got {addr!r}")
+        raise CommandError(f"{name} must be host:port, got {addr!r}")
     return host.strip("[]"), int(port)
 
 
@@ -149,6 +150,8 @@ def children(host: str, port: int, sock: socket.socket | None = None) -> list[Ch
     out.append(Child("beat", [*celery, "beat", "--loglevel", E.LOG_LEVEL, "-s", schedule]))
     if E.FLOWER_ENABLED:
         out.append(flower_child(celery))
+    if settings.LOOMCYCLE.grpc_addr:  # its own process beside the web tier (apps/grpcapi/server.py)
+        out.append(Child("grpc", [sys.executable, "-m", "loomcycle_project", "grpc"]))
     return out
 
 
@@ -177,11 +180,14 @@ class Command(BaseCommand):
         host, port = split_addr(settings.LOOMCYCLE.listen_addr)
         if not port_free(host, port):
             raise CommandError(f"{host}:{port} is already in use (set LOOMCYCLE_LISTEN_ADDR)")
+        grpc_host = self._grpc_host()
         try:
             agents = boot(migrate=True, verbosity=1)
         except ApplicationError as exc:  # a config error: its message, not a traceback
             raise CommandError(f"{exc.code}: {exc.message}") from exc
         try:
+            if grpc_host is not None:
+                starts_in_open_mode(grpc_host)  # open mode beyond loopback is refused for gRPC too
             if starts_in_open_mode(host):  # after migrating: operator tokens live in the database
                 self.stderr.write(self.style.WARNING(OPEN_MODE_WARNING))
             elif admin_credential_missing():
@@ -205,11 +211,21 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"loomcycle is up\n  API      {base}/v1  (OpenAPI docs {base}/v1/docs)\n  health   {base}/healthz\n"
-                f"  admin    {base}/admin/\n  flower   {flower}\n"
+                f"  admin    {base}/admin/\n  flower   {flower}\n  grpc     {grpc_banner()}\n"
                 f"  data     {E.DATA_DIR}\nCtrl-C stops everything."
             )
         )
         self._supervise(kids, env)
+
+    def _grpc_host(self) -> str | None:
+        """LOOMCYCLE_GRPC_ADDR's host once its port is checked free; None when gRPC is off."""
+        addr = settings.LOOMCYCLE.grpc_addr
+        if not addr:
+            return None
+        host, port = split_addr(addr, "LOOMCYCLE_GRPC_ADDR")
+        if not port_free(host, port):
+            raise CommandError(f"{host}:{port} is already in use (set LOOMCYCLE_GRPC_ADDR)")
+        return host
 
     def _warn_bash(self) -> None:
         """Bash on: say it loudly when it runs unsandboxed, or how to install the sandbox it lacks."""
@@ -249,6 +265,11 @@ class Command(BaseCommand):
             child.restarts += 1
             child.next_start = 0.0
             child.start(env)
+
+
+def grpc_banner() -> str:
+    addr = settings.LOOMCYCLE.grpc_addr
+    return f"{addr}  (loomcycle.v1.Loomcycle, grpc.health.v1, reflection)" if addr else "off (LOOMCYCLE_GRPC_ADDR)"
 
 
 def stop_children(kids: list[Child]) -> None:

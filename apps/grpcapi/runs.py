@@ -32,7 +32,7 @@ from apps.runs.schemas import InputIn, RunCreateIn
 from apps.runs.sessions import services as session_services
 from apps.runs.sessions.schemas import SessionMessageIn
 from apps.runs.stream_admission import admit_streamed
-from apps.runs.streams import KEEPALIVE, keepalive_seconds, run_frames
+from apps.runs.streams import KEEPALIVE, admitted_from, keepalive_seconds, run_frames
 
 STARTED = time.time()
 
@@ -71,8 +71,7 @@ async def _events(run_id: str, from_seq: int, slot: StreamSlot) -> AsyncIterator
 async def _registered(run: Run, slot: StreamSlot) -> AsyncIterator[pb.Event]:
     yield pb.Event(type="session", text=run.session_id)
     yield convert.agent_frame(run)
-    # An interactive run's stream replays its initial input as a `steer` frame (SPEC 3.4).
-    async for event in _events(run.id, 0 if run.interactive else run.last_seq, slot):
+    async for event in _events(run.id, await admitted_from(run), slot):
         yield event
 
 

@@ -109,6 +109,12 @@ def run_events_since(*, run_id: str, from_seq: int, limit: int = 500) -> list[di
     ]
 
 
+def run_first_announcement_seq(*, run_id: str, upto: int) -> int | None:
+    """The seq of the run's first `capability_inert` event up to seq `upto` (apps.runs.inert)."""
+    found = RunEvent.objects.filter(run_id=run_id, seq__lte=upto, type="capability_inert").order_by("seq")
+    return found.values_list("seq", flat=True).first()
+
+
 def run_status(*, run_id: str) -> str | None:
     return Run.objects.filter(id=run_id).values_list("status", flat=True).first()
 

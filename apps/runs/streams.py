@@ -24,8 +24,8 @@ from django.db import connection
 from apps.core.pubsub import hub
 from apps.core.timefmt import iso_z
 from apps.runs.dispatch import run_channel
-from apps.runs.models import TERMINAL
-from apps.runs.selectors import run_events_since, run_status
+from apps.runs.models import TERMINAL, Run
+from apps.runs.selectors import run_events_since, run_first_announcement_seq, run_status
 
 log = logging.getLogger("loomcycle.streams")
 
@@ -49,6 +49,24 @@ def _read_page(run_id: str, cursor: int) -> tuple[str | None, list[dict[str, Any
         return status, run_events_since(run_id=run_id, from_seq=cursor, limit=PAGE)
     finally:
         connection.close()
+
+
+def _admitted_from(run: Run) -> int:
+    try:
+        first = run_first_announcement_seq(run_id=run.id, upto=run.last_seq)
+    finally:
+        connection.close()
+    return run.last_seq if first is None else first - 1
+
+
+async def admitted_from(run: Run) -> int:
+    """Where the stream of the caller that just admitted `run` starts (POST /v1/runs, the session
+    routes, gRPC Run and Continue): an interactive run's at 0, replaying its initial input as a
+    `steer` frame (SPEC 3.4); any other's after its first events, except the `capability_inert`
+    announcements among them (apps.runs.inert), which the caller sees before the run's output."""
+    if run.interactive:
+        return 0
+    return await sync_to_async(_admitted_from, thread_sensitive=False)(run)
 
 
 def to_frame(row: dict[str, Any]) -> Frame | None:

@@ -129,9 +129,11 @@ def test_a_request_field_the_runtime_does_not_act_on_is_announced_on_the_stream(
     request = pb.RunRequest(agent="echo", segments=user_text("hi"), web_search_filter="drop")
     events = list(stub.Run(request, timeout=60))
     assert events[-1].type == "done"
-    # Recorded with the run's first events, before the live stream's start (as over SSE): a replay shows it.
+    # On the live stream itself, before the run's output (as over SSE), and on a replay.
     run_id = json.loads(events[1].error)["run_id"]
     replay = list(stub.StreamRun(pb.StreamRunRequest(run_id=run_id, from_seq=0), timeout=30))
-    inert = [e.capability_inert for e in replay if e.type == "capability_inert"]
-    assert [i.gate for i in inert] == ["web_search_filter"] and inert[0].tool == "WebSearch"
-    assert "not acted on" in inert[0].message
+    for stream in (events, replay):
+        inert = [e.capability_inert for e in stream if e.type == "capability_inert"]
+        assert [i.gate for i in inert] == ["web_search_filter"] and inert[0].tool == "WebSearch"
+        assert "not acted on" in inert[0].message
+    assert [e.type for e in events][2] == "capability_inert"  # after session and agent, before any text

@@ -46,6 +46,19 @@ def test_post_runs_streams_the_spec_frame_order(http: httpx.Client) -> None:
     assert [f.get("id") for f in frames[2:]] == [3, 4, 5, 6]  # id: <seq> on every persisted frame
 
 
+def test_a_request_field_not_acted_on_is_announced_on_the_stream_before_the_output(http: httpx.Client) -> None:
+    """capability_inert (apps.runs.inert) is among a run's first events, yet the caller's own
+    stream shows it: the stream starts at the first announcement, not after the first events."""
+    body = {"agent": "echo", "prompt": "hi", "web_search_filter": "drop"}
+    with http.stream("POST", "/v1/runs", json=body) as resp:
+        assert resp.status_code == 200
+        frames = sse_frames(resp.iter_lines())
+    kinds = [f["event"] for f in frames]
+    assert kinds == ["session", "agent", "capability_inert", "started", "text", "usage", "done"]
+    announced = frames[2]["data"]["capability_inert"]
+    assert (announced["gate"], announced["tool"], announced["source"]) == ("web_search_filter", "WebSearch", "request")
+
+
 def test_curl_default_form_content_type_is_read_as_json(http: httpx.Client) -> None:
     body = '{"agent":"echo","prompt":"hi","background":true}'
     resp = http.post("/v1/runs", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})

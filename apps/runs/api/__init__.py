@@ -29,7 +29,7 @@ from apps.runs.models import Run
 from apps.runs.presenters import agent_out
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
 from apps.runs.stream_admission import admit_streamed
-from apps.runs.streams import Frame, keepalive_seconds, run_frames, sse_encode
+from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
 
 log = logging.getLogger("loomcycle.api.runs")
 router = Router(tags=["runs"])
@@ -125,8 +125,7 @@ async def _post_frames(
     # that must cancel on disconnect writes a keepalive every second.
     keepalive = 1.0 if cancel_on_disconnect else keepalive_seconds()
     try:
-        # Interactive runs replay their initial input as a `steer` frame (SPEC 3.4).
-        async with aclosing(run_frames(run.id, 0 if run.interactive else run.last_seq, keepalive)) as frames:
+        async with aclosing(run_frames(run.id, await admitted_from(run), keepalive)) as frames:
             async for frame in frames:
                 yield sse_encode(frame)
                 if slot.expired():

@@ -20,8 +20,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel
 
-from apps.channels import access, cursors, presenters, selectors, services
-from apps.channels.longpoll import long_poll, subscribe_waiting
+from apps.channels import access, cursors, presenters, selectors, services, verbs
+from apps.channels.longpoll import subscribe_waiting
 from apps.channels.schemas import (
     ChannelAckIn,
     ChannelAwaitIn,
@@ -31,7 +31,7 @@ from apps.channels.schemas import (
     ChannelSubscribeIn,
     ChannelUpdateIn,
 )
-from apps.channels.streams import Stream, bell, check_cursor
+from apps.channels.streams import Stream, check_cursor
 from apps.core.errors import Invalid
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.numbers import parse_count
@@ -62,25 +62,8 @@ def _body(request: HttpRequest, schema: type[BaseModel], *, required: bool = Tru
     return parse_body(request, schema, max_bytes=body_bytes(), required=required)
 
 
-def _payload(body: ChannelPublishIn | ChannelBroadcastIn, op: str) -> Any:
-    if "payload" not in body.model_fields_set or body.payload is None:
-        raise Invalid(f"{op}: missing required field: payload (any JSON value but null)", code="missing_payload")
-    return body.payload
-
-
 def _publish(target: access.Target, body: ChannelPublishIn, by_user: str) -> dict[str, Any]:
-    stream, declared = target
-    value = _payload(body, "publish")
-    done = services.publish(
-        stream=stream,
-        declared=declared,
-        value=value,
-        ttl=body.ttl,
-        deliver_at=services.parse_deliver_at(body.deliver_at),
-        published_by=access.ADMIN,
-        published_by_user_id=by_user,
-    )
-    return presenters.published_rest(done)
+    return verbs.publish(target, value=body.payload, ttl=body.ttl, deliver_at=body.deliver_at, by_user=by_user)
 
 
 async def _subscribe(stream: Stream, body: ChannelSubscribeIn) -> dict[str, Any]:
@@ -116,8 +99,7 @@ def _described(row: ChannelDef, tenant_id: str) -> dict[str, Any]:
 
 
 def _list(principal: Principal) -> dict[str, Any]:
-    tenant = principal.tenant_id
-    return {"channels": [_described(r, tenant) for r in selectors.channels_visible(tenant_id=tenant)]}
+    return {"channels": verbs.channel_list(principal)}
 
 
 def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
@@ -163,12 +145,6 @@ async def channel_create(request: HttpRequest) -> JsonResponse:
 # --- fan-in / fan-out (before the {name} routes: these are not channel names) --------
 
 
-def _await_streams(principal: Principal, body: ChannelAwaitIn) -> list[tuple[Stream, str | None]]:
-    names = access.fanout_names(body.channels, "await: ")
-    from_cursor = check_cursor(body.from_cursor)
-    return [(stream, from_cursor) for stream, _ in access.fanout_streams(principal, names, body.scope, body.scope_id)]
-
-
 @router.post(
     "/_channels/_await",
     operation_id="channels_await",
@@ -177,36 +153,30 @@ def _await_streams(principal: Principal, body: ChannelAwaitIn) -> list[tuple[Str
 )
 async def channels_await(request: HttpRequest) -> JsonResponse:
     body: ChannelAwaitIn = _body(request, ChannelAwaitIn)
-    principal = request_principal(request)
-    checked = selectors.check_await(body.mode, body.n, "await: ")
-    spec = selectors.AwaitSpec(checked.mode, checked.n, selectors.clamp_max(body.max_messages))
-    streams = await db_call(_await_streams)(principal, body)
-    read = db_call(selectors.await_read)
-
-    async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
-        got = await read(streams=streams, spec=spec, timed_out=final)
-        return got.satisfied, presenters.await_result(got)
-
-    bells = [bell(s.tenant_id, s.channel) for s, _ in streams]
-    return _json(await long_poll(bells, access.capped_wait_ms(body.wait_ms), attempt))
+    out = await verbs.await_waiting(
+        request_principal(request),
+        channels=body.channels,
+        scope=body.scope,
+        scope_id=body.scope_id,
+        from_cursor=body.from_cursor,
+        mode=body.mode,
+        n=body.n,
+        max_messages=body.max_messages,
+        wait_ms=body.wait_ms,
+    )
+    return _json(out)
 
 
 def _broadcast(principal: Principal, body: ChannelBroadcastIn) -> dict[str, Any]:
-    names = access.fanout_names(body.channels, "broadcast: ")
-    value = _payload(body, "broadcast")
-    # Every target is resolved first (one undeclared channel and nothing is published),
-    # then the size (413), then ttl and deliver_at.
-    targets = access.fanout_streams(principal, names, body.scope, body.scope_id)
-    services.check_payload(value)
-    outcomes = services.broadcast(
-        targets=targets,
-        value=value,
+    return verbs.broadcast(
+        principal,
+        channels=body.channels,
+        scope=body.scope,
+        scope_id=body.scope_id,
+        value=body.payload,
         ttl=body.ttl,
-        deliver_at=services.parse_deliver_at(body.deliver_at),
-        published_by=access.ADMIN,
-        published_by_user_id=access.ADMIN,
+        deliver_at=body.deliver_at,
     )
-    return presenters.broadcast_rest(outcomes)
 
 
 @router.post(

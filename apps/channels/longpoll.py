@@ -1,6 +1,7 @@
 """Long-poll (`wait_ms`) over the channel doorbells, for every async transport: REST, the MCP
 server and gRPC call `subscribe_waiting` (a subscribe that waits) rather than each writing
-the wait around `cursors.subscribe`; REST's fan-in await calls `long_poll` itself.
+the wait around `cursors.subscribe`; the fan-in await (apps.channels.verbs.await_waiting, REST
+and gRPC) calls `long_poll` itself.
 
 The reader subscribes to the channels' doorbells (`streams.bell`) BEFORE its
 first read, then re-reads on every ring and at least every second (a

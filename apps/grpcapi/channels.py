@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from apps.channels import access, cursors, presenters, selectors, services
-from apps.channels.longpoll import long_poll, subscribe_waiting
-from apps.channels.streams import Stream, bell, check_cursor
+from apps.channels import access, cursors, selectors, verbs
+from apps.channels.longpoll import subscribe_waiting
+from apps.channels.streams import Stream, check_cursor
 from apps.core.errors import Invalid
 from apps.core.http import db_call, loads_checked
 from apps.core.types import Principal
@@ -40,27 +40,17 @@ def _stream(principal: Principal, request: Any) -> Stream:
     return _target(principal, request)[0]
 
 
-def _payload(raw: bytes, op: str) -> Any:
-    if not raw:
-        raise Invalid(f"{op}: missing required field: payload (any JSON value but null)", code="missing_payload")
-    value = loads_checked(raw)
-    if value is None:
-        raise Invalid(f"{op}: missing required field: payload (any JSON value but null)", code="missing_payload")
-    return value
+def _payload(raw: bytes) -> Any:
+    """The request's JSON payload; None when it carries none (the verb refuses it)."""
+    return loads_checked(raw) if raw else None
 
 
 def _publish(principal: Principal, request: pb.PublishChannelRequest) -> dict[str, Any]:
-    stream, declared = _target(principal, request)
+    target = _target(principal, request)
     by = access.user_publisher(principal) if request.scope == "user" else access.ADMIN
-    done = services.publish(
-        stream=stream,
-        declared=declared,
-        value=_payload(request.payload, "publish"),
-        deliver_at=services.parse_deliver_at(request.deliver_at or None),
-        published_by=access.ADMIN,
-        published_by_user_id=by,
-    )
-    return presenters.published_rest(done)
+    # PublishChannelRequest carries no ttl: the channel's default_ttl.
+    value = _payload(request.payload)
+    return verbs.publish(target, value=value, ttl=None, deliver_at=request.deliver_at or None, by_user=by)
 
 
 def _messages(messages: list[dict[str, Any]]) -> list[pb.ChannelMessage]:
@@ -75,11 +65,7 @@ def _max(value: int) -> int:
 
 
 def _list(principal: Principal) -> list[pb.ChannelDescriptor]:
-    out = []
-    for row in selectors.channels_visible(tenant_id=principal.tenant_id):
-        d = presenters.descriptor(row, selectors.channel_stats(tenant_id=principal.tenant_id, name=row.name))
-        out.append(_descriptor(d))
-    return out
+    return [_descriptor(d) for d in verbs.channel_list(principal)]
 
 
 def _descriptor(d: dict[str, Any]) -> pb.ChannelDescriptor:
@@ -99,26 +85,15 @@ def _descriptor(d: dict[str, Any]) -> pb.ChannelDescriptor:
 
 
 def _broadcast(principal: Principal, request: pb.BroadcastChannelsRequest) -> dict[str, Any]:
-    names = access.fanout_names(list(request.channels), "broadcast: ")
-    value = _payload(request.payload, "broadcast")
-    targets = access.fanout_streams(principal, names, request.scope, request.scope_id)
-    services.check_payload(value)
-    deliver_at = services.parse_deliver_at(request.deliver_at or None)
-    outcomes = services.broadcast(
-        targets=targets,
-        value=value,
+    return verbs.broadcast(
+        principal,
+        channels=list(request.channels),
+        scope=request.scope,
+        scope_id=request.scope_id,
+        value=_payload(request.payload),
         ttl=None,  # the channel's default_ttl: BroadcastChannelsRequest carries none
-        deliver_at=deliver_at,
-        published_by=access.ADMIN,
-        published_by_user_id=access.ADMIN,
+        deliver_at=request.deliver_at or None,
     )
-    return presenters.broadcast_rest(outcomes)
-
-
-def _await_streams(principal: Principal, request: pb.AwaitChannelsRequest) -> list[tuple[Stream, str | None]]:
-    names = access.fanout_names(list(request.channels), "await: ")
-    cursor = check_cursor(request.from_cursor or None)
-    return [(s, cursor) for s, _ in access.fanout_streams(principal, names, request.scope, request.scope_id)]
 
 
 def _broadcast_entry(r: dict[str, Any]) -> pb.BroadcastChannelEntry:
@@ -187,17 +162,17 @@ class ChannelRpcs:
 
     @unary(("POST", "/v1/_channels/_await"))
     async def AwaitChannels(self, request: pb.AwaitChannelsRequest, principal: Principal) -> pb.AwaitChannelsResponse:
-        checked = selectors.check_await(request.mode, request.n, "await: ")
-        spec = selectors.AwaitSpec(checked.mode, checked.n, _max(request.max_messages))
-        streams = await db_call(_await_streams)(principal, request)
-        read = db_call(selectors.await_read)
-
-        async def attempt(final: bool) -> tuple[bool, dict[str, Any]]:
-            got = await read(streams=streams, spec=spec, timed_out=final)
-            return got.satisfied, presenters.await_result(got)
-
-        bells = [bell(s.tenant_id, s.channel) for s, _ in streams]
-        out = await long_poll(bells, access.capped_wait_ms(request.wait_ms), attempt)
+        out = await verbs.await_waiting(
+            principal,
+            channels=list(request.channels),
+            scope=request.scope,
+            scope_id=request.scope_id,
+            from_cursor=request.from_cursor or None,
+            mode=request.mode,
+            n=request.n,
+            max_messages=request.max_messages or None,
+            wait_ms=request.wait_ms,
+        )
         results = {
             name: pb.AwaitChannelEntry(messages=_messages(r["messages"]), next_cursor=r["next_cursor"] or "")
             for name, r in out["results"].items()

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from celery import current_app
@@ -24,7 +25,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from apps.runs.models import Run, RunStatus
 from loomcycle_project import env as E
 from loomcycle_project import telemetry
+from tests import procs
 from tests.conftest import daphne, run_row, wait_for, wait_status
+from tests.factories.grpc import grpc_stub, pb, user_text, wait_serving
 from tests.factories.mcp import call, over_stdio
 from tests.factories.observability import Receiver, Span, otel_env, otlp_receiver
 from tests.procs import ROOT, WorkerPool
@@ -374,3 +377,41 @@ def test_a_host_projects_tracer_provider_is_kept_without_otel_variables(stack_en
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]
+
+
+def _grpc_spans(receiver: Receiver, run_id: str) -> list[Span]:
+    """The spans once the run's root, its server span and its one iteration are in."""
+    spans = receiver.snapshot()
+    roots = [s for s in spans if s.name == "run.create" and s.attributes.get("loomcycle.run_id") == run_id]
+    server = [s for s in spans if roots and s.span_id == roots[0].parent_id]
+    iterations = [s for s in spans if s.name == "run.iterate" and s.attributes.get("loomcycle.run_id") == run_id]
+    return spans if server and iterations else []
+
+
+@pytest.mark.usefixtures("agents")
+def test_a_run_created_over_grpc_is_one_trace_from_its_call(
+    receiver: Receiver, traced: tuple[str, WorkerPool], stack_env: dict[str, str], logdir: Path
+) -> None:
+    """gRPC calls join a run's trace as HTTP requests do: the run's root is a child of the
+    Run call's server span (the OTel gRPC interceptor of `manage.py grpc`)."""
+    target = f"127.0.0.1:{procs.free_port()}"
+    argv = [sys.executable, "manage.py", "grpc", "--addr", target]
+    proc = procs.spawn(argv, {**stack_env, **otel_env(receiver)}, logdir / "grpc-traced.log")
+    try:
+        wait_serving(target)
+        with grpc.insecure_channel(target) as channel:
+            request = pb.RunRequest(agent="echo", segments=user_text(SECRET_PROMPT))
+            events = list(grpc_stub(channel).Run(request, timeout=60))
+    finally:
+        procs.stop(proc)
+    assert events[-1].type == "done"
+    run_id = json.loads(events[1].error)["run_id"]  # the `agent` frame (apps.grpcapi.convert)
+    spans = wait_for(lambda: _grpc_spans(receiver, run_id), timeout=20)
+    by_id = {s.span_id: s for s in spans}
+    (root,) = [s for s in spans if s.name == "run.create" and s.attributes["loomcycle.run_id"] == run_id]
+    call = by_id[root.parent_id]
+    assert (call.service, call.kind, call.trace_id) == ("loomcycle-grpc", 2, root.trace_id)  # SERVER
+    assert call.name == "/loomcycle.v1.Loomcycle/Run"
+    (iteration,) = [s for s in spans if s.name == "run.iterate" and s.attributes["loomcycle.run_id"] == run_id]
+    assert (iteration.trace_id, iteration.parent_id) == (root.trace_id, root.span_id)
+    assert not [s for s in spans if SECRET_PROMPT in json.dumps([s.attributes, s.events, s.name])]

@@ -14,6 +14,12 @@ if stubs.stale():  # what `make test` does through `make proto`, for a bare pyte
     stubs.generate()
 
 from apps.grpcapi.proto import loomcycle_pb2 as pb
+from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
+
+
+def grpc_stub(channel: grpc.Channel) -> pb_grpc.LoomcycleStub:
+    """The project's stub of loomcycle.v1.Loomcycle on `channel`."""
+    return pb_grpc.LoomcycleStub(channel)  # type: ignore[no-untyped-call]
 
 
 def user_text(text: str) -> list[pb.PromptSegment]:

@@ -22,6 +22,7 @@ from apps.core.errors import Forbidden, Invalid, NotFound
 from apps.core.http import db_call
 from apps.core.types import Principal
 from apps.mcp.server.tooltable import Args, McpTool, register
+from apps.memory import keyops
 from apps.memory import presenters as memory_presenters
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services
@@ -82,17 +83,7 @@ def _memory_set(principal: Principal, args: MemorySetArgs) -> dict[str, Any]:
 
 
 def _memory_search(principal: Principal, args: MemorySearchArgs) -> dict[str, Any]:
-    slot = memory_selectors.slot_for(principal, args.scope, args.scope_id, write=False)
-    if not args.query.strip():
-        raise Invalid("query must be non-empty", code="invalid_body")
-    try:
-        rank, dedup = memory_selectors.search_options({"rank": args.rank, "dedup": args.dedup})
-    except memory_selectors.BadSearchOptions as exc:
-        raise Invalid(str(exc), code="invalid_body") from exc
-    found = memory_selectors.memory_search(
-        slot=slot, query=args.query, top_k=args.top_k, rank=rank, dedup=dedup, on_behalf_of=principal
-    )
-    return {"scope": args.scope, "scope_id": slot.scope_id, **memory_presenters.search_out(found)}
+    return keyops.search(principal, keyops.MemorySearchIn(**args.model_dump()))
 
 
 async def memory_get(principal: Principal, args: MemoryGetArgs) -> dict[str, Any]:

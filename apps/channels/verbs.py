@@ -1,6 +1,7 @@
-"""The channel verbs REST (apps/channels/api.py) and gRPC (apps/grpcapi/channels.py) both
-answer: list, publish, fan-out broadcast and fan-in await. Each transport parses its own wire
-(a JSON body, a protobuf message) into these arguments and presents the dict answered; the
+"""The channel verbs REST (apps/channels/api.py), gRPC (apps/grpcapi/channels.py) and the MCP
+server (apps/mcp/server/tools_data.py: publish) answer: list, publish, fan-out broadcast and
+fan-in await. Each transport parses its own wire (a JSON body, a protobuf message, tool
+arguments) into these arguments and presents the dict answered; the
 checks and their order live here once. Subscribe-that-waits is `longpoll.subscribe_waiting`.
 
 A payload is any JSON value but null: a transport passes None when the request carries none,

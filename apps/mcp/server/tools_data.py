@@ -15,17 +15,15 @@ from typing import Any
 
 from pydantic import Field, StrictInt
 
-from apps.channels import access, presenters, services
+from apps.channels import access, presenters, verbs
 from apps.channels.longpoll import subscribe_waiting
 from apps.channels.streams import Stream
-from apps.core.errors import Forbidden, Invalid, NotFound
+from apps.core.errors import Forbidden
 from apps.core.http import db_call
 from apps.core.types import Principal
 from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.memory import keyops
-from apps.memory import presenters as memory_presenters
 from apps.memory import selectors as memory_selectors
-from apps.memory import services as memory_services
 from apps.substrate.auth import CHANNEL_PUBLISH, CHANNEL_READ, TENANT, has_scope
 
 MAX_TTL_SECONDS = 10 * 365 * 86400  # as the REST route's ttl_seconds bound
@@ -55,31 +53,14 @@ class MemorySearchArgs(MemorySlotArgs):
 
 
 def _memory_get(principal: Principal, args: MemoryGetArgs) -> dict[str, Any]:
-    slot = memory_selectors.slot_for(principal, args.scope, args.scope_id, write=False)
-    row = memory_selectors.memory_get(slot=slot, key=args.key)
-    if row is None:
-        raise NotFound(f"no key {args.key!r} in {args.scope} memory", code="not_found")
-    return {"scope": args.scope, "scope_id": slot.scope_id, "entry": memory_presenters.entry_rest(row)}
+    return keyops.key_get(principal, args.scope, args.scope_id, args.key)
 
 
 def _memory_set(principal: Principal, args: MemorySetArgs) -> dict[str, Any]:
-    slot = memory_selectors.slot_for(principal, args.scope, args.scope_id, write=True)
-    if args.value is None:
-        raise Invalid("value is required (any JSON value but null)", code="missing_value")
-    result = memory_services.memory_set(
-        slot=slot,
-        key=args.key,
-        value=args.value,
-        ttl_seconds=args.ttl_seconds,
-        embed=args.embed,
-        embed_text=args.embed_text,
-        on_behalf_of=principal,
+    body = keyops.MemoryPutIn(
+        value=args.value, ttl_seconds=args.ttl_seconds, embed=args.embed, embed_text=args.embed_text
     )
-    out: dict[str, Any] = {"scope": args.scope, "scope_id": slot.scope_id, "key": args.key}
-    out["embedded"] = result.embedded
-    if result.embed_warning:
-        out["embed_warning"] = result.embed_warning
-    return out
+    return keyops.key_put(principal, args.scope, args.scope_id, args.key, body)
 
 
 def _memory_search(principal: Principal, args: MemorySearchArgs) -> dict[str, Any]:
@@ -127,20 +108,9 @@ def _target(principal: Principal, args: ChannelArgs) -> access.Target:
 
 
 def _publish(principal: Principal, args: ChannelPublishArgs) -> dict[str, Any]:
-    stream, declared = _target(principal, args)
-    if args.payload is None:
-        raise Invalid("publish: missing required field: payload (any JSON value but null)", code="missing_payload")
+    target = _target(principal, args)
     by_user = access.user_publisher(principal) if args.user_id is not None else access.ADMIN
-    done = services.publish(
-        stream=stream,
-        declared=declared,
-        value=args.payload,
-        ttl=args.ttl,
-        deliver_at=services.parse_deliver_at(args.deliver_at),
-        published_by=access.ADMIN,
-        published_by_user_id=by_user,
-    )
-    return presenters.published_rest(done)
+    return verbs.publish(target, value=args.payload, ttl=args.ttl, deliver_at=args.deliver_at, by_user=by_user)
 
 
 async def channel_publish(principal: Principal, args: ChannelPublishArgs) -> dict[str, Any]:

@@ -56,8 +56,8 @@ def sample(field: dataclasses.Field[Any], n: int) -> tuple[str, Any]:
     kind = str(field.type)
     if kind == "bool":
         return "1", True
-    if kind in ("int", "float"):
-        return str(100 + n), 100 + n
+    if kind in ("int", "float"):  # above every floor env.py sets (the gRPC byte and ms minimums: 1024)
+        return str(2000 + n), 2000 + n
     return f"x-{field.name}", f"x-{field.name}"
 
 

@@ -26,7 +26,8 @@ GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataR
 
 
 class Servicer(*GROUPS, pb_grpc.LoomcycleServicer):  # type: ignore[misc]
-    pass
+    """Every served RPC comes from one of GROUPS; every other method gets the handler
+    `_install_unserved` sets below (UNIMPLEMENTED naming why)."""
 
 
 def served() -> list[str]:

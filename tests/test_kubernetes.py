@@ -12,13 +12,16 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import psycopg
 import pytest
 import yaml
+from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -289,3 +292,56 @@ def test_the_example_agents_component_carries_the_bundled_yaml_and_the_mock() ->
     spec = yaml.safe_load((KUBE / "components" / "example-agents" / "kustomization.yaml").read_text())
     env = next(g for g in spec["configMapGenerator"] if g["name"] == "loomcycle-env")
     assert "LOOMCYCLE_MOCK_ENABLED=1" in env["literals"]  # its agents run on the mock provider
+
+
+def _wait_for_migrations(docs: list[dict[str, Any]]) -> str:
+    (init,) = _pod(_deployment(docs, "worker"))["initContainers"]
+    assert init["command"][:2] == ["sh", "-c"]
+    script: str = init["command"][2]
+    return script
+
+
+def _run_init(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """The init container's script, run here: `python` is this interpreter, the checkout the image's /app."""
+    bindir = Path(sys.executable).parent
+    env = {**env, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}"}
+    return subprocess.run(["sh", "-c", script], env=env, cwd=ROOT, capture_output=True, timeout=300, check=False)
+
+
+def test_the_migration_job_releases_the_pods_that_wait_for_it(stack_env: dict[str, str]) -> None:
+    """On a database of its own: the init containers' check fails before the Job's command ran
+    (a new release's pod waits) and passes once it has (the pod starts). The suite's own database
+    cannot stand in: its django_migrations table lists none applied, so the check fails there."""
+    docs = render(KUBE / "base")
+    check = re.search(r"until (python manage\.py migrate --check)", _wait_for_migrations(docs))
+    assert check, _wait_for_migrations(docs)
+    (job,) = _objects(docs, "Job").values()
+    boot = " ".join(_pod(job)["containers"][0]["command"])
+    name = f"lc_release_{os.getpid()}"
+    admin = stack_env["DATABASE_URL"]
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {**stack_env, "DATABASE_URL": admin.replace(f"/{connection.settings_dict['NAME']}?", f"/{name}?")}
+        assert env["DATABASE_URL"] != admin
+        before = _run_init(check.group(1), env)
+        assert before.returncode == 1, (before.stdout + before.stderr).decode()[-2000:]
+        job_run = _run_init(boot, env)
+        assert job_run.returncode == 0, job_run.stderr.decode()[-2000:]
+        after = _run_init(_wait_for_migrations(docs), env)  # the whole loop: it ends at once
+        assert after.returncode == 0 and b"waiting for the migrate Job" not in after.stdout, after.stderr.decode()
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_every_exec_probe_names_a_healthcheck_kind() -> None:
+    from loomcycle_project.healthcheck import CHECKS
+
+    docs = render(KUBE / "base")
+    for deployment in _objects(docs, "Deployment").values():
+        for container in _containers(_pod(deployment)):
+            for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+                argv = container.get(kind, {}).get("exec", {}).get("command")
+                if argv:
+                    assert argv[:3] == ["python", "-m", "loomcycle_project.healthcheck"] and argv[3] in CHECKS

@@ -308,10 +308,19 @@ def _run_init(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[b
     return subprocess.run(["sh", "-c", script], env=env, cwd=ROOT, capture_output=True, timeout=300, check=False)
 
 
-def test_the_migration_job_releases_the_pods_that_wait_for_it(stack_env: dict[str, str]) -> None:
+def _site_yamls() -> dict[str, str]:
+    """Every loomcycle.yaml the manifests can mount: the base's, the example agents', the example site's."""
+    out = {}
+    for directory in (KUBE / "base", KUBE / "overlays" / "example", KUBE / "components" / "example-agents"):
+        out[str(directory.relative_to(KUBE))] = (directory / "loomcycle.yaml").read_text()
+    return out
+
+
+def test_the_migration_job_releases_the_pods_that_wait_for_it(stack_env: dict[str, str], tmp_path: Path) -> None:
     """On a database of its own: the init containers' check fails before the Job's command ran
-    (a new release's pod waits) and passes once it has (the pod starts). The suite's own database
-    cannot stand in: its django_migrations table lists none applied, so the check fails there."""
+    (a new release's pod waits) and passes once it has (the pod starts); the Job loads each yaml
+    the manifests can mount. The suite's own database cannot stand in: its django_migrations
+    table lists none applied, so the check fails there."""
     docs = render(KUBE / "base")
     check = re.search(r"until (python manage\.py migrate --check)", _wait_for_migrations(docs))
     assert check, _wait_for_migrations(docs)
@@ -326,8 +335,12 @@ def test_the_migration_job_releases_the_pods_that_wait_for_it(stack_env: dict[st
         assert env["DATABASE_URL"] != admin
         before = _run_init(check.group(1), env)
         assert before.returncode == 1, (before.stdout + before.stderr).decode()[-2000:]
-        job_run = _run_init(boot, env)
-        assert job_run.returncode == 0, job_run.stderr.decode()[-2000:]
+        for where, text in _site_yamls().items():  # the first run migrates, as the Job of a release does
+            (tmp_path / "loomcycle.yaml").write_text(text)
+            loaded = _run_init(boot, env | {"LOOMCYCLE_CONFIG_FILES": str(tmp_path / "loomcycle.yaml")})
+            assert loaded.returncode == 0, f"{where}: {loaded.stderr.decode()[-2000:]}"
+            count = len(yaml.safe_load(text).get("agents") or {})
+            assert f"booted: {count} static agent(s)" in loaded.stdout.decode(), (where, loaded.stdout.decode())
         after = _run_init(_wait_for_migrations(docs), env)  # the whole loop: it ends at once
         assert after.returncode == 0 and b"waiting for the migrate Job" not in after.stdout, after.stderr.decode()
     finally:

@@ -120,6 +120,13 @@ SUITE ?= all
 capacity: $(STAMP)
 	CAPACITY_SUITE=$(SUITE) $(PY) bench/capacity.py
 
+# Sizing (issue 41; docs/operations.md, "From one machine to many"): per process kind, RSS and
+# Postgres connections idle and with runs in their call, Redis bytes per queued doorbell and per
+# parked run, on capacity's stack. Knobs: SIZING_INCALL_RUNS, SIZING_INCALL_MS, SIZING_PARKED_RUNS.
+.PHONY: sizing
+sizing: $(STAMP)
+	$(PY) bench/sizing.py
+
 # The circuit bench, with its LangGraph peer in a separate venv (.venv-peer).
 PEER_STAMP := .venv-peer/.installed-$(shell sha256sum requirements/bench-peer.txt | cut -c1-12)
 

@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: proto run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
+.PHONY: proto run test lint typecheck bench bench-peer bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
 
 # The gRPC stubs (apps/grpcapi, docs/grpc.md): generated from the project's .proto by grpcio-tools'
 # protoc, never committed (.gitignore); every target that runs code depends on them.
@@ -138,6 +138,11 @@ $(PEER_STAMP): requirements/bench-peer.txt
 
 bench-circuit: $(STAMP) $(PEER_STAMP)
 	$(PY) bench/circuit.py
+
+# The engine, its floor and LangGraph + AsyncPostgresSaver (bench/langgraph_loop.py, .venv-peer) on the
+# same workload, alternated in one spell (bench/peer.py; docs/performance.md, "The peer").
+bench-peer: $(STAMP) $(PEER_STAMP)
+	$(PY) bench/peer.py
 
 # The large chaos run (issue 25, docs/reliability.md): N runs (60: about a minute; N=1000 is the
 # published run, >= 100 worker kills) under every fault kind, SEED for the RNG (random, printed).

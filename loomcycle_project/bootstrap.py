@@ -15,6 +15,7 @@ from apps.substrate import discovery
 from apps.substrate.config import channel_defs_sync_yaml
 from apps.substrate.models import AgentDef
 from apps.substrate.services import defs_load_yaml
+from apps.tools.search_backends import search_config
 from apps.tools.volumes import static_volumes
 
 
@@ -27,6 +28,7 @@ def load_yaml_config(config: dict[str, Any] | None = None) -> list[AgentDef]:
     config = runtime_config(reload=True) if config is None else config
     config = discovery.with_markdown(config, discovery.configured())
     static_volumes(config)  # `volumes:` is read where it is used; a bad entry still stops the boot
+    search_config(config)  # `search_providers:` / `search_priority:` likewise (WebSearch reads them)
     with transaction.atomic():
         loaded = defs_load_yaml(config=config)
         channel_defs_sync_yaml(config=config)

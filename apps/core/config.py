@@ -67,7 +67,7 @@ class LayerLoader(yaml.SafeLoader):
 def _tagged_sequence(loader: yaml.SafeLoader, node: yaml.Node) -> TaggedSeq:
     if not isinstance(node, yaml.SequenceNode):
         raise yaml.constructor.ConstructorError(
-            None, None, f"{node.tag} tags a sequence, not a {node.id}", node.start_mark
+            None, None, f"{node.tag} tags a sequence, not a {getattr(node, 'id', 'value')}", node.start_mark
         )
     return TaggedSeq(loader.construct_sequence(node, deep=True), node.tag)
 

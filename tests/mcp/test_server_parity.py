@@ -207,3 +207,44 @@ def test_the_parity_tools_are_served_over_stdio(stack_env: dict[str, str], peopl
     listed, (error, body) = over_stdio(["mcp", "--token", token], stack_env, work)
     assert PARITY <= listed and listed.isdisjoint(ADMIN_ONLY)
     assert not error and body == {"runs": []}
+
+
+def test_evaluation_scores_a_run_of_the_callers_tenant_as_an_external_emitter(
+    web: str, people: dict[str, dict[str, str]]
+) -> None:
+    async def work(client: Client) -> tuple[Reply, Reply, Reply, Reply]:
+        spawn = {"agent": "scripted", "prompt": script({"text": "graded"}), "wait": True}
+        _, run = await call(client, "spawn_run", spawn)
+        submitted = await call(client, "evaluation", {"op": "submit", "run_id": run["run_id"], "score": 0.75})
+        got = await call(client, "evaluation", {"op": "get", "eval_id": submitted[1].get("eval_id", "")})
+        agg = await call(client, "evaluation", {"op": "aggregate", "agent": "scripted"})
+        bad = await call(client, "evaluation", {"op": "submit", "run_id": run["run_id"], "score": 2})
+        return submitted, got, agg, bad
+
+    (error, submitted), (_, got), (_, agg), (bad_error, bad) = over_http(web, people["alice"], work)
+    assert not error, submitted
+    assert submitted["emitter_role"] == "external" and submitted["score"] == 0.75
+    assert got["evaluator_agent"] == "mcp:alice" and got["evaluator_run_id"] == ""
+    assert agg["count"] >= 1 and agg["by_emitter_role"]["external"]["count"] >= 1
+    assert bad_error and bad["code"] == "tool_refused" and bad["details"] == {"tool": "Evaluation"}
+
+    async def other_tenant(client: Client) -> Reply:
+        return await call(client, "evaluation", {"op": "get", "eval_id": submitted["eval_id"]})
+
+    error, missing = over_http(web, people["charlie"], other_tenant)
+    assert error and "not found" in missing["error"]
+
+
+def test_context_answers_the_ops_that_need_no_run(web: str, people: dict[str, dict[str, str]]) -> None:
+    async def work(client: Client) -> tuple[Reply, Reply, Reply, Reply]:
+        agents = await call(client, "context", {"op": "agents", "prefix": "scripted"})
+        now = await call(client, "context", {"op": "time"})
+        index = await call(client, "context", {"op": "help"})
+        me = await call(client, "context", {"op": "self"})
+        return agents, now, index, me
+
+    (a_error, agents), (_, now), (_, index), (self_error, me) = over_http(web, people["alice"], work)
+    assert not a_error and "scripted" in [a["name"] for a in agents["agents"]] and agents["can_spawn"] is False
+    assert now["timezone"] == "UTC" and now["unix"] > 0
+    assert index["count"] == len(index["topics"]) > 0
+    assert self_error and me["code"] == "tool_refused" and "describes the calling run" in me["error"]

@@ -248,3 +248,46 @@ def test_context_answers_the_ops_that_need_no_run(web: str, people: dict[str, di
     assert now["timezone"] == "UTC" and now["unix"] > 0
     assert index["count"] == len(index["topics"]) > 0
     assert self_error and me["code"] == "tool_refused" and "describes the calling run" in me["error"]
+
+
+def test_channel_tools_declare_publish_peek_ack_and_purge_in_the_callers_tenant(
+    web: str, people: dict[str, dict[str, str]]
+) -> None:
+    where = {"channel": "mcp-parity", "scope": "global"}
+
+    async def work(client: Client) -> dict[str, Reply]:
+        out = {"create": await call(client, "channeldef", {"op": "create", "name": "mcp-parity", "semantic": "queue"})}
+        out["update"] = await call(client, "channeldef", {"op": "update", "name": "mcp-parity", "max_messages": 50})
+        out["list"] = await call(client, "list_channels", {})
+        out["publish"] = await call(client, "publish_channel", {**where, "payload": {"n": 1}})
+        out["peek"] = await call(client, "peek_channel", where)
+        out["peek_again"] = await call(client, "peek_channel", where)  # peeking commits nothing
+        out["subscribe"] = await call(client, "subscribe_channel", where)  # reads and commits
+        out["ack"] = await call(client, "ack_channel", {**where, "cursor": out["subscribe"][1].get("next_cursor")})
+        out["regress"] = await call(client, "ack_channel", {**where, "cursor": "cur_0"})
+        out["after_ack"] = await call(client, "subscribe_channel", where)
+        out["user_no_id"] = await call(client, "peek_channel", {"channel": "per-user", "scope": "user"})
+        out["purge"] = await call(client, "channeldef", {"op": "purge", "name": "mcp-parity"})
+        out["delete"] = await call(client, "channeldef", {"op": "delete", "name": "mcp-parity"})
+        return out
+
+    out = over_http(web, people["alice"], work)
+    assert not out["create"][0], out["create"]
+    assert out["update"][1]["max_messages"] == 50
+    assert "mcp-parity" in [c["name"] for c in out["list"][1]["channels"]]
+    assert not out["publish"][0] and out["publish"][1]["channel"] == "mcp-parity"
+    assert [m["value"] for m in out["peek"][1]["messages"]] == [{"n": 1}]
+    assert out["peek_again"][1]["messages"] == out["peek"][1]["messages"]
+    assert [m["value"] for m in out["subscribe"][1]["messages"]] == [{"n": 1}]
+    assert out["ack"] == (False, {"ok": True})
+    assert out["regress"][0] and out["regress"][1]["code"] == "channel_cursor_regression"
+    assert out["after_ack"][1]["messages"] == []  # committed past it
+    assert out["user_no_id"][0] and out["user_no_id"][1]["code"] == "invalid_body"
+    assert out["purge"] == (False, {"name": "mcp-parity", "purged": 1})
+    assert out["delete"] == (False, {"deleted": "mcp-parity"})
+
+    async def yaml_channel(client: Client) -> Reply:
+        return await call(client, "channeldef", {"op": "delete", "name": "handoff"})
+
+    error, refused = over_http(web, people["alice"], yaml_channel)
+    assert error and refused["code"] == "channel_yaml_immutable"

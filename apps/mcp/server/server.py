@@ -30,6 +30,7 @@ from apps.core.types import Principal
 from apps.mcp.server import (  # noqa: F401  (they register their tools)
     tools_admin,
     tools_agentops,
+    tools_channels,
     tools_data,
     tools_fanout,
     tools_ops,

@@ -136,16 +136,22 @@ async def ack_channel(principal: Principal, args: AckArgs) -> dict[str, Any]:
 
 async def publish_channel(principal: Principal, args: PublishArgs) -> dict[str, Any]:
     plain = args.plain()
-    fields = {"payload": args.payload, "deliver_at": args.deliver_at, "ttl": args.ttl}
-    return await channel_publish(principal, ChannelPublishArgs(channel=plain.channel, user_id=plain.user_id, **fields))
+    publish = ChannelPublishArgs(
+        channel=plain.channel, user_id=plain.user_id, payload=args.payload, deliver_at=args.deliver_at, ttl=args.ttl
+    )
+    return await channel_publish(principal, publish)
 
 
 async def subscribe_channel(principal: Principal, args: SubscribeArgs) -> dict[str, Any]:
     plain = args.plain()
-    fields = {"from_cursor": args.from_cursor, "max_messages": args.max_messages, "wait_ms": args.wait_ms}
-    return await channel_subscribe(
-        principal, ChannelSubscribeArgs(channel=plain.channel, user_id=plain.user_id, **fields)
+    subscribe = ChannelSubscribeArgs(
+        channel=plain.channel,
+        user_id=plain.user_id,
+        from_cursor=args.from_cursor,
+        max_messages=args.max_messages,
+        wait_ms=args.wait_ms,
     )
+    return await channel_subscribe(principal, subscribe)
 
 
 register(

@@ -59,6 +59,8 @@ def test_spawn_runs_joins_every_child_in_one_call_and_keeps_the_batch_limit(
 ) -> None:
     spawns = [{"agent": "scripted", "prompt": script({"text": f"child {i}"})} for i in range(3)]
     spawns[1]["parent_context"] = {"root_agent_run_id": "r_batch"}
+    text = spawns[2].pop("prompt")  # loomcycle's nested segments reach the batch as over REST
+    spawns[2]["segments"] = [{"role": "user", "content": [{"type": "trusted-text", "text": text}]}]
 
     async def work(client: Client) -> tuple[Reply, Reply, Reply]:
         joined = await call(client, "spawn_runs", {"spawns": spawns, "timeout_ms": 60_000})

@@ -57,7 +57,7 @@ class CompactRunArgs(RunArgs):
 
 def _batch_body(args: SpawnRunsArgs) -> BatchIn:
     try:
-        spawns = [s.rest_body().model_dump(exclude_unset=True) for s in args.spawns]
+        spawns = [s.model_dump(exclude_unset=True) for s in args.spawns]  # each parsed as REST's spawn body
         return BatchIn.model_validate({"spawns": spawns, "mode": args.mode, "timeout_ms": args.timeout_ms})
     except ValidationError as exc:
         where = ".".join(str(p) for p in exc.errors()[0]["loc"])

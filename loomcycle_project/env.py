@@ -116,6 +116,9 @@ CONFIG_FILES: list[str] = split_paths(env.str("LOOMCYCLE_CONFIG_FILES", default=
 CONFIG_DIR: str = env.str("LOOMCYCLE_CONFIG_DIR", default="").strip()
 # A value set by one layer and changed by a later one is an error (config_conflict), not a log line.
 CONFIG_STRICT: bool = env.bool("LOOMCYCLE_CONFIG_STRICT", default=False)
+# Markdown definitions read at boot under the yaml (apps.substrate.discovery): <name>.md, <name>/SKILL.md.
+AGENTS_ROOT: str = env.str("LOOMCYCLE_AGENTS_ROOT", default="").strip()
+SKILLS_ROOT: str = env.str("LOOMCYCLE_SKILLS_ROOT", default="").strip()
 MAX_REQUEST_BYTES: int = env.int("LOOMCYCLE_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
 # An `image` prompt block: its decoded size cap (Anthropic's own per-image limit), and how long
 # fetching one given by URL may take (apps.gateway.images).
@@ -564,6 +567,8 @@ class RuntimeSettings:
     max_stream_seconds: int = 3600
     config_dir: str = ""
     config_strict: bool = False
+    agents_root: str = ""
+    skills_root: str = ""
 
     # Below: no defaults, so settings.py must set each from this module (one place for a default).
     # Engine admission and timing samples (apps.runs.engine.admission, apps.runs.dispatch).

@@ -222,7 +222,9 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         allowed_hosts=allowed_hosts,
         user_content=user_content,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
-        routing=routing_with(run_routing(route, d, parent_id=data.parent_id), data.options),
+        routing=routing_with(
+            run_routing(route, d, parent_id=data.parent_id), data.options, narrowed=data.allowed_hosts is not None
+        ),
     )
 
 

@@ -1,0 +1,51 @@
+"""A `mock-script` step's text streamed in pieces (`chunk_chars`, `chunk_ms`), for the live-token
+tests and bench (apps.runs.livetokens): each piece's send time is appended to the Redis list
+`lc:mock:sent:<run_id>` as `"<unix time> <characters sent so far>"` (kept SENT_TTL_S), so a test
+or the bench compares a client's arrival times against the mock's own send times."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import redis
+from redis import RedisError
+
+from apps.core.redis import sync_client
+from apps.gateway import waits
+from apps.gateway.providers.base import ProviderCancelled, TextDelta
+
+SENT_TTL_S = 600
+
+
+def sent_key(run_id: str) -> str:
+    return f"lc:mock:sent:{run_id}"
+
+
+def chunked(text: str, size: int, gap_s: float, run_id: str, cancel: threading.Event) -> Iterator[TextDelta]:
+    """`text` in pieces of `size` characters, `gap_s` apart (cancel-aware: a cancel cuts it there)."""
+    client = sync_client()
+    sent = 0
+    try:
+        for start in range(0, len(text), size):
+            if start and gap_s > 0:
+                with waits.outside():
+                    if cancel.wait(gap_s):
+                        raise ProviderCancelled()
+            piece = text[start : start + size]
+            sent += len(piece)
+            _record(client, run_id, sent)
+            yield TextDelta(piece)
+    finally:
+        client.close()
+
+
+def _record(client: redis.Redis, run_id: str, sent: int) -> None:
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(sent_key(run_id), f"{time.time():.6f} {sent}")
+        pipe.expire(sent_key(run_id), SENT_TTL_S)
+        pipe.execute()
+    except (RedisError, OSError):  # the record is for tests and the bench; the reply goes on without it
+        pass

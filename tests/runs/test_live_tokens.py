@@ -1,0 +1,175 @@
+"""Live text deltas (issue 36, apps.runs.livetokens/livemerge) against a real Daphne, workers and Redis.
+
+The mock streams a reply in many small pieces `chunk_ms` apart and records each piece's send time
+in Redis (apps.gateway.providers.mock_chunks): a client that saw a text frame before the mock sent
+its last piece saw it live, whatever the host's speed. The concatenation rule (docs/api.md, "Live
+text") is checked with `client_text`: a client's text is its `text` frames joined, dropping the
+id-less frames an id-less `retry` voids."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from apps.core.redis import sync_client
+from apps.gateway.providers.mock_chunks import sent_key
+from apps.runs.models import RunEvent, RunStatus
+from tests.conftest import run_row, wait_for, wait_status
+from tests.factories.runs import start
+from tests.procs import WorkerPool
+
+pytestmark = pytest.mark.usefixtures("agents", "stack")
+
+WORDS = 40
+REPLY = " ".join(f"word{i:02d}" for i in range(WORDS))
+
+
+def script(text: str = REPLY, chunk_chars: int = 3, chunk_ms: int = 40, **step: Any) -> str:
+    return "MOCK_SCRIPT: " + json.dumps([{"text": text, "chunk_chars": chunk_chars, "chunk_ms": chunk_ms, **step}])
+
+
+def client_text(frames: list[dict[str, Any]]) -> str:
+    """What a client following docs/api.md shows: text frames joined; an id-less `retry` drops the
+    id-less text frames since the last text frame with an id."""
+    confirmed, pending = "", ""
+    for f in frames:
+        if f["event"] == "text":
+            if f.get("id") is None:
+                pending += f["data"]["text"]
+            else:
+                confirmed, pending = confirmed + pending + f["data"]["text"], ""
+        elif f["event"] == "retry" and f.get("id") is None:
+            pending = ""
+    return confirmed + pending
+
+
+def committed_text(run_id: str) -> str:
+    rows = RunEvent.objects.filter(run_id=run_id, type="text").order_by("seq")
+    return "".join(str(r.payload["text"]) for r in rows)
+
+
+def sent_times(run_id: str) -> list[float]:
+    return [float(v.split()[0]) for v in sync_client().lrange(sent_key(run_id), 0, -1)]
+
+
+def read_sse(resp: httpx.Response, until: Any = None) -> list[dict[str, Any]]:
+    """SSE frames with their arrival time (`at`, unix time); stops when `until(frames)` holds."""
+    frames: list[dict[str, Any]] = []
+    cur: dict[str, Any] = {}
+    for line in resp.iter_lines():
+        if line.startswith(":"):
+            continue
+        if line:
+            key, _, value = line.partition(": ")
+            cur[key] = int(value) if key == "id" else json.loads(value) if key == "data" else value
+            continue
+        if cur:
+            frames.append({**cur, "at": time.time()})
+            cur = {}
+            if until is not None and until(frames):
+                break
+    return frames
+
+
+def live_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in frames if f["event"] == "text" and f.get("id") is None]
+
+
+def test_sse_client_sees_text_while_the_mock_still_streams_and_the_exact_text_at_the_end(http: httpx.Client) -> None:
+    body = {"agent": "scripted", "prompt": script()}
+    with http.stream("POST", "/v1/runs", json=body) as resp:
+        assert resp.status_code == 200
+        frames = read_sse(resp)
+    run_id = frames[1]["data"]["run_id"]
+    sent = sent_times(run_id)
+    assert len(sent) == -(-len(REPLY) // 3)
+    first_live = live_frames(frames)[0]["at"]
+    assert first_live < sent[-1], "the first text frame came after the mock had sent its last piece"
+    assert client_text(frames) == committed_text(run_id) == REPLY
+    assert [f["event"] for f in frames if f.get("id") is not None][-3:] == ["text", "usage", "done"]
+
+
+def test_connecting_in_the_middle_and_after_the_call_each_gives_the_exact_text(http: httpx.Client) -> None:
+    run = start("scripted", script(chunk_ms=60))
+    wait_for(lambda: len(sent_times(run.id)) >= 10, timeout=30)
+    with http.stream("GET", f"/v1/runs/{run.id}/stream") as resp:
+        middle = read_sse(resp)
+    assert live_frames(middle) and len(live_frames(middle)[0]["data"]["text"]) >= 9  # what was produced so far
+    wait_status(run.id, RunStatus.COMPLETED)
+    with http.stream("GET", f"/v1/runs/{run.id}/stream") as resp:
+        after = read_sse(resp)
+    assert [f["data"]["text"] for f in after if f["event"] == "text"] == [REPLY]  # the committed event, whole
+    assert client_text(middle) == client_text(after) == committed_text(run.id) == REPLY
+
+
+def test_reattach_with_last_event_id_in_the_middle_of_a_call_gives_the_rest_exactly(http: httpx.Client) -> None:
+    run = start("scripted", script(chunk_ms=60))
+    with http.stream("GET", f"/v1/runs/{run.id}/stream") as resp:
+        first = read_sse(resp, until=lambda fs: sum(len(f["data"]["text"]) for f in live_frames(fs)) >= 30)
+    last_id = max(f["id"] for f in first if f.get("id") is not None)
+    assert run_row(run.id).status == RunStatus.RUNNING  # cut in the middle of the call
+    headers = {"Last-Event-ID": str(last_id)}
+    with http.stream("GET", f"/v1/runs/{run.id}/stream", headers=headers) as resp:
+        second = read_sse(resp)
+    # the live frames after the last id are not confirmed: the re-attached stream sends them again
+    kept = client_text([f for f in first if f.get("id") is not None])
+    assert kept + client_text(second) == committed_text(run.id) == REPLY
+
+
+def test_websocket_client_sees_text_live_and_the_exact_text(web: str) -> None:
+    run = start("scripted", script())
+    url = web.replace("http://", "ws://") + f"/ws/runs/{run.id}/"
+    frames: list[dict[str, Any]] = []
+    with connect(url) as ws:
+        for raw in ws:
+            msg = json.loads(raw)
+            frames.append({"event": msg["event"], "data": msg["data"], "id": msg["seq"], "at": time.time()})
+    assert live_frames(frames)[0]["at"] < sent_times(run.id)[-1]
+    assert client_text(frames) == committed_text(run.id) == REPLY
+
+
+def test_a_secret_the_mock_streams_in_pieces_is_never_shown(http: httpx.Client) -> None:
+    secret = "hunter2-Sesame-0451-x"
+    text = f"the vault code is {secret} and nothing else matters here"
+    body = {"agent": "scripted", "prompt": script(text, chunk_chars=2, chunk_ms=20), "user_credentials": {"vault": secret}}
+    with http.stream("POST", "/v1/runs", json=body) as resp:
+        frames = read_sse(resp)
+    run_id = frames[1]["data"]["run_id"]
+    stored = committed_text(run_id)
+    assert stored == text.replace(secret, "[redacted:vault]")
+    assert live_frames(frames), "nothing was streamed live"
+    shown = ""
+    for f in frames:
+        if f["event"] == "text":
+            shown += f["data"]["text"]
+            assert stored.startswith(shown) or shown == stored  # never more than the stored copy shows
+    assert shown == stored and secret[:4] not in shown
+
+
+def test_worker_killed_mid_stream_the_stream_ends_with_the_committed_text(
+    http: httpx.Client, stack: WorkerPool
+) -> None:
+    run = start("scripted", script(chunk_chars=6, chunk_ms=50))  # short: a loaded host may lose a 3 s test lease
+    frames: list[dict[str, Any]] = []
+
+    def read() -> None:
+        with httpx.Client(base_url=str(http.base_url), timeout=90) as client:
+            with client.stream("GET", f"/v1/runs/{run.id}/stream") as resp:
+                frames.extend(read_sse(resp))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    wait_for(lambda: len(sent_times(run.id)) >= 8, timeout=30)
+    owner = run_row(run.id).lease_owner
+    stack.kill(int(owner.split(":")[-2]))  # kill -9 in the middle of the streamed call
+    reader.join(90)
+    row = run_row(run.id)
+    assert row.status == RunStatus.COMPLETED, (row.error, row.attempts)
+    assert any(f["event"] == "retry" and f.get("id") is None for f in frames)  # the first attempt's text: void
+    assert client_text(frames) == committed_text(run.id) == REPLY

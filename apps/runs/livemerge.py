@@ -1,7 +1,8 @@
 """Live deltas merged into one connection's run stream (the reader's side of apps.runs.livetokens).
 
 A connection emits the run's committed events (with their seq as `id:`) and, between them, the
-live `text` / `thinking` pieces of the model call in flight (no `id:`). The rule a client relies
+live `text` / `thinking` pieces of the model call in flight (no `id:`, and `"live": true` in their
+data: an EventSource keeps the last id for a frame without one, so the data says it). The rule a client relies
 on (docs/api.md, "Live text"): concatenating the `text` frames of one connection gives the run's
 text, no gap and no duplicate, whenever it connected. So, per connection:
 
@@ -77,7 +78,7 @@ class LiveMerge:
         rest = piece[have - offset :]
         if rest:
             self.pending[kind] += rest
-            out.append((kind, {"type": kind, "text": rest}, None))
+            out.append((kind, {"type": kind, "text": rest, "live": True}, None))
         return out, True
 
     def snapshot(self, snap: Snapshot | None) -> list[Out]:
@@ -95,7 +96,7 @@ class LiveMerge:
                 return [*out, *self._void("the live text was rewritten"), *self.snapshot(snap)]
             if len(text) > len(have):
                 self.pending[kind] = text
-                out.append((kind, {"type": kind, "text": text[len(have) :]}, None))
+                out.append((kind, {"type": kind, "text": text[len(have) :], "live": True}, None))
         return out
 
     def _switch(self, step: int, gen: str) -> list[Out]:
@@ -107,4 +108,7 @@ class LiveMerge:
         discarded = {kind: len(text) for kind, text in self.pending.items()}
         self.pending = dict.fromkeys(KINDS, "")
         retry = {"reason": VOID_REASON, "message": why, "discarded_chars": discarded}
-        return [("retry", {"type": "retry", "retry": retry}, None)]
+        # `error` says it again for a stream without ids or structured retry fields (gRPC's Event)
+        error = f"live text discarded: drop the last {discarded['text']} characters of text"
+        error += f" and {discarded['thinking']} of thinking shown since the last committed text"
+        return [("retry", {"type": "retry", "retry": retry, "error": error, "live": True}, None)]

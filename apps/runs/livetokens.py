@@ -20,8 +20,9 @@ reply up to a safe cut, the end of the last whitespace run, where no Tier A valu
 whitespace could straddle; a secret pattern's value never holds whitespace, so a piece never ends
 inside one. So every published text is a prefix of the committed (redacted) text, and a secret the
 model streams in pieces is shown masked or not at all. The last word is never published: the
-committed event brings it (so a one-word reply streams as before, one committed `text`). A piece that would not extend what was published (cannot happen with the rules above) stops
-this attempt's live output; the committed event carries the rest.
+committed event brings it (so a one-word reply streams as before, one committed `text`). A piece
+that would not extend what was published (cannot happen with the rules above) stops this
+attempt's live output; the committed event carries the rest.
 
 Publishing is fire and forget (PUBLISH never waits for subscribers; Redis drops a subscriber whose
 buffer overflows), and a Redis error stops this attempt's live output: the run never waits on it.

@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +21,7 @@ import pytest
 from websockets.sync.client import connect
 
 from apps.runs.models import RunStatus
-from tests.conftest import run_row, wait_for, wait_status
+from tests.conftest import daphne, run_row, wait_for, wait_status
 from tests.factories.live import REPLY, client_text, committed_text, live_frames, read_sse, script, sent_times
 from tests.factories.runs import start
 from tests.procs import WorkerPool
@@ -122,3 +125,40 @@ def test_worker_killed_mid_stream_the_stream_ends_with_the_committed_text(
     assert row.status == RunStatus.COMPLETED, (row.error, row.attempts)
     assert any(f["event"] == "retry" and f.get("id") is None for f in frames)  # the first attempt's text: void
     assert client_text(frames) == committed_text(run.id) == REPLY
+
+
+@pytest.fixture(scope="module")
+def second_web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
+    with daphne(stack_env, logdir, "daphne-live", start_timeout=120) as base:
+        yield base
+
+
+def test_a_hundred_concurrent_streaming_runs_on_two_web_processes_each_get_their_own_exact_text(
+    web: str, second_web: str, people: dict[str, dict[str, str]]
+) -> None:
+    """Two tenants (acme's alice, beta's charlie), 50 runs each, spread over two web processes:
+    every client's text is its own run's committed text, and another tenant's stream is a 404."""
+    clients = [("alice", web), ("charlie", second_web)] * 50
+    results: list[tuple[str, str, list[dict[str, Any]]]] = []
+
+    def one(n: int) -> None:
+        who, base = clients[n]
+        text = " ".join(f"run{n:03d}-w{i}" for i in range(12))
+        body = {"agent": "scripted", "prompt": script(text, chunk_chars=8, chunk_ms=40)}
+        with httpx.Client(base_url=base, timeout=120, headers=people[who]) as client:
+            with client.stream("POST", "/v1/runs", json=body) as resp:
+                assert resp.status_code == 200, resp.read()
+                results.append((who, text, read_sse(resp)))
+
+    with ThreadPoolExecutor(max_workers=100) as pool:
+        list(pool.map(one, range(100)))
+    assert len(results) == 100
+    live = 0
+    for _, text, frames in results:
+        run_id = frames[1]["data"]["run_id"]
+        assert client_text(frames) == committed_text(run_id) == text
+        live += bool(live_frames(frames))
+    assert live >= 50, f"only {live} of 100 clients saw live text"
+    alices = next(frames[1]["data"]["run_id"] for who, _, frames in results if who == "alice")
+    other = httpx.get(f"{second_web}/v1/runs/{alices}/stream", headers=people["charlie"], timeout=30)
+    assert other.status_code == 404

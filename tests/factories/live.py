@@ -42,7 +42,9 @@ def committed_text(run_id: str) -> str:
 
 
 def sent_times(run_id: str) -> list[float]:
-    return [float(v.split()[0]) for v in sync_client().lrange(sent_key(run_id), 0, -1)]
+    """The mock's send time of each piece of the run's reply (unix time)."""
+    entries = [v.split() for v in sync_client().lrange(sent_key(run_id), 0, -1)]
+    return [float(at) for at, chars in entries if int(chars) > 0]
 
 
 def read_sse(resp: httpx.Response, until: Any = None) -> list[dict[str, Any]]:

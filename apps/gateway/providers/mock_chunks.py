@@ -1,7 +1,8 @@
 """A `mock-script` step's text streamed in pieces (`chunk_chars`, `chunk_ms`), for the live-token
 tests and bench (apps.runs.livetokens): each piece's send time is appended to the Redis list
-`lc:mock:sent:<run_id>` as `"<unix time> <characters sent so far>"` (kept SENT_TTL_S), so a test
-or the bench compares a client's arrival times against the mock's own send times."""
+`lc:mock:sent:<run_id>` as `"<unix time> <characters sent so far>"` (kept SENT_TTL_S), after one
+`"<unix time> 0"` when the stream starts, so a test or the bench compares a client's arrival times
+against the mock's own send times."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def chunked(text: str, size: int, gap_s: float, run_id: str, cancel: threading.E
     """`text` in pieces of `size` characters, `gap_s` apart (cancel-aware: a cancel cuts it there)."""
     client = sync_client()
     sent = 0
+    _record(client, run_id, 0)  # the stream's start: the first piece's time minus it is the mock's own TTFT
     try:
         for start in range(0, len(text), size):
             if start and gap_s > 0:

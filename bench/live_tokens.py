@@ -158,7 +158,8 @@ def start_web(env: dict[str, str]) -> tuple[Any, str]:
 
 def report(r: dict[str, float]) -> None:
     print(
-        f"{r['runs']:>3} streaming runs: chunk -> client p50 {r['p50_chunk_ms']:.1f} ms, p99 {r['p99_chunk_ms']:.1f} ms; "
+        f"{r['runs']:>3} streaming runs: chunk -> client "
+        f"p50 {r['p50_chunk_ms']:.1f} ms, p99 {r['p99_chunk_ms']:.1f} ms; "
         f"added TTFT p50 {r['p50_added_ttft_ms']:.0f} ms, p99 {r['p99_added_ttft_ms']:.0f} ms; "
         f"{r['commits_per_iteration']:.2f} write commits/iteration; host steal {r['steal_pct']:.0f} %",
         flush=True,

@@ -205,9 +205,13 @@ async def read_snapshot(run_id: str) -> Snapshot | None:
         current = await client.get(current_key(run_id))
         if current is None:
             return None
-        step, gen = current.decode().split(" ", 1)
+        step, gen = _str(current).split(" ", 1)
         texts = await client.mget([text_key(run_id, gen, k) for k in KINDS])
     except (RedisError, OSError) as exc:
         log.warning("live snapshot of run %s unavailable: %s", run_id, exc)
         return None
-    return Snapshot(int(step), gen, {k: (t or b"").decode() for k, t in zip(KINDS, texts, strict=True)})
+    return Snapshot(int(step), gen, {k: _str(t or b"") for k, t in zip(KINDS, texts, strict=True)})
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -134,12 +134,12 @@ async def run_frames(
                 yield Frame(*out)
             if terminal:
                 return
-            async for frame in _until_reread(wake, merge, keepalive_s - (time.monotonic() - last_sent)):
-                if frame is None:
+            async for piece in _until_reread(wake, merge, keepalive_s - (time.monotonic() - last_sent)):
+                if piece is None:
                     sync = True
                     break
                 last_sent = time.monotonic()
-                yield frame
+                yield piece
     finally:
         await bells.unsubscribe(run_channel(run_id), wake)
         if live:

@@ -198,7 +198,8 @@ def provider_reply(span: Span | None, done: Done, calls: list[ToolCall]) -> None
 
 def first_token(span: Span | None, seconds: float | None) -> None:
     """Time to first token of the call (seconds from the start of the first attempt that streamed
-    one to its first text or thinking delta), named after the GenAI semantic conventions' `gen_ai.server.time_to_first_token`."""
+    one to its first text or thinking delta), named after the GenAI semantic conventions'
+    `gen_ai.server.time_to_first_token`."""
     if span is not None and seconds is not None:
         span.set_attribute("gen_ai.server.time_to_first_token", seconds)
 

@@ -162,3 +162,19 @@ def test_a_hundred_concurrent_streaming_runs_on_two_web_processes_each_get_their
     alices = next(frames[1]["data"]["run_id"] for who, _, frames in results if who == "alice")
     other = httpx.get(f"{second_web}/v1/runs/{alices}/stream", headers=people["charlie"], timeout=30)
     assert other.status_code == 404
+
+
+def test_a_stream_that_breaks_and_falls_back_voids_the_text_it_showed(http: httpx.Client) -> None:
+    """The mock breaks its stream after 20 characters (a retryable 500), so the call is retried on
+    `mock`, then falls back to `mock-stable`, which plays it whole: every broken attempt's live text
+    is voided by a live `retry`, and the client's text is the committed one."""
+    body = {"agent": "scripted-fallback", "prompt": script(chunk_chars=5, chunk_ms=20, break_after_chars=20)}
+    with http.stream("POST", "/v1/runs", json=body) as resp:
+        frames = read_sse(resp)
+    run_id = frames[1]["data"]["run_id"]
+    voids = [f for f in frames if f["event"] == "retry" and f["data"].get("live")]
+    committed = [f["event"] for f in frames if f.get("id") is not None]
+    assert voids and all(v["data"]["retry"]["reason"] == "live_text_discarded" for v in voids)
+    assert "provider_fallback" in committed and "retry" in committed  # the step's own record, as before
+    assert client_text(frames) == committed_text(run_id) == REPLY
+    assert run_row(run_id).status == RunStatus.COMPLETED

@@ -174,9 +174,7 @@ class MockProvider(Provider):
             *output, done = self._scripted(scripted, request, chars)
             for event in output:
                 if isinstance(event, TextDelta) and scripted.chunk_chars:
-                    yield from mock_chunks.chunked(
-                        event.text, scripted.chunk_chars, scripted.chunk_s, request.run_id, cancel
-                    )
+                    yield from mock_chunks.chunked(event.text, scripted, request.run_id, cancel, self.id)
                 else:
                     yield event
             if scripted.hold_s > 0:  # the turn's output is out; a cancel now cuts it there

@@ -15,7 +15,8 @@ from redis import RedisError
 
 from apps.core.redis import sync_client
 from apps.gateway import waits
-from apps.gateway.providers.base import ProviderCancelled, TextDelta
+from apps.gateway.providers.base import ProviderCancelled, ProviderError, TextDelta
+from apps.gateway.providers.mock_script import Answer
 
 SENT_TTL_S = 600
 
@@ -24,16 +25,19 @@ def sent_key(run_id: str) -> str:
     return f"lc:mock:sent:{run_id}"
 
 
-def chunked(text: str, size: int, gap_s: float, run_id: str, cancel: threading.Event) -> Iterator[TextDelta]:
-    """`text` in pieces of `size` characters, `gap_s` apart (cancel-aware: a cancel cuts it there)."""
+def chunked(text: str, answer: Answer, run_id: str, cancel: threading.Event, provider_id: str) -> Iterator[TextDelta]:
+    """`text` in pieces of `answer.chunk_chars` characters, `answer.chunk_s` apart (cancel-aware:
+    a cancel cuts it there); broken (a retryable 500) after `answer.break_after` characters."""
     client = sync_client()
-    sent = 0
+    sent, size = 0, answer.chunk_chars
     _record(client, run_id, 0)  # the stream's start: the first piece's time minus it is the mock's own TTFT
     try:
         for start in range(0, len(text), size):
-            if start and gap_s > 0:
+            if answer.break_after and sent >= answer.break_after:
+                raise ProviderError(provider_id, 500, "server_error (scripted broken stream)")
+            if start and answer.chunk_s > 0:
                 with waits.outside():
-                    if cancel.wait(gap_s):
+                    if cancel.wait(answer.chunk_s):
                         raise ProviderCancelled()
             piece = text[start : start + size]
             sent += len(piece)

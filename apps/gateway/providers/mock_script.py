@@ -17,7 +17,9 @@ held open this long before it ends, cancel-aware: a cancel meanwhile cuts a
 turn whose output is already out), `error` (429 | 500 | "overloaded": the call fails like an injected
 failure; `mock-stable` never fails, so it plays the rest of the step), and `chunk_chars` with
 `chunk_ms` (the text is streamed in pieces of `chunk_chars` characters, `chunk_ms` apart,
-cancel-aware; apps.gateway.providers.mock_chunks records each piece's send time).
+cancel-aware; apps.gateway.providers.mock_chunks records each piece's send time), with
+`break_after_chars` (the stream breaks, a retryable 500, once that many characters are out;
+`mock-stable` never breaks).
 
 Everything here is a pure function of the request: the same request gives the
 same answer, tool ids included (derived from the run id, the number of
@@ -39,7 +41,20 @@ MARKER = "MOCK_SCRIPT:"
 STOP_REASON_INVALID = "invalid_mock_script"
 MAX_SLEEP_MS = 300_000
 STEP_KEYS = frozenset(
-    {"tool", "input", "tools", "text", "echo", "sleep_ms", "hold_ms", "error", "repeat", "chunk_chars", "chunk_ms"}
+    {
+        "tool",
+        "input",
+        "tools",
+        "text",
+        "echo",
+        "sleep_ms",
+        "hold_ms",
+        "error",
+        "repeat",
+        "chunk_chars",
+        "chunk_ms",
+        "break_after_chars",
+    }
 )
 MAX_CHUNK_CHARS = 1_000_000
 # error value -> (HTTP status, message), as the mock's injected failures read.
@@ -65,6 +80,7 @@ class Step:
     repeat: bool = False
     chunk_chars: int = 0
     chunk_ms: int = 0
+    break_after_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,7 @@ class Answer:
     hold_s: float = 0.0  # after the text and tool calls, before the turn's end
     chunk_chars: int = 0  # the text streamed in pieces of this many characters (0: one piece)
     chunk_s: float = 0.0  # between two pieces
+    break_after: int = 0  # the stream breaks (a 500) once this many characters are out (0: never)
 
 
 def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answer:
@@ -106,6 +123,7 @@ def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answe
         step.hold_ms / 1000.0,
         step.chunk_chars,
         step.chunk_ms / 1000.0,
+        0 if stable else step.break_after_chars,
     )
 
 
@@ -179,12 +197,13 @@ def _step(raw: Any, n: int, *, last: bool) -> Step:
         repeat=repeat,
         chunk_chars=_count(raw.get("chunk_chars", 0), where),
         chunk_ms=_sleep_ms(raw.get("chunk_ms", 0), where, key="chunk_ms"),
+        break_after_chars=_count(raw.get("break_after_chars", 0), where, key="break_after_chars"),
     )
 
 
-def _count(value: Any, where: str) -> int:
+def _count(value: Any, where: str, *, key: str = "chunk_chars") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CHUNK_CHARS:
-        raise ScriptError(f"{where}: chunk_chars must be a whole number from 0 to {MAX_CHUNK_CHARS}")
+        raise ScriptError(f"{where}: {key} must be a whole number from 0 to {MAX_CHUNK_CHARS}")
     return value
 
 

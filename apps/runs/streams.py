@@ -167,14 +167,43 @@ async def _until_reread(
             if keepalive_in <= REPOLL_S:
                 yield KEEPALIVE
             return
-        if not data.startswith("{"):  # a doorbell: a commit to read
-            return
-        outs, ok = merge.delta(json.loads(data))
-        for out in outs:
+        outs, reread = _drain(data, wake, merge)
+        for out in coalesced(outs):
             yield Frame(*out)
-        if not ok:
-            yield None
+        if reread is not None:
+            if reread:
+                yield None
             return
+
+
+def _drain(data: str, wake: asyncio.Queue[str], merge: LiveMerge) -> tuple[list[Out], bool | None]:
+    """`data` and whatever else is queued already, through the merge: a reader that fell behind
+    sends what piled up as one frame per kind (fewer frames to write under load, none held back).
+    The second value: None to keep waiting, False for a doorbell (re-read Postgres), True for a
+    gap (re-read, then the snapshot)."""
+    outs: list[Out] = []
+    while True:
+        if not data.startswith("{"):  # a doorbell: a commit to read
+            return outs, False
+        got, ok = merge.delta(json.loads(data))
+        outs += got
+        if not ok:
+            return outs, True
+        if wake.empty():
+            return outs, None
+        data = wake.get_nowait()
+
+
+def coalesced(outs: list[Out]) -> list[Out]:
+    """Consecutive live frames of one kind joined into one (their text concatenated)."""
+    out: list[Out] = []
+    for event, data, seq in outs:
+        prev = out[-1] if out else None
+        if prev and seq is None and prev[2] is None and prev[0] == event and event in ("text", "thinking"):
+            out[-1] = (event, {**prev[1], "text": prev[1]["text"] + data["text"]}, None)
+        else:
+            out.append((event, data, seq))
+    return out
 
 
 def keepalive_seconds() -> float:

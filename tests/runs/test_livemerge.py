@@ -9,6 +9,7 @@ from typing import Any
 from apps.core.redact import Redactor
 from apps.runs.livemerge import VOID_REASON, LiveMerge
 from apps.runs.livetokens import Snapshot, safe_cut
+from apps.runs.streams import coalesced
 from loomcycle_http.client.events import Event
 from loomcycle_http.client.live import LiveText
 
@@ -96,3 +97,21 @@ def test_the_client_skips_what_it_has_after_a_reattach_and_voids_what_differs() 
     live.reconnected()
     out = live.feed(Event("text", {"text": "other"}, 12))  # the call was made again and committed differently
     assert [e.type for e in out] == ["retry", "text"] and out[1].text == "other"
+
+
+def test_a_reader_behind_sends_what_piled_up_as_one_frame_per_kind() -> None:
+    live = [
+        ("text", {"type": "text", "text": "a ", "live": True}, None),
+        ("text", {"type": "text", "text": "b ", "live": True}, None),
+        ("retry", {"type": "retry", "live": True}, None),
+        ("thinking", {"type": "thinking", "text": "x ", "live": True}, None),
+        ("text", {"type": "text", "text": "c ", "live": True}, None),
+        ("text", {"type": "text", "text": "d"}, 9),
+    ]
+    assert [(e, d.get("text"), s) for e, d, s in coalesced(live)] == [
+        ("text", "a b ", None),
+        ("retry", None, None),
+        ("thinking", "x ", None),
+        ("text", "c ", None),
+        ("text", "d", 9),
+    ]

@@ -6,6 +6,7 @@ against the mock's own send times."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -28,23 +29,33 @@ def sent_key(run_id: str) -> str:
 def chunked(text: str, answer: Answer, run_id: str, cancel: threading.Event, provider_id: str) -> Iterator[TextDelta]:
     """`text` in pieces of `answer.chunk_chars` characters, `answer.chunk_s` apart (cancel-aware:
     a cancel cuts it there); broken (a retryable 500) after `answer.break_after` characters."""
-    client = sync_client()
+    client = _client()
     sent, size = 0, answer.chunk_chars
     _record(client, run_id, 0)  # the stream's start: the first piece's time minus it is the mock's own TTFT
-    try:
-        for start in range(0, len(text), size):
-            if answer.break_after and sent >= answer.break_after:
-                raise ProviderError(provider_id, 500, "server_error (scripted broken stream)")
-            if start and answer.chunk_s > 0:
-                with waits.outside():
-                    if cancel.wait(answer.chunk_s):
-                        raise ProviderCancelled()
-            piece = text[start : start + size]
-            sent += len(piece)
-            _record(client, run_id, sent)
-            yield TextDelta(piece)
-    finally:
-        client.close()
+    for start in range(0, len(text), size):
+        if answer.break_after and sent >= answer.break_after:
+            raise ProviderError(provider_id, 500, "server_error (scripted broken stream)")
+        if start and answer.chunk_s > 0:
+            with waits.outside():
+                if cancel.wait(answer.chunk_s):
+                    raise ProviderCancelled()
+        piece = text[start : start + size]
+        sent += len(piece)
+        _record(client, run_id, sent)
+        yield TextDelta(piece)
+
+
+_CLIENT: tuple[int, redis.Redis] | None = None
+_CLIENT_LOCK = threading.Lock()
+
+
+def _client() -> redis.Redis:
+    """One client per process (a client per call, opened and closed, hung a pool under load)."""
+    global _CLIENT
+    with _CLIENT_LOCK:
+        if _CLIENT is None or _CLIENT[0] != os.getpid():
+            _CLIENT = (os.getpid(), sync_client())
+        return _CLIENT[1]
 
 
 def _record(client: redis.Redis, run_id: str, sent: int) -> None:

@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: proto run test lint typecheck bench bench-peer bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
+.PHONY: proto run test lint typecheck bench bench-peer bench-live bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
 
 # The gRPC stubs (apps/grpcapi, docs/grpc.md): generated from the project's .proto by grpcio-tools'
 # protoc, never committed (.gitignore); every target that runs code depends on them.
@@ -62,6 +62,11 @@ bench: $(STAMP)
 	$(PY) bench/loop.py
 	$(PY) bench/fanout.py
 	$(PY) bench/interrupts.py
+	$(PY) bench/live_tokens.py
+
+# Live tokens: provider chunk -> SSE client at 1 and 100 concurrent streaming runs (bench/live_tokens.py).
+bench-live: $(STAMP)
+	$(PY) bench/live_tokens.py
 
 bench-gateway: $(STAMP)
 	$(PY) bench/gateway.py

@@ -155,7 +155,7 @@ async def _final_text(run_id: str, seconds: float) -> tuple[str | None, bool]:
     text: str | None = None
     try:
         async with asyncio.timeout(seconds):
-            async with aclosing(run_frames(run_id, 0, keepalive_s=seconds + 60)) as frames:
+            async with aclosing(run_frames(run_id, 0, keepalive_s=seconds + 60, live=False)) as frames:
                 async for frame in frames:
                     if frame.event == "text":
                         text = str(frame.data.get("text", ""))

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "apps.evaluations",
     "apps.channels",
     "apps.triggers",
+    "apps.budgets",  # limits and usage (issue 37): wakes waiting_budget runs through apps.runs.wake
     "apps.tools",
     "apps.mcp",
     "apps.snapshots",  # spans the apps above: each exports and restores its own tables

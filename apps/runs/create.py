@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
-from apps.core import privileged
+from apps.core import privileged, spend
 from apps.core import toolregistry as registry
 from apps.core.errors import Conflict, Invalid, NotFound, RuntimePaused
 from apps.core.hosts import run_allowed_hosts
@@ -102,6 +102,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     strategy = backpressure.strategy_of(data.multitask_strategy)  # 422 invalid_multitask_strategy
     data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id), credentials=credentials)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
+    # 429 token_limit_exceeded over a hard budget; a budget that defers parks the run instead (issue 37)
+    deferred = spend.admit_or_raise(spend.Spender(principal.tenant_id, data.user_id, data.agent)).hard
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; a child's slot: subruns.spawn_prepare
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
@@ -126,6 +128,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
             status, promoted = _admission(place, limit, gated=gated)
+            if deferred is not None and status == RunStatus.QUEUED:
+                status = RunStatus.WAITING_BUDGET  # no doorbell: apps.budgets wakes it when the budget frees
             if parked_seed and status == RunStatus.QUEUED:
                 status = RunStatus.AWAITING_INPUT  # a fork that waits for its next user turn: no doorbell
             run = run_insert(

@@ -184,7 +184,7 @@ def _ledger(run_id: str, steps: set[int | None]) -> dict[int | None, tuple[dict[
         )
         .order_by()
     )
-    return {r["step"]: (r, r["cost"]) for r in rows}
+    return {r["step"]: (dict(r), r["cost"]) for r in rows}
 
 
 def settle_run(*, run_id: str) -> None:

@@ -43,7 +43,12 @@ class Crossing:
     resume_at: datetime | None = None  # when the window resets (defer)
 
     def event(self) -> dict[str, Any]:
-        info = {"scope": self.scope, "scope_id": self.scope_id, "severity": self.severity, "window": self.window}
+        info: dict[str, Any] = {
+            "scope": self.scope,
+            "scope_id": self.scope_id,
+            "severity": self.severity,
+            "window": self.window,
+        }
         info |= {"kind": self.kind, "used": _num(self.used), "limit": _num(self.limit), "message": self.message}
         return {"type": "limit", "limit": info}
 

@@ -31,7 +31,7 @@ from apps.core.errors import ApplicationError, Invalid
 from apps.core.identity import acting_user_id, may_name_user
 from apps.core.ids import is_ident
 from apps.core.types import Principal
-from apps.gateway import fairness
+from apps.gateway import budget, fairness
 from apps.gateway.audit import WRITER
 from apps.gateway.convert import images_ready
 from apps.gateway.operator_key import operator_key_check
@@ -112,6 +112,7 @@ class Call:
         self.model = model
         self.usage: Usage | None = None
         self.finished = False
+        self.budget_held = False
         self._t0 = time.perf_counter()
         self._stack = AsyncExitStack()
         self._events: AsyncIterator[ProviderEvent] | None = None
@@ -148,6 +149,10 @@ class Call:
         """The provider's concurrency gate (waits up to the queue timeout), then
         the per-user/tenant slot (SPEC 9.6): a call queued on a full provider
         does not hold a user slot meanwhile. 429 when refused."""
+        # The caller's budgets first (429 token_limit_exceeded): a refused call takes no slot.
+        self.budget_held = await budget.hold(
+            request_id=self.request_id, tenant_id=self.principal.tenant_id, user_id=self.user_id
+        )
         if provider_gate:
             await self.hold(fairness.aprovider_slot(self.provider))
         await self.hold(fairness.acall_slot(self.principal.tenant_id, self.user_id))
@@ -184,6 +189,8 @@ class Call:
             if self._events is not None and hasattr(self._events, "aclose"):
                 await self._events.aclose()  # the provider's HTTP stream, when it was not read to its end
             await self._stack.aclose()
+            if self.budget_held:  # what the call spent joins its budgets (apps.gateway.budget)
+                await budget.settle(request_id=self.request_id, usage=self.usage)
         finally:
             self._record(status, error_code)
 

@@ -303,6 +303,7 @@ LOOMCYCLE = E.RuntimeSettings(
     grpc_keepalive_timeout_ms=E.GRPC_KEEPALIVE_TIMEOUT_MS,
     grpc_min_ping_interval_ms=E.GRPC_MIN_PING_INTERVAL_MS,
     metrics_enabled=E.METRICS_ENABLED,
+    metrics_tenant_labels=E.METRICS_TENANT_LABELS,
     replica_id=E.REPLICA_ID,
     allowed_hosts=tuple(E.ALLOWED_HOSTS),
     beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,

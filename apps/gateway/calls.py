@@ -23,6 +23,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -30,11 +31,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from apps.core.errors import ApplicationError, Invalid
 from apps.core.identity import acting_user_id, may_name_user
 from apps.core.ids import is_ident
+from apps.core.metrics import Batch
 from apps.core.types import Principal
 from apps.gateway import budget, fairness
 from apps.gateway.audit import WRITER
 from apps.gateway.convert import images_ready
 from apps.gateway.operator_key import operator_key_check
+from apps.gateway.pricing import cost_usd
 from apps.gateway.providers import (
     Done,
     ProviderError,
@@ -48,6 +51,7 @@ from apps.gateway.providers import (
 )
 from apps.gateway.resolver import Candidate, resolve
 from apps.gateway.services import CallRecord
+from apps.gateway.usage_metrics import count_usage
 
 log = logging.getLogger("loomcycle.gateway")
 _TRACER = trace.get_tracer("loomcycle.gateway")
@@ -207,6 +211,8 @@ class Call:
             span.set_attribute("error.type", error_code)
             span.set_status(Status(StatusCode.ERROR, error_code))
         span.end()
+        if usage is not None and settings.LOOMCYCLE.metrics_enabled:
+            self._count(usage)
         WRITER.record(
             CallRecord(
                 request_id=self.request_id,
@@ -224,6 +230,15 @@ class Call:
                 usage=usage,
             )
         )
+
+    def _count(self, usage: Usage) -> None:
+        """The call's spend counters (apps.gateway.usage_metrics), one Redis round trip."""
+        batch = Batch()
+        entry: dict[str, Any] = {**usage.as_dict(), "provider": usage.provider or self.provider}
+        entry["model"] = usage.model or self.model
+        entry["cost_usd"] = cost_usd(entry["provider"], entry["model"], usage)
+        count_usage(batch, tenant_id=self.principal.tenant_id, entry=entry)
+        batch.flush()
 
     def abandon_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         """From a finalizer: finish as a client hang-up on the loop (thread-safe)."""

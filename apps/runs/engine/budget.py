@@ -6,9 +6,11 @@ spend their root's budgets; agent limits count the run's own agent."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import connection
 
 from apps.core import spend
+from apps.gateway.usage_metrics import count_usage
 from apps.runs.engine.write import Next, StepWrite, finish
 from apps.runs.models import RunStatus
 from apps.runs.store import ClaimedRun
@@ -39,7 +41,11 @@ def gate(run: ClaimedRun, write: StepWrite) -> StepWrite | None:
 
 
 def settle(run: ClaimedRun, write: StepWrite) -> None:
-    """After the step's commit: its ledger rows become its budgets' spend."""
+    """After the step's commit: its ledger rows become its budgets' spend, and its spend
+    counters join the iteration's metrics batch (flushed with the others, no I/O here)."""
+    if settings.LOOMCYCLE.metrics_enabled:
+        for entry in write.ledger:
+            count_usage(write.metrics, tenant_id=run.tenant_id, entry=entry)
     g = spend.guard()
     if g is None or not write.budget_held:
         return

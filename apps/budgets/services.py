@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -107,3 +108,39 @@ def budgets_wake(now: datetime | None = None) -> int:
     if woken:
         log.info("budgets: %d deferred run(s) resumed", woken)
     return woken
+
+
+def limits_sync_yaml(*, config: dict[str, Any]) -> int:
+    """The operator's yaml `limits:` list, as defaults: each entry is written (source yaml) unless
+    a limit of the same scope, kind and window was written through the API, the admin or the CLI
+    (those win); yaml limits no longer listed are deleted. Inside boot's transaction; a bad
+    entry is 400 `invalid_limit` naming its index, and the boot stops."""
+    entries = config.get("limits") or []
+    if not isinstance(entries, list):
+        raise InvalidLimit("limits: want a list of limits")
+    kept: set[int] = set()
+    for i, entry in enumerate(entries):
+        spec = _yaml_spec(i, entry)
+        found = TokenLimit.objects.filter(
+            tenant_id=spec.tenant_id, scope=spec.scope, scope_id=spec.scope_id, kind=spec.kind, window=spec.window
+        ).first()
+        if found is not None and found.source != "yaml":
+            continue
+        kept.add(limit_put(spec=spec, updated_by="yaml", source="yaml").pk)
+    TokenLimit.objects.filter(source="yaml").exclude(pk__in=kept).delete()
+    return len(kept)
+
+
+def _yaml_spec(i: int, entry: Any) -> LimitSpec:
+    fields = {f for f in LimitSpec.__dataclass_fields__}
+    if not isinstance(entry, dict) or set(entry) - fields:
+        raise InvalidLimit(f"limits[{i}]: want a mapping of {', '.join(sorted(fields))}")
+    try:
+        values = {
+            k: Decimal(str(v)) if k in ("soft_limit", "hard_limit") and v is not None else v for k, v in entry.items()
+        }
+        spec = LimitSpec(**{"tenant_id": "", **values})
+        limit_check(spec)
+    except (InvalidLimit, ArithmeticError, TypeError) as exc:
+        raise InvalidLimit(f"limits[{i}]: {exc}") from exc
+    return spec

@@ -108,12 +108,13 @@ class TokenLimitExceeded(QuotaExhausted):
     code = "token_limit_exceeded"
 
 
-def admit_or_raise(spender: Spender) -> Verdict:
-    """At admission: raise 429 when a hard limit refuses; a defer verdict is returned (the caller parks)."""
+def admit_or_raise(spender: Spender, *, defer: bool = False) -> Verdict:
+    """At admission: raise 429 when a hard limit refuses; a defer verdict is returned (the caller
+    parks). `defer`: every hard limit defers (a schedule's fire waits for its budget, never fails)."""
     g = guard()
     if g is None:
         return Verdict()
     verdict = g.admit(spender)
-    if verdict.hard is not None and verdict.hard.on_exceed != "defer":
+    if verdict.hard is not None and not defer and verdict.hard.on_exceed != "defer":
         raise TokenLimitExceeded(verdict.hard.message, details=verdict.hard.details())
     return verdict

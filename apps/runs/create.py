@@ -85,6 +85,7 @@ class RunCreate:
     multitask_strategy: str | None = None  # with session_id, when the session is busy (backpressure.Strategy)
     seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
     options: RunOptions = field(default_factory=RunOptions)  # the request's sampling, compaction... (run_options)
+    defer_over_budget: bool = False  # a schedule's fire: over any hard budget it parks waiting_budget, never 429
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -103,7 +104,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id), credentials=credentials)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
     # 429 token_limit_exceeded over a hard budget; a budget that defers parks the run instead (issue 37)
-    deferred = spend.admit_or_raise(spend.Spender(principal.tenant_id, data.user_id, data.agent)).hard
+    spender = spend.Spender(principal.tenant_id, data.user_id, data.agent)
+    deferred = spend.admit_or_raise(spender, defer=data.defer_over_budget).hard
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; a child's slot: subruns.spawn_prepare
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)

@@ -10,8 +10,9 @@ after the call's usage is known (a run's step from the ledger it committed).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from apps.core.errors import QuotaExhausted
@@ -116,5 +117,15 @@ def admit_or_raise(spender: Spender, *, defer: bool = False) -> Verdict:
         return Verdict()
     verdict = g.admit(spender)
     if verdict.hard is not None and not defer and verdict.hard.on_exceed != "defer":
-        raise TokenLimitExceeded(verdict.hard.message, details=verdict.hard.details())
+        raise TokenLimitExceeded(
+            verdict.hard.message, details=verdict.hard.details(), headers=retry_after(verdict.hard)
+        )
     return verdict
+
+
+def retry_after(crossing: Crossing) -> dict[str, str]:
+    """`Retry-After`: the seconds until the limit's window resets (none when unknown)."""
+    if crossing.resume_at is None:
+        return {}
+    seconds = (crossing.resume_at - datetime.now(UTC)).total_seconds()
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}

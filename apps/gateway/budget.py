@@ -28,7 +28,8 @@ async def hold(*, request_id: str, tenant_id: str, user_id: str) -> bool:
         return False
     verdict = await db_call(g.hold)(key=f"gw:{request_id}", step=None, spender=spend.Spender(tenant_id, user_id))
     if verdict.hard is not None:
-        raise GatewayTokenLimitExceeded(verdict.hard.message, details=verdict.hard.details())
+        hard = verdict.hard
+        raise GatewayTokenLimitExceeded(hard.message, details=hard.details(), headers=spend.retry_after(hard))
     return verdict.held
 
 

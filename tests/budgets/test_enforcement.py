@@ -54,6 +54,7 @@ def test_a_run_over_a_hard_limit_is_refused_at_admission_with_429_token_limit_ex
     assert refused.value.status == 429 and refused.value.code == "token_limit_exceeded"
     assert refused.value.details["scope"] == "user" and refused.value.details["scope_id"] == "u-adm"
     assert refused.value.details["limit"] == 0 and refused.value.details["window"] == "month"
+    assert int(refused.value.headers["Retry-After"]) >= 1  # the seconds until the month's window resets
     start("echo", user_id="someone-else")  # another user's budget is not this one
 
 

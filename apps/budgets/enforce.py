@@ -14,6 +14,9 @@ Invariants:
   than calls are in flight, only that many pass.
 - Holds left by a lost worker are settled the same way by the next attempt of
   the run's step, or by the beat sweep once older than two leases.
+- Every transaction here locks window rows in window id order (the reservation's
+  and the settle's UPDATEs), and a settle locks only its own hold rows first, so
+  two of them never wait on each other in a cycle.
 """
 
 from __future__ import annotations
@@ -121,9 +124,10 @@ def hold(*, key: str, step: int | None, spender: Spender, now: datetime | None =
     limits = limits_for(spender)
     if not limits:
         return Verdict()
+    with transaction.atomic():  # its own transaction: its window locks are released before the reservation's
+        settle_key(key)
     try:
         with transaction.atomic():
-            settle_key(key)
             return _reserve(key, step, limits, now)
     except _Refused as refused:
         return Verdict(hard=refused.crossing, held=True)
@@ -133,7 +137,7 @@ def _reserve(key: str, step: int | None, limits: list[TokenLimit], now: datetime
     windows = _windows(limits, now, create=True)
     verdict, holds = Verdict(held=True), []
     with connection.cursor() as cur:
-        for lim in limits:
+        for lim in sorted(limits, key=lambda lim: windows[lim.id].id):  # window id order: see settle_key
             w = windows[lim.id]
             unit = _UNIT.get(lim.kind, _TOKENS) if lim.hard_limit is not None else Decimal(0)
             if lim.hard_limit is not None:
@@ -154,7 +158,9 @@ def _reserve(key: str, step: int | None, limits: list[TokenLimit], now: datetime
 def settle_key(key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal | None]] | None = None) -> int:
     """Inside a transaction: add what `key`'s held calls spent to their windows and drop the holds.
     `spent` maps a step to (usage, cost); None reads a run's ledger rows per held step."""
-    holds = list(LimitHold.objects.select_for_update().filter(key=key).select_related("window__limit"))
+    # Only the hold rows are locked here (`of=self`): the windows are locked by their UPDATEs
+    # below, in window id order, the one order every writer of windows takes (no deadlock).
+    holds = list(LimitHold.objects.select_for_update(of=("self",)).filter(key=key).select_related("window__limit"))
     if not holds:
         return 0
     if spent is None:

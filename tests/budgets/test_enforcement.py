@@ -20,6 +20,7 @@ from apps.core.spend import TokenLimitExceeded
 from apps.gateway.models import UsageEntry
 from apps.runs import services as runs
 from apps.runs.models import RunEvent, RunStatus
+from apps.runs.presenters import agent_out
 from tests.conftest import ALICE, wait_for, wait_status
 from tests.factories.runs import start
 
@@ -128,3 +129,19 @@ def test_raising_the_limit_wakes_the_deferred_runs() -> None:
     put(scope="user", scope_id="u-raise", hard_limit=Decimal(10**6), on_exceed="defer")  # wakes on commit
     for r in parked:
         assert wait_status(r.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=20).status == RunStatus.COMPLETED
+
+
+def test_a_run_crossing_a_deferring_limit_parks_mid_run_and_resumes_once_raised() -> None:
+    put(scope="agent", scope_id="stepper", hard_limit=Decimal(1), on_exceed="defer")
+    run = start("stepper", user_id="u-park")
+    parked = wait_status(run.id, RunStatus.WAITING_BUDGET, timeout=30)
+    assert UsageEntry.objects.filter(run_id=run.id).count() == 1  # parked at the boundary after its first call
+    [hard] = limits_of(run.id)
+    assert hard["severity"] == "hard"
+    [waiting] = [e.payload for e in RunEvent.objects.filter(run_id=run.id, type="waiting_budget")]
+    shown = agent_out(parked)
+    assert shown["awaited_state"] == "budget" and shown["awaited_on"] and waiting["resume_at"]
+    put(scope="agent", scope_id="stepper", hard_limit=Decimal(10**6), on_exceed="defer")  # wakes it on commit
+    done = wait_status(run.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=30)
+    assert done.status == RunStatus.COMPLETED and done.stop_reason != "token_limit_exceeded"
+    assert UsageEntry.objects.filter(run_id=run.id).count() == 5 and len(limits_of(run.id)) == 1

@@ -29,7 +29,10 @@ def test_the_sweep_settles_a_lost_workers_holds_from_the_ledger() -> None:
     assert enforce.hold(key="run:lost1", step=3, spender=spender).held
     assert enforce.hold(key="run:lost2", step=0, spender=spender).held  # its step never committed
     assert enforce.hold(key="gw:req_lost", step=None, spender=spender).held
-    UsageEntry.objects.create(created_at=timezone.now(), run_id="lost1", step=3, source=UsageSource.RUN, provider="mock", model="m", input_tokens=7, output_tokens=3)  # fmt: skip
+    UsageEntry.objects.create(
+        created_at=timezone.now(), run_id="lost1", step=3, source=UsageSource.RUN, provider="mock", model="m",
+        input_tokens=7, output_tokens=3,
+    )  # fmt: skip
     assert LimitWindow.objects.get(limit__scope_id="u-sweep").held == 3
     assert enforce.holds_sweep(older_than=timedelta(minutes=5)) == 0  # young holds belong to calls in flight
     assert enforce.holds_sweep(older_than=timedelta(0), now=timezone.now() + timedelta(seconds=1)) == 3

@@ -84,12 +84,11 @@ def deferred(procs: list[object]) -> None:
     TokenLimit.objects.all().delete()
     spec = budgets.LimitSpec(tenant_id="", scope="user", scope_id="deferred", hard_limit=Decimal(0), on_exceed="defer")
     limit = budgets.limit_put(spec=spec, updated_by="bench")
-    pids = [p.pid for p in procs]  # type: ignore[attr-defined]
-    rss0 = stack.rss_mib(pids)
+    rss0 = stack.rss_mib(procs)  # type: ignore[arg-type]
     ids = create(DEFERRED, "deferred")
     loop.wait_status(ids, RunStatus.WAITING_BUDGET, 60)
     time.sleep(2)  # let the workers settle before reading RSS (nothing waits on this: it is a reading)
-    rss1 = stack.rss_mib(pids)
+    rss1 = stack.rss_mib(procs)  # type: ignore[arg-type]
     t0 = time.monotonic()
     TokenLimit.objects.filter(pk=limit.pk).update(hard_limit=Decimal(10**9))  # the new window's budget
     LimitWindow.objects.filter(limit=limit).delete()  # its counter starts over, as at a window's reset

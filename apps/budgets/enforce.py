@@ -6,17 +6,20 @@ Invariants:
   `WHERE used + held < hard_limit` on the window's row: under the row lock
   Postgres takes for it, two workers cannot both take the last unit.
 - What a call spent is added to `used` (and its reservation removed) when it
-  settles: a run's step right after its commit, from the ledger rows that very
-  commit wrote (`UsageEntry(run_id, step)`), so a step that never committed
-  adds nothing; a gateway call from its reported usage.
+  settles, from the ledger rows its step's commit wrote (`UsageEntry(run_id,
+  step)`), so a step that never committed adds nothing: a run going on settles
+  its previous call in the transaction that reserves for its next one (its gate,
+  apps.budgets.hot); a park or an end settles right after its commit; a gateway
+  call settles from its reported usage when it finishes.
 - Hence the bound: a hard limit is exceeded by at most one provider call per
-  call in flight (each passed while `used < hard`), and when fewer units remain
-  than calls are in flight, only that many pass.
+  run in flight (a run is in flight from one gate to its next gate, park or end:
+  each call passed while `used + held < hard`), and when fewer units remain than
+  runs are in flight, only that many pass.
 - Holds left by a lost worker are settled the same way by the next attempt of
   the run's step, or by the beat sweep once older than two leases.
-- Every transaction here locks window rows in window id order (the reservation's
-  and the settle's UPDATEs), and a settle locks only its own hold rows first, so
-  two of them never wait on each other in a cycle.
+- Every transaction here locks window rows in window id order, one single-row
+  UPDATE each, one pass (apps.budgets.hot), and hold rows are per key, so two of
+  them never wait on each other in a cycle.
 """
 
 from __future__ import annotations
@@ -26,14 +29,14 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import Q, Sum
+from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from apps.budgets import hot
 from apps.budgets.models import Kind, LimitHold, LimitWindow, OnExceed, Scope, TokenLimit
 from apps.budgets.windows import window_end, window_label, window_start
 from apps.core.spend import Crossing, Spender, Verdict
-from apps.gateway.models import UsageEntry
 
 _UNIT = {Kind.COST.value: Decimal("0.000001")}
 _TOKENS = Decimal(1)
@@ -117,80 +120,44 @@ class _Refused(Exception):
     crossing: Crossing
 
 
+def unit_of(limit: TokenLimit) -> Decimal:
+    """What a call reserves on a limit: one token (one micro-dollar for cost); nothing without a hard limit."""
+    return _UNIT.get(limit.kind, _TOKENS) if limit.hard_limit is not None else Decimal(0)
+
+
 def hold(*, key: str, step: int | None, spender: Spender, now: datetime | None = None) -> Verdict:
-    """Before a provider call: settle what `key` left unsettled, then reserve on every limit in scope.
-    `verdict.hard` set = refused, nothing reserved. `verdict.held` says whether any hold exists now."""
+    """Before a provider call, one transaction: settle what `key`'s previous call spent, and reserve
+    on every limit in scope. `verdict.hard` set = refused, nothing reserved (the settle still lands).
+    `verdict.held` says whether budgets were in scope (a settle is owed)."""
     now = now or timezone.now()
-    limits = limits_for(spender)
-    if not limits:
+    limits = hot.limits_of(spender.tenant_id, spender.user_id, spender.agent)
+    if not limits:  # (a deleted limit's holds went with it: ON DELETE CASCADE)
         return Verdict()
-    with transaction.atomic():  # its own transaction: its window locks are released before the reservation's
-        settle_key(key)
     try:
         with transaction.atomic():
-            return _reserve(key, step, limits, now)
-    except _Refused as refused:
-        return Verdict(hard=refused.crossing, held=True)
-
-
-def _reserve(key: str, step: int | None, limits: list[TokenLimit], now: datetime) -> Verdict:
-    windows = _windows(limits, now, create=True)
-    verdict, holds = Verdict(held=True), []
-    with connection.cursor() as cur:
-        for lim in sorted(limits, key=lambda lim: windows[lim.id].id):  # window id order: see settle_key
-            w = windows[lim.id]
-            unit = _UNIT.get(lim.kind, _TOKENS) if lim.hard_limit is not None else Decimal(0)
-            if lim.hard_limit is not None:
-                cur.execute(
-                    f"UPDATE {LimitWindow._meta.db_table} SET held = held + %s WHERE id = %s "
-                    "AND used + held < %s RETURNING used",
-                    [unit, w.id, lim.hard_limit],
-                )
-                if cur.fetchone() is None:
-                    raise _Refused(crossing(lim, w.used, "hard", w.start))
-            if lim.soft_limit is not None and w.used >= lim.soft_limit:
-                verdict.soft.append(crossing(lim, w.used, "soft", w.start))
-            holds.append(LimitHold(key=key, window_id=w.id, amount=unit, step=step, created_at=now))
-    LimitHold.objects.bulk_create(holds)
+            taken = hot.take_holds(key, None)
+            windows = hot.windows_of(limits, now)
+            refused = hot.reserve(key, step, windows, taken, now)
+            if refused is not None:
+                raise _Refused(crossing(refused.limit, refused.used, "hard", refused.start))
+    except _Refused as exc:  # rolled back: the previous call's settle lands on its own
+        if key.startswith("run:"):
+            settle_run(run_id=key.removeprefix("run:"))
+        return Verdict(hard=exc.crossing, held=True)
+    verdict = Verdict(held=True)
+    for w in windows:
+        used = w.used + taken.add.get(w.id, Decimal(0))
+        if w.limit.soft_limit is not None and used >= w.limit.soft_limit:
+            verdict.soft.append(crossing(w.limit, used, "soft", w.start))
     return verdict
 
 
 def settle_key(key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal | None]] | None = None) -> int:
     """Inside a transaction: add what `key`'s held calls spent to their windows and drop the holds.
     `spent` maps a step to (usage, cost); None reads a run's ledger rows per held step."""
-    # Only the hold rows are locked here (`of=self`): the windows are locked by their UPDATEs
-    # below, in window id order, the one order every writer of windows takes (no deadlock).
-    holds = list(LimitHold.objects.select_for_update(of=("self",)).filter(key=key).select_related("window__limit"))
-    if not holds:
-        return 0
-    if spent is None:
-        spent = _ledger(key.removeprefix("run:"), {h.step for h in holds})
-    with connection.cursor() as cur:
-        for h in sorted(holds, key=lambda h: h.window_id):
-            usage, cost = spent.get(h.step, ({}, None))
-            add = amount_of(h.window.limit.kind, usage, cost)
-            cur.execute(
-                f"UPDATE {LimitWindow._meta.db_table} SET used = used + %s, held = held - %s WHERE id = %s",
-                [add, h.amount, h.window_id],
-            )
-    LimitHold.objects.filter(id__in=[h.id for h in holds]).delete()
-    return len(holds)
-
-
-def _ledger(run_id: str, steps: set[int | None]) -> dict[int | None, tuple[dict[str, Any], Decimal | None]]:
-    rows = (
-        UsageEntry.objects.filter(run_id=run_id, step__in=[s for s in steps if s is not None])
-        .values("step")
-        .annotate(
-            input_tokens=Sum("input_tokens"),
-            output_tokens=Sum("output_tokens"),
-            cache_creation_input_tokens=Sum("cache_creation_input_tokens"),
-            cache_read_input_tokens=Sum("cache_read_input_tokens"),
-            cost=Sum("cost_usd"),
-        )
-        .order_by()
-    )
-    return {r["step"]: (dict(r), r["cost"]) for r in rows}
+    taken = hot.take_holds(key, spent)
+    hot.apply(taken)
+    return len(taken.add)
 
 
 def settle_run(*, run_id: str) -> None:

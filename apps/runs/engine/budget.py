@@ -47,7 +47,9 @@ def settle(run: ClaimedRun, write: StepWrite) -> None:
         for entry in write.ledger:
             count_usage(write.metrics, tenant_id=run.tenant_id, entry=entry)
     g = spend.guard()
-    if g is None or not write.budget_held:
+    # A run going on settles at its next step's gate, in that gate's transaction (apps.budgets.hot):
+    # only a park or an end settles here.
+    if g is None or not write.budget_held or write.next == Next.REQUEUE:
         return
     try:
         g.settle_run(run_id=run.id)

@@ -31,7 +31,7 @@ SERVICES = loop.SERVICES  # importing bench.loop booted the embedded stack and D
 from apps.budgets import services as budgets  # noqa: E402
 from apps.budgets.models import LimitWindow, TokenLimit  # noqa: E402
 from apps.runs import services  # noqa: E402
-from apps.runs.models import RunStatus  # noqa: E402
+from apps.runs.models import Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_AB_ROUNDS", "2"))
@@ -93,12 +93,25 @@ def deferred(procs: list[object]) -> None:
     TokenLimit.objects.filter(pk=limit.pk).update(hard_limit=Decimal(10**9))  # the new window's budget
     LimitWindow.objects.filter(limit=limit).delete()  # its counter starts over, as at a window's reset
     woken = budgets.budgets_wake()
+    t_woken = time.monotonic()
+    t_started = _all_claimed(ids)
     t1 = loop.wait_status(ids, RunStatus.COMPLETED, 600)
     print(
         f"deferred {DEFERRED}: worker RSS {rss0:.0f} MiB before, {rss1:.0f} MiB with them parked; "
-        f"woken {woken}; all completed {t1 - t0:.1f} s after the reset",
+        f"woken {woken} in {t_woken - t0:.2f} s; every one past its first iteration {t_started - t0:.1f} s "
+        f"and all completed {t1 - t0:.1f} s after the reset",
         flush=True,
     )
+
+
+def _all_claimed(ids: list[str]) -> float:
+    """When every run has committed at least one iteration after its wake (bounded wait)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if not Run.objects.filter(id__in=ids, step=0).exists():
+            return time.monotonic()
+        time.sleep(0.05)
+    raise SystemExit("deferred runs did not all resume within 600 s")
 
 
 def main() -> None:
@@ -107,7 +120,8 @@ def main() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = loop.start_workers(["-A", "workers.celery:app"], "runs,maintenance", env, "budgets")
     try:
-        ab(procs)
+        if ROUNDS:
+            ab(procs)
         deferred(procs)
     finally:
         stack.stop_all(procs)

@@ -94,8 +94,8 @@ def _budgets() -> Iterator[Metric]:
         f"Unspent fraction of each hard budget this window (the {LIMIT_GAUGE_MAX} with least left).",
         labels=["scope", "tenant", "scope_id", "kind", "window"],
     )
-    views = [v for v in limits_list(tenant_id=None) if v.row.hard_limit]
-    left = sorted(((max(0.0, 1 - float(v.used / v.row.hard_limit)), v) for v in views), key=lambda p: p[0])
+    views = [(v, v.row.hard_limit) for v in limits_list(tenant_id=None) if v.row.hard_limit]
+    left = sorted(((max(0.0, 1 - float(v.used / hard)), v) for v, hard in views), key=lambda p: p[0])
     for ratio, v in left[:LIMIT_GAUGE_MAX]:
         gauge.add_metric([v.row.scope, v.row.tenant_id, v.row.scope_id, v.row.kind, v.row.window], ratio)
     yield gauge

@@ -59,7 +59,7 @@ def limits_of(tenant_id: str, user_id: str, agent: str) -> list[TokenLimit]:
 def windows_of(limits: list[TokenLimit], now: datetime) -> list[Window]:
     """The current window of each limit (created when missing), in window id order."""
     starts = {lim.id: window_start(lim.window, lim.window_hours, now) for lim in limits}
-    args = [list(starts), list(starts.values())]
+    args: list[Any] = [list(starts), list(starts.values())]
     with connection.cursor() as cur:
         cur.execute(_WINDOWS_SQL, args)
         rows = cur.fetchall()

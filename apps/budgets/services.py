@@ -136,7 +136,7 @@ def _yaml_spec(i: int, entry: Any) -> LimitSpec:
     if not isinstance(entry, dict) or set(entry) - fields:
         raise InvalidLimit(f"limits[{i}]: want a mapping of {', '.join(sorted(fields))}")
     try:
-        values = {
+        values: dict[str, Any] = {
             k: Decimal(str(v)) if k in ("soft_limit", "hard_limit") and v is not None else v for k, v in entry.items()
         }
         spec = LimitSpec(**{"tenant_id": "", **values})

@@ -100,9 +100,21 @@ def limits_list(ctx: Ctx, tenant: str | None, as_json: bool) -> None:
 @click.option("--on-exceed", default="refuse", type=click.Choice(["refuse", "defer"]))
 @click.option("--tenant", "tenant_id", help="operators: the tenant")
 @pass_ctx
-def limits_set(ctx: Ctx, scope: str, scope_id: str, soft: float | None, hard: float | None, **fields: object) -> None:
+def limits_set(
+    ctx: Ctx,
+    scope: str,
+    scope_id: str,
+    soft: float | None,
+    hard: float | None,
+    kind: str,
+    window: str,
+    window_hours: int,
+    on_exceed: str,
+    tenant_id: str | None,
+) -> None:
     """Create or replace one budget; prints it as JSON."""
-    row = ctx.client.budgets.set_limit(scope, scope_id, soft_limit=soft, hard_limit=hard, **fields)
+    fields = {"kind": kind, "window": window, "window_hours": window_hours, "on_exceed": on_exceed}
+    row = ctx.client.budgets.set_limit(scope, scope_id, soft_limit=soft, hard_limit=hard, tenant_id=tenant_id, **fields)
     output.print_json(row)
 
 

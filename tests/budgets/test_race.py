@@ -1,9 +1,10 @@
 """Two worker processes race for the last tokens of one budget (issue 37). The bound,
 and why it holds (apps.budgets.enforce): a provider call starts only after reserving
-one token with `UPDATE ... WHERE used + held < hard`, and its spend joins `used` right
-after its step commits. So every call that starts saw the budget unspent, and the
-budget ends over its hard limit by at most one call per run in flight; and when R
-tokens remain, at most R calls are let through together, never two on the last one."""
+one token with `UPDATE ... WHERE used + held < hard`, and its spend joins `used` when
+it settles (at the run's next gate, park or end). So every call that starts saw the
+budget unspent, and the budget ends over its hard limit by at most one call per run
+in flight; and when R tokens remain, at most R calls are let through together, never
+two on the last one."""
 
 from __future__ import annotations
 

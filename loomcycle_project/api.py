@@ -44,6 +44,7 @@ api.add_router("/", "apps.triggers.webhooks.api.router")
 api.add_router("/", "apps.tools.api.router")
 api.add_router("/", "apps.triggers.api.router")
 api.add_router("/", "apps.snapshots.api.router")
+api.add_router("/", "apps.budgets.api.router")
 
 
 def error_response(status: int, code: str, message: str, details: dict[str, object] | None = None) -> JsonResponse:

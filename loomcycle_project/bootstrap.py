@@ -8,7 +8,9 @@ from typing import Any
 from django.core.management import call_command
 from django.db import transaction
 
+from apps.budgets.services import limits_sync_yaml
 from apps.core.config import runtime_config
+from apps.gateway.pricing import operator_prices
 from apps.mcp.services import mcp_static_servers_discover
 from apps.memory.seed import memory_entries_seed
 from apps.substrate import discovery
@@ -29,10 +31,12 @@ def load_yaml_config(config: dict[str, Any] | None = None) -> list[AgentDef]:
     config = discovery.with_markdown(config, discovery.configured())
     static_volumes(config)  # `volumes:` is read where it is used; a bad entry still stops the boot
     search_config(config)  # `search_providers:` / `search_priority:` likewise (WebSearch reads them)
+    operator_prices(config)  # likewise `prices:` (apps.gateway.pricing)
     with transaction.atomic():
         loaded = defs_load_yaml(config=config)
         channel_defs_sync_yaml(config=config)
         memory_entries_seed(config=config)
+        limits_sync_yaml(config=config)  # the operator's default budgets (apps.budgets)
     return [row for row in loaded["agent"] if isinstance(row, AgentDef)]
 
 

@@ -373,6 +373,8 @@ HOOKS_CHAIN_BUDGET_MS: int = _at_least("LOOMCYCLE_HOOKS_CHAIN_BUDGET_MS", 60_000
 # process reports in /healthz (`replica_id`) and under which it heartbeats (`replicas[]`),
 # the host name when unset.
 METRICS_ENABLED: bool = env.bool("LOOMCYCLE_METRICS_ENABLED", default=True)
+# The spend counters label at most this many tenants (the biggest spenders); the rest fold into `other`.
+METRICS_TENANT_LABELS: int = _at_least("LOOMCYCLE_METRICS_TENANT_LABELS", 20, 1)
 REPLICA_ID: str = env.str("LOOMCYCLE_REPLICA_ID", default="")
 
 
@@ -685,6 +687,7 @@ class RuntimeSettings:
     grpc_min_ping_interval_ms: int = 10_000
     # Observability (apps.core.metrics, loomcycle_project.health).
     metrics_enabled: bool = True
+    metrics_tenant_labels: int = 20
     replica_id: str = ""
     # LOOMCYCLE_ALLOWED_HOSTS as the operator set it (empty: unset). Django's ALLOWED_HOSTS is
     # `*` then, and test runners add names to it; a public name here ends open mode.

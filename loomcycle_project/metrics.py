@@ -28,9 +28,11 @@ from prometheus_client.registry import Collector
 
 import apps.runs.engine.metrics
 import apps.triggers.metrics  # noqa: F401  (declares the schedule and webhook counters)
+from apps.budgets.selectors import limits_list
 from apps.core import metrics as core_metrics
 from apps.core.errors import ApplicationError, NotFound
 from apps.gateway.fairness import FairnessUnavailable, slots_stats
+from apps.gateway.usage_metrics import USAGE_COST, USAGE_TOKENS
 from apps.runs.selectors import runs_in_flight_by_tenant, runs_live_by_status
 from apps.runs.statuses import PARKED
 from apps.substrate.auth import authenticate_for, bearer_from_headers, lower_headers
@@ -41,6 +43,7 @@ log = logging.getLogger("loomcycle.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 IN_FLIGHT_TENANTS = 20
+LIMIT_GAUGE_MAX = 200
 QUEUES = (RUNS, MAINTENANCE)
 # kombu's Redis transport keeps priority p > 0 of queue q in the list "q\x06\x16p" (priority_steps 0,3,6,9).
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
@@ -49,6 +52,7 @@ _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 def _work_done() -> Iterator[Metric]:
     """The Redis counters and histograms, every declared metric present (empty when nothing ran)."""
     stored = core_metrics.read_all()
+    fold_tenants(stored, settings.LOOMCYCLE.metrics_tenant_labels)
     for metric in core_metrics.declared():
         series = stored.get(metric.name, [])
         if isinstance(metric, core_metrics.Counter):
@@ -61,6 +65,40 @@ def _work_done() -> Iterator[Metric]:
             for s in series:
                 hist.add_metric(list(s.values), list(s.cumulative()), s.sum)
             yield hist
+
+
+_TENANT_LABELLED = (USAGE_TOKENS.name, USAGE_COST.name)
+
+
+def fold_tenants(stored: dict[str, list[core_metrics.Series]], keep: int) -> None:
+    """The spend counters keep a tenant label for the `keep` biggest spenders (by tokens);
+    every other tenant's series are summed into tenant="other" (a bounded label set)."""
+    spent: dict[str, float] = {}
+    for s in stored.get(USAGE_TOKENS.name, []):
+        spent[s.values[2]] = spent.get(s.values[2], 0.0) + s.total
+    kept = set(sorted(spent, key=lambda t: (-spent[t], t))[:keep])
+    for name in _TENANT_LABELLED:
+        merged: dict[tuple[str, ...], core_metrics.Series] = {}
+        for s in stored.get(name, []):
+            values = tuple(v if i != 2 or v in kept else "other" for i, v in enumerate(s.values))
+            into = merged.setdefault(values, core_metrics.Series(values=values))
+            into.total += s.total
+        if name in stored:
+            stored[name] = list(merged.values())
+
+
+def _budgets() -> Iterator[Metric]:
+    """Each hard budget's remaining fraction in its current window (the LIMIT_GAUGE_MAX least left)."""
+    gauge = GaugeMetricFamily(
+        "loomcycle_budget_remaining_ratio",
+        f"Unspent fraction of each hard budget this window (the {LIMIT_GAUGE_MAX} with least left).",
+        labels=["scope", "tenant", "scope_id", "kind", "window"],
+    )
+    views = [(v, v.row.hard_limit) for v in limits_list(tenant_id=None) if v.row.hard_limit]
+    left = sorted(((max(0.0, 1 - float(v.used / hard)), v) for v, hard in views), key=lambda p: p[0])
+    for ratio, v in left[:LIMIT_GAUGE_MAX]:
+        gauge.add_metric([v.row.scope, v.row.tenant_id, v.row.scope_id, v.row.kind, v.row.window], ratio)
+    yield gauge
 
 
 def _runs() -> Iterator[Metric]:
@@ -152,6 +190,7 @@ _SOURCES: dict[str, Callable[[], Iterator[Metric]]] = {
     "database": _database,
     "redis": _redis,
     "fairness": _fairness,
+    "budgets": _budgets,
 }
 
 

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "apps.evaluations",
     "apps.channels",
     "apps.triggers",
+    "apps.budgets",  # limits and usage (issue 37): wakes waiting_budget runs through apps.runs.wake
     "apps.tools",
     "apps.mcp",
     "apps.snapshots",  # spans the apps above: each exports and restores its own tables
@@ -304,6 +305,7 @@ LOOMCYCLE = E.RuntimeSettings(
     grpc_keepalive_timeout_ms=E.GRPC_KEEPALIVE_TIMEOUT_MS,
     grpc_min_ping_interval_ms=E.GRPC_MIN_PING_INTERVAL_MS,
     metrics_enabled=E.METRICS_ENABLED,
+    metrics_tenant_labels=E.METRICS_TENANT_LABELS,
     replica_id=E.REPLICA_ID,
     allowed_hosts=tuple(E.ALLOWED_HOSTS),
     beat_heartbeat_file=E.BEAT_HEARTBEAT_FILE,

@@ -39,4 +39,6 @@ def beat_schedule(
         "resident-sweep": _every("maintenance.resident_sweep", sweep_s),
         "gateway-audit-prune": _every("maintenance.gateway_audit_prune", 3600.0),
         "triggers-finished-sweep": _every("maintenance.triggers_finished_sweep", sweep_s),
+        "budgets-wake": _every("maintenance.budgets_wake", sweep_s),
+        "budget-holds-sweep": _every("maintenance.budget_holds_sweep", sweep_s),
     }

@@ -23,6 +23,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -30,11 +31,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from apps.core.errors import ApplicationError, Invalid
 from apps.core.identity import acting_user_id, may_name_user
 from apps.core.ids import is_ident
+from apps.core.metrics import Batch
 from apps.core.types import Principal
-from apps.gateway import fairness
+from apps.gateway import budget, fairness
 from apps.gateway.audit import WRITER
 from apps.gateway.convert import images_ready
 from apps.gateway.operator_key import operator_key_check
+from apps.gateway.pricing import cost_usd
 from apps.gateway.providers import (
     Done,
     ProviderError,
@@ -48,6 +51,7 @@ from apps.gateway.providers import (
 )
 from apps.gateway.resolver import Candidate, resolve
 from apps.gateway.services import CallRecord
+from apps.gateway.usage_metrics import count_usage
 
 log = logging.getLogger("loomcycle.gateway")
 _TRACER = trace.get_tracer("loomcycle.gateway")
@@ -112,6 +116,7 @@ class Call:
         self.model = model
         self.usage: Usage | None = None
         self.finished = False
+        self.budget_held = False
         self._t0 = time.perf_counter()
         self._stack = AsyncExitStack()
         self._events: AsyncIterator[ProviderEvent] | None = None
@@ -148,6 +153,10 @@ class Call:
         """The provider's concurrency gate (waits up to the queue timeout), then
         the per-user/tenant slot (SPEC 9.6): a call queued on a full provider
         does not hold a user slot meanwhile. 429 when refused."""
+        # The caller's budgets first (429 token_limit_exceeded): a refused call takes no slot.
+        self.budget_held = await budget.hold(
+            request_id=self.request_id, tenant_id=self.principal.tenant_id, user_id=self.user_id
+        )
         if provider_gate:
             await self.hold(fairness.aprovider_slot(self.provider))
         await self.hold(fairness.acall_slot(self.principal.tenant_id, self.user_id))
@@ -184,6 +193,8 @@ class Call:
             if self._events is not None and hasattr(self._events, "aclose"):
                 await self._events.aclose()  # the provider's HTTP stream, when it was not read to its end
             await self._stack.aclose()
+            if self.budget_held:  # what the call spent joins its budgets (apps.gateway.budget)
+                await budget.settle(request_id=self.request_id, usage=self.usage)
         finally:
             self._record(status, error_code)
 
@@ -200,6 +211,8 @@ class Call:
             span.set_attribute("error.type", error_code)
             span.set_status(Status(StatusCode.ERROR, error_code))
         span.end()
+        if usage is not None and settings.LOOMCYCLE.metrics_enabled:
+            self._count(usage)
         WRITER.record(
             CallRecord(
                 request_id=self.request_id,
@@ -217,6 +230,15 @@ class Call:
                 usage=usage,
             )
         )
+
+    def _count(self, usage: Usage) -> None:
+        """The call's spend counters (apps.gateway.usage_metrics), one Redis round trip."""
+        batch = Batch()
+        entry: dict[str, Any] = {**usage.as_dict(), "provider": usage.provider or self.provider}
+        entry["model"] = usage.model or self.model
+        entry["cost_usd"] = cost_usd(entry["provider"], entry["model"], usage)
+        count_usage(batch, tenant_id=self.principal.tenant_id, entry=entry)
+        batch.flush()
 
     def abandon_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         """From a finalizer: finish as a client hang-up on the loop (thread-safe)."""

@@ -6,7 +6,8 @@ to or read from the prompt cache, which are priced separately (drivers of
 providers that report cached tokens inside the prompt count, as OpenAI does,
 subtract them). A model is matched exactly, or with a dated snapshot suffix
 (`claude-sonnet-4-5-20250929`, `gpt-4o-2024-08-06`, `...-latest`); anything
-else is unpriced (`None`), never guessed. The mock providers cost 0.
+else is unpriced (`None`), never guessed. The mock providers cost 0. The
+operator's yaml `prices:` block overrides or extends this table (`operator_prices`).
 
 Sources (list prices, standard tier, no batch discount, prompts under the
 long-context threshold): Anthropic https://platform.claude.com/docs/en/about-claude/pricing,
@@ -19,8 +20,11 @@ a starting point for cost reports, not an invoice.
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
+from typing import Any
 
+from apps.core.config import runtime_config
+from apps.core.errors import Invalid
 from apps.gateway.providers.base import Usage
 
 Price = tuple[str, str, str, str]  # input, output, cache write, cache read (USD per 1M tokens)
@@ -74,11 +78,41 @@ _MILLION = Decimal(1_000_000)
 _QUANTUM = Decimal("0.000001")  # the ledger column's scale
 
 
+_KINDS = ("input", "output", "cache_write", "cache_read")
+
+
+def operator_prices(config: dict[str, Any]) -> dict[str, dict[str, Price]]:
+    """The yaml `prices:` block, `{provider: {model: {input, output, cache_write, cache_read,
+    currency}}}` in USD per million tokens: an entry replaces the built-in price of that model
+    (a kind left out costs 0). Only `currency: USD` is accepted: the ledger's column is USD."""
+    out: dict[str, dict[str, Price]] = {}
+    for provider, models in (config.get("prices") or {}).items():
+        for model, entry in (models or {}).items():
+            where = f"prices.{provider}.{model}"
+            if not isinstance(entry, dict) or set(entry) - {*_KINDS, "currency"}:
+                raise Invalid(f"{where}: want a mapping of {', '.join(_KINDS)}, currency", code="config_invalid")
+            if str(entry.get("currency", "USD")).upper() != "USD":
+                raise Invalid(f"{where}: currency must be USD (the usage ledger counts USD)", code="config_invalid")
+            try:
+                price = tuple(str(Decimal(str(entry.get(k, 0)))) for k in _KINDS)
+            except InvalidOperation as exc:
+                raise Invalid(f"{where}: prices must be numbers", code="config_invalid") from exc
+            out.setdefault(str(provider), {})[str(model)] = price  # type: ignore[assignment]
+    return out
+
+
+_PARSED: dict[int, dict[str, dict[str, Price]]] = {}  # per loaded configuration (runtime_config reads once)
+
+
 def price_for(provider: str, model: str) -> Price | None:
-    table = PRICES.get(provider)
-    if table is None:
-        return None
-    return table.get(model) or table.get(_SNAPSHOT.sub("", model))
+    """The operator's yaml price first, then the built-in table."""
+    config = runtime_config()
+    if (parsed := _PARSED.get(id(config))) is None:
+        parsed = _PARSED[id(config)] = operator_prices(config)
+    for table in (parsed.get(provider), PRICES.get(provider)):
+        if table is not None and (found := table.get(model) or table.get(_SNAPSHOT.sub("", model))):
+            return found
+    return None
 
 
 def cost_usd(provider: str, model: str, usage: Usage) -> Decimal | None:

@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
-from apps.core import privileged
+from apps.core import privileged, spend
 from apps.core import toolregistry as registry
 from apps.core.errors import Conflict, Invalid, NotFound, RuntimePaused
 from apps.core.hosts import run_allowed_hosts
@@ -85,6 +85,7 @@ class RunCreate:
     multitask_strategy: str | None = None  # with session_id, when the session is busy (backpressure.Strategy)
     seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
     options: RunOptions = field(default_factory=RunOptions)  # the request's sampling, compaction... (run_options)
+    defer_over_budget: bool = False  # a schedule's fire: over any hard budget it parks waiting_budget, never 429
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -102,6 +103,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
     strategy = backpressure.strategy_of(data.multitask_strategy)  # 422 invalid_multitask_strategy
     data = dataclasses.replace(data, user_id=acting_user_id(principal, data.user_id), credentials=credentials)
     resolved = run_resolve(tenant_id=principal.tenant_id, data=data)
+    # 429 token_limit_exceeded over a hard budget; a budget that defers parks the run instead (issue 37)
+    spender = spend.Spender(principal.tenant_id, data.user_id, data.agent)
+    deferred = spend.admit_or_raise(spender, defer=data.defer_over_budget).hard
     run_id = new_run_id()
     if data.parent_id is None:  # fairness (SPEC 9.6): 429 over cap; a child's slot: subruns.spawn_prepare
         fairness.run_slot_take(run_id=run_id, tenant_id=principal.tenant_id, user_id=data.user_id)
@@ -126,6 +130,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
             status, promoted = _admission(place, limit, gated=gated)
+            if deferred is not None and status == RunStatus.QUEUED:
+                status = RunStatus.WAITING_BUDGET  # no doorbell: apps.budgets wakes it when the budget frees
             if parked_seed and status == RunStatus.QUEUED:
                 status = RunStatus.AWAITING_INPUT  # a fork that waits for its next user turn: no doorbell
             run = run_insert(

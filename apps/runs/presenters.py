@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from apps.core import spend
 from apps.core.timefmt import ts
 from apps.runs.children.resident import state_of
 from apps.runs.models import PARKED, RUNNABLE, ResidentChild, Run, RunStatus
@@ -15,6 +16,7 @@ _AWAITED = {
     RunStatus.AWAITING_INPUT: "input",
     RunStatus.WAITING_CHILDREN: "children",
     RunStatus.PAUSED: "paused",
+    RunStatus.WAITING_BUDGET: "budget",
 }
 
 
@@ -40,7 +42,7 @@ def agent_out(run: Run) -> dict[str, Any]:
         "live": live,
         "interactive": run.interactive,
         "awaited_state": _AWAITED.get(RunStatus(run.status), ""),
-        "awaited_on": "",
+        "awaited_on": _budget_resume(run) if run.status == RunStatus.WAITING_BUDGET else "",
         **_resident(run),
         "agent_def_id": run.agent_def_id,
         "content_sha256": run.agent_def_sha256,
@@ -48,6 +50,13 @@ def agent_out(run: Run) -> dict[str, Any]:
         "forked_from_run": run.forked_from_run_id,
         "forked_at_step": run.forked_at_step,
     }
+
+
+def _budget_resume(run: Run) -> str:
+    """A run deferred over a budget: when its window resets (apps.core.spend), "" once it has freed."""
+    g = spend.guard()
+    hard = g.admit(spend.Spender(run.tenant_id, run.user_id, run.agent_name)).hard if g else None
+    return "" if hard is None or hard.resume_at is None else ts(hard.resume_at) or ""
 
 
 def _resident(run: Run) -> dict[str, Any]:

@@ -499,3 +499,8 @@ def session_has_image(*, tenant_id: str, session_id: str) -> bool:
             content__contains=[{"type": "image"}],
         ).exists()
     )
+
+
+def run_agent_names(*, run_ids: list[str]) -> dict[str, str]:
+    """{run_id: agent name}: the usage report's agent grouping (apps.budgets.selectors)."""
+    return {str(i): str(a) for i, a in Run.objects.filter(id__in=run_ids).values_list("id", "agent_name")}

@@ -18,6 +18,7 @@ class RunStatus(TextChoices):
     WAITING_CHANNEL = "waiting_channel"
     WAITING_FANOUT = "waiting_fanout"  # a parallel_spawn child over max_concurrent_children (apps.runs.children.fanout)
     PAUSED = "paused"
+    WAITING_BUDGET = "waiting_budget"  # over a budget that defers: resumes when it frees (apps.budgets)
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -33,6 +34,7 @@ PARKED = (
     RunStatus.WAITING_CHANNEL,
     RunStatus.PAUSED,
     RunStatus.WAITING_FANOUT,
+    RunStatus.WAITING_BUDGET,
 )
 TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 # Not in flight for its session: at most one run of a session is outside these (index run_session_live).

@@ -78,3 +78,20 @@ def runs_admit_waiting() -> int:
     if promoted:
         log.info("admission: %d waiting run(s) started", len(promoted))
     return len(promoted)
+
+
+def runs_wake_budget(*, tenant_id: str, user_id: str, agent: str) -> int:
+    """Wake the runs parked `waiting_budget` for this spender (apps.budgets decides the budget
+    has freed: its window reset, or its limit was raised or deleted). Exactly once per park:
+    the conditional UPDATE in apps.runs.store.budget; doorbells after the commit."""
+    with transaction.atomic():
+        woken = store.budget_waiting_wake(tenant_id=tenant_id, user_id=user_id, agent=agent)
+        for run_id, step in woken:
+            transaction.on_commit(partial(enqueue_iteration, run_id, step))
+            signals.send_on_commit(signals.run_resumed, run_id=run_id)
+    return len(woken)
+
+
+def budget_waiting_spenders() -> list[tuple[str, str, str, int]]:
+    """(tenant, user, agent, runs) waiting for a budget: what apps.budgets re-checks."""
+    return store.budget_waiting_spenders()

@@ -444,6 +444,7 @@ def schedule_run_input(row: ScheduleDef, slot: datetime) -> RunCreate:
         tenant_id=row.tenant_id,
         credentials=schedule_credentials(d, tenant_id=row.tenant_id),
         notify_finished=True,
+        defer_over_budget=True,  # a fire into a spent budget parks its run until the budget frees (issue 37)
     )
 
 

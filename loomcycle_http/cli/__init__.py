@@ -9,6 +9,7 @@ import click
 
 from loomcycle_http import __version__
 from loomcycle_http.cli import output
+from loomcycle_http.cli.budgets import limits, usage
 from loomcycle_http.cli.context import EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_UNREACHABLE, Ctx
 from loomcycle_http.cli.defs import agent, agents, channel, memory
 from loomcycle_http.cli.mirror import mirror
@@ -50,7 +51,7 @@ def cli(ctx: click.Context, url: str | None, token: str | None) -> None:
     ctx.obj = Ctx(url=url, token=token)
 
 
-for command in (run, ps, logs, send, cancel, pause, resume, agents, agent, memory, channel):
+for command in (run, ps, logs, send, cancel, pause, resume, agents, agent, memory, channel, usage, limits):
     cli.add_command(command)
 cli.add_command(mirror)
 

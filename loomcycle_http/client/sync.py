@@ -13,6 +13,7 @@ import httpx
 from httpx_sse import EventSource
 
 from loomcycle_http.client import _base as b
+from loomcycle_http.client.budgets import Budgets
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
 
@@ -36,6 +37,7 @@ class Client:
         self.memory = Memory(self)
         self.channels = Channels(self)
         self.runtime = Runtime(self)
+        self.budgets = Budgets(self)  # limits and usage (loomcycle_http.client.budgets)
 
     def __enter__(self) -> Client:
         return self

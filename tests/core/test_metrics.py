@@ -130,6 +130,7 @@ def test_the_state_gauges_are_read_at_scrape_time(metrics_web: str, stack: Worke
         "database": 0,
         "redis": 0,
         "fairness": 0,
+        "budgets": 0,
     }
     services.run_cancel(principal=ALICE, agent_id=run.agent_id)
     wait_status(run.id, RunStatus.CANCELLED, timeout=30)

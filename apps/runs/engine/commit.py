@@ -14,6 +14,7 @@ from apps.runs import signals, store
 from apps.runs.children import resident
 from apps.runs.children.spawn import children_enqueue, children_insert, spawns_abandon
 from apps.runs.dispatch import wake_and_enqueue
+from apps.runs.engine import budget
 from apps.runs.engine.write import Next, StepWrite
 from apps.runs.lifecycle import Ended, run_ended
 from apps.runs.models import Run, RunStatus
@@ -68,6 +69,7 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
 
 
 def after_commit(run: ClaimedRun, write: StepWrite) -> None:
+    budget.settle(run, write)  # the step's spend reaches its budgets before anything can start the next
     wake_and_enqueue(
         run.id,
         run.last_seq + len(write.events) if write.events else None,

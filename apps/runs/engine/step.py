@@ -18,7 +18,7 @@ from apps.gateway.resolver import Policy
 from apps.runs import store
 from apps.runs.compaction import plan as compacting
 from apps.runs.credentials import CredentialsUnreadable, unseal
-from apps.runs.engine import turncancel
+from apps.runs.engine import budget, turncancel
 from apps.runs.engine.model import call_model, call_with_retries, record_reply, record_usage
 from apps.runs.engine.tools import tool_phase
 from apps.runs.engine.turncancel import CutKind, TurnCut, turn_cancelled
@@ -58,6 +58,8 @@ def execute(run: ClaimedRun, cancel: threading.Event) -> StepWrite:
     if run.step >= run.max_iterations:  # resumed after sub-agents with no iteration left
         return finish(write, "max_iterations")
     rows = _load_rows(run, write)
+    if (stopped := budget.gate(run, write)) is not None:  # over a hard budget (apps.core.spend)
+        return stopped
     connection.close()  # hand the connection back to the pool before the provider call
     try:
         if _compact(run, rows, write, cancel):

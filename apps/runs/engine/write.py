@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from apps.core.metrics import Batch
+from apps.core.spend import Crossing
 from apps.core.tools import Park
 from apps.runs import signals
 from apps.runs.children.spawn import Spawn
@@ -47,6 +48,8 @@ class StepWrite:
     deliveries: list[signals.Delivery] = field(default_factory=list)  # lifecycle signals recorded with the commit
     metrics: Batch = field(default_factory=Batch)  # provider and tool calls made, flushed after the commit
     compact: list[compacting.Request] = field(default_factory=list)  # compaction requests drained this step
+    budget_held: bool = False  # budgets were in scope: settle after the commit (apps.runs.engine.budget)
+    budget_wait: Crossing | None = None  # the deferring limit a waiting_budget park waits on
 
 
 def end_turn(run: ClaimedRun, write: StepWrite, stop_reason: str) -> StepWrite:

@@ -27,6 +27,7 @@ Every public name is re-exported here: `store.X` and
 """
 
 from apps.runs.store.admission import admission_lock_and_count, waiting_promote, waiting_withdraw
+from apps.runs.store.budget import budget_waiting_spenders, budget_waiting_wake
 from apps.runs.store.compaction import CompactQueued, compact_request_queue
 from apps.runs.store.control import (
     AnswerTarget,
@@ -103,6 +104,8 @@ __all__ = [
     "admission_lock_and_count",
     "answer_append",
     "answer_lock",
+    "budget_waiting_spenders",
+    "budget_waiting_wake",
     "cancel",
     "child_report_claim",
     "claim",

@@ -1,0 +1,98 @@
+"""Budgets (issue 37): the limits, their per-window counters, the holds a
+provider call in flight keeps on them, the once-per-run notices, and the runs
+parked until a budget frees.
+
+Postgres is the truth. A `LimitWindow` row counts what one window of one limit
+has spent (`used`, from the ledger's calls as they settle) and what calls in
+flight have reserved (`held`). A call may start only if it can reserve on every
+hard limit in scope: `UPDATE ... SET held = held + :estimate WHERE used + held
+< hard_limit` (apps.budgets.enforce), so two workers never both take the last of
+a budget."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Scope(models.TextChoices):
+    OPERATOR = "operator"  # every tenant together (operator only)
+    TENANT = "tenant"
+    USER = "user"  # one user within a tenant
+    AGENT = "agent"  # one agent name within a tenant
+
+
+class Kind(models.TextChoices):
+    TOKENS = "tokens"  # input + output + cache write + cache read
+    INPUT = "input_tokens"  # input + cache write + cache read
+    OUTPUT = "output_tokens"
+    COST = "cost_usd"  # list price (apps.gateway.pricing); unpriced calls add nothing
+
+
+class Window(models.TextChoices):
+    MONTH = "month"  # the calendar month, UTC (loomcycle's)
+    DAY = "day"  # the UTC day
+    HOURS = "hours"  # consecutive `window_hours`-hour windows from the Unix epoch
+
+
+class OnExceed(models.TextChoices):
+    REFUSE = "refuse"  # 429 at admission, stop at the next iteration boundary
+    DEFER = "defer"  # park as waiting_budget until the window resets or the limit is raised
+
+
+class TokenLimit(models.Model):
+    tenant_id = models.CharField(max_length=128, blank=True, default="")  # "" for scope=operator
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    scope_id = models.CharField(max_length=128, blank=True, default="")  # the user or agent name
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TOKENS)
+    window = models.CharField(max_length=8, choices=Window.choices, default=Window.MONTH)
+    window_hours = models.PositiveIntegerField(default=0)  # window=hours only
+    soft_limit = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    hard_limit = models.DecimalField(max_digits=20, decimal_places=6, null=True, blank=True)
+    on_exceed = models.CharField(max_length=8, choices=OnExceed.choices, default=OnExceed.REFUSE)
+    source = models.CharField(max_length=8, default="api")  # api | yaml (the operator's defaults)
+    updated_at = models.DateTimeField()
+    updated_by = models.CharField(max_length=128, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant_id", "scope", "scope_id", "kind", "window"], name="limit_unique")
+        ]
+        indexes = [models.Index(fields=["tenant_id", "scope", "scope_id"], name="limit_lookup")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.tenant_id}/{self.scope_id} {self.kind}/{self.window}"
+
+
+class LimitWindow(models.Model):
+    limit = models.ForeignKey(TokenLimit, on_delete=models.CASCADE, related_name="windows")
+    start = models.DateTimeField()
+    used = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    held = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["limit", "start"], name="limit_window_unique")]
+
+
+class LimitHold(models.Model):
+    """What one provider call in flight reserved on one window; `key` is `run:<id>` or `gw:<request id>`."""
+
+    key = models.CharField(max_length=64)
+    window = models.ForeignKey(LimitWindow, on_delete=models.CASCADE, related_name="holds")
+    amount = models.DecimalField(max_digits=20, decimal_places=6)
+    step = models.IntegerField(null=True, blank=True)  # the run step whose ledger rows settle it
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "window"], name="limit_hold_unique")]
+        indexes = [models.Index(fields=["created_at"], name="limit_hold_age")]
+
+
+class LimitNotice(models.Model):
+    """A `limit` event a run has had: one per (limit, severity) per run (SPEC 3.3)."""
+
+    run_id = models.CharField(max_length=32)
+    limit_id = models.BigIntegerField()
+    severity = models.CharField(max_length=4)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run_id", "limit_id", "severity"], name="limit_notice_once")]

@@ -1,0 +1,125 @@
+"""Reads: the limits a principal may see (with each one's use in its current
+window), and the usage report (`GET /v1/_usage`, the admin page, the CLI).
+The tenant is always an explicit keyword: None = every tenant (the operator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from apps.budgets.models import LimitWindow, TokenLimit
+from apps.budgets.windows import window_end, window_start
+from apps.gateway.models import UsageEntry
+from apps.runs.selectors import run_agent_names
+
+GROUPS = ("tenant", "user", "agent", "model", "provider", "day")
+_COLUMN = {"tenant": "tenant_id", "user": "user_id", "model": "model", "provider": "provider", "day": "day"}
+_SUMS = {
+    "input_tokens": Sum("input_tokens"),
+    "output_tokens": Sum("output_tokens"),
+    "cache_creation_input_tokens": Sum("cache_creation_input_tokens"),
+    "cache_read_input_tokens": Sum("cache_read_input_tokens"),
+    "cost": Sum("cost_usd"),
+    "calls": Count("id"),
+    "priced": Count("cost_usd"),
+}
+TOKENS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+@dataclass
+class LimitView:
+    row: TokenLimit
+    used: Decimal
+    window_start: datetime
+    resets_at: datetime
+
+
+def limits_list(*, tenant_id: str | None, now: datetime | None = None) -> list[LimitView]:
+    """The limits of `tenant_id` (None: all, operator-global ones included), with current use."""
+    now = now or timezone.now()
+    rows = TokenLimit.objects.order_by("tenant_id", "scope", "scope_id", "kind", "window")
+    if tenant_id is not None:
+        rows = rows.filter(tenant_id=tenant_id).exclude(scope="operator")
+    limits = list(rows)
+    starts = {lim.id: window_start(lim.window, lim.window_hours, now) for lim in limits}
+    q = Q(pk__in=[])
+    for lid, s in starts.items():
+        q |= Q(limit_id=lid, start=s)
+    used = {w.limit_id: w.used for w in LimitWindow.objects.filter(q)}
+    return [
+        LimitView(
+            lim,
+            used.get(lim.id, Decimal(0)),
+            starts[lim.id],
+            window_end(lim.window, lim.window_hours, starts[lim.id]),
+        )
+        for lim in limits
+    ]
+
+
+@dataclass
+class UsageGroupRow:
+    key: dict[str, str]
+    sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKENS, 0))
+    calls: int = 0
+    priced: int = 0
+    cost: Decimal = Decimal(0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.key,
+            **self.sums,
+            "calls": self.calls,
+            "cost_usd": str(self.cost),
+            "unpriced_calls": self.calls - self.priced,
+            "cost": "unpriced" if self.priced == 0 and self.calls else str(self.cost),
+        }
+
+
+def usage_report(
+    *, tenant_id: str | None, group_by: list[str], since: datetime, until: datetime
+) -> list[UsageGroupRow]:
+    """The ledger in [since, until) summed per group; `agent` resolves each run's agent name
+    (a gateway call's agent is "")."""
+    entries: QuerySet[UsageEntry] = UsageEntry.objects.filter(created_at__gte=since, created_at__lt=until)
+    if tenant_id is not None:
+        entries = entries.filter(tenant_id=tenant_id)
+    if "day" in group_by:
+        entries = entries.annotate(day=TruncDate("created_at"))
+    columns = [_COLUMN[g] for g in group_by if g != "agent"] + (["run_id"] if "agent" in group_by else [])
+    rows = list(entries.values(*columns).annotate(**_SUMS).order_by(*columns))
+    agents = (
+        run_agent_names(run_ids=sorted({r["run_id"] for r in rows if r.get("run_id")})) if "agent" in group_by else {}
+    )
+    out: dict[tuple[str, ...], UsageGroupRow] = {}
+    for r in rows:
+        key = {g: _key_value(g, r, agents) for g in group_by}
+        group = out.setdefault(tuple(key.values()), UsageGroupRow(key=key))
+        for t in TOKENS:
+            group.sums[t] += int(r[t] or 0)
+        group.calls += int(r["calls"])
+        group.priced += int(r["priced"])
+        group.cost += Decimal(str(r["cost"] or 0))
+    return [out[k] for k in sorted(out)]
+
+
+def _key_value(group: str, row: dict[str, Any], agents: dict[str, str]) -> str:
+    if group == "agent":
+        return agents.get(str(row["run_id"] or ""), "")
+    value = row[_COLUMN[group]]
+    return value.isoformat() if group == "day" else str(value)
+
+
+def usage_totals(rows: list[UsageGroupRow]) -> dict[str, Any]:
+    total = UsageGroupRow(key={})
+    for r in rows:
+        for t in TOKENS:
+            total.sums[t] += r.sums[t]
+        total.calls, total.priced, total.cost = total.calls + r.calls, total.priced + r.priced, total.cost + r.cost
+    return total.as_dict()

@@ -1,0 +1,32 @@
+"""A limit's windows: where the one containing an instant starts and ends (UTC)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from apps.budgets.models import Window
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def window_start(window: str, hours: int, now: datetime) -> datetime:
+    now = now.astimezone(UTC)
+    if window == Window.MONTH:
+        return datetime(now.year, now.month, 1, tzinfo=UTC)
+    if window == Window.DAY:
+        return datetime(now.year, now.month, now.day, tzinfo=UTC)
+    span = timedelta(hours=max(hours, 1))
+    return _EPOCH + ((now - _EPOCH) // span) * span
+
+
+def window_end(window: str, hours: int, start: datetime) -> datetime:
+    """The next window's start: when a deferred run wakes."""
+    if window == Window.MONTH:
+        return datetime(start.year + start.month // 12, start.month % 12 + 1, 1, tzinfo=UTC)
+    if window == Window.DAY:
+        return start + timedelta(days=1)
+    return start + timedelta(hours=max(hours, 1))
+
+
+def window_label(window: str, hours: int) -> str:
+    return f"{hours}h" if window == Window.HOURS else window

@@ -12,8 +12,8 @@ import logging
 from django.db import DatabaseError
 from django.utils import timezone
 
-from apps.runs import deletion, retention
 from apps.lifecycle.models import RetentionOverride
+from apps.runs import deletion, retention
 
 log = logging.getLogger("loomcycle.lifecycle")
 

@@ -61,5 +61,6 @@ class RuntimeStateValue(TextChoices):
     PAUSING = "pausing"
     PAUSED = "paused"
 
+
 # Run.retention: the run's tree is deleted as soon as it ends (apps.runs.deletion, apps.lifecycle).
 NO_TRACE = "no_trace"

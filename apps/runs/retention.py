@@ -89,7 +89,7 @@ def user_runs_count(*, tenant_id: str, user_id: str) -> dict[str, int]:
     qs = Run.objects.filter(tenant_id=tenant_id, user_id=user_id)
     return {
         "runs.Run": qs.count(),
-        "runs.Session": qs.values("session_id").distinct().count(),
+        "runs.Session": qs.filter(parent__isnull=True).values("session_id").distinct().count(),
     }
 
 

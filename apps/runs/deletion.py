@@ -99,6 +99,22 @@ def run_tree_delete(*, principal: Principal, run_id: str, cancel_live: bool = Fa
     return _body(run, result, deleting=bool(result.live))
 
 
+def session_trees_delete(*, principal: Principal, session_id: str) -> dict[str, object]:
+    """Every ended run tree of a session (DeleteRunTree by session_id). A session holding a
+    live run deletes nothing (409 run_live); an unknown or foreign one deletes nothing."""
+    qs = Run.objects.filter(session_id=session_id, parent__isnull=True)
+    if principal.read_tenant is not None:
+        qs = qs.filter(tenant_id=principal.read_tenant)
+    if principal.read_user is not None:
+        qs = qs.filter(user_id=principal.read_user)
+    roots = list(qs.values_list("id", flat=True))
+    live = store.live_in(run_ids=store.tree_ids(root_ids=roots), lock=False)
+    if live:
+        raise Conflict(f"session {session_id} has live runs; cancel them first", code="run_live")
+    result = trees_delete(root_ids=roots)
+    return {"run_id": "", "session_id": session_id, "deleted_runs": result.deleted_runs, "counts": result.counts}
+
+
 def _mark_no_trace(run_id: str) -> None:
     # notify_finished: the root's end reaches apps.lifecycle's listener, which deletes the tree.
     Run.objects.filter(id=run_id).update(retention=NO_TRACE, notify_finished=True)

@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -100,6 +102,15 @@ def _no_trace(root_id: str) -> int:
     return 1 if no_trace_settle(run_id=root_id) else 0
 
 
+def _expired(**filters: Any) -> Page:
+    """A page of due roots under one policy (apps.runs.retention.expired_roots)."""
+    return partial(_expired_page, filters)
+
+
+def _expired_page(filters: dict[str, Any], after: runs.Cursor, limit: int) -> list[tuple[str, datetime]]:
+    return runs.expired_roots(after=after, limit=limit, **filters)
+
+
 def _policy_pages(now: datetime, found: dict[Key, int]) -> list[Page]:
     pages: list[Page] = []
     agents = [key for key in found if key[1]]
@@ -109,24 +120,13 @@ def _policy_pages(now: datetime, found: dict[Key, int]) -> list[Page]:
             continue
         before = now - timedelta(days=days)
         if agent:
-            pages.append(
-                lambda c, n, t=tenant, a=agent, b=before: runs.expired_roots(
-                    before=b, tenant_id=t, agent_name=a, after=c, limit=n
-                )
-            )
+            pages.append(_expired(before=before, tenant_id=tenant, agent_name=agent))
         else:
             own = [k for k in agents if k[0] == tenant]
-            pages.append(
-                lambda c, n, t=tenant, b=before, s=own: runs.expired_roots(
-                    before=b, tenant_id=t, skip_agents=s, after=c, limit=n
-                )
-            )
+            pages.append(_expired(before=before, tenant_id=tenant, skip_agents=own))
     days = default_days()
     if days > 0:
-        before = now - timedelta(days=days)
-        pages.append(
-            lambda c, n: runs.expired_roots(before=before, skip_tenants=tenants, skip_agents=agents, after=c, limit=n)
-        )
+        pages.append(_expired(before=now - timedelta(days=days), skip_tenants=tenants, skip_agents=agents))
     return pages
 
 

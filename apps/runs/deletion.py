@@ -26,7 +26,6 @@ from apps.gateway import erasure as ledger
 from apps.runs import cancel
 from apps.runs.models import Run
 from apps.runs.selectors import run_get
-from apps.runs.statuses import NO_TRACE
 from apps.runs.store import deletion as store
 
 RunsDeleted = Callable[[str, list[str]], dict[str, int]]  # (tenant id, run ids) -> rows removed per table
@@ -93,7 +92,7 @@ def run_tree_delete(*, principal: Principal, run_id: str, cancel_live: bool = Fa
             code="run_live",
             details={"live_run_ids": list(result.live)},
         )
-    _mark_no_trace(run.id)
+    store.mark_no_trace(run_id=run.id)
     cancel.run_cancel(principal=principal, run_id=run.id, reason="deleted by api")
     result = tree_delete(root_id=run.id)  # parked runs end at once: the tree may be gone already
     return _body(run, result, deleting=bool(result.live))
@@ -113,11 +112,6 @@ def session_trees_delete(*, principal: Principal, session_id: str) -> dict[str, 
         raise Conflict(f"session {session_id} has live runs; cancel them first", code="run_live")
     result = trees_delete(root_ids=roots)
     return {"run_id": "", "session_id": session_id, "deleted_runs": result.deleted_runs, "counts": result.counts}
-
-
-def _mark_no_trace(run_id: str) -> None:
-    # notify_finished: the root's end reaches apps.lifecycle's listener, which deletes the tree.
-    Run.objects.filter(id=run_id).update(retention=NO_TRACE, notify_finished=True)
 
 
 def _body(run: Run, result: TreeDeleted, *, deleting: bool) -> dict[str, object]:

@@ -14,6 +14,7 @@ from django.db.models import Q, QuerySet
 
 from apps.runs.models import TERMINAL, Run
 from apps.runs.statuses import NO_TRACE
+from apps.runs.store import deletion as store
 
 Cursor = tuple[datetime, str] | None  # the last (completed_at, id) read
 
@@ -34,7 +35,8 @@ def _page(qs: QuerySet[Run], after: Cursor, limit: int) -> list[tuple[str, datet
     if after is not None:
         at, run_id = after
         qs = qs.filter(Q(completed_at__gt=at) | Q(completed_at=at, id__gt=run_id))
-    return list(qs.order_by("completed_at", "id").values_list("id", "completed_at")[:limit])
+    rows = qs.order_by("completed_at", "id").values_list("id", "completed_at")[:limit]
+    return [(run_id, at) for run_id, at in rows if at is not None]  # ended runs: completed_at is set
 
 
 def expired_roots(
@@ -75,7 +77,7 @@ def no_trace_root(*, run_id: str) -> RootRef | None:
 
 def retention_clear(*, run_id: str) -> None:
     """A no-trace run kept under an override: from now on the tenant's retention age applies."""
-    Run.objects.filter(id=run_id).update(retention="")
+    store.retention_clear(run_id=run_id)
 
 
 def user_roots(*, tenant_id: str, user_id: str, limit: int) -> list[str]:

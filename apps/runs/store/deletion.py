@@ -19,6 +19,7 @@ from django.db import connection
 
 from apps.runs.fanout_models import FanOut, FanOutSlot
 from apps.runs.models import TERMINAL, Run
+from apps.runs.statuses import NO_TRACE
 
 _TREE_SQL = """
 WITH RECURSIVE tree(id) AS (
@@ -71,3 +72,14 @@ def runs_delete(*, run_ids: Sequence[str]) -> dict[str, int]:
     _, per_model = Run.objects.filter(id__in=ids).delete()
     counts.update(per_model)
     return {name: n for name, n in counts.items() if n}
+
+
+def mark_no_trace(*, run_id: str) -> None:
+    """`?cancel=true` on a live tree: its end deletes it (notify_finished brings the end to
+    apps.lifecycle's listener; beat's retention sweep is the backstop)."""
+    Run.objects.filter(id=run_id).update(retention=NO_TRACE, notify_finished=True)
+
+
+def retention_clear(*, run_id: str) -> None:
+    """A no-trace run kept under an override: from now on the tenant's retention age applies."""
+    Run.objects.filter(id=run_id).update(retention="")

@@ -132,6 +132,30 @@ def test_a_no_trace_run_is_deleted_when_it_ends_unless_an_override_stores_it(
 
 
 @pytest.mark.usefixtures("agents", "stack")
+def test_a_no_trace_agents_runs_go_when_they_end_unless_the_request_asks_default(
+    http: httpx.Client, people: dict[str, dict[str, str]]
+) -> None:
+    overlay = {"provider": "mock", "model": "mock-generic", "tools": [], "retention": "no_trace"}
+    made = http.post(
+        "/v1/_agentdef", json={"op": "create", "name": "ghost", "overlay": overlay}, headers=people["alice"]
+    )
+    assert made.status_code == 200, made.text
+    bad = {**overlay, "retention": "sometimes"}
+    refused = http.post(
+        "/v1/_agentdef", json={"op": "create", "name": "ghost2", "overlay": bad}, headers=people["alice"]
+    )
+    assert refused.status_code == 422 and "retention must be one of" in refused.json()["error"]
+
+    def start(**extra: str) -> str:
+        body = {"agent": "ghost", "prompt": "hi", "background": True, **extra}
+        return str(http.post("/v1/runs", json=body, headers=people["alice"]).json()["run_id"])
+
+    gone, kept = start(), start(retention="default")
+    wait_for(lambda: not Run.objects.filter(id=gone).exists())
+    assert wait_status(kept, RunStatus.COMPLETED).retention == ""
+
+
+@pytest.mark.usefixtures("agents", "stack")
 def test_a_bad_retention_value_is_a_400_and_leaves_no_run(
     http: httpx.Client, people: dict[str, dict[str, str]]
 ) -> None:

@@ -156,6 +156,20 @@ def test_a_no_trace_agents_runs_go_when_they_end_unless_the_request_asks_default
 
 
 @pytest.mark.usefixtures("agents", "stack")
+def test_a_parked_no_trace_run_shows_its_mark_and_its_cancel_deletes_it(
+    http: httpx.Client, people: dict[str, dict[str, str]]
+) -> None:
+    body = {"agent": "chat", "prompt": "hi", "background": True, "retention": "no_trace"}
+    run = http.post("/v1/runs", json=body, headers=people["alice"]).json()
+    wait_status(run["run_id"], RunStatus.AWAITING_INPUT)
+    assert http.get(f"/v1/runs/{run['run_id']}", headers=people["alice"]).json()["retention"] == "no_trace"
+
+    assert http.post(f"/v1/agents/{run['agent_id']}/cancel", headers=people["alice"]).status_code == 200
+
+    wait_for(lambda: not Run.objects.filter(id=run["run_id"]).exists())
+
+
+@pytest.mark.usefixtures("agents", "stack")
 def test_a_bad_retention_value_is_a_400_and_leaves_no_run(
     http: httpx.Client, people: dict[str, dict[str, str]]
 ) -> None:

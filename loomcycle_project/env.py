@@ -318,6 +318,14 @@ QUEUE_TIMEOUT_MS: int = env.int("LOOMCYCLE_QUEUE_TIMEOUT_MS", default=30_000)
 
 # Gateway audit rows (one per /v1/chat/completions, /v1/_llm/chat, /v1/embeddings call).
 GATEWAY_AUDIT_RETENTION_DAYS: int = env.int("LOOMCYCLE_GATEWAY_AUDIT_RETENTION_DAYS", default=30)
+# Data lifecycle (apps.lifecycle, docs/operations.md "Data lifecycle"): ended runs are deleted this
+# many days after they end unless yaml/`/v1/_retention` says otherwise (0: kept forever); the sweep
+# deletes at most BATCH trees per transaction-sized batch and MAX_BATCHES batches per pass.
+RETENTION_DAYS: int = env.int("LOOMCYCLE_RETENTION_DAYS", default=0)
+RETENTION_BATCH: int = max(1, env.int("LOOMCYCLE_RETENTION_BATCH", default=50))
+RETENTION_MAX_BATCHES: int = max(1, env.int("LOOMCYCLE_RETENTION_MAX_BATCHES", default=40))
+RETENTION_SWEEP_SECONDS: int = max(1, env.int("LOOMCYCLE_RETENTION_SWEEP_SECONDS", default=300))
+ERASURE_BATCH: int = max(1, env.int("LOOMCYCLE_ERASURE_BATCH", default=50))
 # Embedder when yaml `memory.embedder` is absent: "hashing" (offline, deterministic), or "none".
 EMBEDDER: str = env.str("LOOMCYCLE_EMBEDDER", default="hashing")
 MEMORY_EMBED_TIMEOUT_MS: int = env.int("LOOMCYCLE_MEMORY_EMBED_TIMEOUT_MS", default=30_000)
@@ -616,6 +624,11 @@ class RuntimeSettings:
     queue_timeout_ms: int
     # Gateway audit, memory and embedder.
     gateway_audit_retention_days: int
+    retention_days: int
+    retention_batch: int
+    retention_max_batches: int
+    retention_sweep_seconds: int
+    erasure_batch: int
     embedder: str
     memory_embed_timeout_ms: int
     memory_embed_batch_size: int

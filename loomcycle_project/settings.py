@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "apps.tools",
     "apps.mcp",
     "apps.snapshots",  # spans the apps above: each exports and restores its own tables
+    "apps.lifecycle",  # spans the apps above: retention, run-tree deletes' listeners, a person's erasure
     "apps.grpcapi",  # the gRPC transport over the apps above (`manage.py grpc`)
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
@@ -248,6 +249,11 @@ LOOMCYCLE = E.RuntimeSettings(
     max_queue_depth=E.MAX_QUEUE_DEPTH,
     queue_timeout_ms=E.QUEUE_TIMEOUT_MS,
     gateway_audit_retention_days=E.GATEWAY_AUDIT_RETENTION_DAYS,
+    retention_days=E.RETENTION_DAYS,
+    retention_batch=E.RETENTION_BATCH,
+    retention_max_batches=E.RETENTION_MAX_BATCHES,
+    retention_sweep_seconds=E.RETENTION_SWEEP_SECONDS,
+    erasure_batch=E.ERASURE_BATCH,
     embedder=E.EMBEDDER,
     memory_embed_timeout_ms=E.MEMORY_EMBED_TIMEOUT_MS,
     memory_embed_batch_size=E.MEMORY_EMBED_BATCH_SIZE,
@@ -322,6 +328,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     channels_sweep_s=LOOMCYCLE.channels_sweep_ms / 1000.0,
     interrupts_sweep_s=LOOMCYCLE.interruption_sweep_ms / 1000.0,
     scheduler_tick_s=LOOMCYCLE.scheduler_tick_seconds if LOOMCYCLE.scheduler_enabled else None,
+    retention_sweep_s=float(LOOMCYCLE.retention_sweep_seconds),
 )
 
 

@@ -120,6 +120,8 @@ def test_beat_periods_come_from_the_runtime_settings() -> None:
         "triggers-finished-sweep": conf.sweep_seconds,
         "budgets-wake": conf.sweep_seconds,
         "budget-holds-sweep": conf.sweep_seconds,
+        "retention-sweep": float(conf.retention_sweep_seconds),
+        "erasure-resume": float(conf.retention_sweep_seconds),
     }  # the scheduler tick is absent: LOOMCYCLE_SCHEDULER_ENABLED is off in tests
     assert all(entry["options"]["expires"] == max(entry["schedule"], 1.0) for entry in schedule.values())
 

@@ -22,6 +22,7 @@ def beat_schedule(
     channels_sweep_s: float,
     interrupts_sweep_s: float,
     scheduler_tick_s: float | None = None,
+    retention_sweep_s: float = 300.0,
 ) -> dict[str, dict[str, Any]]:
     """`scheduler_tick_s` None: no scheduler tick (LOOMCYCLE_SCHEDULER_ENABLED unset). One
     tick entry, not one entry per schedule: the due schedules are read from Postgres by the
@@ -41,4 +42,6 @@ def beat_schedule(
         "triggers-finished-sweep": _every("maintenance.triggers_finished_sweep", sweep_s),
         "budgets-wake": _every("maintenance.budgets_wake", sweep_s),
         "budget-holds-sweep": _every("maintenance.budget_holds_sweep", sweep_s),
+        "retention-sweep": _every("maintenance.retention_sweep", retention_sweep_s),
+        "erasure-resume": _every("maintenance.erasure_resume", retention_sweep_s),
     }

@@ -19,7 +19,9 @@ app.config_from_object("loomcycle_project.celeryconfig")
 app.conf.task_routes = TASK_ROUTES
 app.conf.task_default_queue = RUNS
 app.conf.task_create_missing_queues = True
-app.autodiscover_tasks(["apps.runs", "apps.gateway", "apps.memory", "apps.channels", "apps.triggers", "apps.budgets"])
+app.autodiscover_tasks(
+    ["apps.runs", "apps.gateway", "apps.memory", "apps.channels", "apps.triggers", "apps.budgets", "apps.lifecycle"]
+)
 
 import workers.signals  # noqa: E402,F401  (connects worker signal handlers)
 from loomcycle_project.hardening import not_dumpable  # noqa: E402  (after `app`: the package imports it)

@@ -44,6 +44,12 @@ class ChannelMessage(models.Model):
             models.Index(
                 fields=["tenant_id", "channel", "scope", "scope_id", "visible_at", "id"], name="chanmsg_stream_order"
             ),
+            # A person's erasure (apps.channels.erasure): what they published.
+            models.Index(
+                fields=["tenant_id", "published_by_user_id"],
+                name="chanmsg_publisher",
+                condition=~models.Q(published_by_user_id=""),
+            ),
         ]
         ordering = ["visible_at", "id"]
         verbose_name = "channel message"

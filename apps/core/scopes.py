@@ -10,12 +10,13 @@ TENANT = "substrate:tenant"
 USER = "substrate:user"
 RUNS_CREATE = "runs:create"
 RUNS_READ = "runs:read"
+RUNS_DELETE = "runs:delete"  # DELETE /v1/runs/{id}: a tenant operator holds it, a member only if minted with it
 CHANNEL_PUBLISH = "channel:publish"
 CHANNEL_READ = "channel:read"
 OPERATOR_KEY = "providers:operator-key"
 ANY = ""  # any authenticated principal
 
-TENANT_IMPLIES = frozenset({TENANT, RUNS_CREATE, RUNS_READ, CHANNEL_PUBLISH, CHANNEL_READ, OPERATOR_KEY})
+TENANT_IMPLIES = frozenset({TENANT, RUNS_CREATE, RUNS_READ, RUNS_DELETE, CHANNEL_PUBLISH, CHANNEL_READ, OPERATOR_KEY})
 USER_IMPLIES = frozenset({USER, RUNS_CREATE, RUNS_READ})
 
 

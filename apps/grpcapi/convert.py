@@ -121,6 +121,7 @@ def agent(run: Run) -> pb.Agent:
         interactive=out["interactive"],
         awaited_state=out["awaited_state"],
         awaited_on=out["awaited_on"],
+        retention=out["retention"],
     )
 
 

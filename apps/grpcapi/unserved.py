@@ -12,7 +12,6 @@ UNSERVED: dict[str, str] = {
     # Capabilities loomcycle has and this runtime does not (docs/compat.md); and HookDef, whose
     # capability exists over HTTP in another shape.
     "Config": ABSENT + " (no instance-configuration report, GET /v1/config)",
-    "DeleteRunTree": ABSENT,
     "CreateConfiguredRun": ABSENT + " (configured runs)",
     "UpdateConfiguredRun": ABSENT + " (configured runs)",
     "StartConfiguredRun": ABSENT + " (configured runs)",
@@ -20,15 +19,12 @@ UNSERVED: dict[str, str] = {
     "DirectoryUsers": ABSENT + " (directory)",
     "DirectoryInspect": ABSENT + " (directory)",
     "DirectoryTenants": ABSENT + " (directory)",
-    "ErasureReport": ABSENT + " (subject erasure)",
-    "ErasureExecute": ABSENT + " (subject erasure)",
     "RetuneRun": ABSENT,
     "ReviewRun": ABSENT + " (run review)",
     "ListWalkRuns": ABSENT + " (team walks)",
     "ListChildRuns": ABSENT,
     "UsageReport": ABSENT + " (usage report, GET /v1/_usage)",
     "TokenLimit": ABSENT + " (token budgets, /v1/_limits)",
-    "RetentionOverride": ABSENT + " (retention overrides)",
     "Decide": ABSENT + " (decision models)",
     "ListDecisionModels": ABSENT + " (decision models)",
     "ResolveProbe": ABSENT + " (resolver matrix probe)",

@@ -42,6 +42,7 @@ from apps.runs.rollback import release_slot_unless_committed
 from apps.runs.run_options import RunOptions, parent_context_for, routing_with
 from apps.runs.selectors import run_routing as run_routing_of
 from apps.runs.selectors import runtime_state, session_has_image
+from apps.runs.statuses import NO_TRACE
 from apps.runs.wake import ring_promoted
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
@@ -86,6 +87,7 @@ class RunCreate:
     seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
     options: RunOptions = field(default_factory=RunOptions)  # the request's sampling, compaction... (run_options)
     defer_over_budget: bool = False  # a schedule's fire: over any hard budget it parks waiting_budget, never 429
+    retention: str = ""  # "no_trace": the tree is deleted when it ends; else the agent's (apps.runs.deletion)
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -328,6 +330,8 @@ def run_insert(
     d = r.agent_def.definition
     events = _first_events(data, r)
     run_id = run_id or new_run_id()
+    # Top-level only: a sub-agent goes with its root's tree, whatever its own agent says.
+    no_trace = data.parent_id is None and (data.retention or d.get("retention", "")) == NO_TRACE
     run = Run(
         id=run_id,
         agent_id=r.agent_id,
@@ -354,7 +358,10 @@ def run_insert(
         parent_context=parent_context_for(data.options, data.parent_id),
         # Announced to registry.on_run_finished listeners when it ends: a trigger's run, or a
         # top-level run whose ephemeral volumes must go with it.
-        notify_finished=data.notify_finished or (data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)),
+        # A top-level no-trace run too: its end deletes its tree (apps.lifecycle.notrace).
+        notify_finished=data.notify_finished
+        or (data.parent_id is None and (any(b.get("ephemeral") for b in r.volumes) or no_trace)),
+        retention=NO_TRACE if no_trace else "",
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,

@@ -39,6 +39,10 @@ class FanOut(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     completed_at = models.DateTimeField(null=True, blank=True)  # set by the report that made reported == size
 
+    class Meta:
+        # Deleting a run tree (apps.runs.store.deletion) finds its parallel_spawn joins.
+        indexes = [models.Index(fields=["parent_run_id"], name="fanout_parent", condition=~models.Q(parent_run_id=""))]
+
     def __str__(self) -> str:
         return f"{self.id} {self.kind} {self.reported}/{self.size}"
 

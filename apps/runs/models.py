@@ -27,6 +27,9 @@ from apps.runs.statuses import RuntimeStateValue as RuntimeStateValue
 from apps.runs.statuses import ToolCallStatus as ToolCallStatus
 from apps.substrate.models import AgentDef
 
+# An ended top-level run: what retention deletes (with its tree).
+_ENDED_ROOT = models.Q(parent__isnull=True) & models.Q(status__in=["completed", "failed", "cancelled"])
+
 
 class Run(models.Model):
     id = models.CharField(primary_key=True, max_length=32)  # r_<16hex>
@@ -98,6 +101,10 @@ class Run(models.Model):
     # The W3C `traceparent` of the run's root span (apps.runs.tracing): every iteration, on
     # whichever worker, is its child, so the run is one trace. Empty when tracing is off.
     trace_context = models.CharField(max_length=64, blank=True, default="")
+    # "" (kept for the tenant's / agent's retention age) or "no_trace" (the tree is deleted when it
+    # ends): the request's `retention`, else the agent's, inherited by sub-agents (apps.lifecycle).
+    # A database default, so a worker of the previous release inserts runs without naming it.
+    retention = models.CharField(max_length=16, blank=True, default="", db_default="")
     stop_reason = models.CharField(max_length=128, blank=True, default="")
     error = models.TextField(blank=True, default="")
     usage = models.JSONField(default=dict)
@@ -142,6 +149,18 @@ class Run(models.Model):
                 fields=["parent"],
                 name="run_child_live",
                 condition=models.Q(parent__isnull=False) & ~models.Q(status__in=["completed", "failed", "cancelled"]),
+            ),
+            # Retention (apps.lifecycle.retention): ended top-level runs by age, across tenants and
+            # per (tenant, agent); set once at the end, so step commits stay HOT.
+            models.Index(fields=["completed_at"], name="run_retention_age", condition=_ENDED_ROOT),
+            models.Index(
+                fields=["tenant_id", "agent_name", "completed_at"], name="run_retention_agent", condition=_ENDED_ROOT
+            ),
+            # No-trace trees whose end did not delete them (a lost listener): beat's backstop.
+            models.Index(
+                fields=["completed_at"],
+                name="run_no_trace_ended",
+                condition=_ENDED_ROOT & models.Q(retention="no_trace"),
             ),
             # The sweeper's look for parked runs with a cancel that had not landed (few or none).
             models.Index(

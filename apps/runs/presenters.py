@@ -49,6 +49,7 @@ def agent_out(run: Run) -> dict[str, Any]:
         "last_seq": run.last_seq,
         "forked_from_run": run.forked_from_run_id,
         "forked_at_step": run.forked_at_step,
+        "retention": run.retention,  # "" or "no_trace" (apps.runs.deletion)
     }
 
 

@@ -53,6 +53,9 @@ class RunCreateIn(BaseModel):
     parent_context: ParentContextIn | None = None
     web_search_filter: Literal["drop", "keep"] | None = None
     run_timeout_seconds: int | None = Field(default=None, ge=1)
+    # "" / "default": kept for the retention age (docs/operations.md, "Data lifecycle");
+    # "no_trace": the run's tree is deleted as soon as it ends.
+    retention: Literal["", "default", "no_trace"] | None = None
     model_config = {"extra": "ignore"}
 
     def options(self) -> RunOptions:
@@ -178,3 +181,15 @@ class ForkIn(BaseModel):
     interactive: bool | None = None
     agent_id: str | None = Field(default=None, pattern=IDENT_PATTERN)
     model_config = {"extra": "forbid"}
+
+
+class RunTreeDeletedOut(BaseModel):
+    """DELETE /v1/runs/{run_id} (apps.runs.deletion)."""
+
+    run_id: str
+    session_id: str
+    deleted: bool  # False: the tree was live; it is cancelled and deleted when it ends (202)
+    deleted_runs: int
+    counts: dict[str, int]  # rows removed per table
+    deleting: bool
+    kept: dict[str, str]  # what stays, and why

@@ -62,3 +62,7 @@ class RuntimeStateValue(TextChoices):
     RUNNING = "running"
     PAUSING = "pausing"
     PAUSED = "paused"
+
+
+# Run.retention: the run's tree is deleted as soon as it ends (apps.runs.deletion, apps.lifecycle).
+NO_TRACE = "no_trace"

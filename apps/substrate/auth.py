@@ -33,6 +33,7 @@ from apps.core.scopes import ANY as ANY
 from apps.core.scopes import CHANNEL_PUBLISH as CHANNEL_PUBLISH
 from apps.core.scopes import CHANNEL_READ as CHANNEL_READ
 from apps.core.scopes import RUNS_CREATE as RUNS_CREATE
+from apps.core.scopes import RUNS_DELETE as RUNS_DELETE
 from apps.core.scopes import RUNS_READ as RUNS_READ
 from apps.core.scopes import TENANT as TENANT
 from apps.core.scopes import has_scope as has_scope
@@ -215,6 +216,8 @@ def required_scope(method: str, path: str) -> str:
         return CHANNEL_READ if method in ("GET", "HEAD") else CHANNEL_PUBLISH
     if _runs_create(method, path):
         return RUNS_CREATE
+    if method == "DELETE" and path.startswith("/v1/runs/") and path.count("/") == 3:
+        return RUNS_DELETE
     if method in ("GET", "HEAD") and (path.startswith(_READ_PREFIXES) or path == "/v1/runs"):
         return RUNS_READ
     return ADMIN if method in _WRITE_METHODS else ANY

@@ -16,6 +16,7 @@ class TriggersConfig(AppConfig):
         from apps.core import toolregistry
         from apps.runs import registry
         from apps.substrate.signals import version_activated
+        from apps.triggers.erasure import trigger_rows_of_runs_delete
         from apps.triggers.hooks.chain import intercept
         from apps.triggers.services import schedule_activated, trigger_run_finished
 
@@ -23,6 +24,8 @@ class TriggersConfig(AppConfig):
 
         # A trigger's run (created with notify_finished) ends: its on_complete hooks, its fire's record.
         registry.on_run_finished(trigger_run_finished)
+        # A run tree is deleted (DELETE /v1/runs/{id}, retention, erasure): its deliveries and jobs go too.
+        registry.on_runs_deleted(trigger_rows_of_runs_delete)
 
         # A ScheduleDef version became active (promote, un-retire): its state is re-seeded.
         version_activated.connect(schedule_activated, dispatch_uid="triggers.schedule_activated")

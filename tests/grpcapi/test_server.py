@@ -26,6 +26,7 @@ SERVED = {
     "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState",
     "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef",
     "CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot",
+    "DeleteRunTree", "ErasureReport", "ErasureExecute", "RetentionOverride",
 }  # fmt: skip
 
 

@@ -91,6 +91,8 @@ BODIES: dict[tuple[str, str], dict[str, Any] | list[dict[str, Any]]] = {
         ]
         for kind in ("agent", "skill", "mcpserver", "schedule", "webhook")
     },
+    # An erasure names a person of the caller's tenant: acme's alice is nobody in the prober's.
+    ("POST", "/v1/_erasure"): {"subject": "{user_id}", "dry_run": False, "confirm": "{user_id}"},
     ("POST", "/v1/_operatortokendef"): {"op": "get", "name": "{operatortokendef}"},
     ("POST", "/v1/_volumedef"): {"op": "get", "name": "{volumedef}"},
 }

@@ -25,9 +25,10 @@ from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs import selectors, services
 from apps.runs.credentials import credentials_from_wire
+from apps.runs.deletion import run_tree_delete
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out
-from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
+from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn, RunTreeDeletedOut
 from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
 
@@ -62,6 +63,7 @@ def run_create_data(data: RunCreateIn) -> services.RunCreate:
         session_id=data.session_id,
         multitask_strategy=data.multitask_strategy,
         options=data.options(),
+        retention=data.retention or "",
     )
 
 
@@ -181,6 +183,17 @@ def agents_get(request: HttpRequest, agent_id: str) -> dict[str, Any]:
 def runs_get(request: HttpRequest, run_id: str) -> dict[str, Any]:
     _check_ident(run_id, "run_id")
     return agent_out(_visible_run(request, run_id=run_id))
+
+
+@router.delete(
+    "/runs/{run_id}",
+    response={200: RunTreeDeletedOut, 202: RunTreeDeletedOut},
+    summary="Delete an ended run with its descendants (409 run_live unless ?cancel=true: then 202)",
+)
+def runs_delete(request: HttpRequest, run_id: str, cancel: bool = False) -> JsonResponse:
+    _check_ident(run_id, "run_id")
+    body = run_tree_delete(principal=request_principal(request), run_id=run_id, cancel_live=cancel)
+    return JsonResponse(body, status=202 if body["deleting"] else 200)
 
 
 @router.get("/users/{user_id}/agents", summary="A user's runs (?status=running|all|<list>)")

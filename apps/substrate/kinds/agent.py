@@ -25,6 +25,7 @@ AGENT_FIELDS = frozenset(
         "run_timeout_seconds",
         "retry_attempts",
         "memory_consolidation",
+        "retention",  # "" | "default" | "no_trace" (docs/operations.md, "Data lifecycle")
     }
 ) - {"name", "code_body"}
 _INT_FIELDS = ("max_tokens", "max_iterations", "max_concurrent_children", "memory_quota_bytes", "retry_attempts")
@@ -57,6 +58,8 @@ def normalise_agent(name: str, raw: dict[str, Any], strict: bool) -> dict[str, A
         value = definition.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise Refused(f"agent {name!r}: {key} must be a non-negative integer")
+    if definition.get("retention", "") not in ("", "default", "no_trace"):
+        raise Refused(f"agent {name!r}: retention must be one of default, no_trace")
     if definition.get("max_iterations") == 0:
         raise Refused(f"agent {name!r}: max_iterations must be a positive integer")
     compaction_error = _compaction_error(definition.get("compaction"))

@@ -61,7 +61,11 @@ class WebhookDelivery(models.Model):
                 name="webhookdelivery_signed_once",
             ),
         ]
-        indexes = [models.Index(fields=["webhook_name", "-received_at"], name="webhookdelivery_recent")]
+        indexes = [
+            models.Index(fields=["webhook_name", "-received_at"], name="webhookdelivery_recent"),
+            # A deleted run tree takes the deliveries that started it (apps.triggers.erasure).
+            models.Index(fields=["tenant_id", "run_id"], name="webhookdelivery_run", condition=~models.Q(run_id="")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.webhook_name}/{self.delivery_id}: {self.verdict}"

@@ -85,7 +85,10 @@ def after_commit(run: ClaimedRun, write: StepWrite) -> None:
             connection.close()
     _resident_turn_ended(run, write)
     if write.next == Next.FINISH:  # the run's end: every after-effect, as a cancel's (apps.runs.lifecycle)
-        ended = Ended(run.id, write.status, run.parent_id, run.notify_finished, tuple(run.tools))
+        # A cancelled end is always announced: the claim's copy of notify_finished predates a
+        # cancel that set it (DELETE ?cancel=true marks the tree no-trace, then cancels it).
+        announce = run.notify_finished or write.status == RunStatus.CANCELLED
+        ended = Ended(run.id, write.status, run.parent_id, announce, tuple(run.tools))
         run_ended(ended, close_connection=True)
     # Last: the deployment's receivers never delay or abort the runtime's own after-commit work.
     signals.deliver_all(write.deliveries, close_connection=True)

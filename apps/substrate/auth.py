@@ -215,7 +215,7 @@ def required_scope(method: str, path: str) -> str:
         return CHANNEL_READ if method in ("GET", "HEAD") else CHANNEL_PUBLISH
     if _runs_create(method, path):
         return RUNS_CREATE
-    if method in ("GET", "HEAD") and (path.startswith(_READ_PREFIXES) or path == "/v1/runs"):
+    if method in ("GET", "HEAD") and (path.startswith(_READ_PREFIXES) or path in ("/v1/runs", "/v1/sessions")):
         return RUNS_READ
     return ADMIN if method in _WRITE_METHODS else ANY
 

@@ -118,6 +118,7 @@ def test_beat_periods_come_from_the_runtime_settings() -> None:
         "resident-sweep": conf.sweep_seconds,
         "gateway-audit-prune": 3600.0,
         "triggers-finished-sweep": conf.sweep_seconds,
+        "run-webhooks-sweep": conf.sweep_seconds,
     }  # the scheduler tick is absent: LOOMCYCLE_SCHEDULER_ENABLED is off in tests
     assert all(entry["options"]["expires"] == max(entry["schedule"], 1.0) for entry in schedule.values())
 

@@ -39,4 +39,5 @@ def beat_schedule(
         "resident-sweep": _every("maintenance.resident_sweep", sweep_s),
         "gateway-audit-prune": _every("maintenance.gateway_audit_prune", 3600.0),
         "triggers-finished-sweep": _every("maintenance.triggers_finished_sweep", sweep_s),
+        "run-webhooks-sweep": _every("maintenance.run_webhooks_sweep", sweep_s),
     }

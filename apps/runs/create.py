@@ -33,6 +33,7 @@ from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
 from apps.runs import backpressure, signals, store, tracing
 from apps.runs.cancel import run_cancel
+from apps.runs.completion.spec import Webhook, webhook_of
 from apps.runs.credentials import credentials_check, seal
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.inert import inert_events
@@ -42,6 +43,7 @@ from apps.runs.rollback import release_slot_unless_committed
 from apps.runs.run_options import RunOptions, parent_context_for, routing_with
 from apps.runs.selectors import run_routing as run_routing_of
 from apps.runs.selectors import runtime_state, session_has_image
+from apps.runs.store import webhooks
 from apps.runs.wake import ring_promoted
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
@@ -85,6 +87,7 @@ class RunCreate:
     multitask_strategy: str | None = None  # with session_id, when the session is busy (backpressure.Strategy)
     seed: Seed | None = None  # a fork's copied history; its segments may then be empty (no new prompt)
     options: RunOptions = field(default_factory=RunOptions)  # the request's sampling, compaction... (run_options)
+    webhook: Any = None  # the request's `webhook` (apps.runs.completion.spec.WebhookIn or its dict); None: the agent's
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -122,7 +125,13 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run.
         listened = signals.run_created.has_listeners(Run)
         # A session's decision (apps.runs.sessions.promotion) and the insert share one transaction too.
-        atomic = gated or listened or data.session_id is not None or connection.in_atomic_block
+        atomic = (
+            gated
+            or listened
+            or data.session_id is not None
+            or connection.in_atomic_block
+            or resolved.webhook is not None
+        )
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
             status, promoted = _admission(place, limit, gated=gated)
@@ -223,6 +232,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         user_content=user_content,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
         routing=routing_with(run_routing(route, d, parent_id=data.parent_id), data.options),
+        webhook=None if data.parent_id else webhook_of(data.webhook or d.get("webhook"), tenant_id=tenant_id),
     )
 
 
@@ -298,6 +308,7 @@ class Resolved:
     system: list[str]
     routing: dict[str, Any]
     volumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # registry.resolve_volumes
+    webhook: Webhook | None = None  # its completion webhook (top-level runs only: apps.runs.completion)
 
 
 def run_insert(
@@ -346,7 +357,10 @@ def run_insert(
         parent_context=parent_context_for(data.options, data.parent_id),
         # Announced to registry.on_run_finished listeners when it ends: a trigger's run, or a
         # top-level run whose ephemeral volumes must go with it.
-        notify_finished=data.notify_finished or (data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)),
+        # A run with a completion webhook too: its end's delivery row is written in its final commit.
+        notify_finished=data.notify_finished
+        or r.webhook is not None
+        or (data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)),
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,
@@ -368,6 +382,8 @@ def run_insert(
             redactor=run_redactor(data.credentials),
             history=transcript if transcript is not None else (seed.history if seed is not None else None),
         )
+    if r.webhook is not None:  # in the caller's transaction (run_create opens one for it)
+        webhooks.attach(run_id=run.id, tenant_id=tenant_id, webhook=r.webhook)
     return run
 
 

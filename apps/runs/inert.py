@@ -23,7 +23,7 @@ REQUEST_ACTED = frozenset(
     {
         "agent", "segments", "prompt", "tools", "allowed_hosts", "session_id", "tenant_id", "user_id",
         "agent_id", "user_tier", "user_bearer", "user_credentials", "parent_context", "metadata",
-        "interactive", "sampling", "compaction",
+        "interactive", "sampling", "compaction", "webhook",
     }
 )  # fmt: skip
 # field -> (the tool it would govern, why it does nothing here)
@@ -38,7 +38,7 @@ AGENT_ACTED = frozenset(
         "channels", "compaction", "description", "effort", "evaluation_scopes", "interruption",
         "max_concurrent_children", "max_iterations", "max_tokens", "memory_scopes", "model", "models", "name",
         "provider", "providers", "sampling", "system_prompt", "tier", "tools", "unbounded_iterations",
-        "interactive", "skills", "disable_context", "volumes", "retry_attempts",
+        "interactive", "skills", "disable_context", "volumes", "retry_attempts", "webhook",
     }
 )  # fmt: skip
 _NO_SQL = "this runtime has no SQL memory"

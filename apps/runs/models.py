@@ -337,5 +337,7 @@ class ResidentChild(models.Model):
         return f"{self.child_id} of {self.parent_id} {'open' if self.is_open else 'closed'}"
 
 
+from apps.runs.completion.models import RunWebhook as RunWebhook  # noqa: E402  (completion webhooks)
+from apps.runs.completion.models import RunWebhookDelivery as RunWebhookDelivery  # noqa: E402
 from apps.runs.fanout_models import FanOut as FanOut  # noqa: E402  (parallel_spawn and runs:batch joins)
 from apps.runs.fanout_models import FanOutSlot as FanOutSlot  # noqa: E402

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
+from apps.runs.completion.spec import WebhookIn
 from apps.runs.prompt import Segment, parse_segments
 from apps.runs.run_options import CompactionIn, ParentContextIn, RunOptions, SamplingIn, options_of
 
@@ -53,6 +54,8 @@ class RunCreateIn(BaseModel):
     parent_context: ParentContextIn | None = None
     web_search_filter: Literal["drop", "keep"] | None = None
     run_timeout_seconds: int | None = Field(default=None, ge=1)
+    # Called back when the run ends (apps.runs.completion; docs/api.md "Completion webhooks").
+    webhook: WebhookIn | None = None
     model_config = {"extra": "ignore"}
 
     def options(self) -> RunOptions:

@@ -95,7 +95,9 @@ def test_children_are_listed_for_their_parent_only_in_its_tenant(
     assert [i for p in pages for i in p] == kids[::-1]
     resp = http.get(f"/v1/runs/{parent}/children", headers=people["charlie"])
     missing = http.get("/v1/runs/r_0000000000000000/children", headers=people["charlie"])
-    assert (resp.status_code, resp.json()["code"]) == (missing.status_code, missing.json()["code"]) == (404, "not_found")
+    assert (
+        (resp.status_code, resp.json()["code"]) == (missing.status_code, missing.json()["code"]) == (404, "not_found")
+    )
 
 
 def test_sessions_list_a_users_conversations_latest_activity_first(

@@ -27,8 +27,8 @@ from apps.runs import pages, selectors, services
 from apps.runs.credentials import credentials_from_wire
 from apps.runs.models import Run
 from apps.runs.pages_schemas import ErrorOut, RunsPageOut
-from apps.runs.query import query_object, query_time
 from apps.runs.presenters import agent_out
+from apps.runs.query import query_object, query_time
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
 from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
@@ -64,6 +64,7 @@ def run_create_data(data: RunCreateIn) -> services.RunCreate:
         session_id=data.session_id,
         multitask_strategy=data.multitask_strategy,
         options=data.options(),
+        webhook=data.webhook,
     )
 
 

@@ -13,7 +13,8 @@ from apps.core.errors import Invalid
 from apps.core.http import request_principal
 from apps.core.ids import is_ident
 from apps.runs import pages, selectors
-from apps.runs.pages_schemas import ChildrenPageOut, ErrorOut, SessionsPageOut
+from apps.runs.completion.selectors import deliveries_of
+from apps.runs.pages_schemas import ChildrenPageOut, ErrorOut, SessionsPageOut, WebhookDeliveriesOut
 from apps.runs.presenters import agent_out
 from apps.runs.query import query_object, query_time
 from apps.runs.sessions.listing import SessionFilter, sessions_page
@@ -77,3 +78,15 @@ def sessions_list(
     )
     page = sessions_page(tenant_id=who.read_tenant, f=wanted, limit=limit, cursor=cursor)
     return {"sessions": page.sessions, "next_cursor": page.next_cursor}
+
+
+@router.get(
+    "/runs/{run_id}/webhooks",
+    response={200: WebhookDeliveriesOut, 400: ErrorOut, 404: ErrorOut},
+    summary="A run's completion-webhook deliveries: state, attempts, last answer",
+)
+def runs_webhooks(request: HttpRequest, run_id: str) -> dict[str, Any]:
+    _ident(run_id, "run_id")
+    who = request_principal(request)
+    run = selectors.run_get(tenant_id=who.read_tenant, run_id=run_id, owner=who.read_user)
+    return {"deliveries": deliveries_of(run_id=run.id)}

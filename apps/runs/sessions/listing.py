@@ -115,4 +115,3 @@ def _row(agg: dict[str, Any], first: Run, latest: Run, title: str) -> dict[str, 
         "status": "running" if live else latest.status,
         "metadata": first.metadata or {},
     }
-

@@ -143,6 +143,13 @@ class Run(models.Model):
                 name="run_child_live",
                 condition=models.Q(parent__isnull=False) & ~models.Q(status__in=["completed", "failed", "cancelled"]),
             ),
+            # A user's run-state stream (apps.runs.userstream) reads the runs that ended since its last
+            # poll. completed_at is set once, by the end's own (already non-HOT) update.
+            models.Index(
+                fields=["tenant_id", "user_id", "completed_at"],
+                name="run_user_ended",
+                condition=models.Q(completed_at__isnull=False),
+            ),
             # The sweeper's look for parked runs with a cancel that had not landed (few or none).
             models.Index(
                 fields=["status"],

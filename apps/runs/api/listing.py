@@ -4,22 +4,31 @@ apps.runs.sessions.listing's."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
-from django.http import HttpRequest
+from django.http import HttpRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from ninja import Router
 
-from apps.core.errors import Invalid
+from apps.core.errors import Invalid, NotFound
 from apps.core.http import request_principal
 from apps.core.ids import is_ident
+from apps.core.types import Principal
+from apps.gateway.fairness.streams import astream_slot
 from apps.runs import pages, selectors
 from apps.runs.completion.selectors import deliveries_of
-from apps.runs.pages_schemas import ChildrenPageOut, ErrorOut, SessionsPageOut, WebhookDeliveriesOut
+from apps.runs.pages_schemas import ChildrenPageOut, ErrorOut, RunStateOut, SessionsPageOut, WebhookDeliveriesOut
 from apps.runs.presenters import agent_out
 from apps.runs.query import query_object, query_time
 from apps.runs.sessions.listing import SessionFilter, sessions_page
+from apps.runs.streams import keepalive_seconds, sse_encode
+from apps.runs.userstream import MAX_LIFETIME_S, Wanted, user_state_frames
 
 router = Router(tags=["runs"])
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _ident(value: str, what: str) -> None:
@@ -90,3 +99,38 @@ def runs_webhooks(request: HttpRequest, run_id: str) -> dict[str, Any]:
     who = request_principal(request)
     run = selectors.run_get(tenant_id=who.read_tenant, run_id=run_id, owner=who.read_user)
     return {"deliveries": deliveries_of(run_id=run.id)}
+
+
+@router.get(
+    "/users/{user_id}/agents/stream",
+    response={200: RunStateOut, 400: ErrorOut, 429: ErrorOut},
+    summary="SSE of a user's run-state changes: stream_open, then run_state frames (?status=a,b, ?agent=)",
+    openapi_extra={"responses": {"200": {"content": {"text/event-stream": {}}}}},
+)
+async def users_agents_stream(
+    request: HttpRequest, user_id: str, status: str = "", agent: str = ""
+) -> HttpResponseBase:
+    _ident(user_id, "user_id")
+    _ident(agent, "agent")
+    who: Principal = request_principal(request)
+    if who.read_user is not None and who.read_user != user_id:
+        raise NotFound(f"unknown user {user_id}", code="not_found")  # an isolated member follows only itself
+    wanted = Wanted(
+        tenant_id=who.read_tenant,
+        user_id=user_id,
+        statuses=frozenset(s.strip() for s in status.split(",") if s.strip()),
+        agent=agent,
+    )
+    slot = await astream_slot(who)
+    deadline = time.monotonic() + MAX_LIFETIME_S
+
+    async def stream() -> AsyncIterator[bytes]:
+        async with slot.held():
+            async with aclosing(user_state_frames(wanted, keepalive_seconds())) as frames:
+                async for frame in frames:
+                    yield sse_encode(frame)
+                    if slot.expired() or time.monotonic() > deadline:
+                        yield b": stream lifetime reached; reconnect\n\n"
+                        return
+
+    return StreamingHttpResponse(stream(), content_type="text/event-stream", headers=SSE_HEADERS)

@@ -31,8 +31,10 @@ BACKOFF_CAP_S = 3600.0
 
 _RECORD_SQL = """
 INSERT INTO runs_runwebhookdelivery
-  (id, run_id, tenant_id, user_id, event, step, url, secret_ref, state, attempts, last_error, next_attempt_at, created_at)
-SELECT %(id)s::varchar, r.id, r.tenant_id, r.user_id, %(event)s::varchar, r.step, w.url, w.secret_ref, 'pending', 0, '', now(), now()
+  (id, run_id, tenant_id, user_id, event, step, url, secret_ref,
+   state, attempts, last_error, next_attempt_at, created_at)
+SELECT %(id)s::varchar, r.id, r.tenant_id, r.user_id, %(event)s::varchar, r.step, w.url, w.secret_ref,
+   'pending', 0, '', now(), now()
 FROM runs_runwebhook w JOIN runs_run r ON r.id = w.run_id
 WHERE w.run_id = %(run_id)s AND jsonb_exists(w.events, %(event)s::text)
 ON CONFLICT (run_id, event, step) DO NOTHING

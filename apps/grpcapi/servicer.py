@@ -14,6 +14,7 @@ from apps.grpcapi.admin import AdminRpcs
 from apps.grpcapi.channels import ChannelRpcs
 from apps.grpcapi.control import ControlRpcs
 from apps.grpcapi.data import DataRpcs
+from apps.grpcapi.integration import IntegrationRpcs
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
 from apps.grpcapi.runs import RunRpcs
@@ -22,7 +23,7 @@ from apps.grpcapi.snapshots import SnapshotRpcs
 SERVICE = pb.DESCRIPTOR.services_by_name["Loomcycle"]
 
 
-GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs, ChannelRpcs)
+GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs, ChannelRpcs, IntegrationRpcs)
 
 
 class Servicer(*GROUPS, pb_grpc.LoomcycleServicer):  # type: ignore[misc]

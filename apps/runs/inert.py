@@ -38,7 +38,7 @@ AGENT_ACTED = frozenset(
         "channels", "compaction", "description", "effort", "evaluation_scopes", "interruption",
         "max_concurrent_children", "max_iterations", "max_tokens", "memory_scopes", "model", "models", "name",
         "provider", "providers", "sampling", "system_prompt", "tier", "tools", "unbounded_iterations",
-        "interactive", "skills", "disable_context", "volumes", "retry_attempts", "webhook",
+        "interactive", "skills", "disable_context", "volumes", "retry_attempts", "webhook", "history_scope",
     }
 )  # fmt: skip
 _NO_SQL = "this runtime has no SQL memory"
@@ -48,7 +48,6 @@ AGENT_INERT = {
     "run_timeout_seconds": ("", "it bounds code-js agents, which this runtime does not run"),
     "core_blocks": ("Memory", _NO_CORE),
     "inherit_core_blocks": ("Memory", _NO_CORE),
-    "history_scope": ("History", "this runtime has no History tool"),
     "inject_tool_guide": ("Context", "no tool guide is injected into the system prompt"),
     "internal": ("", "agents are not hidden from listings by it"),
     "memory_backend": ("Memory", "memory is this runtime's Postgres store; no other backend is selected"),

@@ -97,7 +97,7 @@ def test_inert_fields_are_announced_at_run_start() -> None:
     options = RunOptions(compaction={"memory_flush": True}, inert={"web_search_filter": "keep"})
     found = _inert(_create("inert-rich", options=options))
     assert set(found) == {
-        "core_blocks", "memory_backend", "search_providers", "history_scope", "compaction.memory_flush",
+        "core_blocks", "memory_backend", "search_providers", "compaction.memory_flush",
         "web_search_filter",
     }  # fmt: skip
     assert found["search_providers"] == {

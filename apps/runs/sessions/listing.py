@@ -115,3 +115,9 @@ def _row(agg: dict[str, Any], first: Run, latest: Run, title: str) -> dict[str, 
         "status": "running" if live else latest.status,
         "metadata": first.metadata or {},
     }
+
+
+def session_has_agent(*, tenant_id: str, session_id: str, agent: str) -> bool:
+    """Whether a top-level run of `agent` is in the session (the History tool's `self` scope)."""
+    runs = Run.objects.filter(session_id=session_id, tenant_id=tenant_id, parent__isnull=True, agent_name=agent)
+    return runs.exists()

@@ -1,20 +1,12 @@
 """Response schemas of the integration routes (issue 38): run pages, children, sessions, the
-per-user run-state stream's frames, webhook deliveries; and the error body every route answers
-a 4xx with (loomcycle_project.api's handlers write it)."""
+per-user run-state stream's frames, webhook deliveries. Their error body is the one every route
+shares (loomcycle_project.openapi's `Error`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-
-
-class ErrorOut(BaseModel):
-    """Every 4xx/5xx of the API: a machine `code`, a human `error`, optional `details`."""
-
-    code: str
-    error: str
-    details: dict[str, Any] = {}
 
 
 class RunRowOut(BaseModel):

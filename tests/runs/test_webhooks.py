@@ -187,4 +187,3 @@ def test_deliveries_are_visible_in_the_api_to_the_runs_tenant_only(
     assert (row["state"], row["attempts"], row["event"]) == ("delivered", 1, "completed")
     other = http.get(f"/v1/runs/{run.id}/webhooks", headers=people["charlie"])
     assert (other.status_code, other.json()["code"]) == (404, "not_found")
-

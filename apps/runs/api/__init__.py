@@ -26,7 +26,7 @@ from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs import pages, selectors, services
 from apps.runs.credentials import credentials_from_wire
 from apps.runs.models import Run
-from apps.runs.pages_schemas import ErrorOut, RunsPageOut
+from apps.runs.pages_schemas import RunsPageOut
 from apps.runs.presenters import agent_out
 from apps.runs.query import query_object, query_time
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
@@ -196,7 +196,7 @@ def users_agents(request: HttpRequest, user_id: str, status: str = "running") ->
 
 @router.get(
     "/runs",
-    response={200: RunsPageOut, 400: ErrorOut},
+    response={200: RunsPageOut},
     summary="Runs of the caller's tenant, newest first, cursor-paginated (filters: status, agent, user_id, "
     "metadata, created_after/before; admins: tenant)",
 )

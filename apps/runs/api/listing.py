@@ -20,7 +20,7 @@ from apps.core.types import Principal
 from apps.gateway.fairness.streams import astream_slot
 from apps.runs import pages, selectors
 from apps.runs.completion.selectors import deliveries_of
-from apps.runs.pages_schemas import ChildrenPageOut, ErrorOut, RunStateOut, SessionsPageOut, WebhookDeliveriesOut
+from apps.runs.pages_schemas import ChildrenPageOut, RunStateOut, SessionsPageOut, WebhookDeliveriesOut
 from apps.runs.presenters import agent_out
 from apps.runs.query import query_object, query_time
 from apps.runs.sessions.listing import SessionFilter, sessions_page
@@ -38,7 +38,7 @@ def _ident(value: str, what: str) -> None:
 
 @router.get(
     "/runs/{run_id}/children",
-    response={200: ChildrenPageOut, 400: ErrorOut, 404: ErrorOut},
+    response={200: ChildrenPageOut},
     summary="A run's direct sub-agent runs, newest first, cursor-paginated (ListChildRuns)",
 )
 def runs_children(
@@ -59,7 +59,7 @@ def runs_children(
 
 @router.get(
     "/sessions",
-    response={200: SessionsPageOut, 400: ErrorOut},
+    response={200: SessionsPageOut},
     summary="A user's conversations, latest activity first, cursor-paginated (filters: user_id, agent, "
     "metadata, active_after/before)",
 )
@@ -91,7 +91,7 @@ def sessions_list(
 
 @router.get(
     "/runs/{run_id}/webhooks",
-    response={200: WebhookDeliveriesOut, 400: ErrorOut, 404: ErrorOut},
+    response={200: WebhookDeliveriesOut},
     summary="A run's completion-webhook deliveries: state, attempts, last answer",
 )
 def runs_webhooks(request: HttpRequest, run_id: str) -> dict[str, Any]:
@@ -103,9 +103,8 @@ def runs_webhooks(request: HttpRequest, run_id: str) -> dict[str, Any]:
 
 @router.get(
     "/users/{user_id}/agents/stream",
-    response={200: RunStateOut, 400: ErrorOut, 429: ErrorOut},
+    response={200: RunStateOut},
     summary="SSE of a user's run-state changes: stream_open, then run_state frames (?status=a,b, ?agent=)",
-    openapi_extra={"responses": {"200": {"content": {"text/event-stream": {}}}}},
 )
 async def users_agents_stream(
     request: HttpRequest, user_id: str, status: str = "", agent: str = ""

@@ -91,7 +91,7 @@ def claim(*, delivery_id: str, lease_s: float) -> Claimed | None:
 def backoff_s(attempts: int) -> float:
     """Exponential from BACKOFF_BASE_S, capped, with full jitter on its upper half."""
     ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(attempts - 1, 0))
-    return ceiling / 2 + random.uniform(0, ceiling / 2)
+    return float(ceiling / 2 + random.uniform(0, ceiling / 2))
 
 
 def settle(*, claimed: Claimed, status: int | None, error: str, max_attempts: int) -> str:

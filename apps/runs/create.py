@@ -124,14 +124,10 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # on, the admission lock and the insert share one transaction (apps.runs.backpressure).
         # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run.
         listened = signals.run_created.has_listeners(Run)
-        # A session's decision (apps.runs.sessions.promotion) and the insert share one transaction too.
-        atomic = (
-            gated
-            or listened
-            or data.session_id is not None
-            or connection.in_atomic_block
-            or resolved.webhook is not None
-        )
+        # A session's decision (apps.runs.sessions.promotion) and the insert share one transaction too,
+        # as a completion webhook's row (apps.runs.completion) does.
+        listened = listened or resolved.webhook is not None
+        atomic = gated or listened or data.session_id is not None or connection.in_atomic_block
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
             status, promoted = _admission(place, limit, gated=gated)
@@ -311,6 +307,10 @@ class Resolved:
     webhook: Webhook | None = None  # its completion webhook (top-level runs only: apps.runs.completion)
 
 
+def _ephemeral(data: RunCreate, r: Resolved) -> bool:
+    return data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)
+
+
 def run_insert(
     *,
     tenant_id: str,
@@ -355,12 +355,9 @@ def run_insert(
         volumes=r.volumes,
         metadata=data.metadata or {},
         parent_context=parent_context_for(data.options, data.parent_id),
-        # Announced to registry.on_run_finished listeners when it ends: a trigger's run, or a
-        # top-level run whose ephemeral volumes must go with it.
-        # A run with a completion webhook too: its end's delivery row is written in its final commit.
-        notify_finished=data.notify_finished
-        or r.webhook is not None
-        or (data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)),
+        # Announced to registry.on_run_finished listeners when it ends: a trigger's run, a top-level
+        # run whose ephemeral volumes must go with it, a run with a webhook (its end's delivery row).
+        notify_finished=data.notify_finished or r.webhook is not None or _ephemeral(data, r),
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
         depth=depth,

@@ -187,3 +187,39 @@ def test_deliveries_are_visible_in_the_api_to_the_runs_tenant_only(
     assert (row["state"], row["attempts"], row["event"]) == ("delivered", 1, "completed")
     other = http.get(f"/v1/runs/{run.id}/webhooks", headers=people["charlie"])
     assert (other.status_code, other.json()["code"]) == (404, "not_found")
+
+
+def test_an_end_no_path_recorded_is_recorded_and_sent_by_the_sweep(receiver: Receiver) -> None:
+    run = start("chat-slow", "hi", webhook={"url": receiver.url})
+    wait_status(run.id, RunStatus.AWAITING_INPUT)  # parked: no worker holds it
+    # An end written around the end paths (as an operator's SQL would): no delivery row yet.
+    Run.objects.filter(id=run.id).update(status=RunStatus.FAILED, completed_at=timezone.now())
+    completion.webhooks_sweep()  # beat's sweep too: whichever runs first records the end, once
+    row = RunWebhookDelivery.objects.get(run_id=run.id)
+    assert row.event == "failed"
+    wait_for(lambda: receiver.delivered().get(run.id) == {row.id})
+    completion.webhooks_sweep()  # recorded once: a second sweep adds nothing
+    assert RunWebhookDelivery.objects.filter(run_id=run.id).count() == 1
+
+
+def test_an_agents_default_webhook_is_used_when_the_run_names_none(
+    receiver: Receiver, http: httpx.Client, people: dict[str, dict[str, str]]
+) -> None:
+    overlay = {"provider": "mock", "model": "mock-script", "tools": [], "webhook": {"url": receiver.url}}
+    made = http.post(
+        "/v1/_agentdef", headers=people["alice"], json={"op": "create", "name": "acme-hooked", "overlay": overlay}
+    )
+    assert made.status_code == 200, made.text
+    resp = http.post(
+        "/v1/runs",
+        headers=people["alice"],
+        json={"agent": "acme-hooked", "prompt": 'MOCK_SCRIPT: [{"text": "hooked"}]', "background": True},
+    )
+    assert resp.status_code == 202, resp.text
+    run_id = resp.json()["run_id"]
+    wait_for(lambda: receiver.delivered().get(run_id))
+    bad = {"provider": "mock", "model": "mock-script", "webhook": "https://example.com"}
+    refused = http.post(
+        "/v1/_agentdef", headers=people["alice"], json={"op": "create", "name": "acme-bad", "overlay": bad}
+    )
+    assert refused.status_code >= 400 and refused.json()["code"] == "tool_refused", refused.text

@@ -5,7 +5,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt | sha256sum | cut -c1-12)
 
-.PHONY: proto run test lint typecheck bench bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
+.PHONY: proto run test lint typecheck bench bench-peer bench-live bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
 
 # The gRPC stubs (apps/grpcapi, docs/grpc.md): generated from the project's .proto by grpcio-tools'
 # protoc, never committed (.gitignore); every target that runs code depends on them.
@@ -62,6 +62,11 @@ bench: $(STAMP)
 	$(PY) bench/loop.py
 	$(PY) bench/fanout.py
 	$(PY) bench/interrupts.py
+	$(PY) bench/live_tokens.py
+
+# Live tokens: provider chunk -> SSE client at 1 and 100 concurrent streaming runs (bench/live_tokens.py).
+bench-live: $(STAMP)
+	$(PY) bench/live_tokens.py
 
 bench-gateway: $(STAMP)
 	$(PY) bench/gateway.py
@@ -120,6 +125,13 @@ SUITE ?= all
 capacity: $(STAMP)
 	CAPACITY_SUITE=$(SUITE) $(PY) bench/capacity.py
 
+# Sizing (issue 41; docs/operations.md, "From one machine to many"): per process kind, RSS and
+# Postgres connections idle and with runs in their call, Redis bytes per queued doorbell and per
+# parked run, on capacity's stack. Knobs: SIZING_INCALL_RUNS, SIZING_INCALL_MS, SIZING_PARKED_RUNS.
+.PHONY: sizing
+sizing: $(STAMP)
+	$(PY) bench/sizing.py
+
 # The circuit bench, with its LangGraph peer in a separate venv (.venv-peer).
 PEER_STAMP := .venv-peer/.installed-$(shell sha256sum requirements/bench-peer.txt | cut -c1-12)
 
@@ -131,6 +143,11 @@ $(PEER_STAMP): requirements/bench-peer.txt
 
 bench-circuit: $(STAMP) $(PEER_STAMP)
 	$(PY) bench/circuit.py
+
+# The engine, its floor and LangGraph + AsyncPostgresSaver (bench/langgraph_loop.py, .venv-peer) on the
+# same workload, alternated in one spell (bench/peer.py; docs/performance.md, "The peer").
+bench-peer: $(STAMP) $(PEER_STAMP)
+	$(PY) bench/peer.py
 
 # The large chaos run (issue 25, docs/reliability.md): N runs (60: about a minute; N=1000 is the
 # published run, >= 100 worker kills) under every fault kind, SEED for the RNG (random, printed).

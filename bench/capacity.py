@@ -6,16 +6,20 @@ beat; Flower off), on its own embedded Postgres/Redis under
 
 - incall: CAPACITY_INCALL_RUNS (5,000) runs created at once (through the
   services the API calls, CAPACITY_CREATORS threads), each one mock-script
-  provider call of CAPACITY_INCALL_MS (10,000) ms. Measured: the peak number
+  provider call of CAPACITY_INCALL_MS (120,000) ms: longer than creating the
+  5,000 takes (10-70 s on the 2-core host), so that the peak counts the calls
+  the workers hold, not the rate at which the bench creates runs (with 10 s
+  calls the first ones end before the last are created). Measured: the peak number
   in the call at the same moment, counted from each run's own row (its claim
   `started_at` -> its commit `completed_at`, Postgres's clock, a sweep over
   the intervals: the call plus its claim and commit bookkeeping); the
   workers' RSS (peak, sampled every 0.5 s); Postgres connections of the
   runtime (pg_stat_activity, the bench's own excluded, peak); the time to
   drain (first create -> last run completed). Run at the default worker
-  threads and again at CAPACITY_INCALL_CONCURRENCY (2,560) threads per
-  process (`LOOMCYCLE_WORKER_CONCURRENCY`; 0 skips it): the engine holds a
-  worker thread through each provider call, so threads cap the runs in call.
+  threads and, when CAPACITY_INCALL_CONCURRENCY is set (0, the default, skips
+  it), again at that many threads per process (`LOOMCYCLE_WORKER_CONCURRENCY`):
+  the engine holds a worker thread through each provider call, so threads cap
+  the runs in call.
 - parked: up to CAPACITY_PARKED_RUNS (100,000) interactive runs, created
   until CAPACITY_PARKED_BUDGET_S (1,500 s) runs out, each parked at
   `awaiting_input` after its first turn. Measured: the creation rate (first
@@ -68,8 +72,8 @@ SUITE = os.environ.get("CAPACITY_SUITE", "all")
 PORT = int(os.environ.get("CAPACITY_PORT", "8797"))
 CREATORS = int(os.environ.get("CAPACITY_CREATORS", "8"))
 INCALL_RUNS = int(os.environ.get("CAPACITY_INCALL_RUNS", "5000"))
-INCALL_MS = int(os.environ.get("CAPACITY_INCALL_MS", "10000"))
-INCALL_CONCURRENCY = int(os.environ.get("CAPACITY_INCALL_CONCURRENCY", "2560"))
+INCALL_MS = int(os.environ.get("CAPACITY_INCALL_MS", "120000"))
+INCALL_CONCURRENCY = int(os.environ.get("CAPACITY_INCALL_CONCURRENCY", "0"))
 PARKED_RUNS = int(os.environ.get("CAPACITY_PARKED_RUNS", "100000"))
 PARKED_BUDGET_S = float(os.environ.get("CAPACITY_PARKED_BUDGET_S", "1500"))
 ANSWER_PCT = float(os.environ.get("CAPACITY_ANSWER_PCT", "10"))
@@ -99,6 +103,7 @@ from apps.runs import services  # noqa: E402
 from apps.runs.models import Run, RunEvent, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 from bench.stack import pct  # noqa: E402
+from loomcycle_project import env as E  # noqa: E402
 
 OPS = Principal(tenant_id="", subject="bench", scopes=frozenset({"substrate:admin"}))
 TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
@@ -317,7 +322,7 @@ def incall(concurrency: int | None) -> None:
             t0 = time.monotonic()
             ids = create_many(sleeper(INCALL_MS), INCALL_RUNS)
             created = time.monotonic() - t0
-            threads = 2 * (concurrency or 64)
+            threads = E.WORKER_PROCESSES * (concurrency or E.WORKER_CONCURRENCY)
             bound = INCALL_RUNS * INCALL_MS / 1000 / threads * 3 + 600
             wait_until("in-call drain", lambda: count(ids, status__in=TERMINAL) >= len(ids), bound)
             drain = time.monotonic() - t0

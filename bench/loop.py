@@ -59,7 +59,7 @@ from apps.runs import services  # noqa: E402
 from apps.runs.models import Run, RunStatus  # noqa: E402
 from apps.runs.prompt import Segment  # noqa: E402
 from bench import stack  # noqa: E402
-from bench.stack import cpu_s, host_steal_pct, pct, rss_mib, service_pids, stop_all  # noqa: E402
+from bench.stack import cpu_s, host_steal_pct, pct, rss_mib, stop_all  # noqa: E402
 from loomcycle_project.bootstrap import load_yaml_config  # noqa: E402
 from workers.celery import app  # noqa: E402
 
@@ -114,13 +114,14 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     stack.timing_samples(client, TIMINGS_KEY)  # lets the warm-up's buffered samples land before they are dropped
     client.delete(TIMINGS_KEY)
     xid0 = int(sql("SELECT pg_current_xact_id()::text::bigint")[0][0])  # type: ignore[call-overload]
-    groups = {"worker": [p.pid for p in workers], **service_pids(), "driver": [os.getpid()]}
-    cpu0 = {k: cpu_s(v) for k, v in groups.items()}
+    groups = {"worker": [p.pid for p in workers], "driver": [os.getpid()]}
+    cpu0, services0 = {k: cpu_s(v) for k, v in groups.items()}, stack.service_cpu()
     host0 = psutil.cpu_times()
     t0 = time.monotonic()
     ids = create_runs("loop10", RUNS)
     t1 = wait_status(ids, RunStatus.COMPLETED, 600)
-    cpu1 = {k: cpu_s(v) for k, v in groups.items()}  # same pids: postgres backends that exited are not counted
+    cpu1 = {k: cpu_s(v) for k, v in groups.items()}
+    services = stack.service_cpu_delta(services0)  # postgres backends that exited are not counted
     steal = host_steal_pct(host0, psutil.cpu_times())
     xid1 = int(sql("SELECT pg_current_xact_id()::text::bigint")[0][0])  # type: ignore[call-overload]
     elapsed = t1 - t0
@@ -131,6 +132,7 @@ def engine_phase(workers: list[subprocess.Popen[bytes]]) -> dict[str, float]:
     # xids: one per write transaction; minus the run creations and the 2 probes themselves
     commits = (xid1 - xid0 - RUNS - 1) / iterations
     cpu = {k: (cpu1.get(k, 0.0) - cpu0[k]) * 1000 / iterations for k in cpu0}
+    cpu |= {k: v * 1000 / iterations for k, v in services.items()}
     print(
         "cpu ms/iteration: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()) + f"; host steal {steal:.0f} %",
         flush=True,
@@ -181,7 +183,6 @@ def floor_phase(env: dict[str, str]) -> dict[str, float]:
     broker = os.environ["REDIS_URL"]
     fenv = {
         **env,
-        "FLOOR_BROKER": broker,
         "FLOOR_PG": pg,
         "FLOOR_REDIS": broker.replace("redis+socket://", "unix://"),
         "PYTHONPATH": str(ROOT / "bench"),
@@ -190,7 +191,8 @@ def floor_phase(env: dict[str, str]) -> dict[str, float]:
     try:
         from celery import Celery
 
-        floor = Celery("floor", broker=broker)
+        floor = Celery("floor")
+        floor.config_from_object("loomcycle_project.celeryconfig")  # the engine's broker and transport
         client = sync_client()
 
         def chains(n: int, hops: int) -> float:
@@ -205,13 +207,18 @@ def floor_phase(env: dict[str, str]) -> dict[str, float]:
                 time.sleep(0.005)
             return time.monotonic() - t0
 
-        chains(20, 10)  # warm-up
-        host0 = psutil.cpu_times()
+        chains(20, 10)  # warm-up: the pools' connections (and their backends) exist from here on
+        workers0, services0, host0 = cpu_s([p.pid for p in procs]), stack.service_cpu(), psutil.cpu_times()
         elapsed = chains(RUNS, ITERS)
+        cpu = {"worker": cpu_s([p.pid for p in procs]) - workers0, **stack.service_cpu_delta(services0)}
+        cpu = {k: v * 1000 / (RUNS * ITERS) for k, v in cpu.items()}
+        print("floor cpu ms/hop: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()), flush=True)
         return {
             "floor_iterations_per_s": RUNS * ITERS / elapsed,
             "floor_elapsed_s": elapsed,
             "floor_steal_pct": host_steal_pct(host0, psutil.cpu_times()),
+            "floor_cpu_ms": sum(cpu.values()),
+            **{f"floor_cpu_ms_{k}": v for k, v in cpu.items()},
         }
     finally:
         stop_all(procs)
@@ -322,9 +329,12 @@ def main() -> None:
         stop_all(workers)
     r |= floor_phase(env)
     ratio = r["iterations_per_s"] / r["floor_iterations_per_s"]
+    engine_cpu = sum(r[f"cpu_ms_{k}"] for k in ("worker", "postgres", "redis"))
     print(
         f"floor    {r['floor_iterations_per_s']:.0f} hops/s (Celery hop + one INSERT/COMMIT, same pool; host steal "
-        f"{r['floor_steal_pct']:.0f} %); engine/floor = {ratio:.2f}",
+        f"{r['floor_steal_pct']:.0f} %); engine/floor = {ratio:.2f}; CPU ms (workers + Postgres + Redis) engine "
+        f"{engine_cpu:.2f} per iteration, floor {r['floor_cpu_ms']:.2f} per hop "
+        f"({engine_cpu / r['floor_cpu_ms']:.2f}x)",
         flush=True,
     )
     print(
@@ -333,6 +343,8 @@ def main() -> None:
                 f"iterations_per_s={r['iterations_per_s']:.1f}",
                 f"floor_iterations_per_s={r['floor_iterations_per_s']:.1f}",
                 f"floor_ratio={ratio:.3f}",
+                f"cpu_ms_per_iteration={engine_cpu:.2f}",
+                f"floor_cpu_ms_per_hop={r['floor_cpu_ms']:.2f}",
                 f"p99_overhead_ms={r['p99_overhead_ms']:.2f}",
                 f"commits_per_iteration={r['commits_per_iteration']:.2f}",
                 f"inflight_runs={r['inflight_runs']}",

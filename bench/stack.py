@@ -160,14 +160,33 @@ def host_steal_pct(before: Any, after: Any) -> float:
 
 
 def service_pids() -> dict[str, list[int]]:
+    """This bench's own Postgres (its postmaster and backends) and Redis, found under its data dir
+    (LOOMCYCLE_DATA_DIR, set by `boot`): other embedded servers on the host (tests, other checkouts)
+    are not counted."""
+    data = Path(os.environ["LOOMCYCLE_DATA_DIR"]).resolve()
     out: dict[str, list[int]] = {"postgres": [], "redis": []}
-    for proc in psutil.process_iter(["pid", "name"]):
-        name = proc.info["name"] or ""
-        if name.startswith("postgres"):
-            out["postgres"].append(proc.info["pid"])
-        elif name.startswith("redis-server"):
+    for pidfile in data.glob("**/postmaster.pid"):
+        try:
+            master = psutil.Process(int(pidfile.read_text().split()[0]))
+            out["postgres"] += [master.pid, *(c.pid for c in master.children(recursive=True))]
+        except (OSError, ValueError, IndexError, psutil.NoSuchProcess):
+            continue
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        if (proc.info["name"] or "").startswith("redis-server") and str(data) in " ".join(proc.info["cmdline"] or []):
             out["redis"].append(proc.info["pid"])
     return out
+
+
+def service_cpu() -> dict[str, dict[int, float]]:
+    """CPU seconds of this bench's Postgres and Redis processes, by pid (`service_cpu_delta`)."""
+    return {group: cpu_by_pid(pids) for group, pids in service_pids().items()}
+
+
+def service_cpu_delta(before: dict[str, dict[int, float]]) -> dict[str, float]:
+    """CPU seconds each service group spent since `before`, a backend started since then
+    (a pool that grew under load) counted whole; one that exited meanwhile is not counted."""
+    after = service_cpu()
+    return {g: sum(cpu - before.get(g, {}).get(pid, 0.0) for pid, cpu in pids.items()) for g, pids in after.items()}
 
 
 def pct(values: list[float], q: float) -> float:

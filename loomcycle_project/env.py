@@ -116,6 +116,9 @@ CONFIG_FILES: list[str] = split_paths(env.str("LOOMCYCLE_CONFIG_FILES", default=
 CONFIG_DIR: str = env.str("LOOMCYCLE_CONFIG_DIR", default="").strip()
 # A value set by one layer and changed by a later one is an error (config_conflict), not a log line.
 CONFIG_STRICT: bool = env.bool("LOOMCYCLE_CONFIG_STRICT", default=False)
+# Markdown definitions read at boot under the yaml (apps.substrate.discovery): <name>.md, <name>/SKILL.md.
+AGENTS_ROOT: str = env.str("LOOMCYCLE_AGENTS_ROOT", default="").strip()
+SKILLS_ROOT: str = env.str("LOOMCYCLE_SKILLS_ROOT", default="").strip()
 MAX_REQUEST_BYTES: int = env.int("LOOMCYCLE_MAX_REQUEST_BYTES", default=16 * 1024 * 1024)
 # An `image` prompt block: its decoded size cap (Anthropic's own per-image limit), and how long
 # fetching one given by URL may take (apps.gateway.images).
@@ -177,7 +180,11 @@ def _module_found(path: str) -> bool:
 WORKER_PROCESSES: int = env.int("LOOMCYCLE_WORKER_PROCESSES", default=2)
 # Daphne processes sharing the listening socket (`up` binds it once and hands it down).
 WEB_PROCESSES: int = env.int("LOOMCYCLE_WEB_PROCESSES", default=1)
-WORKER_CONCURRENCY: int = env.int("LOOMCYCLE_WORKER_CONCURRENCY", default=64)
+# Threads per worker process. A run holds its thread through its provider call (its database
+# connection handed back first) and admission lets only ENGINE_ADMISSION_SLOTS of them do engine
+# work at once, so a waiting thread costs memory only (~90 KiB of RSS): 2 processes x 2,560 hold
+# 5,120 model calls at once (docs/performance.md, "Thousands of model calls in flight").
+WORKER_CONCURRENCY: int = env.int("LOOMCYCLE_WORKER_CONCURRENCY", default=2560)
 FLOWER_PORT: int = env.int("LOOMCYCLE_FLOWER_PORT", default=5555)
 FLOWER_ENABLED: bool = env.bool("LOOMCYCLE_FLOWER_ENABLED", default=True)
 # Flower listens on loopback; another address needs basic auth ("user:password[,user2:password2]").
@@ -566,6 +573,8 @@ class RuntimeSettings:
     max_stream_seconds: int = 3600
     config_dir: str = ""
     config_strict: bool = False
+    agents_root: str = ""
+    skills_root: str = ""
 
     # Below: no defaults, so settings.py must set each from this module (one place for a default).
     # Engine admission and timing samples (apps.runs.engine.admission, apps.runs.dispatch).

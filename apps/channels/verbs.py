@@ -14,10 +14,13 @@ from typing import Any
 
 from apps.channels import access, presenters, selectors, services
 from apps.channels.longpoll import long_poll
+from apps.channels.schemas import ChannelCreateIn
 from apps.channels.streams import Stream, bell, check_cursor
 from apps.core.errors import Invalid
 from apps.core.http import db_call
 from apps.core.types import Principal
+from apps.substrate import channeldefs
+from apps.substrate.models import ChannelDef
 
 
 def _value(value: Any, op: str) -> Any:
@@ -33,6 +36,33 @@ def channel_list(principal: Principal) -> list[dict[str, Any]]:
         presenters.descriptor(row, selectors.channel_stats(tenant_id=tenant, name=row.name))
         for row in selectors.channels_visible(tenant_id=tenant)
     ]
+
+
+def described(row: ChannelDef, tenant_id: str) -> dict[str, Any]:
+    """A declaration as REST and MCP show it: the row and its stream's stats."""
+    return presenters.descriptor(row, selectors.channel_stats(tenant_id=tenant_id, name=row.name))
+
+
+def channel_create(principal: Principal, body: ChannelCreateIn) -> dict[str, Any]:
+    """Declare a runtime channel in the caller's tenant (409 channel_yaml_immutable / channel_name_in_use)."""
+    name = access.runtime_channel_name(body.name)
+    spec = channeldefs.ChannelSpec(
+        description=body.description,
+        scope=body.scope,
+        semantic=body.semantic,
+        default_ttl=body.default_ttl,
+        max_messages=body.max_messages,
+        publisher=body.publisher,
+        period=body.period,
+    )
+    row = channeldefs.channeldef_create(tenant_id=principal.tenant_id, name=name, spec=spec)
+    return described(row, principal.tenant_id)
+
+
+def channel_update(principal: Principal, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Change a runtime channel's declaration (409 for a yaml one)."""
+    row = channeldefs.channeldef_update(tenant_id=principal.tenant_id, name=name, changes=changes)
+    return described(row, principal.tenant_id)
 
 
 def publish(target: access.Target, *, value: Any, ttl: int | None, deliver_at: Any, by_user: str) -> dict[str, Any]:

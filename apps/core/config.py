@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from django.conf import settings
 
-from apps.core.config_layers import Layered, Replacement
+from apps.core.config_layers import Layered, Replacement, TaggedSeq, untag
 from apps.core.errors import Invalid
 from apps.core.secrets import config_secret_names, name_refusal, referenced_names, resolve_references
 
@@ -60,11 +60,27 @@ def _check_references(text: str, denied: set[str]) -> None:
             raise ValueError(refusal)
 
 
+class LayerLoader(yaml.SafeLoader):
+    """The safe loader plus loomcycle's sequence tags `!prepend` / `!append` (config_layers)."""
+
+
+def _tagged_sequence(loader: yaml.SafeLoader, node: yaml.Node) -> TaggedSeq:
+    if not isinstance(node, yaml.SequenceNode):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{node.tag} tags a sequence, not a {getattr(node, 'id', 'value')}", node.start_mark
+        )
+    return TaggedSeq(loader.construct_sequence(node, deep=True), node.tag)
+
+
+for _tag in ("!prepend", "!append"):
+    LayerLoader.add_constructor(_tag, _tagged_sequence)
+
+
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise Invalid(f"config file not found: {path}", code="config_not_found")
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yaml.load(path.read_text(), Loader=LayerLoader) or {}  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         raise Invalid(f"{path}: invalid yaml: {yaml_problem(exc)}", code="config_invalid") from exc
     if not isinstance(doc, dict):
@@ -102,7 +118,8 @@ def load_config(paths: list[Path], *, strict: bool = False) -> dict[str, Any]:
     for r in layered.replaced:
         log.info("config layers: %s set in %s is replaced by %s", r.key, ", ".join(r.earlier), r.later)
     # Expanded once, after the merge: a key variable any layer names is denied in every layer.
-    expanded: dict[str, Any] = _expand(layered.tree, (), config_secret_names(layered.tree))
+    tree = untag(layered.tree)
+    expanded: dict[str, Any] = _expand(tree, (), config_secret_names(tree))
     return expanded
 
 

@@ -11,6 +11,11 @@ Invariants:
   `true`), is not a replacement, and the earlier file stays its origin.
 - Values are compared as written, before `${ENV}` expansion (which runs once on
   the merged whole, see apps.core.config), and never appear in a record.
+- A sequence tagged `!prepend` / `!append` (loomcycle's RFC AQ) composes with the
+  earlier sequence instead of replacing it: its items go in front / after, a
+  repeated item (equal as yaml) is kept once, first occurrence first. A compose is
+  not a replacement (nothing is logged, strict mode passes); the composed list is
+  claimed by the later file. Over no earlier sequence, a tagged one is set as is.
 """
 
 from __future__ import annotations
@@ -19,6 +24,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Path_ = tuple[str, ...]
+
+
+class TaggedSeq(list[Any]):
+    """A yaml sequence tagged `!prepend` or `!append` (the loader makes them, `fold` composes them)."""
+
+    def __init__(self, items: list[Any], tag: str) -> None:
+        super().__init__(items)
+        self.tag = tag
+
+
+def compose(base: list[Any], top: TaggedSeq) -> list[Any]:
+    """`top`'s items in front of (`!prepend`) or after (`!append`) `base`'s, each kept once, first first."""
+    joined = [*top, *base] if top.tag == "!prepend" else [*base, *top]
+    out: list[Any] = []
+    for item in joined:
+        if not any(same(item, kept) for kept in out):
+            out.append(item)
+    return out
+
+
+def untag(value: Any) -> Any:
+    """`value` with every TaggedSeq made a plain list (what the merged tree hands on)."""
+    if isinstance(value, dict):
+        return {k: untag(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [untag(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -56,6 +88,10 @@ class Layered:
                 self._claim(here, value, source)
             elif isinstance(out[key], dict) and isinstance(value, dict):
                 out[key] = self._fold(out[key], value, source, here)
+            elif isinstance(value, TaggedSeq) and isinstance(out[key], list):
+                self._release(here)  # a compose, not a replacement: the later file claims the result
+                out[key] = compose(out[key], value)
+                self._claim(here, out[key], source)
             elif not same(out[key], value):
                 self.replaced.append(Replacement(".".join(here), self._release(here), source))
                 out[key] = value

@@ -27,8 +27,11 @@ class Hub:
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
-    async def subscribe(self, name: str) -> asyncio.Queue[str]:
-        queue: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
+    async def subscribe(
+        self, name: str, queue: asyncio.Queue[str] | None = None, maxsize: int = 64
+    ) -> asyncio.Queue[str]:
+        """A queue rung with `name`'s messages; pass `queue` to ring one queue from several names."""
+        queue = queue if queue is not None else asyncio.Queue(maxsize=maxsize)
         async with self._lock:
             if self._pubsub is None:
                 self._pubsub = async_client().pubsub(ignore_subscribe_messages=True)
@@ -62,7 +65,7 @@ class Hub:
                 continue
             name, data = msg["channel"].decode(), msg["data"].decode()
             for queue in list(self._queues.get(name, ())):
-                if not queue.full():  # a doorbell: one pending ring is enough
+                if not queue.full():  # a doorbell: one pending ring is enough; a live delta: a gap the reader sees
                     queue.put_nowait(data)
 
 

@@ -141,6 +141,11 @@ class Redactor:
                     s = rule.pattern.sub(rule.repl, s)
         return s
 
+    def forms(self) -> tuple[str, ...]:
+        """Every exact value form Tier A masks: for a caller that must not cut text inside one
+        (apps.runs.livetokens holds back a live delta that could end in a value's prefix)."""
+        return tuple(self._values)
+
     def value(self, v: Any) -> Any:
         """A JSON value with its string leaves redacted (a new value; keys kept)."""
         if isinstance(v, str):

@@ -34,6 +34,7 @@ PROVIDER_KEY_NAMES = (
     "GEMINI_API_KEY",
     "OLLAMA_API_KEY",
     "VOYAGE_API_KEY",
+    "BRAVE_API_KEY",  # the WebSearch tool's hosted backend (apps.tools.search_backends)
 )
 
 INFRA_SECRET_NAMES = frozenset(

@@ -121,6 +121,8 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
     # The run's effective network hosts (apps.core.hosts.run_allowed_hosts), fixed at run creation.
     allowed_hosts: tuple[str, ...] = ()
+    # WebSearch's host filter: "" when the caller did not narrow allowed_hosts, else drop | keep.
+    web_search_filter: str = ""
 
     @property
     def idempotency_key(self) -> str:

@@ -30,7 +30,9 @@ SUBMIT_SCOPES = {  # emitter role -> the scopes that allow submitting in it
     EmitterRole.SELF: ("submit_any", "submit_self"),
     EmitterRole.PARENT: ("submit_any", "submit_descendants"),
     EmitterRole.UNRELATED: ("submit_any",),
+    EmitterRole.EXTERNAL: ("submit_any",),  # no run: the operator plane (the MCP server's `evaluation`)
 }
+OPERATOR_GRANT = ["submit_any", "read_any"]  # what the operator plane holds in its own tenant
 
 
 class Refusal(ToolRefusal):
@@ -155,8 +157,14 @@ _HANDLERS: dict[str, Callable[[ToolContext, dict[str, Any], list[str]], dict[str
 }
 
 
+def evaluation_ops(ctx: ToolContext, data: dict[str, Any], granted: list[str]) -> ToolResult:
+    """The ops with `granted` scopes: the agent's (evaluation_execute), or OPERATOR_GRANT for a
+    caller with no run (`ctx.run_id` ""), who submits as `external` and reads its tenant's."""
+    return op_tool_result(data, ops=OPS, fields=FIELDS, run=lambda op: _HANDLERS[op](ctx, data, granted))
+
+
 def evaluation_execute(ctx: ToolContext, data: dict[str, Any]) -> ToolResult:
-    return op_tool_result(data, ops=OPS, fields=FIELDS, run=lambda op: _HANDLERS[op](ctx, data, _granted(ctx)))
+    return evaluation_ops(ctx, data, _granted(ctx))
 
 
 EVALUATION_TOOL = Tool(

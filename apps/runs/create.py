@@ -122,11 +122,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # One statement (autocommit) unless the caller holds a transaction: then a savepoint,
         # so that a duplicate agent_id leaves the caller's transaction usable. With admission
         # on, the admission lock and the insert share one transaction (apps.runs.backpressure).
-        # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run.
-        listened = signals.run_created.has_listeners(Run)
-        # A session's decision (apps.runs.sessions.promotion) and the insert share one transaction too,
-        # as a completion webhook's row (apps.runs.completion) does.
-        listened = listened or resolved.webhook is not None
+        # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run,
+        # as a webhook's row (apps.runs.completion) and a session's decision (sessions.promotion) do.
+        listened = signals.run_created.has_listeners(Run) or resolved.webhook is not None
         atomic = gated or listened or data.session_id is not None or connection.in_atomic_block
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
@@ -227,7 +225,9 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         allowed_hosts=allowed_hosts,
         user_content=user_content,
         system=system_blocks(str(d.get("system_prompt", "")), request_system, data.metadata or {}),
-        routing=routing_with(run_routing(route, d, parent_id=data.parent_id), data.options),
+        routing=routing_with(
+            run_routing(route, d, parent_id=data.parent_id), data.options, narrowed=data.allowed_hosts is not None
+        ),
         webhook=None if data.parent_id else webhook_of(data.webhook or d.get("webhook"), tenant_id=tenant_id),
     )
 

@@ -23,12 +23,11 @@ REQUEST_ACTED = frozenset(
     {
         "agent", "segments", "prompt", "tools", "allowed_hosts", "session_id", "tenant_id", "user_id",
         "agent_id", "user_tier", "user_bearer", "user_credentials", "parent_context", "metadata",
-        "interactive", "sampling", "compaction", "webhook",
+        "interactive", "sampling", "compaction", "web_search_filter", "webhook",
     }
 )  # fmt: skip
 # field -> (the tool it would govern, why it does nothing here)
 REQUEST_INERT = {
-    "web_search_filter": ("WebSearch", "this runtime has no WebSearch tool, so there are no results to filter"),
     "run_timeout_seconds": ("", "it bounds code-js agents, which this runtime does not run"),
 }
 
@@ -38,7 +37,8 @@ AGENT_ACTED = frozenset(
         "channels", "compaction", "description", "effort", "evaluation_scopes", "interruption",
         "max_concurrent_children", "max_iterations", "max_tokens", "memory_scopes", "model", "models", "name",
         "provider", "providers", "sampling", "system_prompt", "tier", "tools", "unbounded_iterations",
-        "interactive", "skills", "disable_context", "volumes", "retry_attempts", "webhook", "history_scope",
+        "interactive", "skills", "disable_context", "volumes", "retry_attempts", "search_providers", "webhook",
+        "history_scope",
     }
 )  # fmt: skip
 _NO_SQL = "this runtime has no SQL memory"
@@ -57,7 +57,6 @@ AGENT_INERT = {
     "memory_protocol": ("Memory", "no memory protocol is injected into the prompt"),
     "memory_quota_bytes": ("Memory", "memory quotas are the operator's (per scope), not per agent"),
     "memory_roots": ("Memory", "memory paths are not rooted per agent"),
-    "search_providers": ("WebSearch", "this runtime has no WebSearch tool"),
     "sql_quota_bytes": ("SQL", _NO_SQL),
     "sql_scopes": ("SQL", _NO_SQL),
 }

@@ -214,10 +214,16 @@ def rows_have_image(rows: Sequence[tuple[str, list[dict[str, Any]]]]) -> bool:
     return any(isinstance(b, dict) and b.get("type") == "image" for _, content in rows for b in content)
 
 
+def render_untrusted(kind: str, text: str) -> str:
+    """SPEC 7.1's untrusted block: `<kind>` (an allowlisted kind, else `untrusted`) around the
+    text with every `<` escaped, so the text cannot close the block. WebSearch's hits use it too."""
+    kind = kind if kind in UNTRUSTED_KINDS else "untrusted"
+    return f"<{kind}>\n{text.replace('<', '&lt;')}\n</{kind}>"
+
+
 def _render(segment: Segment) -> str:
     if segment.type == "untrusted-block":
-        kind = segment.kind if segment.kind in UNTRUSTED_KINDS else "untrusted"
-        return f"<{kind}>\n{segment.text.replace('<', '&lt;')}\n</{kind}>"
+        return render_untrusted(segment.kind or "untrusted", segment.text)
     return segment.text
 
 

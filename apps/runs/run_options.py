@@ -85,6 +85,7 @@ class RunOptions:
     sampling: dict[str, Any] = field(default_factory=dict)
     compaction: dict[str, Any] = field(default_factory=dict)
     parent_context: dict[str, Any] | None = None
+    web_search_filter: str | None = None  # drop | keep: WebSearch's filter when allowed_hosts narrows
     inert: dict[str, Any] = field(default_factory=dict)  # request fields set that the runtime does not act on
 
 
@@ -97,18 +98,22 @@ def options_of(
     run_timeout_seconds: int | None,
 ) -> RunOptions:
     """The service's options from a run request's fields."""
-    inert = {"web_search_filter": web_search_filter, "run_timeout_seconds": run_timeout_seconds}
+    inert = {"run_timeout_seconds": run_timeout_seconds}
     return RunOptions(
         sampling=sampling.model_dump(exclude_none=True) if sampling else {},
         compaction=compaction.model_dump(exclude_none=True) if compaction else {},
         parent_context=parent_context.model_dump(exclude_none=True) if parent_context else None,
+        web_search_filter=web_search_filter,
         inert={k: v for k, v in inert.items() if v is not None},
     )
 
 
-def routing_with(routing: dict[str, Any], options: RunOptions) -> dict[str, Any]:
-    """The run's pinned routing with the request's sampling and compaction laid over the agent's."""
+def routing_with(routing: dict[str, Any], options: RunOptions, *, narrowed: bool = False) -> dict[str, Any]:
+    """The run's pinned routing with the request's sampling and compaction laid over the agent's,
+    and, when the caller narrowed `allowed_hosts`, WebSearch's host filter (default drop)."""
     out = dict(routing)
+    if narrowed:
+        out["web_search_filter"] = options.web_search_filter or "drop"
     if options.sampling:
         out["sampling"] = {**(routing.get("sampling") or {}), **options.sampling}
     compaction = {k: v for k, v in options.compaction.items() if k != "memory_flush"}

@@ -119,6 +119,12 @@ def run_status(*, run_id: str) -> str | None:
     return Run.objects.filter(id=run_id).values_list("status", flat=True).first()
 
 
+def run_status_step(*, run_id: str) -> tuple[str, int] | None:
+    """The run's status and step (the iteration in flight or next), or None for no such run."""
+    row = Run.objects.filter(id=run_id).values_list("status", "step").first()
+    return None if row is None else (row[0], row[1])
+
+
 def run_statuses(*, run_ids: list[str]) -> dict[str, str]:
     """The status of each run of `run_ids` that exists (one query)."""
     return dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))

@@ -196,6 +196,14 @@ def provider_reply(span: Span | None, done: Done, calls: list[ToolCall]) -> None
     span.set_attribute("loomcycle.tool_calls", len(calls))
 
 
+def first_token(span: Span | None, seconds: float | None) -> None:
+    """Time to first token of the call (seconds from the start of the first attempt that streamed
+    one to its first text or thinking delta), named after the GenAI semantic conventions'
+    `gen_ai.server.time_to_first_token`."""
+    if span is not None and seconds is not None:
+        span.set_attribute("gen_ai.server.time_to_first_token", seconds)
+
+
 def provider_event(name: str, attributes: dict[str, Any]) -> None:
     """A retry or a fallback, on the current (provider) span; no error text."""
     if enabled():

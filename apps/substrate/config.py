@@ -14,7 +14,6 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.core.config import yaml_problem
 from apps.core.errors import Invalid
 from apps.substrate.kinds import Refused
 from apps.substrate.kinds.fields import check_channel_name, is_system_channel
@@ -26,25 +25,49 @@ log = logging.getLogger("loomcycle.substrate")
 
 
 def split_frontmatter(text: str, where: str) -> tuple[dict[str, Any], str]:
-    """`---\\n<yaml>\\n---\\n<body>` -> (frontmatter, body); no leading `---` means body only."""
-    text = text.replace("\r\n", "\n")
-    if not text.startswith("---\n"):
-        return {}, text
-    rest = text[len("---\n") :]
-    end = rest.find("\n---\n")
-    if end >= 0:
-        head, body = rest[:end], rest[end + len("\n---\n") :]
-    elif rest.endswith("\n---"):
-        head, body = rest[: -len("\n---")], ""
-    else:
-        raise Invalid(f"{where}: frontmatter has no closing ---", code="config_invalid")
+    """`---\\n<yaml>\\n---\\n<body>` -> (frontmatter, body); no leading `---` means body only.
+    A bad frontmatter is config_invalid naming `where` and the line in the file."""
+    head, body = _frontmatter_parts(text, where)
+    if head is None:
+        return {}, body
     try:
         meta = yaml.safe_load(head) or {}
     except yaml.YAMLError as exc:
-        raise Invalid(f"{where}: invalid frontmatter: {yaml_problem(exc)}", code="config_invalid") from exc
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+        raise Invalid(f"{where}:{_file_line(exc)}: invalid frontmatter: {problem}", code="config_invalid") from exc
     if not isinstance(meta, dict):
-        raise Invalid(f"{where}: frontmatter must be a mapping", code="config_invalid")
+        raise Invalid(f"{where}:2: frontmatter must be a mapping", code="config_invalid")
     return meta, body
+
+
+def _frontmatter_parts(text: str, where: str) -> tuple[str | None, str]:
+    text = text.replace("\r\n", "\n")
+    if not text.startswith("---\n"):
+        return None, text
+    rest = text[len("---\n") :]
+    end = rest.find("\n---\n")
+    if end >= 0:
+        return rest[:end], rest[end + len("\n---\n") :]
+    if rest.endswith("\n---"):
+        return rest[: -len("\n---")], ""
+    raise Invalid(f"{where}:1: frontmatter has no closing ---", code="config_invalid")
+
+
+def _file_line(exc: yaml.YAMLError) -> int:
+    """The file line of a frontmatter yaml error (the frontmatter starts on line 2)."""
+    mark = getattr(exc, "problem_mark", None)
+    return mark.line + 2 if mark is not None else 2
+
+
+def frontmatter_key_lines(text: str) -> dict[str, int]:
+    """Each top-level frontmatter key's line in the file (for errors that name a field)."""
+    head, _ = _frontmatter_parts(text, "")
+    if not head:
+        return {}
+    node = yaml.compose(head, Loader=yaml.SafeLoader)
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): k.start_mark.line + 2 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
 
 
 def definition_from_markdown(kind_key: str, path: Path) -> tuple[str, dict[str, Any]]:

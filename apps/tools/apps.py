@@ -21,9 +21,11 @@ class ToolsConfig(AppConfig):
         from apps.tools.network import HTTP_TOOL, WEBFETCH_TOOL
         from apps.tools.posture import network_stances, stance_register
         from apps.tools.volumes import bindings_resolve, ephemeral_volumes_finished, file_stances
+        from apps.tools.websearch import WEBSEARCH_TOOL
 
         toolregistry.register(HTTP_TOOL)
         toolregistry.register(WEBFETCH_TOOL)
+        toolregistry.register(WEBSEARCH_TOOL)
         stance_register(network_stances)
         stance_register(file_stances)
         for tool in (READ_TOOL, WRITE_TOOL, EDIT_TOOL, GLOB_TOOL, GREP_TOOL, BASH_TOOL):

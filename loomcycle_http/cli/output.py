@@ -38,6 +38,12 @@ def write_out(text: str) -> None:
     sys.stdout.flush()
 
 
+def write_piece(text: str) -> None:
+    """A piece of answer text on stdout as is (live text), flushed at once."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def print_json(value: Any) -> None:
     write_out(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 

@@ -1,5 +1,9 @@
 """`loomcycle run`: start a run and stream it (answer on stdout, the rest on stderr).
 
+The answer's text is written as the model produces it (live frames), each model turn's text
+ending its line; a live `retry` (the model call was made again, docs/api.md "Live text") ends
+the line and is noted on stderr, and the call's text follows again.
+
 Invariants:
 - The run gets a client-made agent_id before the request leaves, so Ctrl-C can cancel it
   (POST /v1/agents/{id}/cancel) and then exit 130, whatever the stream did. A Ctrl-C while
@@ -46,6 +50,7 @@ class Follower:
     last: Event | None = None
     ended_by_input: bool = False  # an interactive conversation the user ended (end of input)
     posted: bool = False  # the POST may have left: a run may exist even before any event came
+    line_open: bool = False  # stdout's last answer text did not end its line
 
     def show(self, event: Event) -> None:
         self.last = event if event.is_terminal else self.last
@@ -58,11 +63,27 @@ class Follower:
         if self.as_json:
             output.write_out(event.to_json())
         elif event.type == "text":
-            output.write_out(event.text)
+            self._text(event)
+        elif event.type == "retry" and event.seq is None:  # live text voided: the call's text starts again
+            self._end_line()
         if event.type == "error":
             output.fail(event.error)
         elif not self.as_json and event.type not in _QUIET:
             output.note(output.summary(event))
+
+    def _text(self, event: Event) -> None:
+        """Answer text as it comes (live pieces without an id); a model turn's text ends its line
+        with its committed frame (the one with an id)."""
+        if event.text:
+            output.write_piece(event.text)
+            self.line_open = not event.text.endswith("\n")
+        if event.seq is not None:
+            self._end_line()
+
+    def _end_line(self) -> None:
+        if self.line_open:
+            output.write_piece("\n")
+            self.line_open = False
 
 
 def _agent_and_prompt(args: tuple[str, ...], model: str | None) -> tuple[str | None, str | None]:

@@ -49,7 +49,7 @@ def logs(ctx: Ctx, run_ref: str, follow: bool, from_seq: int, as_json: bool) -> 
     """A run's events (RUN is its run_id or agent_id)."""
     run_id = str(ctx.client.runs.resolve(run_ref)["run_id"])
     events = (
-        ctx.client.runs.stream(run_id, from_seq=from_seq)
+        ctx.client.runs.stream(run_id, from_seq=from_seq, live=False)  # a log: committed events, each whole
         if follow
         else ctx.client.runs.events(run_id, from_seq=from_seq)
     )

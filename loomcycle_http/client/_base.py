@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from loomcycle_http.client.errors import LoomcycleError
 from loomcycle_http.client.events import Event, RunRef
+from loomcycle_http.client.live import LiveText
 
 DEFAULT_URL = "http://127.0.0.1:8787"
 RECONNECT_TIMEOUT_S = 60.0  # how long a followed stream keeps trying to come back
@@ -75,6 +76,8 @@ class Cursor:
     finished: bool = False
     opened: int = 0  # streams opened so far (a 502/503/504 on a re-attach is a drop, not a refusal)
     seen: set[str] = field(default_factory=set)  # the live-only frames (`agent`, `session`) already yielded
+    live: LiveText = field(default_factory=LiveText)  # the live text the caller has (across re-attaches)
+    live_frames: bool = True  # False: ask for committed events only (`?live=false`)
 
     def accept(self, event: Event) -> bool:
         """Whether to hand `event` to the caller (and note it)."""

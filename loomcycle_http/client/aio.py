@@ -81,13 +81,20 @@ class Runs:
         return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(body))
 
     def stream(
-        self, run_id: str, *, from_seq: int = 0, reconnect_timeout: float = b.RECONNECT_TIMEOUT_S
+        self,
+        run_id: str,
+        *,
+        from_seq: int = 0,
+        reconnect_timeout: float = b.RECONNECT_TIMEOUT_S,
+        live: bool = True,
     ) -> AsyncIterator[Event]:
         """Follow a run (GET /v1/runs/{id}/stream) from after `from_seq` to its end.
         A dropped or silent connection is re-opened with `Last-Event-ID` (the last seq
         seen), so no event is lost or repeated; after `reconnect_timeout` seconds without
-        getting a connection back, ConnectionFailed."""
-        return self._follow(b.Cursor(run_id=run_id, last_seq=from_seq), reconnect_timeout, first=None)
+        getting a connection back, ConnectionFailed. `live=False`: committed events only, each
+        whole (no live text and thinking frames)."""
+        cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live)
+        return self._follow(cursor, reconnect_timeout, first=None)
 
     async def get(self, run_id: str) -> dict[str, Any]:
         return dict(await self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
@@ -157,7 +164,8 @@ class Runs:
             cursor.run_id = str((await self.get_by_agent_id(cursor.agent_id))["run_id"])
         headers = {"Last-Event-ID": str(cursor.last_seq)}
         timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
-        return self._c.http.stream("GET", f"/v1/runs/{b.seg(cursor.run_id)}/stream", headers=headers, timeout=timeout)
+        url = f"/v1/runs/{b.seg(cursor.run_id)}/stream" + ("" if cursor.live_frames else "?live=false")
+        return self._c.http.stream("GET", url, headers=headers, timeout=timeout)
 
     async def _follow(self, cursor: b.Cursor, reconnect_timeout: float, first: _Opener | None) -> AsyncIterator[Event]:
         pace = b.Reconnect(reconnect_timeout)
@@ -192,12 +200,15 @@ class Runs:
                 if resp.status_code in b.RETRYABLE_STATUSES and cursor.opened > 0:
                     raise httpx.RemoteProtocolError(f"HTTP {resp.status_code} while reconnecting")
                 raise error_from_response(resp)
+            if cursor.opened:
+                cursor.live.reconnected()  # the re-attached stream sends the call's live text again
             cursor.opened += 1
             async for sse in EventSource(resp).aiter_sse():
                 pace.delivered()  # the stream is back: the next outage gets the full timeout
                 event = event_from_sse(sse.event, sse.data, sse.id)
                 if cursor.accept(event):
-                    yield event
+                    for shown in cursor.live.feed(event):
+                        yield shown
                 if cursor.finished:
                     return
 

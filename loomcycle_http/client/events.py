@@ -1,7 +1,9 @@
 """Run events as the streams send them (SPEC 3): `Event(type, data, seq)`.
 
 `seq` is the event's persisted sequence number (the SSE `id:`), None for live-only frames
-(`session`, `agent`). A stream ends after its terminal event: `done` or `error`.
+(`session`, `agent`, and the live text of a model call in flight: `"live": true` in its data,
+whose SSE frame has no id of its own; loomcycle_http.client.live). A stream ends after its
+terminal event: `done` or `error`.
 """
 
 from __future__ import annotations
@@ -50,13 +52,18 @@ class Event:
         return json.dumps({"seq": self.seq, "type": self.type, "data": self.data}, separators=(",", ":"))
 
 
+def _is_live(payload: Any) -> bool:
+    """A live frame (docs/api.md, "Live text"): an EventSource gives it the last id seen."""
+    return isinstance(payload, dict) and payload.get("live") is True
+
+
 def event_from_sse(event: str, data: str, event_id: str) -> Event:
     """An Event from one SSE frame's fields (an empty or non-numeric id is no seq)."""
     payload = json.loads(data) if data else {}
     return Event(
         type=event or "message",
         data=payload if isinstance(payload, dict) else {"value": payload},
-        seq=int(event_id) if event_id.isdigit() else None,
+        seq=int(event_id) if event_id.isdigit() and not _is_live(payload) else None,
     )
 
 

@@ -213,3 +213,40 @@ def test_a_yaml_error_names_the_problem_and_place_but_never_quotes_the_line(tmp_
     assert exc.value.code == "config_invalid"
     assert "sk-live-do-not-print" not in exc.value.message
     assert "line" in exc.value.message and str(broken) in exc.value.message
+
+
+# --- !prepend / !append (loomcycle's RFC AQ sequence tags) ---------------------------------
+
+
+def test_prepend_composes_in_front_and_is_not_a_replacement(tmp_path: Path, settings: Any) -> None:
+    base = write(tmp_path, "a.yaml", "provider_priority: [deepseek, openai, anthropic]\n")
+    over = write(tmp_path, "b.yaml", "provider_priority: !prepend [anthropic-oauth, anthropic]\n")
+    use(settings, config_strict=True)  # a compose is not a conflict, even under strict
+    assert load_config([base, over], strict=True) == {
+        "provider_priority": ["anthropic-oauth", "anthropic", "deepseek", "openai"]  # a repeat kept once, first
+    }
+
+
+def test_append_composes_after_keeping_the_first_of_a_repeat(tmp_path: Path) -> None:
+    base = write(tmp_path, "a.yaml", "tiers:\n  middle: [deepseek-pro, {provider: openai, model: m}]\n")
+    over = write(tmp_path, "b.yaml", "tiers:\n  middle: !append [{provider: openai, model: m}, ollama]\n")
+    assert load_config([base, over]) == {
+        "tiers": {"middle": ["deepseek-pro", {"provider": "openai", "model": "m"}, "ollama"]}
+    }
+
+
+def test_a_tagged_sequence_over_nothing_is_set_and_an_untagged_one_still_replaces(tmp_path: Path) -> None:
+    first = write(tmp_path, "a.yaml", "tools: !append [A]\n")
+    second = write(tmp_path, "b.yaml", "tools: !append [B]\n")
+    third = write(tmp_path, "c.yaml", "tools: [C]\n")
+    assert load_config([first]) == {"tools": ["A"]}
+    assert load_config([first, second]) == {"tools": ["A", "B"]}
+    assert load_config([first, second, third]) == {"tools": ["C"]}
+
+
+def test_a_tag_on_a_scalar_is_config_invalid_naming_the_file_and_line(tmp_path: Path) -> None:
+    bad = write(tmp_path, "a.yaml", "x: 1\ntools: !prepend A\n")
+    with pytest.raises(Invalid) as caught:
+        load_config([bad])
+    assert caught.value.code == "config_invalid"
+    assert str(bad) in caught.value.message and "line 2" in caught.value.message

@@ -415,3 +415,19 @@ def test_a_run_created_over_grpc_is_one_trace_from_its_call(
     (iteration,) = [s for s in spans if s.name == "run.iterate" and s.attributes["loomcycle.run_id"] == run_id]
     assert (iteration.trace_id, iteration.parent_id) == (root.trace_id, root.span_id)
     assert not [s for s in spans if SECRET_PROMPT in json.dumps([s.attributes, s.events, s.name])]
+
+
+@pytest.mark.usefixtures("agents")
+def test_the_model_call_span_records_its_time_to_first_token(
+    receiver: Receiver, traced: tuple[str, WorkerPool]
+) -> None:
+    """`gen_ai.server.time_to_first_token` (seconds): the mock waits 400 ms, then streams its reply
+    in pieces 50 ms apart, so the first token comes after the wait and well before the last piece."""
+    base, _ = traced
+    step = {"sleep_ms": 400, "text": "one two three four five six seven eight", "chunk_chars": 4, "chunk_ms": 50}
+    run_id = _start(base, {"agent": "scripted", "prompt": f"MOCK_SCRIPT: {json.dumps([step])}"})
+    wait_status(run_id, RunStatus.COMPLETED, timeout=60)
+    spans = wait_for(lambda: _once_named(receiver, "run.iterate", run_id), timeout=20)
+    (chat,) = [s for s in spans if s.name.startswith("chat ") and s.attributes.get("loomcycle.run_id") == run_id]
+    ttft = chat.attributes["gen_ai.server.time_to_first_token"]
+    assert 0.4 <= ttft < 0.4 + 9 * 0.05  # after the wait, before the ninth piece

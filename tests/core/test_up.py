@@ -155,3 +155,14 @@ def test_doctor_warns_loudly_when_bash_runs_unsandboxed(
     settings.LOOMCYCLE = dataclasses.replace(settings.LOOMCYCLE, bash_enabled=True, bash_unsandboxed=True)
     call_command("doctor")
     assert "WARN bash sandbox: Bash runs UNSANDBOXED" in capsys.readouterr().out
+
+
+def test_at_its_defaults_up_starts_threads_for_5000_model_calls() -> None:
+    """`make run`'s worker processes x threads (env.py's defaults, no variable set) hold >= 5,000
+    runs in their provider calls at once: a run holds its thread through the call."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMCYCLE_WORKER_")}
+    code = "from loomcycle_project import env as E; print(E.WORKER_PROCESSES, E.WORKER_CONCURRENCY)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    processes, threads = (int(v) for v in out.stdout.split())
+    assert processes == 2
+    assert processes * threads >= 5000

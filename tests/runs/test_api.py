@@ -49,14 +49,14 @@ def test_post_runs_streams_the_spec_frame_order(http: httpx.Client) -> None:
 def test_a_request_field_not_acted_on_is_announced_on_the_stream_before_the_output(http: httpx.Client) -> None:
     """capability_inert (apps.runs.inert) is among a run's first events, yet the caller's own
     stream shows it: the stream starts at the first announcement, not after the first events."""
-    body = {"agent": "echo", "prompt": "hi", "web_search_filter": "drop"}
+    body = {"agent": "echo", "prompt": "hi", "run_timeout_seconds": 30}  # web_search_filter is acted on (issue 40)
     with http.stream("POST", "/v1/runs", json=body) as resp:
         assert resp.status_code == 200
         frames = sse_frames(resp.iter_lines())
     kinds = [f["event"] for f in frames]
     assert kinds == ["session", "agent", "capability_inert", "started", "text", "usage", "done"]
     announced = frames[2]["data"]["capability_inert"]
-    assert (announced["gate"], announced["tool"], announced["source"]) == ("web_search_filter", "WebSearch", "request")
+    assert (announced["gate"], announced["tool"], announced["source"]) == ("run_timeout_seconds", "", "request")
 
 
 def test_curl_default_form_content_type_is_read_as_json(http: httpx.Client) -> None:

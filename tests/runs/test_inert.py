@@ -94,19 +94,21 @@ def test_inert_fields_are_announced_at_run_start() -> None:
             "compaction": {"enabled": True, "memory_flush": True},
         },
     )
-    options = RunOptions(compaction={"memory_flush": True}, inert={"web_search_filter": "keep"})
+    options = RunOptions(compaction={"memory_flush": True}, inert={"run_timeout_seconds": 30})
     found = _inert(_create("inert-rich", options=options))
     assert set(found) == {
-        "core_blocks", "memory_backend", "search_providers", "compaction.memory_flush",
-        "web_search_filter",
-    }  # fmt: skip
-    assert found["search_providers"] == {
-        "tool": "WebSearch",
-        "gate": "search_providers",
-        "message": "search_providers is set on the agent and not acted on: this runtime has no WebSearch tool",
+        "core_blocks",
+        "memory_backend",
+        "compaction.memory_flush",
+        "run_timeout_seconds",
+    }  # fmt: skip  (search_providers: WebSearch's backends since issue 40; history_scope: History, issue 38)
+    assert found["core_blocks"] == {
+        "tool": "Memory",
+        "gate": "core_blocks",
+        "message": "core_blocks is set on the agent and not acted on: this runtime has no core memory blocks",
         "source": "agent",
     }
-    assert found["web_search_filter"]["source"] == "request"
+    assert found["run_timeout_seconds"]["source"] == "request"
     assert _inert(_create("echo")) == {}  # nothing inert, nothing said
 
 
@@ -143,4 +145,4 @@ def test_bad_options_are_400_and_good_ones_reach_the_run(http: httpx.Client) -> 
     run = Run.objects.get(id=reply.json()["run_id"])
     assert (run.routing["sampling"], run.parent_context) == (sampling, {"function_key": "fk"})
     assert http.get(f"/v1/agents/{run.agent_id}").json()["parent_context"] == {"function_key": "fk"}
-    assert set(_inert(run)) == {"web_search_filter"}
+    assert set(_inert(run)) == set()  # web_search_filter is WebSearch's (issue 40): nothing inert

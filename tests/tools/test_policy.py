@@ -110,7 +110,7 @@ def test_a_resolved_run_carries_its_hosts_and_its_tools(settings: Any) -> None:
     [
         (["*"], [], None, False, ["Context"]),  # an empty agent list: no tools but Context
         (["*"], [], None, True, []),
-        (["*"], ["Web*"], None, True, ["WebFetch"]),  # a trailing-* glob
+        (["*"], ["Web*"], None, True, ["WebFetch", "WebSearch"]),  # a trailing-* glob
         (["*"], ["*"], ["HTTP", "Context"], False, ["Context", "HTTP"]),  # the caller narrows
         (["*"], ["HTTP"], ["HTTP", "WebFetch"], True, ["HTTP"]),  # and never widens
         (["Context", "Memory"], ["HTTP", "Memory"], None, False, ["Context", "Memory"]),  # operator floor

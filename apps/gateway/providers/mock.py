@@ -62,7 +62,7 @@ from django.conf import settings
 
 from apps.core.ids import new_mock_tool_id
 from apps.gateway import waits
-from apps.gateway.providers import mock_script
+from apps.gateway.providers import mock_chunks, mock_script
 from apps.gateway.providers.base import (
     PURPOSE_COMPACTION,
     Capabilities,
@@ -172,7 +172,11 @@ class MockProvider(Provider):
                     if cancel.wait(scripted.sleep_s):
                         raise ProviderCancelled()
             *output, done = self._scripted(scripted, request, chars)
-            yield from output
+            for event in output:
+                if isinstance(event, TextDelta) and scripted.chunk_chars:
+                    yield from mock_chunks.chunked(event.text, scripted, request.run_id, cancel, self.id)
+                else:
+                    yield event
             if scripted.hold_s > 0:  # the turn's output is out; a cancel now cuts it there
                 with waits.outside():
                     if cancel.wait(scripted.hold_s):

@@ -14,8 +14,12 @@ calls), `text` (alone: end_turn; with `tool`/`tools`: said first), `echo`
 (the request as compact JSON), and on any step `sleep_ms` (waited, cancel-
 aware), `hold_ms` (the turn's text and tool calls are streamed, then it is
 held open this long before it ends, cancel-aware: a cancel meanwhile cuts a
-turn whose output is already out) and `error` (429 | 500 | "overloaded": the call fails like an injected
-failure; `mock-stable` never fails, so it plays the rest of the step).
+turn whose output is already out), `error` (429 | 500 | "overloaded": the call fails like an injected
+failure; `mock-stable` never fails, so it plays the rest of the step), and `chunk_chars` with
+`chunk_ms` (the text is streamed in pieces of `chunk_chars` characters, `chunk_ms` apart,
+cancel-aware; apps.gateway.providers.mock_chunks records each piece's send time), with
+`break_after_chars` (the stream breaks, a retryable 500, once that many characters are out;
+`mock-stable` never breaks).
 
 Everything here is a pure function of the request: the same request gives the
 same answer, tool ids included (derived from the run id, the number of
@@ -36,7 +40,23 @@ from apps.gateway.providers.base import ProviderError, ProviderRequest, ToolCall
 MARKER = "MOCK_SCRIPT:"
 STOP_REASON_INVALID = "invalid_mock_script"
 MAX_SLEEP_MS = 300_000
-STEP_KEYS = frozenset({"tool", "input", "tools", "text", "echo", "sleep_ms", "hold_ms", "error", "repeat"})
+STEP_KEYS = frozenset(
+    {
+        "tool",
+        "input",
+        "tools",
+        "text",
+        "echo",
+        "sleep_ms",
+        "hold_ms",
+        "error",
+        "repeat",
+        "chunk_chars",
+        "chunk_ms",
+        "break_after_chars",
+    }
+)
+MAX_CHUNK_CHARS = 1_000_000
 # error value -> (HTTP status, message), as the mock's injected failures read.
 ERRORS: dict[Any, tuple[int, str]] = {
     429: (429, "rate_limited (scripted)"),
@@ -58,6 +78,9 @@ class Step:
     hold_ms: int = 0
     error: Any = None
     repeat: bool = False
+    chunk_chars: int = 0
+    chunk_ms: int = 0
+    break_after_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,9 @@ class Answer:
     sleep_s: float
     error: ProviderError | None
     hold_s: float = 0.0  # after the text and tool calls, before the turn's end
+    chunk_chars: int = 0  # the text streamed in pieces of this many characters (0: one piece)
+    chunk_s: float = 0.0  # between two pieces
+    break_after: int = 0  # the stream breaks (a 500) once this many characters are out (0: never)
 
 
 def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answer:
@@ -89,7 +115,16 @@ def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answe
     text = echo_text(request) if step.echo else step.text
     calls = [ToolCall(tool_id(request, i), name, dict(args)) for i, (name, args) in enumerate(step.calls)]
     # An empty answer would leave no model turn in the transcript, so the next call would play this step again.
-    return Answer(text or ("" if calls else "ok"), calls, step.sleep_ms / 1000.0, error, step.hold_ms / 1000.0)
+    return Answer(
+        text or ("" if calls else "ok"),
+        calls,
+        step.sleep_ms / 1000.0,
+        error,
+        step.hold_ms / 1000.0,
+        step.chunk_chars,
+        step.chunk_ms / 1000.0,
+        0 if stable else step.break_after_chars,
+    )
 
 
 # --- finding and parsing the script -------------------------------------------------------
@@ -160,7 +195,16 @@ def _step(raw: Any, n: int, *, last: bool) -> Step:
         hold_ms=_sleep_ms(raw.get("hold_ms", 0), where, key="hold_ms"),
         error=_error(raw.get("error"), where),
         repeat=repeat,
+        chunk_chars=_count(raw.get("chunk_chars", 0), where),
+        chunk_ms=_sleep_ms(raw.get("chunk_ms", 0), where, key="chunk_ms"),
+        break_after_chars=_count(raw.get("break_after_chars", 0), where, key="break_after_chars"),
     )
+
+
+def _count(value: Any, where: str, *, key: str = "chunk_chars") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CHUNK_CHARS:
+        raise ScriptError(f"{where}: {key} must be a whole number from 0 to {MAX_CHUNK_CHARS}")
+    return value
 
 
 def _calls(raw: dict[str, Any], where: str) -> tuple[tuple[str, dict[str, Any]], ...]:

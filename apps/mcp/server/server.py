@@ -27,7 +27,15 @@ from apps.core.errors import ApplicationError
 from apps.core.http import db_call
 from apps.core.timefmt import ts
 from apps.core.types import Principal
-from apps.mcp.server import tools_admin, tools_data, tools_runs  # noqa: F401  (they register their tools)
+from apps.mcp.server import (  # noqa: F401  (they register their tools)
+    tools_admin,
+    tools_agentops,
+    tools_channels,
+    tools_data,
+    tools_fanout,
+    tools_ops,
+    tools_runs,
+)
 from apps.mcp.server.tooltable import invoke, visible_tools
 from apps.runs import selectors
 from apps.substrate.auth import RUNS_READ, has_scope

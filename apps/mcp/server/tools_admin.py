@@ -43,7 +43,7 @@ class DefRefused(ApplicationError):
         self.status = exc.status
 
 
-def _def_tool(key: str, name: str) -> McpTool:
+def def_tool(key: str, name: str) -> McpTool:
     kind = get_kind(key)
 
     async def call(principal: Principal, args: DefOpArgs) -> dict[str, Any]:
@@ -82,9 +82,9 @@ async def state(principal: Principal, args: NoArgs) -> dict[str, Any]:
 
 
 register(
-    _def_tool("agent", "agentdef"),
-    _def_tool("skill", "skilldef"),
-    _def_tool("mcpserver", "mcpserverdef"),
+    def_tool("agent", "agentdef"),
+    def_tool("skill", "skilldef"),
+    def_tool("mcpserver", "mcpserverdef"),
     McpTool("pause", "Park every run at its next boundary (runtime-wide).", ADMIN, PauseArgs, pause),
     McpTool("resume", "Resume parked runs after a pause (runtime-wide).", ADMIN, NoArgs, resume),
     McpTool("state", "The runtime's pause state and its paused runs count.", ADMIN, NoArgs, state),

@@ -99,7 +99,7 @@ class ChannelSubscribeArgs(ChannelArgs):
     wait_ms: StrictInt | None = Field(default=None, ge=0, description="long-poll; cut to the server's cap")
 
 
-def _target(principal: Principal, args: ChannelArgs) -> access.Target:
+def channel_target(principal: Principal, args: ChannelArgs) -> access.Target:
     if args.user_id is not None:
         return access.user_stream(principal, args.user_id, args.channel)
     if not has_scope(principal.scopes, TENANT):  # as REST's /v1/_channels/{name}/... route
@@ -108,7 +108,7 @@ def _target(principal: Principal, args: ChannelArgs) -> access.Target:
 
 
 def _publish(principal: Principal, args: ChannelPublishArgs) -> dict[str, Any]:
-    target = _target(principal, args)
+    target = channel_target(principal, args)
     by_user = access.user_publisher(principal) if args.user_id is not None else access.ADMIN
     return verbs.publish(target, value=args.payload, ttl=args.ttl, deliver_at=args.deliver_at, by_user=by_user)
 
@@ -119,7 +119,7 @@ async def channel_publish(principal: Principal, args: ChannelPublishArgs) -> dic
 
 async def channel_subscribe(principal: Principal, args: ChannelSubscribeArgs) -> dict[str, Any]:
     """Reads after the committed cursor and commits it; `wait_ms` long-polls as REST does."""
-    stream: Stream = (await db_call(_target)(principal, args))[0]
+    stream: Stream = (await db_call(channel_target)(principal, args))[0]
     read = await subscribe_waiting(
         stream=stream, from_cursor=args.from_cursor, max_messages=args.max_messages, wait_ms=args.wait_ms
     )

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
-from pydantic import Field, ValidationError, WithJsonSchema
+from pydantic import Field, ValidationError, WithJsonSchema, model_validator
 
 from apps.core.errors import Invalid
 from apps.core.http import db_call
@@ -27,10 +27,12 @@ from apps.core.types import Principal
 from apps.gateway.fairness.streams import astream_slot
 from apps.mcp.server.tooltable import Args, McpTool, register
 from apps.runs import selectors, services
+from apps.runs.api import run_create_data
 from apps.runs.interrupts import services as interrupts
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out
 from apps.runs.prompt import NULLABLE_SEGMENTS_SCHEMA
+from apps.runs.run_options import CompactionIn, ParentContextIn, SamplingIn
 from apps.runs.schemas import RunCreateIn
 from apps.runs.streams import run_frames
 from apps.substrate.auth import RUNS_CREATE, RUNS_READ
@@ -40,7 +42,10 @@ def _run_id() -> Any:
     return Field(pattern=f"^{IDENT_RE.pattern}$", description="the run's id (r_...)")
 
 
-class SpawnRunArgs(Args):
+class RunBodyArgs(Args):
+    """The `POST /v1/runs` body fields the MCP run tools take (loomcycle's spawn_run shape);
+    parsed again by the REST schema (RunCreateIn), so every rule is the route's."""
+
     agent: str = Field(min_length=1, max_length=128, description="agent name (yaml or AgentDef)")
     prompt: str | None = Field(default=None, description="the user prompt (one trusted-text user segment)")
     segments: Annotated[list[Any] | None, WithJsonSchema(NULLABLE_SEGMENTS_SCHEMA)] = Field(
@@ -48,16 +53,63 @@ class SpawnRunArgs(Args):
         description="loomcycle's prompt segments, each {role: system|user, content: [blocks]} "
         "(blocks: trusted-text, untrusted-block, image); wins over prompt",
     )
+    tenant_id: str | None = Field(default=None, description="ignored: the token's tenant is authoritative")
     user_id: str | None = Field(default=None, description="end user the run acts for")
+    agent_id: str | None = Field(default=None, description="caller-supplied tracking handle")
+    user_tier: str | None = None
+    user_bearer: str | None = Field(default=None, description="per-run bearer for ${run.user_bearer} in MCP headers")
+    user_credentials: dict[str, str] | None = Field(default=None, description="per-run ${run.credentials.<name>}")
     metadata: dict[str, Any] | None = None
     tools: list[str] | None = Field(default=None, description="narrow the agent's tools to these")
+    allowed_hosts: list[str] | None = Field(
+        default=None, description="omit: the operator's hosts; []: no outbound HTTP; a list: intersected"
+    )
+    web_search_filter: Literal["drop", "keep"] | None = Field(
+        default=None, description="with allowed_hosts: drop (default) or keep WebSearch results outside them"
+    )
+    parent_context: ParentContextIn | None = None
+    sampling: SamplingIn | None = None
+    compaction: CompactionIn | None = None
+    interactive: bool | None = None
     max_iterations: int | None = Field(default=None, ge=1, le=2**20)
+
+    def rest_body(self) -> RunCreateIn:
+        """The same body as REST's, checked by its schema (identifiers, segments, hosts)."""
+        try:
+            return RunCreateIn.model_validate(self.model_dump(exclude_unset=True, exclude=_TRANSPORT_ONLY))
+        except ValidationError as exc:
+            where = ".".join(str(p) for p in exc.errors()[0]["loc"])
+            raise Invalid(f"{where}: {exc.errors()[0]['msg']}", code="invalid_body") from exc
+
+
+_TRANSPORT_ONLY = {"wait", "wait_seconds"}
+
+
+class SpawnRunArgs(RunBodyArgs):
+    session_id: str | None = Field(default=None, description="continue this session (POST /v1/runs's session_id)")
     wait: bool = Field(default=False, description="hold the call until the run ends (bounded by wait_seconds)")
     wait_seconds: int = Field(default=60, ge=1, le=86_400, description="longest wait; cut to the server's cap")
 
 
 class RunArgs(Args):
-    run_id: str = _run_id()
+    """A run by `run_id`, or by `agent_id` (loomcycle's handle for get_run / cancel_run / compact_run)."""
+
+    run_id: str | None = Field(default=None, pattern=f"^{IDENT_RE.pattern}$", description="the run's id (r_...)")
+    agent_id: str | None = Field(
+        default=None, pattern=f"^{IDENT_RE.pattern}$", description="the run's agent_id (instead of run_id)"
+    )
+
+    @model_validator(mode="after")
+    def _one_handle(self) -> RunArgs:
+        if (self.run_id is None) == (self.agent_id is None):
+            raise ValueError("give run_id or agent_id, one of them")
+        return self
+
+    def visible(self, principal: Principal) -> Run:
+        """The run as the caller may see it (another tenant's is not_found)."""
+        return selectors.run_get(
+            tenant_id=principal.read_tenant, run_id=self.run_id, agent_id=self.agent_id, owner=principal.read_user
+        )
 
 
 class RunEventsArgs(Args):
@@ -66,8 +118,7 @@ class RunEventsArgs(Args):
     limit: int = Field(default=500, ge=1, le=5000)
 
 
-class CancelRunArgs(Args):
-    run_id: str = _run_id()
+class CancelRunArgs(RunArgs):
     reason: str = Field(default="", max_length=1024)
 
 
@@ -87,22 +138,7 @@ class InterruptionResolveArgs(Args):
 
 
 def _create(principal: Principal, args: SpawnRunArgs) -> dict[str, Any]:
-    wire = args.model_dump(include={"agent", "prompt", "segments", "user_id", "metadata", "tools", "max_iterations"})
-    try:
-        data = RunCreateIn.model_validate(wire)  # the REST body's checks (identifiers, segments)
-    except ValidationError as exc:
-        raise Invalid(f"{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}", code="invalid_body") from exc
-    run = services.run_create(
-        principal=principal,
-        data=services.RunCreate(
-            agent=data.agent,
-            segments=data.segment_list(),
-            tools=data.tools,
-            user_id=data.user_id or "",
-            metadata=data.metadata,
-            max_iterations=data.max_iterations,
-        ),
-    )
+    run = services.run_create(principal=principal, data=run_create_data(args.rest_body()))  # REST's mapping
     return {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id, "status": run.status}
 
 
@@ -119,7 +155,7 @@ async def _final_text(run_id: str, seconds: float) -> tuple[str | None, bool]:
     text: str | None = None
     try:
         async with asyncio.timeout(seconds):
-            async with aclosing(run_frames(run_id, 0, keepalive_s=seconds + 60)) as frames:
+            async with aclosing(run_frames(run_id, 0, keepalive_s=seconds + 60, live=False)) as frames:
                 async for frame in frames:
                     if frame.event == "text":
                         text = str(frame.data.get("text", ""))
@@ -140,8 +176,12 @@ async def spawn_run(principal: Principal, args: SpawnRunArgs) -> dict[str, Any]:
     return {**out, "status": run["status"], "result": text, "timed_out": timed_out, "run": run}
 
 
+def _get(principal: Principal, args: RunArgs) -> dict[str, Any]:
+    return agent_out(args.visible(principal))
+
+
 async def get_run(principal: Principal, args: RunArgs) -> dict[str, Any]:
-    return await db_call(_run_out)(principal, args.run_id)
+    return await db_call(_get)(principal, args)
 
 
 def _events(principal: Principal, args: RunEventsArgs) -> dict[str, Any]:
@@ -157,7 +197,7 @@ async def run_events(principal: Principal, args: RunEventsArgs) -> dict[str, Any
 
 
 def _cancel(principal: Principal, args: CancelRunArgs) -> dict[str, Any]:
-    run = _visible(principal, args.run_id)
+    run = args.visible(principal)
     return services.run_cancel(principal=principal, agent_id=run.agent_id, reason=args.reason)
 
 

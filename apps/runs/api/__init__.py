@@ -248,7 +248,10 @@ def _resume_from(request: HttpRequest, from_seq: int | None) -> int:
 
 
 @router.get("/runs/{run_id}/stream", summary="SSE: replay from Postgres, then live tail")
-async def runs_stream(request: HttpRequest, run_id: str, from_seq: int | None = None) -> HttpResponseBase:
+async def runs_stream(
+    request: HttpRequest, run_id: str, from_seq: int | None = None, live: bool = True
+) -> HttpResponseBase:
+    """`live=false`: committed events only, each whole (no live text frames; docs/api.md, "Live text")."""
     _check_ident(run_id, "run_id")
     principal: Principal = request_principal(request)
     run = await sync_to_async(_get_run, thread_sensitive=False)(principal, run_id)
@@ -261,7 +264,7 @@ async def runs_stream(request: HttpRequest, run_id: str, from_seq: int | None = 
     async def stream() -> AsyncIterator[bytes]:
         async with slot.held():
             yield sse_encode(Frame("agent", {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id}))
-            async with aclosing(run_frames(run.id, start, keepalive_seconds())) as frames:
+            async with aclosing(run_frames(run.id, start, keepalive_seconds(), live=live)) as frames:
                 async for frame in frames:
                     yield sse_encode(frame)
                     if slot.expired():

@@ -27,7 +27,7 @@ from apps.gateway.providers import (
     has_provider,
 )
 from apps.gateway.resolver import Candidate, Policy
-from apps.runs import tracing
+from apps.runs import livetokens, tracing
 from apps.runs.engine import metrics
 from apps.runs.engine.admission import ADMISSION
 from apps.runs.engine.turncancel import TurnCut
@@ -43,9 +43,13 @@ def call_model(
     """The provider call of this iteration, in its span (retries and fallbacks are its events)."""
     offered = registry.resolve(run.tools, tenant_id=run.tenant_id)
     tools = [ToolSpec(t.name, t.description, t.input_schema) for t in offered]
-    with tracing.provider_call(run, messages=len(messages), tools=len(tools)) as span:
+    with (
+        tracing.provider_call(run, messages=len(messages), tools=len(tools)) as span,
+        livetokens.calling(run.id, run.step, run.credentials) as live,
+    ):
         text, calls, done = _call_candidates(run, messages, tools, cancel, write)
         tracing.provider_reply(span, done, calls)
+        tracing.first_token(span, live.first_token_s)
         return text, calls, done
 
 
@@ -232,16 +236,18 @@ def _consume(stream: Any) -> tuple[str, list[ToolCall], Done]:
     text: list[str] = []
     calls: list[ToolCall] = []
     done: Done | None = None
+    live = livetokens.tap()  # the deltas go live to Redis (apps.runs.livetokens), never to Postgres
     try:
         for event in stream:
             if isinstance(event, TextDelta):
                 text.append(event.text)
+                live.delta("text", event.text)
             elif isinstance(event, ToolCall):
                 calls.append(event)
             elif isinstance(event, Done):
                 done = event
             elif isinstance(event, ThinkingDelta):
-                continue  # the whole reasoning is in done.thinking / the thinking event
+                live.delta("thinking", event.text)  # the whole reasoning is in done.thinking / the thinking event
     except ProviderCancelled as exc:  # what was streamed so far, for a turn-cancel (apps.runs.engine.turncancel)
         raise TurnCut("".join(text), calls) from exc
     if done is None:

@@ -60,6 +60,7 @@ def tool_phase(
         volumes=tuple(VolumeBinding.from_dict(v) for v in run.volumes or []),
         cancelled=cancel,
         allowed_hosts=tuple(run.allowed_hosts),
+        web_search_filter=str(run.routing.get("web_search_filter") or ""),
     )
     with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)

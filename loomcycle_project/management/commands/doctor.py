@@ -35,6 +35,23 @@ def check_config() -> list[Check]:
         return [("FAIL", "config", f"{exc.code}: {exc.message}")]
 
 
+def check_markdown() -> list[Check]:
+    """The Markdown agents and skills boot loads (LOOMCYCLE_AGENTS_ROOT, _SKILLS_ROOT), by name;
+    a missing root or a bad file is a FAIL naming it (and the line)."""
+    from apps.core.config import runtime_config
+    from apps.substrate import discovery
+
+    cfg = settings.LOOMCYCLE
+    if not cfg.agents_root and not cfg.skills_root:
+        return []
+    try:
+        found = discovery.configured()
+        discovery.with_markdown(runtime_config(reload=True), found)
+    except ApplicationError as exc:
+        return [("FAIL", "markdown defs", f"{exc.code}: {exc.message}")]
+    return [("PASS", "markdown defs", discovery.summary(found))]
+
+
 def check_postgres() -> list[Check]:
     try:
         with connection.cursor() as cur:
@@ -201,6 +218,7 @@ def check_bash() -> list[Check]:
 
 CHECKS: list[Callable[[], list[Check]]] = [
     check_config,
+    check_markdown,
     check_postgres,
     check_redis,
     check_listen,

@@ -469,6 +469,12 @@ WEBHOOKS_ENABLED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ENABLED", default=False)
 WEBHOOKS_ALLOW_UNAUTHENTICATED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ALLOW_UNAUTHENTICATED", default=False)
 WEBHOOKS_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST", [])
 WEBHOOKS_DELIVERY_RETENTION_HOURS: int = _at_least("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", 168, 1)
+# Completion webhooks (outbound, a run's `webhook`; docs/api.md "Completion webhooks"): the signing
+# secret of a webhook that names no `secret_ref` (unset: such a webhook is refused at run creation),
+# the POST attempts before a delivery is `failed`, and one attempt's timeout.
+RUN_WEBHOOK_SECRET: str | None = env.str("LOOMCYCLE_RUN_WEBHOOK_SECRET", default=None) or None
+RUN_WEBHOOK_MAX_ATTEMPTS: int = _at_least("LOOMCYCLE_RUN_WEBHOOK_MAX_ATTEMPTS", 10, 1)
+RUN_WEBHOOK_TIMEOUT_MS: int = _at_least("LOOMCYCLE_RUN_WEBHOOK_TIMEOUT_MS", 10_000, 100)
 
 # Volumes and the shell (docs/tools.md). Dynamic (per-tenant) and per-run ephemeral
 # volumes live under VOLUMES_ROOT and exist only when it is set (or a yaml volume is the
@@ -666,6 +672,10 @@ class RuntimeSettings:
     webhooks_allow_unauthenticated: bool
     webhooks_env_allowlist: tuple[str, ...]
     webhooks_delivery_retention_hours: int
+    # Completion webhooks (apps.runs.completion).
+    run_webhook_secret: str | None
+    run_webhook_max_attempts: int
+    run_webhook_timeout_ms: int
     # Volumes and the shell (apps.tools).
     volumes_root: str
     bash_enabled: bool

@@ -65,6 +65,7 @@ GONE_OPERATIONS: dict[str, str] = {
 # stream:false), so both media types are documented for them.
 SSE_OPERATIONS: dict[str, str] = {
     "apps_runs_api_runs_stream": "The run's events as SSE (id: seq, event: kind, data: JSON)",
+    "apps_runs_api_listing_users_agents_stream": "SSE: `stream_open`, then `run_state` frames (data: RunStateOut)",
     "apps_runs_api_runs_create": "The run's events as SSE, unless background:true (then 202 JSON)",
     "apps_runs_api_sessions_sessions_messages": "The new run's events as SSE, unless background:true (then 202 JSON)",
     "apps_gateway_api_chat_completions": "chat.completion.chunk frames as SSE when stream:true",
@@ -73,7 +74,12 @@ SSE_OPERATIONS: dict[str, str] = {
 
 # Of those, the ones whose 200 is never JSON (POST /v1/runs answers JSON with 202).
 SSE_ONLY = frozenset(
-    {"apps_runs_api_runs_stream", "apps_runs_api_runs_create", "apps_runs_api_sessions_sessions_messages"}
+    {
+        "apps_runs_api_runs_stream",
+        "apps_runs_api_runs_create",
+        "apps_runs_api_sessions_sessions_messages",
+        "apps_runs_api_listing_users_agents_stream",
+    }
 )
 
 # Path parameters that routes take as plain `str` and check in their service

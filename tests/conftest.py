@@ -30,6 +30,7 @@ from tests.yaml_rows import yaml_rows_load
 # The shapes test modules share (tests/factories/) assert too: their failures read as a test's do.
 pytest.register_assert_rewrite("tests.factories")
 
+RUN_WEBHOOK_SECRET = "whsec_dGVzdC1ydW4td2ViaG9vay1zZWNyZXQtMzItYnl0ZXMh"  # base64 of a test secret
 ALICE = Principal(tenant_id="", subject="alice", scopes=frozenset({"substrate:admin"}))
 
 
@@ -142,6 +143,8 @@ def stack_env(django_db_setup: None) -> dict[str, str]:
     }
     # The tenancy matrix's tenant webhook signs with this variable, which acme is given.
     credentials = {"LOOMCYCLE_TENANT_CREDENTIAL_ENV": "acme:LOOMCYCLE_WH_SECRET"}
+    # Completion webhooks with no secret_ref are signed with this one (tests/runs/test_webhooks.py).
+    credentials["LOOMCYCLE_RUN_WEBHOOK_SECRET"] = RUN_WEBHOOK_SECRET
     return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **network, **credentials}
 
 

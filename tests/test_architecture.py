@@ -26,14 +26,14 @@ def test_the_import_contracts_are_kept() -> None:
 
 RUN_MODELS = frozenset(
     {"Run", "RunEvent", "TranscriptEntry", "RunInput", "ToolCallRecord", "RuntimeState", "SignalOutbox", "Interrupt"}
-    | {"FanOut", "FanOutSlot", "ResidentChild"}
+    | {"FanOut", "FanOutSlot", "ResidentChild", "RunWebhook", "RunWebhookDelivery"}
 )
 WRITE_METHODS = frozenset(
     {"create", "bulk_create", "get_or_create", "update_or_create", "update", "bulk_update", "delete"}
 )
 RUN_TABLE = (
     r"runs_(?:run|runevent|transcriptentry|runinput|toolcallrecord|runtimestate|signaloutbox|interrupt"
-    r"|fanout|fanoutslot|residentchild)\b"
+    r"|fanout|fanoutslot|residentchild|runwebhook|runwebhookdelivery)\b"
 )
 SQL_WRITE = re.compile(rf"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+{RUN_TABLE}", re.I)
 SQL_ANY = re.compile(rf"\b{RUN_TABLE}")

@@ -44,4 +44,5 @@ def beat_schedule(
         "budget-holds-sweep": _every("maintenance.budget_holds_sweep", sweep_s),
         "retention-sweep": _every("maintenance.retention_sweep", retention_sweep_s),
         "erasure-resume": _every("maintenance.erasure_resume", retention_sweep_s),
+        "run-webhooks-sweep": _every("maintenance.run_webhooks_sweep", sweep_s),
     }

@@ -14,6 +14,7 @@ from apps.grpcapi.admin import AdminRpcs
 from apps.grpcapi.channels import ChannelRpcs
 from apps.grpcapi.control import ControlRpcs
 from apps.grpcapi.data import DataRpcs
+from apps.grpcapi.integration import IntegrationRpcs
 from apps.grpcapi.lifecycle import LifecycleRpcs
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
@@ -23,7 +24,16 @@ from apps.grpcapi.snapshots import SnapshotRpcs
 SERVICE = pb.DESCRIPTOR.services_by_name["Loomcycle"]
 
 
-GROUPS: tuple[type, ...] = (RunRpcs, ControlRpcs, AdminRpcs, SnapshotRpcs, DataRpcs, ChannelRpcs, LifecycleRpcs)
+GROUPS: tuple[type, ...] = (
+    RunRpcs,
+    ControlRpcs,
+    AdminRpcs,
+    SnapshotRpcs,
+    DataRpcs,
+    ChannelRpcs,
+    LifecycleRpcs,
+    IntegrationRpcs,
+)
 
 
 class Servicer(*GROUPS, pb_grpc.LoomcycleServicer):  # type: ignore[misc]

@@ -32,6 +32,7 @@ from apps.core.scopes import ADMIN
 from apps.core.types import Principal
 from apps.gateway.selectors import UsageTotals, usage_totals_by_run
 from apps.runs import operations, selectors, services
+from apps.runs.completion import admin as completion_admin  # noqa: F401  (registers the deliveries' pages)
 from apps.runs.fork import ForkRequest, run_fork
 from apps.runs.models import TERMINAL, Run, RunStatus
 from apps.runs.timeline import timeline

@@ -16,11 +16,13 @@ class RunsConfig(AppConfig):
         from apps.runs.interrupts import admin as interrupts_admin  # noqa: F401  (registers the pending-interrupts admin)
         from apps.runs.interrupts.tool import INTERRUPTION_TOOL
         from apps.runs.sessions import promotion
+        from apps.runs.sessions.history import HISTORY_TOOL
         from apps.runs.tools import CONTEXT_TOOL
 
         toolregistry.register(CONTEXT_TOOL)
         toolregistry.register(AGENT_TOOL)
         toolregistry.register(INTERRUPTION_TOOL)
+        toolregistry.register(HISTORY_TOOL)
         # A run's end (apps.runs.lifecycle): the wings' after-effects, in this order.
         lifecycle.subscribe(resident.on_run_ended, when=lifecycle.may_hold_residents)
         lifecycle.subscribe(report.on_run_ended, when=lifecycle.is_child)

@@ -20,6 +20,7 @@ from django.db import transaction
 from apps.core.redact import Redactor, runtime_redactor
 from apps.core.types import Principal
 from apps.runs import lifecycle, signals, store
+from apps.runs.completion import services as completion
 from apps.runs.credentials import run_redactor_of
 from apps.runs.dispatch import notify_events
 from apps.runs.live import publish_cancel
@@ -101,6 +102,8 @@ def _finish_unleased(run: lifecycle.Ended, reason: str, redactor: Redactor, fini
             return False
         transaction.on_commit(lambda: notify_events(run.run_id, seq))
         transaction.on_commit(lambda: lifecycle.run_ended(run))
+        if run.notify_finished:  # its webhook's delivery row, with the end (apps.runs.completion)
+            completion.record_in_commit(run_id=run.run_id, event=RunStatus.CANCELLED)
         delivery = signals.record(signals.run_finished, run_id=run.run_id, status=RunStatus.CANCELLED)
     if delivery is not None:
         finished.append(delivery)

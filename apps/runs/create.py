@@ -33,6 +33,7 @@ from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
 from apps.runs import backpressure, signals, store, tracing
 from apps.runs.cancel import run_cancel
+from apps.runs.completion.spec import Webhook, webhook_of
 from apps.runs.credentials import credentials_check, seal
 from apps.runs.dispatch import enqueue_iteration
 from apps.runs.inert import inert_events
@@ -43,6 +44,7 @@ from apps.runs.run_options import RunOptions, parent_context_for, routing_with
 from apps.runs.selectors import run_routing as run_routing_of
 from apps.runs.selectors import runtime_state, session_has_image
 from apps.runs.statuses import NO_TRACE
+from apps.runs.store import webhooks
 from apps.runs.wake import ring_promoted
 from apps.substrate.models import AgentDef
 from apps.substrate.selectors import agent_def_resolve
@@ -88,6 +90,7 @@ class RunCreate:
     options: RunOptions = field(default_factory=RunOptions)  # the request's sampling, compaction... (run_options)
     defer_over_budget: bool = False  # a schedule's fire: over any hard budget it parks waiting_budget, never 429
     retention: str = ""  # "no_trace": the tree is deleted when it ends; else the agent's (apps.runs.deletion)
+    webhook: Any = None  # the request's `webhook` (apps.runs.completion.spec.WebhookIn or its dict); None: the agent's
 
 
 def run_create(*, principal: Principal, data: RunCreate) -> Run:
@@ -125,9 +128,9 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
         # One statement (autocommit) unless the caller holds a transaction: then a savepoint,
         # so that a duplicate agent_id leaves the caller's transaction usable. With admission
         # on, the admission lock and the insert share one transaction (apps.runs.backpressure).
-        # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run.
-        listened = signals.run_created.has_listeners(Run)
-        # A session's decision (apps.runs.sessions.promotion) and the insert share one transaction too.
+        # With a `run_created` receiver, a transaction too: the signal's outbox row commits with the run,
+        # as a webhook's row (apps.runs.completion) and a session's decision (sessions.promotion) do.
+        listened = signals.run_created.has_listeners(Run) or resolved.webhook is not None
         atomic = gated or listened or data.session_id is not None or connection.in_atomic_block
         with transaction.atomic() if atomic else contextlib.nullcontext():
             place = _session_place(principal, data, strategy)
@@ -233,6 +236,7 @@ def run_resolve(*, tenant_id: str, data: RunCreate) -> Resolved:
         routing=routing_with(
             run_routing(route, d, parent_id=data.parent_id), data.options, narrowed=data.allowed_hosts is not None
         ),
+        webhook=None if data.parent_id else webhook_of(data.webhook or d.get("webhook"), tenant_id=tenant_id),
     )
 
 
@@ -308,6 +312,11 @@ class Resolved:
     system: list[str]
     routing: dict[str, Any]
     volumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # registry.resolve_volumes
+    webhook: Webhook | None = None  # its completion webhook (top-level runs only: apps.runs.completion)
+
+
+def _ephemeral(data: RunCreate, r: Resolved) -> bool:
+    return data.parent_id is None and any(b.get("ephemeral") for b in r.volumes)
 
 
 def run_insert(
@@ -356,11 +365,10 @@ def run_insert(
         volumes=r.volumes,
         metadata=data.metadata or {},
         parent_context=parent_context_for(data.options, data.parent_id),
-        # Announced to registry.on_run_finished listeners when it ends: a trigger's run, or a
-        # top-level run whose ephemeral volumes must go with it.
-        # A top-level no-trace run too: its end deletes its tree (apps.lifecycle.notrace).
-        notify_finished=data.notify_finished
-        or (data.parent_id is None and (any(b.get("ephemeral") for b in r.volumes) or no_trace)),
+        # Announced to registry.on_run_finished listeners when it ends: a trigger's run, a top-level
+        # run whose ephemeral volumes must go with it, a run with a webhook (its end's delivery row),
+        # a top-level no-trace run (its end deletes its tree: apps.lifecycle.notrace).
+        notify_finished=data.notify_finished or r.webhook is not None or _ephemeral(data, r) or no_trace,
         retention=NO_TRACE if no_trace else "",
         parent_id=data.parent_id,
         parent_call_id=parent_call_id,
@@ -383,6 +391,8 @@ def run_insert(
             redactor=run_redactor(data.credentials),
             history=transcript if transcript is not None else (seed.history if seed is not None else None),
         )
+    if r.webhook is not None:  # in the caller's transaction (run_create opens one for it)
+        webhooks.attach(run_id=run.id, tenant_id=tenant_id, webhook=r.webhook)
     return run
 
 

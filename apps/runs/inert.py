@@ -23,7 +23,7 @@ REQUEST_ACTED = frozenset(
     {
         "agent", "segments", "prompt", "tools", "allowed_hosts", "session_id", "tenant_id", "user_id",
         "agent_id", "user_tier", "user_bearer", "user_credentials", "parent_context", "metadata",
-        "interactive", "sampling", "compaction", "web_search_filter",
+        "interactive", "sampling", "compaction", "web_search_filter", "webhook",
     }
 )  # fmt: skip
 # field -> (the tool it would govern, why it does nothing here)
@@ -37,7 +37,8 @@ AGENT_ACTED = frozenset(
         "channels", "compaction", "description", "effort", "evaluation_scopes", "interruption",
         "max_concurrent_children", "max_iterations", "max_tokens", "memory_scopes", "model", "models", "name",
         "provider", "providers", "sampling", "system_prompt", "tier", "tools", "unbounded_iterations",
-        "interactive", "skills", "disable_context", "volumes", "retry_attempts", "search_providers",
+        "interactive", "skills", "disable_context", "volumes", "retry_attempts", "search_providers", "webhook",
+        "history_scope",
     }
 )  # fmt: skip
 _NO_SQL = "this runtime has no SQL memory"
@@ -47,7 +48,6 @@ AGENT_INERT = {
     "run_timeout_seconds": ("", "it bounds code-js agents, which this runtime does not run"),
     "core_blocks": ("Memory", _NO_CORE),
     "inherit_core_blocks": ("Memory", _NO_CORE),
-    "history_scope": ("History", "this runtime has no History tool"),
     "inject_tool_guide": ("Context", "no tool guide is injected into the system prompt"),
     "internal": ("", "agents are not hidden from listings by it"),
     "memory_backend": ("Memory", "memory is this runtime's Postgres store; no other backend is selected"),

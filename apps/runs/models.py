@@ -162,6 +162,13 @@ class Run(models.Model):
                 name="run_no_trace_ended",
                 condition=_ENDED_ROOT & models.Q(retention="no_trace"),
             ),
+            # A user's run-state stream (apps.runs.userstream) reads the runs that ended since its last
+            # poll. completed_at is set once, by the end's own (already non-HOT) update.
+            models.Index(
+                fields=["tenant_id", "user_id", "completed_at"],
+                name="run_user_ended",
+                condition=models.Q(completed_at__isnull=False),
+            ),
             # The sweeper's look for parked runs with a cancel that had not landed (few or none).
             models.Index(
                 fields=["status"],
@@ -356,5 +363,7 @@ class ResidentChild(models.Model):
         return f"{self.child_id} of {self.parent_id} {'open' if self.is_open else 'closed'}"
 
 
+from apps.runs.completion.models import RunWebhook as RunWebhook  # noqa: E402  (completion webhooks)
+from apps.runs.completion.models import RunWebhookDelivery as RunWebhookDelivery  # noqa: E402
 from apps.runs.fanout_models import FanOut as FanOut  # noqa: E402  (parallel_spawn and runs:batch joins)
 from apps.runs.fanout_models import FanOutSlot as FanOutSlot  # noqa: E402

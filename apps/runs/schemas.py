@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from apps.core.hosts import host_entry_error
 from apps.core.ids import IDENT_RE
+from apps.runs.completion.spec import WebhookIn
 from apps.runs.prompt import Segment, parse_segments
 from apps.runs.run_options import CompactionIn, ParentContextIn, RunOptions, SamplingIn, options_of
 
@@ -56,6 +57,8 @@ class RunCreateIn(BaseModel):
     # "" / "default": kept for the retention age (docs/operations.md, "Data lifecycle");
     # "no_trace": the run's tree is deleted as soon as it ends.
     retention: Literal["", "default", "no_trace"] | None = None
+    # Called back when the run ends (apps.runs.completion; docs/api.md "Completion webhooks").
+    webhook: WebhookIn | None = None
     model_config = {"extra": "ignore"}
 
     def options(self) -> RunOptions:

@@ -9,6 +9,7 @@ from celery import shared_task
 
 from apps.runs import engine, services, signals, wake
 from apps.runs.children import report, resident
+from apps.runs.completion import services as completion
 from apps.runs.interrupts import services as interrupts
 from apps.runs.sessions import promotion
 from workers import transport
@@ -90,3 +91,15 @@ def resident_sweep_task(**_: Any) -> int:
     """Close resident children idle past their TTL, or whose parent or own run ended, and
     answer parent calls whose child's turn is over or whose wait timed out."""
     return resident.resident_sweep()
+
+
+@shared_task(base=AgentTask, name=completion.DELIVER_TASK)
+def run_webhook_deliver_task(delivery_id: str, **_: Any) -> str | None:
+    """One attempt of a completion webhook delivery (a duplicate or an early doorbell is a no-op)."""
+    return completion.webhook_deliver(delivery_id=delivery_id)
+
+
+@shared_task(base=AgentTask, name="maintenance.run_webhooks_sweep")
+def run_webhooks_sweep_task(**_: Any) -> int:
+    """Record webhook runs' ends no end path recorded; ring every due delivery (retries, lost doorbells)."""
+    return completion.webhooks_sweep()

@@ -218,7 +218,7 @@ def required_scope(method: str, path: str) -> str:
         return RUNS_CREATE
     if method == "DELETE" and path.startswith("/v1/runs/") and path.count("/") == 3:
         return RUNS_DELETE
-    if method in ("GET", "HEAD") and (path.startswith(_READ_PREFIXES) or path == "/v1/runs"):
+    if method in ("GET", "HEAD") and (path.startswith(_READ_PREFIXES) or path in ("/v1/runs", "/v1/sessions")):
         return RUNS_READ
     return ADMIN if method in _WRITE_METHODS else ANY
 

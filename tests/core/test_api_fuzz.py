@@ -29,6 +29,8 @@ BUDGET_S = 50.0
 EXCLUDED: dict[tuple[str, str], str] = {
     ("POST", "/v1/runs"): "answers with a run's SSE stream unless background:true; tests/runs cover it",
     ("GET", "/v1/runs/{run_id}/stream"): "an SSE stream that tails until the run ends",
+    ("GET", "/v1/users/{user_id}/agents/stream"): "an SSE stream open until its lifetime ends; "
+    "tests/runs/test_user_stream.py covers it",
     ("POST", "/v1/sessions/{session_id}/messages"): (
         "POST /v1/runs's body (excluded above) on a session a fuzzed id never names: every answer is a 404 or a "
         "body refusal; tests/sessions cover it"

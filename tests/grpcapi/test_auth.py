@@ -59,6 +59,8 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
     "RunInput": lambda i: pb.RunInputRequest(run_id=i["run_id"], text="probe"),
     "GetTranscript": lambda i: pb.GetTranscriptRequest(session_id=i["session_id"]),
     "ListUserAgents": lambda i: pb.ListUserAgentsRequest(user_id=i["user_id"], status="all"),
+    "ListChildRuns": lambda i: pb.ListChildRunsRequest(parent_run_id=i["run_id"]),
+    "StreamUserRunStates": lambda i: pb.StreamUserRunStatesRequest(user_id=i["user_id"]),
     "AgentDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
     "SkillDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
     "MCPServerDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
@@ -96,7 +98,10 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
 ADMIN_ONLY = {"OperatorTokenDef", "PauseRuntime", "ResumeRuntime", "GetRuntimeState"}
 ADMIN_ONLY |= {"CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot"}
 # Answers that name no resource: a list that must come back empty (nothing of acme's), and Health.
-EMPTY_LISTS = {"ListUserAgents", "ListChannels"}
+EMPTY_LISTS = {"ListUserAgents", "ListChannels", "StreamUserRunStates"}
+# Streams that never end by themselves: read for OPEN_ENDED_S, what came until then is the answer.
+OPEN_ENDED = {"StreamUserRunStates"}
+OPEN_ENDED_S = 3.0
 OPEN = {"Health"}
 # Creates in the caller's own tenant and names no resource (a batch child never joins a session).
 CREATES = {"SpawnRunBatch"}
@@ -106,12 +111,16 @@ def call(stub: pb_grpc.LoomcycleStub, name: str, request: Any, token: str | None
     """(code, details, reply) of one call; a stream is read to its end."""
     metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
     method = servicer.SERVICE.methods_by_name[name]
+    got: list[Any] = []
     try:
-        reply = getattr(stub, name)(request, metadata=metadata, timeout=20)
+        reply = getattr(stub, name)(request, metadata=metadata, timeout=OPEN_ENDED_S if name in OPEN_ENDED else 20)
         if method.server_streaming:
-            reply = list(reply)
+            got.extend(reply)
+            reply = got
         return SC.OK, "", reply
     except grpc.RpcError as exc:
+        if name in OPEN_ENDED and exc.code() == SC.DEADLINE_EXCEEDED:
+            return SC.OK, "", got  # still open when the probe stopped reading: it answered `got`
         return exc.code(), exc.details() or "", None
 
 

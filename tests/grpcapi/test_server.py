@@ -23,7 +23,7 @@ SERVED = {
     "ListChannels", "PublishChannel", "SubscribeChannel", "PeekChannel", "AckChannel", "AwaitChannels",
     "BroadcastChannels",
     "Health", "Run", "Continue", "StreamRun", "GetRun", "GetAgent", "CancelAgent", "RunInput", "GetTranscript",
-    "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState",
+    "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState", "ListChildRuns", "StreamUserRunStates",
     "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef",
     "CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot",
     "DeleteRunTree", "ErasureReport", "ErasureExecute", "RetentionOverride",
@@ -52,7 +52,7 @@ def _unary_unserved(stub: pb_grpc.LoomcycleStub, name: str) -> grpc.RpcError:
 
 @pytest.mark.usefixtures("transactional_db")
 def test_unserved_rpcs_answer_unimplemented_naming_themselves(stub: pb_grpc.LoomcycleStub) -> None:
-    for name in ("Decide", "StreamUserRunStates", "TeamDef", "History"):
+    for name in ("Decide", "StartConfiguredRun", "TeamDef", "History"):
         err = _unary_unserved(stub, name)
         assert err.code() == grpc.StatusCode.UNIMPLEMENTED, name
         assert err.details() == unserved.message(name) and f"/{name}:" in err.details()

@@ -99,10 +99,9 @@ def test_inert_fields_are_announced_at_run_start() -> None:
     assert set(found) == {
         "core_blocks",
         "memory_backend",
-        "history_scope",
         "compaction.memory_flush",
         "run_timeout_seconds",
-    }  # fmt: skip  (search_providers orders WebSearch's backends: acted on since issue 40)
+    }  # fmt: skip  (search_providers: WebSearch's backends since issue 40; history_scope: History, issue 38)
     assert found["core_blocks"] == {
         "tool": "Memory",
         "gate": "core_blocks",

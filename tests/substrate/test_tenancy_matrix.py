@@ -62,6 +62,9 @@ UNEXERCISED: dict[tuple[str, str], str] = {
     ("POST", "/v1/_snapshots"): "operator-only (substrate:admin); a snapshot has no tenant",
     ("POST", "/v1/_channels/_await"): "long-polls until its timeout by design; `_broadcast` and `subscribe` "
     "probe the same per-tenant channel lookup",
+    ("GET", "/v1/users/{user_id}/agents/stream"): "an SSE stream that stays open by design (a user is no resource: "
+    "another tenant's stream of acme's user opens, 200, and carries none of acme's runs: "
+    "tests/runs/test_user_stream.py::test_a_users_stream_opens_then_follows_only_that_users_runs)",
 }
 
 # Bodies that make a route reach its lookup; `{param}` is filled like the path.

@@ -23,11 +23,13 @@ from apps.core.numbers import parse_count
 from apps.core.timefmt import ts
 from apps.core.types import Principal
 from apps.gateway.fairness.streams import StreamSlot, astream_slot
-from apps.runs import selectors, services
+from apps.runs import pages, selectors, services
 from apps.runs.credentials import credentials_from_wire
 from apps.runs.deletion import run_tree_delete
 from apps.runs.models import Run
+from apps.runs.pages_schemas import RunsPageOut
 from apps.runs.presenters import agent_out
+from apps.runs.query import query_object, query_time
 from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn, RunTreeDeletedOut
 from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
@@ -64,6 +66,7 @@ def run_create_data(data: RunCreateIn) -> services.RunCreate:
         multitask_strategy=data.multitask_strategy,
         options=data.options(),
         retention=data.retention or "",
+        webhook=data.webhook,
     )
 
 
@@ -204,14 +207,39 @@ def users_agents(request: HttpRequest, user_id: str, status: str = "running") ->
     return {"agents": [agent_out(r) for r in runs]}
 
 
-@router.get("/runs", summary="Runs of the caller's tenant (?status=running|all|<list>, ?agent=, admins: ?tenant=)")
-def runs_list(request: HttpRequest, status: str = "running", agent: str = "", tenant: str = "") -> dict[str, Any]:
-    if agent:
-        _check_ident(agent, "agent")
+@router.get(
+    "/runs",
+    response={200: RunsPageOut},
+    summary="Runs of the caller's tenant, newest first, cursor-paginated (filters: status, agent, user_id, "
+    "metadata, created_after/before; admins: tenant)",
+)
+def runs_list(
+    request: HttpRequest,
+    status: str = "running",
+    agent: str = "",
+    tenant: str = "",
+    user_id: str = "",
+    metadata: str = "",
+    created_after: str = "",
+    created_before: str = "",
+    limit: int = pages.DEFAULT_LIMIT,
+    cursor: str = "",
+) -> dict[str, Any]:
+    for value, what in ((agent, "agent"), (user_id, "user_id")):
+        if value:
+            _check_ident(value, what)
     who = request_principal(request)
     tenant_id = tenant if who.read_tenant is None and tenant else who.read_tenant  # `tenant` focuses an admin only
-    runs = selectors.runs_list(tenant_id=tenant_id, status=status, agent=agent, reader=who.read_user)
-    return {"runs": [{**agent_out(r), "tenant_id": r.tenant_id} for r in runs]}
+    wanted = pages.RunFilter(
+        status=status,
+        agent=agent,
+        user_id=user_id,
+        metadata=query_object(metadata, "metadata"),
+        created_after=query_time(created_after, "created_after"),
+        created_before=query_time(created_before, "created_before"),
+    )
+    page = pages.runs_page(tenant_id=tenant_id, reader=who.read_user, f=wanted, limit=limit, cursor=cursor)
+    return {"runs": [{**agent_out(r), "tenant_id": r.tenant_id} for r in page.rows], "next_cursor": page.next_cursor}
 
 
 @router.get("/runs/{run_id}/events", response=EventsOut, summary="Persisted events with seq > from_seq")

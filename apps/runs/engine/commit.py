@@ -13,6 +13,8 @@ from apps.core.redact import run_redactor
 from apps.runs import signals, store
 from apps.runs.children import resident
 from apps.runs.children.spawn import children_enqueue, children_insert, spawns_abandon
+from apps.runs.completion import services as completion
+from apps.runs.completion.spec import EVENTS as WEBHOOK_EVENTS
 from apps.runs.dispatch import wake_and_enqueue
 from apps.runs.engine import budget
 from apps.runs.engine.write import Next, StepWrite
@@ -47,7 +49,7 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
         redactor=run_redactor(run.credentials),
     )
     try:
-        if not write.spawns and not write.parks and not _signalled(write):
+        if not write.spawns and not write.parks and not _signalled(write) and not _announced(run, write):
             return commit()  # one autocommit statement: the hot path when no signal of this step has a receiver
         # Children, waits and the signals' outbox rows exist iff the parent's fenced step commits.
         with transaction.atomic():
@@ -63,6 +65,8 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
                 park.record(run.id, run.step, call_id)
             if status is not None:
                 write.deliveries = _record_signals(run, write, final=status == write.status)
+            if status == write.status and _announced(run, write):  # its webhook's delivery row (apps.runs.completion)
+                completion.record_in_commit(run_id=run.id, event=status)
             return status
     finally:
         connection.close()
@@ -113,6 +117,12 @@ def _signalled(write: StepWrite) -> bool:
         or (write.next == Next.PARK and signals.run_parked.has_listeners(Run))
         or (write.next == Next.FINISH and signals.run_finished.has_listeners(Run))
     )
+
+
+def _announced(run: ClaimedRun, write: StepWrite) -> bool:
+    """Whether this step's end or park may be a completion webhook's event: only a `notify_finished`
+    run (every run with a webhook is one) pays for the check, a no-op INSERT ... SELECT without one."""
+    return run.notify_finished and write.next in (Next.FINISH, Next.PARK) and write.status in WEBHOOK_EVENTS
 
 
 def _record_signals(run: ClaimedRun, write: StepWrite, *, final: bool) -> list[signals.Delivery]:

@@ -21,6 +21,8 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
 - `sessions`: the session decision lock, an enqueued run's promotion, the rollback mark, a replay's seed.
 - `turncancel`: the turn-cancel flag of an interactive run (set; the step commit clears it).
 - `resident`: the resident children's rows (insert, lock, waiting call, read cursor, close).
+- `webhooks`: completion webhooks (attach, the delivery row of an end or park, claim, settle); imported
+  as `apps.runs.store.webhooks`, not re-exported.
 
 Every public name is re-exported here: `store.X` and
 `from apps.runs.store import X` are the interface.

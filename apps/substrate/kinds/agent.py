@@ -26,6 +26,7 @@ AGENT_FIELDS = frozenset(
         "retry_attempts",
         "memory_consolidation",
         "retention",  # "" | "default" | "no_trace" (docs/operations.md, "Data lifecycle")
+        "webhook",  # a default completion webhook of its runs (checked in full at run creation)
     }
 ) - {"name", "code_body"}
 _INT_FIELDS = ("max_tokens", "max_iterations", "max_concurrent_children", "memory_quota_bytes", "retry_attempts")
@@ -62,6 +63,9 @@ def normalise_agent(name: str, raw: dict[str, Any], strict: bool) -> dict[str, A
         raise Refused(f"agent {name!r}: retention must be one of default, no_trace")
     if definition.get("max_iterations") == 0:
         raise Refused(f"agent {name!r}: max_iterations must be a positive integer")
+    hook = definition.get("webhook")
+    if hook is not None and not (isinstance(hook, dict) and isinstance(hook.get("url"), str)):
+        raise Refused(f"agent {name!r}: webhook must be an object with a url")
     compaction_error = _compaction_error(definition.get("compaction"))
     if compaction_error:
         raise Refused(f"agent {name!r}: compaction: {compaction_error}")

@@ -402,7 +402,7 @@ def memory_by_role(up: subprocess.Popen[bytes], pg_dir: Path, redis_sock: str) -
                     pg_pss += child.memory_full_info().pss
                     backends += 1
                 pids["postgres"] = proc.pid
-            elif (proc.info["name"] or "").startswith("redis-server") and redis_sock in " ".join(cmd):
+            elif (proc.info["name"] or "").startswith(("redis-server", "valkey-server")) and redis_sock in " ".join(cmd):
                 mem["redis"], pids["redis"] = proc.memory_info().rss / 2**20, proc.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

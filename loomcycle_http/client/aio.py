@@ -28,9 +28,16 @@ class AsyncClient:
     or call `close()`."""
 
     def __init__(
-        self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0, **httpx_kwargs: Any
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: b.Retries | None = None,
+        **httpx_kwargs: Any,
     ) -> None:
         self.url = b.base_url(url)
+        self.retries = retries or b.Retries()  # 429/503: Retries(max_retries=0) turns retrying off
         self.http = httpx.AsyncClient(base_url=self.url, headers=b.auth_headers(token), timeout=timeout, **httpx_kwargs)
         self.runs = Runs(self)
         self.agents = Agents(self)
@@ -48,15 +55,22 @@ class AsyncClient:
         await self.http.aclose()
 
     async def send(self, call: b.Call, *, timeout: float | None = None) -> Any:
-        """Send `call`; its JSON answer (None for 204), or the typed error."""
+        """Send `call`; its JSON answer (None for 204), or the typed error (429/503 after `retries`)."""
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        try:
-            resp = await self.http.request(call.method, call.path, json=call.json, params=call.params, **extra)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"{call.method} {self.url}{call.path}: {exc!r}") from exc
-        if resp.status_code >= 400:
-            raise error_from_response(resp)
-        return None if resp.status_code == 204 or not resp.content else resp.json()
+        attempt = 0
+        while True:
+            try:
+                resp = await self.http.request(call.method, call.path, json=call.json, params=call.params, **extra)
+            except httpx.TransportError as exc:
+                raise ConnectionFailed(f"{call.method} {self.url}{call.path}: {exc!r}") from exc
+            if resp.status_code < 400:
+                return None if resp.status_code == 204 or not resp.content else resp.json()
+            error = error_from_response(resp)
+            wait = self.retries.wait(attempt, error.retry_after) if resp.status_code in self.retries.statuses else None
+            if wait is None:
+                raise error
+            attempt += 1
+            await asyncio.sleep(wait)
 
 
 class Runs:

@@ -2,18 +2,22 @@
 has a wheel for each supported platform and CPython, so `make run` never compiles
 a server or an extension from source (README, "Supported platforms").
 
-`pip download --only-binary=:all:` resolves and fetches wheels only, for the
-platform named, on this machine (no install): a dependency that drops a
-platform fails here. It needs PyPI, which `make test` reaches (docs/testing.md).
+`pip download --only-binary=:all:` fetches wheels only, for the platform named, on this
+machine (no install): a dependency that drops a platform fails here. The list is the
+requirements' installed closure at its installed versions (`--no-deps`: no resolution per
+platform, which took minutes). It needs PyPI, which `make test` reaches (docs/testing.md).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement  # (pytest's own dependency)
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -28,6 +32,35 @@ PLATFORMS: dict[str, list[str]] = {
 }
 
 
+def _closure() -> list[str]:
+    """`name==version` of every installed distribution the runtime requirements need, transitively."""
+    names = [
+        Requirement(line.split("#")[0]).name
+        for name in ("base.txt", "embedded.txt")
+        for line in (ROOT / "requirements" / name).read_text().splitlines()
+        if line.strip() and not line.startswith(("#", "-"))
+    ]
+    seen: dict[str, str] = {}
+    while names:
+        name = re.sub(r"[-_.]+", "-", names.pop()).lower()
+        if name in seen:
+            continue
+        dist = metadata.distribution(name)
+        seen[name] = dist.version
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                names.append(req.name)
+    return [f"{name}=={version}" for name, version in sorted(seen.items())]
+
+
+@pytest.fixture(scope="module")
+def closure(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("closure") / "requirements.txt"
+    path.write_text("\n".join(_closure()) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # One directory for every combination: pure-Python wheels are fetched once.
@@ -38,12 +71,12 @@ def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("python", PYTHONS)
 @pytest.mark.parametrize("platform", sorted(PLATFORMS))
 def test_runtime_requirements_have_wheels_for_every_supported_platform(
-    platform: str, python: str, wheel_dir: Path
+    platform: str, python: str, closure: Path, wheel_dir: Path
 ) -> None:
     tags = [arg for tag in PLATFORMS[platform] for arg in ("--platform", tag)]
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
     argv += ["--only-binary=:all:", *tags, "--python-version", python, "--dest", str(wheel_dir)]
-    argv += ["-r", str(ROOT / "requirements" / "base.txt"), "-r", str(ROOT / "requirements" / "embedded.txt")]
+    argv += ["--no-deps", "-r", str(closure)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=540, check=False)
     errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
     assert done.returncode == 0, (platform, python, errors or done.stderr[-2000:])

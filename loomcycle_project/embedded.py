@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -39,6 +40,11 @@ DB_NAME = "loomcycle"
 # Set in os.environ when DATABASE_URL was filled with the embedded server (env.embedded_default reads it).
 EMBEDDED_MARKER = "LOOMCYCLE_EMBEDDED_POSTGRES"
 _SOCKET_PATH_MAX = 100  # unix socket paths are limited to ~107 bytes
+
+
+def announce(message: str) -> None:
+    """A first-run step that takes seconds, on stderr (stdout may be a command's output)."""
+    print(f"loomcycle: {message}", file=sys.stderr, flush=True)
 
 
 class EmbeddedUnavailable(RuntimeError):
@@ -134,7 +140,12 @@ def start_postgres(data_dir: Path) -> tuple[str, object]:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     password = instance_secrets.postgres_password(data_dir)
-    server = get_server(data_dir / "pg", cleanup_mode="stop")
+    if not (data_dir / "pg").exists():  # initdb takes seconds: say so, once
+        announce(f"first run: creating the embedded PostgreSQL cluster in {data_dir / 'pg'} (initdb)")
+    try:
+        server = get_server(data_dir / "pg", cleanup_mode="stop")
+    except Exception as exc:  # the package raises several kinds; the step and the reason are what matter
+        raise RuntimeError(f"starting the embedded PostgreSQL in {data_dir / 'pg'} failed: {exc}") from exc
     info = server.get_postmaster_info()
     socket_dir = str(info.socket_dir)
     _require_password(Path(server.pgdata), socket_dir, password)

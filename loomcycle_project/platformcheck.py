@@ -15,12 +15,16 @@ Check = tuple[str, str, str]  # (PASS|WARN|FAIL, name, detail)
 # Where every runtime requirement has a wheel (tests/core/test_wheels.py downloads them).
 SUPPORTED_PLATFORMS = {("Linux", "x86_64"), ("Linux", "aarch64"), ("Darwin", "arm64")}
 SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
+MACOS_MIN = 15  # autobahn (daphne's) ships macosx_15_0 wheels only
 EXTERNAL_SERVERS = "set DATABASE_URL and REDIS_URL to servers you run (docs/configuration.md), or use compose/"
 APT_VENV = "sudo apt-get install python3-venv"
 
 
 def check_platform(
-    system: str | None = None, machine: str | None = None, python: tuple[int, int] | None = None
+    system: str | None = None,
+    machine: str | None = None,
+    python: tuple[int, int] | None = None,
+    macos: str | None = None,
 ) -> list[Check]:
     system = system or platform.system()
     machine = (machine or platform.machine()).replace("amd64", "x86_64").replace("AMD64", "x86_64")
@@ -28,7 +32,11 @@ def check_platform(
         machine = "aarch64"
     python = python or (sys.version_info.major, sys.version_info.minor)
     out: list[Check] = []
-    if (system, machine) in SUPPORTED_PLATFORMS:
+    macos = macos if macos is not None else platform.mac_ver()[0]
+    if system == "Darwin" and int((macos or "0").split(".")[0]) < MACOS_MIN:
+        detail = f"macOS {macos} is older than {MACOS_MIN}, which some wheels need: upgrade, or {EXTERNAL_SERVERS}"
+        out.append(("FAIL", "platform", detail))
+    elif (system, machine) in SUPPORTED_PLATFORMS:
         out.append(("PASS", "platform", f"{system} {machine}"))
     else:
         out.append(

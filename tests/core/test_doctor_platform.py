@@ -17,7 +17,9 @@ from loomcycle_project.platformcheck import check_platform, check_venv_module
 
 def test_the_supported_platforms_pass_and_others_fail_with_what_to_do() -> None:
     for system, machine in (("Linux", "x86_64"), ("Linux", "aarch64"), ("Darwin", "arm64"), ("Linux", "arm64")):
-        assert check_platform(system, machine, (3, 12))[0][0] == "PASS", (system, machine)
+        assert check_platform(system, machine, (3, 12), macos="15.1")[0][0] == "PASS", (system, machine)
+    old_mac = check_platform("Darwin", "arm64", (3, 12), macos="14.6")[0]
+    assert old_mac[0] == "FAIL" and "macOS 14.6 is older than 15" in old_mac[2]
     (level, name, detail), python = check_platform("Windows", "AMD64", (3, 10))
     assert (level, name) == ("FAIL", "platform") and "set DATABASE_URL and REDIS_URL" in detail
     assert python[0] == "FAIL" and "uv python install 3.12" in python[2]

@@ -29,7 +29,8 @@ ARCHES_LINUX = ("x86_64", "aarch64")
 _GLIBC = [f"manylinux_2_{minor}" for minor in range(28, 16, -1)] + ["manylinux2014"]
 PLATFORMS: dict[str, list[str]] = {
     **{f"linux-{arch}": [f"{tag}_{arch}" for tag in _GLIBC] for arch in ARCHES_LINUX},
-    "macos-arm64": ["macosx_14_0_arm64"],  # pip expands macOS tags down to 11.0 itself
+    # macOS 15+: autobahn (daphne's) ships macosx_15_0 wheels; pip expands the tag down to 11.0 itself.
+    "macos-arm64": ["macosx_15_0_arm64"],
 }
 
 

@@ -27,6 +27,7 @@ from loomcycle_http.client.errors import (
 )
 from loomcycle_http.client.events import TERMINAL_EVENTS, TERMINAL_STATES, Event, RunRef
 from loomcycle_http.client.sync import Client
+from loomcycle_http.client.types import Run
 
 __all__ = [
     "TERMINAL_EVENTS",
@@ -44,6 +45,7 @@ __all__ = [
     "PayloadTooLarge",
     "RateLimited",
     "Retries",
+    "Run",
     "RunRef",
     "ServerError",
     "Unauthorized",

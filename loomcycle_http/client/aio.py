@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from httpx_sse import EventSource
@@ -16,6 +16,7 @@ from httpx_sse import EventSource
 from loomcycle_http.client import _base as b
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+from loomcycle_http.client.types import Run
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)
@@ -103,20 +104,20 @@ class Runs:
         getting a connection back, ConnectionFailed."""
         return self._follow(b.Cursor(run_id=run_id, last_seq=from_seq), reconnect_timeout, first=None)
 
-    async def get(self, run_id: str) -> dict[str, Any]:
-        return dict(await self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
+    async def get(self, run_id: str) -> Run:
+        return cast(Run, await self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
 
-    async def get_by_agent_id(self, agent_id: str) -> dict[str, Any]:
-        return dict(await self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
+    async def get_by_agent_id(self, agent_id: str) -> Run:
+        return cast(Run, await self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
 
-    async def resolve(self, ref: str) -> dict[str, Any]:
+    async def resolve(self, ref: str) -> Run:
         """A run by its run_id, else by its agent_id."""
         try:
             return await self.get(ref)
         except NotFound:  # not a run_id: try it as an agent_id
             return await self._by_agent_id_or_404(ref)
 
-    async def _by_agent_id_or_404(self, ref: str) -> dict[str, Any]:
+    async def _by_agent_id_or_404(self, ref: str) -> Run:
         try:
             return await self.get_by_agent_id(ref)
         except NotFound as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from httpx_sse import EventSource
@@ -15,6 +15,7 @@ from httpx_sse import EventSource
 from loomcycle_http.client import _base as b
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+from loomcycle_http.client.types import Run
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)
@@ -102,20 +103,20 @@ class Runs:
         getting a connection back, ConnectionFailed."""
         return self._follow(b.Cursor(run_id=run_id, last_seq=from_seq), reconnect_timeout, first=None)
 
-    def get(self, run_id: str) -> dict[str, Any]:
-        return dict(self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
+    def get(self, run_id: str) -> Run:
+        return cast(Run, self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
 
-    def get_by_agent_id(self, agent_id: str) -> dict[str, Any]:
-        return dict(self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
+    def get_by_agent_id(self, agent_id: str) -> Run:
+        return cast(Run, self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
 
-    def resolve(self, ref: str) -> dict[str, Any]:
+    def resolve(self, ref: str) -> Run:
         """A run by its run_id, else by its agent_id."""
         try:
             return self.get(ref)
         except NotFound:  # not a run_id: try it as an agent_id
             return self._by_agent_id_or_404(ref)
 
-    def _by_agent_id_or_404(self, ref: str) -> dict[str, Any]:
+    def _by_agent_id_or_404(self, ref: str) -> Run:
         try:
             return self.get_by_agent_id(ref)
         except NotFound as exc:

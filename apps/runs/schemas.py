@@ -229,3 +229,43 @@ class AgentsOut(BaseModel):
     model_config = {"extra": "allow"}
 
     agents: list[RunOut]
+
+
+class RunCancelOut(BaseModel):
+    """POST /v1/agents/{agent_id}/cancel: `cancelled` false (with the run's status) for a finished run."""
+
+    model_config = {"extra": "allow"}
+
+    cancelled: bool
+    agent_id: str
+    status: str | None = None  # a finished run's
+    cascaded: list[str] | None = None  # the live descendants cancelled with it
+    reason: str | None = None
+
+
+class RunInputOut(BaseModel):
+    run_id: str
+    delivered: bool
+
+
+class RuntimeStateOut(BaseModel):
+    state: str  # running | pausing | paused
+    paused_runs_count: int
+
+
+class RuntimePauseOut(BaseModel):
+    model_config = {"extra": "allow"}
+
+    state: str
+    duration_ms: int
+    force_cancelled_count: int
+    paused_runs_count: int
+    warnings: list[str]
+
+
+class RuntimeResumeOut(BaseModel):
+    model_config = {"extra": "allow"}
+
+    state: str
+    resumed_runs_count: int
+    warnings: list[str]

@@ -33,10 +33,15 @@ from apps.runs.schemas import (
     EventsOut,
     InputIn,
     PauseIn,
+    RunCancelOut,
     RunCreatedOut,
     RunCreateIn,
+    RunInputOut,
     RunOut,
     RunsOut,
+    RuntimePauseOut,
+    RuntimeResumeOut,
+    RuntimeStateOut,
 )
 from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
@@ -265,7 +270,11 @@ def _get_run(principal: Principal, run_id: str) -> Run:
 
 
 @router.post(
-    "/agents/{agent_id}/cancel", openapi_extra=openapi_body(CancelIn), summary="Cancel a run and its live descendants"
+    "/agents/{agent_id}/cancel",
+    response=RunCancelOut,
+    exclude_unset=True,  # the body as the service made it: a finished run's has status, a cancel's cascaded
+    openapi_extra=openapi_body(CancelIn),
+    summary="Cancel a run and its live descendants",
 )
 def agents_cancel(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     _check_ident(agent_id, "agent_id")
@@ -275,6 +284,7 @@ def agents_cancel(request: HttpRequest, agent_id: str) -> dict[str, Any]:
 
 @router.post(
     "/runs/{run_id}/input",
+    response=RunInputOut,
     openapi_extra=openapi_body(InputIn),
     summary="Steer a running run, or continue a parked interactive run",
 )
@@ -284,17 +294,22 @@ def runs_input(request: HttpRequest, run_id: str) -> dict[str, Any]:
     return services.run_input(principal=request_principal(request), run_id=run_id, text=data.text)
 
 
-@router.post("/_pause", openapi_extra=openapi_body(PauseIn), summary="Park every run at its next boundary")
+@router.post(
+    "/_pause",
+    response=RuntimePauseOut,
+    openapi_extra=openapi_body(PauseIn),
+    summary="Park every run at its next boundary",
+)
 async def runtime_pause(request: HttpRequest) -> dict[str, Any]:
     data = parse_body(request, PauseIn, max_bytes=1024 * 1024, required=False)
     return await services.runtime_pause(timeout_ms=data.timeout_ms)
 
 
-@router.post("/_resume", summary="Resume parked runs")
+@router.post("/_resume", response=RuntimeResumeOut, summary="Resume parked runs")
 def runtime_resume(request: HttpRequest) -> dict[str, Any]:
     return services.runtime_resume()
 
 
-@router.get("/_state", summary="Runtime pause state")
+@router.get("/_state", response=RuntimeStateOut, summary="Runtime pause state")
 def runtime_state(request: HttpRequest) -> dict[str, Any]:
     return {"state": services.runtime_state_get(), "paused_runs_count": selectors.paused_runs_count()}

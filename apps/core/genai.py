@@ -65,8 +65,11 @@ def call_attributes(operation: str, provider: str, request_model: str, response_
 
 
 class _Usage(Protocol):
-    input_tokens: int
-    output_tokens: int
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
 
 
 def record_tokens(attributes: dict[str, AnyValue], usage: _Usage) -> None:

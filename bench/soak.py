@@ -60,6 +60,8 @@ TERMINAL = ("completed", "failed", "cancelled")
 TRUNCATE_RUNS = "TRUNCATE runs_run, runs_runevent, runs_transcriptentry, runs_runinput, runs_toolcallrecord CASCADE"
 IN_FLIGHT_SQL = "status NOT IN ('completed', 'failed', 'cancelled')"
 
+REDIS_SERVERS = ("redis-server", "valkey-server")  # the embedded server is Valkey (requirements/embedded.txt)
+
 
 # --- the maths (pure: tests/bench/test_soak_maths.py) ---------------------------------
 
@@ -402,7 +404,7 @@ def memory_by_role(up: subprocess.Popen[bytes], pg_dir: Path, redis_sock: str) -
                     pg_pss += child.memory_full_info().pss
                     backends += 1
                 pids["postgres"] = proc.pid
-            elif (proc.info["name"] or "").startswith("redis-server") and redis_sock in " ".join(cmd):
+            elif (proc.info["name"] or "").startswith(REDIS_SERVERS) and redis_sock in " ".join(cmd):
                 mem["redis"], pids["redis"] = proc.memory_info().rss / 2**20, proc.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

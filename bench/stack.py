@@ -172,7 +172,8 @@ def service_pids() -> dict[str, list[int]]:
         except (OSError, ValueError, IndexError, psutil.NoSuchProcess):
             continue
     for proc in psutil.process_iter(["pid", "name", "cmdline"]):
-        if (proc.info["name"] or "").startswith("redis-server") and str(data) in " ".join(proc.info["cmdline"] or []):
+        name = proc.info["name"] or ""
+        if name.startswith(("redis-server", "valkey-server")) and str(data) in " ".join(proc.info["cmdline"] or []):
             out["redis"].append(proc.info["pid"])
     return out
 

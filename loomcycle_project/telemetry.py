@@ -67,6 +67,7 @@ def setup(kind: str) -> bool:
     _set_up_in = os.getpid()
     if not hosted:
         trace.set_tracer_provider(_provider(kind, exporters))
+        _install_meter_provider(kind, exporters)
     _instrument(kind)
     where = "the host project's tracer provider" if hosted else "exporters " + ", ".join(exporters)
     log.info("tracing on (%s): %s", service_name(kind), where)
@@ -87,6 +88,30 @@ def _provider(kind: str, exporters: tuple[str, ...]) -> TracerProvider:
     for name in exporters:
         provider.add_span_processor(_processor(name, kind))
     return provider
+
+
+def _install_meter_provider(kind: str, exporters: tuple[str, ...]) -> None:
+    """The GenAI client metrics (apps.core.genai) go where the spans go: a MeterProvider with one
+    periodic reader per trace exporter, unless a host project installed a MeterProvider already."""
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricExporter, PeriodicExportingMetricReader
+
+    if type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider":
+        return
+    readers = []
+    for name in exporters:
+        exporter: MetricExporter
+        if name == "console":
+            exporter = ConsoleMetricExporter(out=sys.stderr if kind == "mcp" else sys.stdout)
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+            exporter = OTLPMetricExporter()  # endpoint, headers: the SDK's OTEL_EXPORTER_OTLP_*
+        readers.append(PeriodicExportingMetricReader(exporter))
+    instance = f"{settings.LOOMCYCLE.replica_id or socket.gethostname()}:{os.getpid()}"
+    resource = Resource.create({SERVICE_NAME: service_name(kind), SERVICE_INSTANCE_ID: instance})
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
 
 
 def _processor(name: str, kind: str) -> SpanProcessor:

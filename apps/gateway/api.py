@@ -16,9 +16,10 @@ from ninja import Router
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.gateway import compat, native
 from apps.gateway.calls import Call, ChatSpec, caller_user_id, chat_open, chat_reply
+from apps.gateway.catalog import served_models
 from apps.gateway.embeddings import embeddings_create
 from apps.gateway.models import Endpoint
-from apps.gateway.schemas import ChatCompletionIn, EmbeddingsIn, LlmChatIn
+from apps.gateway.schemas import ChatCompletionIn, EmbeddingsIn, LlmChatIn, ModelsOut
 from apps.gateway.sse import StreamBody, stream_chunks
 
 router = Router(tags=["gateway"])
@@ -35,6 +36,14 @@ def _json(call: Call, body: object) -> HttpResponse:
 def _sse(call: Call, chunks: StreamBody) -> StreamingHttpResponse:
     headers = {**_SSE_HEADERS, "X-Request-Id": call.request_id}
     return StreamingHttpResponse(chunks, content_type="text/event-stream", headers=headers)
+
+
+@router.get(
+    "/models", response=ModelsOut, summary="OpenAI models list: what the gateway can serve (aliases, tiers' models)"
+)
+def models_list(request: HttpRequest) -> dict[str, object]:
+    request_principal(request)  # any authenticated principal, as the calls themselves
+    return {"object": "list", "data": served_models()}
 
 
 @router.post(

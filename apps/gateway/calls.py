@@ -28,6 +28,7 @@ from django.utils import timezone
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from apps.core import genai as g
 from apps.core.errors import ApplicationError, Invalid
 from apps.core.identity import acting_user_id, may_name_user
 from apps.core.ids import is_ident
@@ -118,13 +119,14 @@ class Call:
         self.finished = False
         self.budget_held = False
         self._t0 = time.perf_counter()
+        self.operation = "embeddings" if endpoint == "embeddings" else "chat"
         self._stack = AsyncExitStack()
         self._events: AsyncIterator[ProviderEvent] | None = None
         self.span = _TRACER.start_span(
             f"gateway {endpoint}",
             kind=SpanKind.CLIENT,
             attributes={
-                "gen_ai.operation.name": "embeddings" if endpoint == "embeddings" else "chat",
+                g.OPERATION: self.operation,
                 "loomcycle.endpoint": endpoint,
                 "loomcycle.request_id": self.request_id,
                 "loomcycle.tenant_id": principal.tenant_id,
@@ -141,9 +143,9 @@ class Call:
 
     def routed(self, provider: str, model: str) -> None:
         self.provider, self.model = provider, model
-        self.span.update_name(f"{'embeddings' if self.endpoint == 'embeddings' else 'chat'} {model}")
-        self.span.set_attribute("gen_ai.system", provider)
-        self.span.set_attribute("gen_ai.request.model", model)
+        self.span.update_name(f"{self.operation} {model}")
+        self.span.set_attribute(g.PROVIDER, provider)
+        self.span.set_attribute(g.REQUEST_MODEL, model)
 
     async def hold(self, manager: AbstractAsyncContextManager[Any]) -> None:
         """Enter a context (a fairness slot) that lasts until `finish`."""
@@ -198,15 +200,26 @@ class Call:
         finally:
             self._record(status, error_code)
 
+    def _record_genai(self, usage: Usage | None, error_code: str) -> None:
+        """The span's usage attributes and the GenAI client metrics (apps.core.genai); a call refused
+        before it was routed to a provider made no GenAI operation, so it has no metric point."""
+        if usage is not None:
+            self.span.set_attribute(g.RESPONSE_MODEL, usage.model or self.model)
+            self.span.set_attribute(g.INPUT_TOKENS, usage.input_tokens)
+            self.span.set_attribute(g.OUTPUT_TOKENS, usage.output_tokens)
+        if not self.provider:
+            return
+        attributes = g.call_attributes(self.operation, self.provider, self.model, usage.model if usage else "")
+        g.record_call(attributes, seconds=time.perf_counter() - self._t0, error=error_code)
+        if usage is not None:
+            g.record_tokens(attributes, usage)
+
     def _record(self, status: int, error_code: str) -> None:
         latency_ms = int((time.perf_counter() - self._t0) * 1000)
         usage = self.usage
         span = self.span
         span.set_attribute("http.response.status_code", status)
-        if usage is not None:
-            span.set_attribute("gen_ai.response.model", usage.model or self.model)
-            span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-            span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        self._record_genai(usage, error_code)
         if error_code:
             span.set_attribute("error.type", error_code)
             span.set_status(Status(StatusCode.ERROR, error_code))

@@ -177,3 +177,17 @@ class EmbeddingsIn(_Lenient):
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class ModelOut(BaseModel):
+    """One entry of GET /v1/models, OpenAI's `Model` object."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int  # OpenAI's epoch seconds; 0: configuration, not a release date
+    owned_by: str  # the provider that serves it
+
+
+class ModelsOut(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelOut]

@@ -10,30 +10,39 @@ from ninja import Router
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.memory import keyops
 from apps.memory.models import MemoryScope
+from apps.memory.schemas import MemoryKeyOut, MemoryKeysOut, MemoryPutOut, MemoryScopesOut
 
 router = Router(tags=["memory"])
 ADMIN_BODY_BYTES = 1024 * 1024
 _PREFIX = "/_memory/scopes/{scope}/{scope_id}/keys"
 
 
-@router.get("/_memory/scopes", operation_id="memory_scopes", summary="Memory scopes")
+@router.get("/_memory/scopes", response=MemoryScopesOut, operation_id="memory_scopes", summary="Memory scopes")
 async def memory_scopes(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"scopes": list(MemoryScope.values)})
 
 
-@router.get(_PREFIX, operation_id="memory_keys_list", summary="List live keys (prefix, limit 200 default, max 1000)")
+@router.get(
+    _PREFIX,
+    response=MemoryKeysOut,
+    operation_id="memory_keys_list",
+    summary="List live keys (prefix, limit 200 default, max 1000)",
+)
 async def memory_keys_list(request: HttpRequest, scope: str, scope_id: str) -> JsonResponse:
     prefix, limit = request.GET.get("prefix", ""), request.GET.get("limit", "200")
     return JsonResponse(await db_call(keyops.keys_list)(request_principal(request), scope, scope_id, prefix, limit))
 
 
-@router.get(_PREFIX + "/{path:key}", operation_id="memory_key_get", summary="One live key; 404 not_found")
+@router.get(
+    _PREFIX + "/{path:key}", response=MemoryKeyOut, operation_id="memory_key_get", summary="One live key; 404 not_found"
+)
 async def memory_key_get(request: HttpRequest, scope: str, scope_id: str, key: str) -> JsonResponse:
     return JsonResponse(await db_call(keyops.key_get)(request_principal(request), scope, scope_id, key))
 
 
 @router.put(
     _PREFIX + "/{path:key}",
+    response=MemoryPutOut,
     operation_id="memory_key_put",
     summary="Write a key: {value, embed?, ttl_seconds?}; 413 memory_value_too_large / memory_quota_exceeded",
     openapi_extra=openapi_body(keyops.MemoryPutIn),

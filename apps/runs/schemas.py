@@ -196,3 +196,94 @@ class RunTreeDeletedOut(BaseModel):
     counts: dict[str, int]  # rows removed per table
     deleting: bool
     kept: dict[str, str]  # what stays, and why
+
+
+class RunOut(BaseModel):
+    """A run as GET /v1/runs/{run_id} and /v1/agents/{agent_id} answer it (apps.runs.presenters.agent_out).
+    Extra fields pass through: a field added to the presenter reaches clients before this lists it."""
+
+    model_config = {"extra": "allow"}
+
+    agent_id: str
+    run_id: str
+    session_id: str
+    agent: str
+    user_id: str
+    parent_agent_id: str | None
+    parent_context: Any = None
+    status: str  # running (any live state) | completed | failed | cancelled | ...
+    state: str  # the exact RunStatus
+    step: int
+    started_at: str | None
+    completed_at: str | None
+    stop_reason: str
+    error: str
+    usage: dict[str, Any]
+    last_heartbeat_at: str | None
+    live: bool
+    interactive: bool
+    awaited_state: str
+    awaited_on: str
+    resident: bool
+    resident_state: str
+    agent_def_id: str | None = None
+    content_sha256: str
+    last_seq: int
+    forked_from_run: str | None
+    forked_at_step: int | None
+
+
+class TenantRunOut(RunOut):
+    tenant_id: str
+
+
+class RunsOut(BaseModel):
+    model_config = {"extra": "allow"}  # paging fields beside `runs`
+
+    runs: list[TenantRunOut]
+
+
+class AgentsOut(BaseModel):
+    model_config = {"extra": "allow"}
+
+    agents: list[RunOut]
+
+
+class RunCancelOut(BaseModel):
+    """POST /v1/agents/{agent_id}/cancel: `cancelled` false (with the run's status) for a finished run."""
+
+    model_config = {"extra": "allow"}
+
+    cancelled: bool
+    agent_id: str
+    status: str | None = None  # a finished run's
+    cascaded: list[str] | None = None  # the live descendants cancelled with it
+    reason: str | None = None
+
+
+class RunInputOut(BaseModel):
+    run_id: str
+    delivered: bool
+
+
+class RuntimeStateOut(BaseModel):
+    state: str  # running | pausing | paused
+    paused_runs_count: int
+
+
+class RuntimePauseOut(BaseModel):
+    model_config = {"extra": "allow"}
+
+    state: str
+    duration_ms: int
+    force_cancelled_count: int
+    paused_runs_count: int
+    warnings: list[str]
+
+
+class RuntimeResumeOut(BaseModel):
+    model_config = {"extra": "allow"}
+
+    state: str
+    resumed_runs_count: int
+    warnings: list[str]

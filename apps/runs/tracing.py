@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AnyValue
+
+from apps.core import genai as g
 
 if TYPE_CHECKING:
     from apps.core.tools import ToolContext, ToolResult
@@ -92,10 +95,18 @@ def _run_created(run: Run) -> Iterator[None]:
         "loomcycle.agent": run.agent_name,
         "loomcycle.parent_run_id": run.parent_id or "",
         "loomcycle.depth": run.depth,
+        g.OPERATION: "invoke_agent",
+        **_agent(run.agent_name, run.agent_id, run.session_id),
     }
     with _TRACER.start_as_current_span("run.create", attributes=attributes) as span:
         run.trace_context = traceparent(span)
         yield
+
+
+def _agent(name: str, agent_id: str, session_id: str) -> dict[str, AnyValue]:
+    """GenAI's agent attributes: the agent (its definition's name), this run's handle, and its
+    session as the conversation (every run of a session shares its transcript)."""
+    return {g.AGENT_NAME: name, g.AGENT_ID: agent_id, g.CONVERSATION_ID: session_id}
 
 
 def iteration_start(run: ClaimedRun, worker_id: str) -> Span | None:
@@ -111,6 +122,7 @@ def iteration_start(run: ClaimedRun, worker_id: str) -> Span | None:
         "loomcycle.attempt": run.attempts,
         "loomcycle.worker_id": worker_id,
         "loomcycle.transcript_rows": len(run.transcript),
+        **_agent(run.agent_name, run.agent_id, run.session_id),
     }
     return _TRACER.start_span(
         "run.iterate", context=_parent(run.trace_context), links=_link_to_current(), attributes=attributes
@@ -160,9 +172,8 @@ def provider_call(run: ClaimedRun, *, messages: int, tools: int) -> AbstractCont
 @contextmanager
 def _provider_call(run: ClaimedRun, messages: int, tools: int) -> Iterator[Span]:
     attributes: dict[str, AnyValue] = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.system": run.provider,
-        "gen_ai.request.model": run.model,
+        **g.call_attributes("chat", run.provider, run.model),
+        **_agent(run.agent_name, run.agent_id, run.session_id),
         "loomcycle.run_id": run.id,
         "loomcycle.request.messages": messages,
         "loomcycle.request.tools": tools,
@@ -174,26 +185,36 @@ def _provider_call(run: ClaimedRun, messages: int, tools: int) -> Iterator[Span]
         record_exception=False,
         set_status_on_exception=False,
     ) as span:
+        started, error = time.perf_counter(), ""
         try:
             yield span
         except BaseException as exc:
-            span.set_attribute("error.type", type(exc).__name__)
+            error = type(exc).__name__
+            span.set_attribute("error.type", error)
             if (status := getattr(exc, "status", None)) is not None:
                 span.set_attribute("loomcycle.provider_status", status)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            span.set_status(Status(StatusCode.ERROR, error))
             raise
+        finally:  # the call's duration; its tokens are recorded by provider_reply
+            g.record_call(
+                g.call_attributes("chat", run.provider, run.model),
+                seconds=time.perf_counter() - started,
+                error=error,
+            )
 
 
 def provider_reply(span: Span | None, done: Done, calls: list[ToolCall]) -> None:
     if span is None:
         return
     usage = done.usage
-    span.set_attribute("gen_ai.system", usage.provider)
-    span.set_attribute("gen_ai.response.model", usage.model)
-    span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-    span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
-    span.set_attribute("gen_ai.response.finish_reasons", [done.stop_reason or "end_turn"])
+    span.set_attribute(g.PROVIDER, usage.provider)  # the candidate that answered (a fallback's)
+    span.set_attribute(g.RESPONSE_MODEL, usage.model)
+    span.set_attribute(g.INPUT_TOKENS, usage.input_tokens)
+    span.set_attribute(g.OUTPUT_TOKENS, usage.output_tokens)
+    span.set_attribute(g.FINISH_REASONS, [done.stop_reason or "end_turn"])
     span.set_attribute("loomcycle.tool_calls", len(calls))
+    request_model = str((getattr(span, "attributes", None) or {}).get(g.REQUEST_MODEL, ""))
+    g.record_tokens(g.call_attributes("chat", usage.provider, request_model, usage.model), usage)
 
 
 def first_token(span: Span | None, seconds: float | None) -> None:
@@ -220,14 +241,15 @@ def tool_call(
 @contextmanager
 def _tool_call(ctx: ToolContext, call: ToolCall, parent: otel_context.Context) -> Iterator[Span]:
     attributes: dict[str, AnyValue] = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": call.name,
-        "gen_ai.tool.call.id": call.id,
+        g.OPERATION: "execute_tool",
+        g.TOOL_NAME: call.name,
+        g.TOOL_CALL_ID: call.id,
+        g.TOOL_TYPE: "function",
         "loomcycle.run_id": ctx.run_id,
         "loomcycle.step": ctx.step,
         "loomcycle.tool.input_bytes": len(json.dumps(call.input, default=str)),
     }
-    with _TRACER.start_as_current_span(f"tool {call.name}", context=parent, attributes=attributes) as span:
+    with _TRACER.start_as_current_span(f"execute_tool {call.name}", context=parent, attributes=attributes) as span:
         yield span
 
 

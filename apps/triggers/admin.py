@@ -11,11 +11,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from apps.core.admin import ReadOnlyAdmin
+from apps.triggers.hooks import admin as hooks_admin
 from apps.triggers.models import OnCompleteJob, ScheduleFire, ScheduleState
 from apps.triggers.webhooks import admin as webhooks_admin
 
 HISTORY_ROWS = 20
-__all__ = ["webhooks_admin"]  # the webhooks' admin pages register on import
+__all__ = ["hooks_admin", "webhooks_admin"]  # the hooks' and webhooks' admin pages register on import
 
 
 def _run_link(run_id: str) -> SafeString | str:

@@ -10,6 +10,7 @@
 subclasses carry the API's `code`; `ConnectionFailed` means the runtime was unreachable.
 """
 
+from loomcycle_http.client._base import Retries
 from loomcycle_http.client.aio import AsyncClient
 from loomcycle_http.client.errors import (
     ApiError,
@@ -26,6 +27,7 @@ from loomcycle_http.client.errors import (
 )
 from loomcycle_http.client.events import TERMINAL_EVENTS, TERMINAL_STATES, Event, RunRef
 from loomcycle_http.client.sync import Client
+from loomcycle_http.client.types import Run
 
 __all__ = [
     "TERMINAL_EVENTS",
@@ -42,6 +44,8 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "Retries",
+    "Run",
     "RunRef",
     "ServerError",
     "Unauthorized",

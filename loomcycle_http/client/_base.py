@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,29 @@ RECONNECT_TIMEOUT_S = 60.0  # how long a followed stream keeps trying to come ba
 STREAM_READ_TIMEOUT_S = 60.0  # silence longer than this (keepalives come every 20 s) is a dropped connection
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.1, 2.0
 RETRYABLE_STATUSES = frozenset({502, 503, 504})  # a restarting web process or proxy, while reconnecting
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How a request answered 429 or 503 is retried, as the openai and anthropic SDKs do.
+
+    At most `max_retries` more attempts (0: none); before each, the server's `Retry-After`
+    (seconds) when it sent one, else an exponential back-off from `backoff_s` with full jitter;
+    either capped at `max_wait_s`. A 429/503 is the server refusing before doing the work (a
+    quota, a full queue, a paused runtime, a database restart), so every method is retried."""
+
+    max_retries: int = 2
+    backoff_s: float = 0.5
+    max_wait_s: float = 30.0
+    statuses: frozenset[int] = frozenset({429, 503})
+
+    def wait(self, attempt: int, retry_after: float | None) -> float | None:
+        """Seconds to wait before retry number `attempt` (0-based), or None: give up."""
+        if attempt >= self.max_retries:
+            return None
+        if retry_after is not None:
+            return min(self.max_wait_s, max(0.0, retry_after))
+        return min(self.max_wait_s, random.uniform(0, self.backoff_s * 2**attempt))
 
 
 def base_url(url: str | None) -> str:

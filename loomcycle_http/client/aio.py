@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from httpx_sse import EventSource
@@ -16,6 +16,7 @@ from httpx_sse import EventSource
 from loomcycle_http.client import _base as b
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+from loomcycle_http.client.types import Run
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)
@@ -28,9 +29,16 @@ class AsyncClient:
     or call `close()`."""
 
     def __init__(
-        self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0, **httpx_kwargs: Any
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: b.Retries | None = None,
+        **httpx_kwargs: Any,
     ) -> None:
         self.url = b.base_url(url)
+        self.retries = retries or b.Retries()  # 429/503: Retries(max_retries=0) turns retrying off
         self.http = httpx.AsyncClient(base_url=self.url, headers=b.auth_headers(token), timeout=timeout, **httpx_kwargs)
         self.runs = Runs(self)
         self.agents = Agents(self)
@@ -48,15 +56,22 @@ class AsyncClient:
         await self.http.aclose()
 
     async def send(self, call: b.Call, *, timeout: float | None = None) -> Any:
-        """Send `call`; its JSON answer (None for 204), or the typed error."""
+        """Send `call`; its JSON answer (None for 204), or the typed error (429/503 after `retries`)."""
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        try:
-            resp = await self.http.request(call.method, call.path, json=call.json, params=call.params, **extra)
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"{call.method} {self.url}{call.path}: {exc!r}") from exc
-        if resp.status_code >= 400:
-            raise error_from_response(resp)
-        return None if resp.status_code == 204 or not resp.content else resp.json()
+        attempt = 0
+        while True:
+            try:
+                resp = await self.http.request(call.method, call.path, json=call.json, params=call.params, **extra)
+            except httpx.TransportError as exc:
+                raise ConnectionFailed(f"{call.method} {self.url}{call.path}: {exc!r}") from exc
+            if resp.status_code < 400:
+                return None if resp.status_code == 204 or not resp.content else resp.json()
+            error = error_from_response(resp)
+            wait = self.retries.wait(attempt, error.retry_after) if resp.status_code in self.retries.statuses else None
+            if wait is None:
+                raise error
+            attempt += 1
+            await asyncio.sleep(wait)
 
 
 class Runs:
@@ -96,20 +111,20 @@ class Runs:
         cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live)
         return self._follow(cursor, reconnect_timeout, first=None)
 
-    async def get(self, run_id: str) -> dict[str, Any]:
-        return dict(await self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
+    async def get(self, run_id: str) -> Run:
+        return cast(Run, await self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
 
-    async def get_by_agent_id(self, agent_id: str) -> dict[str, Any]:
-        return dict(await self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
+    async def get_by_agent_id(self, agent_id: str) -> Run:
+        return cast(Run, await self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
 
-    async def resolve(self, ref: str) -> dict[str, Any]:
+    async def resolve(self, ref: str) -> Run:
         """A run by its run_id, else by its agent_id."""
         try:
             return await self.get(ref)
         except NotFound:  # not a run_id: try it as an agent_id
             return await self._by_agent_id_or_404(ref)
 
-    async def _by_agent_id_or_404(self, ref: str) -> dict[str, Any]:
+    async def _by_agent_id_or_404(self, ref: str) -> Run:
         try:
             return await self.get_by_agent_id(ref)
         except NotFound as exc:

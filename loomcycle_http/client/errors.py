@@ -4,6 +4,8 @@ not be reached is a `ConnectionFailed`. Both are `LoomcycleError`s."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -85,11 +87,17 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after", "")
+    """Retry-After in seconds: delta-seconds or an HTTP date (RFC 9110 10.2.3); None when absent or unreadable."""
+    value = resp.headers.get("retry-after", "").strip()
     try:
         return float(value)
-    except ValueError:  # absent, or an HTTP date: the caller chooses its own wait
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
         return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def error_from_response(resp: httpx.Response) -> ApiError:

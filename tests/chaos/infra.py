@@ -4,7 +4,7 @@ The fault helpers take the data dir a stack's embedded servers live under
 (loomcycle_project/embedded.py) and act on whatever processes run there, so a
 harness that did not start those servers itself (`make chaos`) can use them:
 
-- `restart_redis(data_dir, lose_data=True)`: SIGKILL the redis-server, delete
+- `restart_redis(data_dir, lose_data=True)`: SIGKILL the Redis server, delete
   its dump, start a new one on the same socket. Everything Redis held (broker
   queues, doorbells, held hashes, presence keys, pub/sub subscriptions,
   fairness state) is gone. With `lose_data=False` the server saves and shuts
@@ -93,7 +93,7 @@ def start_redis(data_dir: Path) -> subprocess.Popen[bytes]:
     """A new embedded Redis on the data dir's socket (the caller stops it, `stop_redis`)."""
     _, proc = embedded.start_redis(data_dir)
     if proc is None:
-        raise RuntimeError(f"a redis-server already answers on {data_dir}'s socket")
+        raise RuntimeError(f"a Redis server already answers on {data_dir}'s socket")
     return proc
 
 

@@ -12,6 +12,7 @@ import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement  # (pytest's own dependency)
 
@@ -29,11 +30,22 @@ def _pins(lines: list[str]) -> dict[str, str]:
     return found
 
 
-def test_the_client_pins_are_the_runtimes() -> None:
-    client = _pins(tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]["dependencies"])
+def _project() -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
+    return project
+
+
+def test_the_client_takes_compatible_ranges_that_hold_the_runtimes_pins_and_the_cli_is_an_extra() -> None:
+    project = _project()
+    library = [Requirement(line) for line in project["dependencies"]]
+    cli = [Requirement(line) for line in project["optional-dependencies"]["cli"]]
+    assert {r.name.lower() for r in library} == {"httpx", "httpx-sse"}
+    assert {r.name.lower() for r in cli} == {"click", "rich", "pyyaml"}
     runtime = _pins((ROOT / "requirements" / "base.txt").read_text().splitlines())
-    assert set(client) == {"httpx", "httpx-sse", "click", "rich", "pyyaml"}
-    assert {name: runtime.get(name) for name in client} == client
+    for req in library + cli:
+        assert not any(spec.operator == "==" for spec in req.specifier), req  # a range, never a pin
+        assert "<" in str(req.specifier), req  # bounded above: the next major may break us
+        assert req.specifier.contains(runtime[req.name.lower()]), (req, runtime[req.name.lower()])
 
 
 def _run(*argv: str | Path, cwd: Path | None = None) -> str:
@@ -83,8 +95,13 @@ def test_the_client_installs_alone_and_imports_without_django(tmp_path: Path) ->
     vpip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
     _run(*vpip, "install", "--quiet", "--no-deps", "--no-index", wheel)
     site = Path(_run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
-    pins = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]["dependencies"]
-    _copy_installed(_closure([re.split(r"[=<>]", pin, maxsplit=1)[0] for pin in pins]), site)
+    names = [Requirement(line).name for line in _project()["dependencies"]]
+    _copy_installed(_closure(names), site)
+    _run(*vpip, "check")
+    alone = subprocess.run([venv / "bin" / "loomcycle", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert alone.returncode == 1 and "pip install 'loomcycle-http[cli]'" in alone.stderr  # the library alone
+    _run(venv / "bin" / "python", "-c", "import loomcycle_http.client", cwd=tmp_path)
+    _copy_installed(_closure([Requirement(line).name for line in _project()["optional-dependencies"]["cli"]]), site)
     _run(*vpip, "check")
     assert "Usage: loomcycle" in _run(venv / "bin" / "loomcycle", "--help", cwd=tmp_path)
     check = "import loomcycle_http.client, loomcycle_http.cli, sys; assert 'django' not in sys.modules, 'django'"

@@ -96,6 +96,9 @@ def test_up_serves_runs_on_the_embedded_default_and_stops_cleanly(server_tmp: Pa
     finally:
         leftovers = _stop(proc)
     assert leftovers == [], log.read_text()[-3000:]
+    # The children's lines reach up's output prefixed with their name; plain, as the log is no terminal.
+    prefixes = {line.split("|")[0].strip() for line in log.read_text().splitlines() if " | " in line}
+    assert {"web", "worker0", "beat", "flower"} <= prefixes and "\033[" not in log.read_text()
     # `up` generated the instance's secrets once (0600); every process hashed with its pepper.
     secrets_file = tmp_path / "data" / "secrets.json"
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600

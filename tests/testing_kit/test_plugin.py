@@ -130,7 +130,7 @@ def _assert_gone(record: dict[str, Any], deadline: float) -> None:
     """Every recorded process of the runtime (up, web, worker, beat, Postgres,
     Redis) is gone by `deadline`, and its port is closed."""
     processes = {int(pid): cmdline for pid, cmdline in record["processes"].items()}
-    for part in ("daphne", "celery -A workers.celery:app worker", "celery -A workers.celery:app beat", "redis-server"):
+    for part in ("daphne", "celery -A workers.celery:app worker", "celery -A workers.celery:app beat", "valkey-server"):
         assert any(part in cmdline for cmdline in processes.values()), (part, processes)
     assert any(cmdline.split(" ")[0].endswith("postgres") for cmdline in processes.values()), processes
     while [pid for pid in processes if _alive(pid)] and time.monotonic() < deadline:

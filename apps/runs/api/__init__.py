@@ -30,7 +30,22 @@ from apps.runs.models import Run
 from apps.runs.pages_schemas import RunsPageOut
 from apps.runs.presenters import agent_out
 from apps.runs.query import query_object, query_time
-from apps.runs.schemas import CancelIn, EventsOut, InputIn, PauseIn, RunCreatedOut, RunCreateIn, RunTreeDeletedOut
+from apps.runs.schemas import (
+    AgentsOut,
+    CancelIn,
+    EventsOut,
+    InputIn,
+    PauseIn,
+    RunCancelOut,
+    RunCreatedOut,
+    RunCreateIn,
+    RunInputOut,
+    RunOut,
+    RuntimePauseOut,
+    RuntimeResumeOut,
+    RuntimeStateOut,
+    RunTreeDeletedOut,
+)
 from apps.runs.stream_admission import admit_streamed
 from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
 
@@ -176,13 +191,13 @@ def _visible_run(request: HttpRequest, *, agent_id: str | None = None, run_id: s
     return selectors.run_get(tenant_id=who.read_tenant, agent_id=agent_id, run_id=run_id, owner=who.read_user)
 
 
-@router.get("/agents/{agent_id}", summary="Run status by the caller's agent_id")
+@router.get("/agents/{agent_id}", response=RunOut, summary="Run status by the caller's agent_id")
 def agents_get(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     _check_ident(agent_id, "agent_id")
     return agent_out(_visible_run(request, agent_id=agent_id))
 
 
-@router.get("/runs/{run_id}", summary="Run status by run_id")
+@router.get("/runs/{run_id}", response=RunOut, summary="Run status by run_id")
 def runs_get(request: HttpRequest, run_id: str) -> dict[str, Any]:
     _check_ident(run_id, "run_id")
     return agent_out(_visible_run(request, run_id=run_id))
@@ -199,7 +214,7 @@ def runs_delete(request: HttpRequest, run_id: str, cancel: bool = False) -> Json
     return JsonResponse(body, status=202 if body["deleting"] else 200)
 
 
-@router.get("/users/{user_id}/agents", summary="A user's runs (?status=running|all|<list>)")
+@router.get("/users/{user_id}/agents", response=AgentsOut, summary="A user's runs (?status=running|all|<list>)")
 def users_agents(request: HttpRequest, user_id: str, status: str = "running") -> dict[str, Any]:
     _check_ident(user_id, "user_id")
     who = request_principal(request)
@@ -295,7 +310,11 @@ def _get_run(principal: Principal, run_id: str) -> Run:
 
 
 @router.post(
-    "/agents/{agent_id}/cancel", openapi_extra=openapi_body(CancelIn), summary="Cancel a run and its live descendants"
+    "/agents/{agent_id}/cancel",
+    response=RunCancelOut,
+    exclude_unset=True,  # the body as the service made it: a finished run's has status, a cancel's cascaded
+    openapi_extra=openapi_body(CancelIn),
+    summary="Cancel a run and its live descendants",
 )
 def agents_cancel(request: HttpRequest, agent_id: str) -> dict[str, Any]:
     _check_ident(agent_id, "agent_id")
@@ -305,6 +324,7 @@ def agents_cancel(request: HttpRequest, agent_id: str) -> dict[str, Any]:
 
 @router.post(
     "/runs/{run_id}/input",
+    response=RunInputOut,
     openapi_extra=openapi_body(InputIn),
     summary="Steer a running run, or continue a parked interactive run",
 )
@@ -314,17 +334,22 @@ def runs_input(request: HttpRequest, run_id: str) -> dict[str, Any]:
     return services.run_input(principal=request_principal(request), run_id=run_id, text=data.text)
 
 
-@router.post("/_pause", openapi_extra=openapi_body(PauseIn), summary="Park every run at its next boundary")
+@router.post(
+    "/_pause",
+    response=RuntimePauseOut,
+    openapi_extra=openapi_body(PauseIn),
+    summary="Park every run at its next boundary",
+)
 async def runtime_pause(request: HttpRequest) -> dict[str, Any]:
     data = parse_body(request, PauseIn, max_bytes=1024 * 1024, required=False)
     return await services.runtime_pause(timeout_ms=data.timeout_ms)
 
 
-@router.post("/_resume", summary="Resume parked runs")
+@router.post("/_resume", response=RuntimeResumeOut, summary="Resume parked runs")
 def runtime_resume(request: HttpRequest) -> dict[str, Any]:
     return services.runtime_resume()
 
 
-@router.get("/_state", summary="Runtime pause state")
+@router.get("/_state", response=RuntimeStateOut, summary="Runtime pause state")
 def runtime_state(request: HttpRequest) -> dict[str, Any]:
     return {"state": services.runtime_state_get(), "paused_runs_count": selectors.paused_runs_count()}

@@ -16,6 +16,7 @@ from apps.core.redis import sync_client
 from apps.gateway.providers import provider_ids
 from loomcycle_project import env as E
 from loomcycle_project.management.commands.up import port_free, split_addr
+from loomcycle_project.platformcheck import check_embedded_redis, check_platform, check_venv_module, port_fix
 
 Check = tuple[str, str, str]  # (PASS|WARN|FAIL, name, detail)
 
@@ -82,10 +83,21 @@ def check_redis() -> list[Check]:
 
 
 def check_listen() -> list[Check]:
-    host, port = split_addr(settings.LOOMCYCLE.listen_addr)
-    if port_free(host, port):
-        return [("PASS", "listen", f"{host}:{port} is free")]
-    return [("WARN", "listen", f"{host}:{port} is in use (already running, or set LOOMCYCLE_LISTEN_ADDR)")]
+    """The ports `up` binds: the API, and Flower when it runs; in use means already running, or another program."""
+    ports = [(settings.LOOMCYCLE.listen_addr, "listen", "LOOMCYCLE_LISTEN_ADDR")]
+    if E.FLOWER_ENABLED:
+        ports.append((f"{E.FLOWER_ADDRESS}:{E.FLOWER_PORT}", "flower", "LOOMCYCLE_FLOWER_PORT"))
+    out: list[Check] = []
+    for addr, name, variable in ports:
+        host, port = split_addr(addr)
+        if port_free(host, port):
+            out.append(("PASS", name, f"{host}:{port} is free"))
+        else:
+            fix = port_fix(host, port, variable) if name == "listen" else f"set {variable}={port + 1}"
+            out.append(
+                ("WARN", name, f"{host}:{port} is in use (loomcycle already running, or another program): {fix}")
+            )
+    return out
 
 
 def check_auth() -> list[Check]:
@@ -216,7 +228,17 @@ def check_bash() -> list[Check]:
     return [("WARN" if conf.bash_unsandboxed else "FAIL", "bash sandbox", problem)]
 
 
+def check_embedded() -> list[Check]:
+    """The embedded Redis-compatible server, when REDIS_URL is the embedded default."""
+    from loomcycle_project.embedded import embedded_redis_url
+
+    return check_embedded_redis() if settings.REDIS_URL == embedded_redis_url(E.DATA_DIR) else []
+
+
 CHECKS: list[Callable[[], list[Check]]] = [
+    check_platform,
+    check_venv_module,
+    check_embedded,
     check_config,
     check_markdown,
     check_postgres,

@@ -21,13 +21,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from apps.core.errors import ApplicationError
 from apps.substrate.openmode import admin_credential_missing, credential_configured
 from loomcycle_project import env as E
 from loomcycle_project.bootstrap import boot
 from loomcycle_project.hardening import not_dumpable
+from loomcycle_project.logprefix import Prefixer
 
 log = logging.getLogger("loomcycle.up")
 GRACE_S = 20.0
@@ -55,9 +56,13 @@ class Child:
     pass_fds: tuple[int, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self, env: dict[str, str], logs: Prefixer | None = None) -> None:
+        """Start the child; with `logs`, its stdout and stderr reach `up`'s stdout prefixed with its name."""
         env = {**env, **self.extra_env}
-        self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True, pass_fds=self.pass_fds)
+        piped: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if logs else {}
+        self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True, pass_fds=self.pass_fds, **piped)
+        if logs is not None and self.proc.stdout is not None:
+            logs.attach(self.name, self.proc.stdout)
         self.started_at = time.monotonic()
 
 
@@ -174,6 +179,7 @@ def flower_child(celery: list[str]) -> Child:
 
 class Command(BaseCommand):
     help = "Run the whole runtime: web, workers, beat and Flower (embedded Postgres/Redis by default)."
+    logs: Prefixer | None = None
 
     def handle(self, *args: Any, **options: Any) -> None:
         not_dumpable()  # the supervisor's environment holds every secret its children get
@@ -181,10 +187,13 @@ class Command(BaseCommand):
         if not port_free(host, port):
             raise CommandError(f"{host}:{port} is already in use (set LOOMCYCLE_LISTEN_ADDR)")
         grpc_host = self._grpc_host()
+        self.stdout.write("migrating the database and loading the yaml configuration ...")
         try:
             agents = boot(migrate=True, verbosity=1)
         except ApplicationError as exc:  # a config error: its message, not a traceback
             raise CommandError(f"{exc.code}: {exc.message}") from exc
+        except DatabaseError as exc:
+            raise CommandError(f"migrating the database failed: {exc}") from exc
         try:
             if grpc_host is not None:
                 starts_in_open_mode(grpc_host)  # open mode beyond loopback is refused for gRPC too
@@ -204,8 +213,9 @@ class Command(BaseCommand):
         }
         sock = listen_socket(host, port) if E.WEB_PROCESSES > 1 else None
         kids = children(host, port, sock)
+        self.logs = Prefixer(width=max(len(child.name) for child in kids))
         for child in kids:
-            child.start(env)
+            child.start(env, self.logs)
         base = f"http://{host}:{port}"
         flower = f"http://{E.FLOWER_ADDRESS}:{E.FLOWER_PORT}/" if E.FLOWER_ENABLED else "off (LOOMCYCLE_FLOWER_ENABLED)"
         self.stdout.write(
@@ -264,7 +274,7 @@ class Command(BaseCommand):
         elif now >= child.next_start:
             child.restarts += 1
             child.next_start = 0.0
-            child.start(env)
+            child.start(env, self.logs)
 
 
 def grpc_banner() -> str:

@@ -177,7 +177,7 @@ def test_stop_ends_what_an_up_that_died_left_running(tmp_path):
     os.kill(runtime.pid, signal.SIGKILL)
     runtime.proc.wait(10)
     orphans = {pid: " ".join(psutil.Process(pid).cmdline()) for pid in ours if _alive(pid)}
-    assert any("redis-server" in c for c in orphans.values()), orphans
+    assert any("valkey-server" in c or "redis-server" in c for c in orphans.values()), orphans
     assert any(c.split(" ")[0].endswith("postgres") for c in orphans.values()), orphans
     with pytest.raises(RuntimeError, match=r"exit status -9\) left processes running; ended them") as ended:
         runtime.stop()

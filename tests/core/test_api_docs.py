@@ -205,9 +205,6 @@ UNTYPED_DEBT = frozenset(
         "channels_list",
         "chat_completions",
         "embeddings",
-        "hooks_delete",
-        "hooks_list",
-        "hooks_register",
         "interrupts_of_run",
         "interrupts_of_user",
         "interrupts_resolve",
@@ -221,13 +218,8 @@ UNTYPED_DEBT = frozenset(
         "runs_compact",
         "runs_fork",
         "runs_turn_cancel",
-        "schedule_pause",
-        "schedule_resume",
-        "schedule_run_now",
-        "schedule_state",
         "scheduledef_names",
         "scheduledef_op",
-        "schedules_list_all",
         "sessions_transcript",
         "skilldef_names",
         "skilldef_op",
@@ -241,8 +233,6 @@ UNTYPED_DEBT = frozenset(
         "volumedef_op",
         "webhookdef_names",
         "webhookdef_op",
-        "webhooks_recent_deliveries",
-        "webhooks_test",
     }
 )
 

@@ -186,24 +186,11 @@ def test_a_run_read_declares_the_run_schema(schema: dict[str, Any]) -> None:
     assert {"run_id", "agent_id", "status", "usage", "last_seq"} <= set(run["required"])
 
 
-# Operations that still answer a free-form JSON object in the description (the debt of issue 42,
-# 25 of 79 typed when it was written). A new route declares `response=` (docs/api.md, "The OpenAPI
-# description"); this list only shrinks.
-UNTYPED_DEBT = frozenset(
-    {
-        "chat_completions",
-        "embeddings",
-        "llm_chat",
-        "volumedef_op",
-    }
-)
-
-
-def test_every_new_operation_declares_its_response_schema(schema: dict[str, Any]) -> None:
+def test_every_operation_declares_its_response_schema(schema: dict[str, Any]) -> None:
     untyped = set()
     for _, _, op in operations(schema):
         for status, response in op["responses"].items():
             media = response.get("content", {}).get("application/json", {})
             if status.startswith("2") and media.get("schema") == {"type": "object", "additionalProperties": True}:
                 untyped.add(op["operationId"])
-    assert untyped <= UNTYPED_DEBT, sorted(untyped - UNTYPED_DEBT)
+    assert untyped == set(), sorted(untyped)

@@ -20,20 +20,18 @@ from loomcycle_http.client.pages import RUNS_PAGE, children_query, paged, runs_q
 from loomcycle_http.client.sessions import Interrupts, Sessions
 from loomcycle_http.client.types import (
     Channel,
-    ChannelMessage,
+    ChannelList,
     ChannelPublished,
-    DefName,
-    MemoryEntry,
+    ChannelRead,
+    DefNames,
+    MemoryEntries,
     MemoryPut,
     MemorySearch,
+    Messages,
     Run,
 )
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
-DefNames = list[DefName]
-ChannelList = list[Channel]
-Messages = list[ChannelMessage]
-MemoryEntries = list[MemoryEntry]
 _DROPPED = (httpx.TransportError, ConnectionFailed)
 _Opener = Callable[[], AbstractContextManager[httpx.Response]]
 
@@ -340,6 +338,22 @@ class Channels:
 
     def list(self) -> ChannelList:
         return list(self._c.send(b.Call("GET", "/v1/_channels"))["channels"])
+
+    def create(self, name: str, **fields: Any) -> Channel:
+        """Declare a runtime channel (`description`, `scope`, `semantic`, `default_ttl`, `max_messages`, ...)."""
+        return cast(Channel, self._c.send(b.Call("POST", "/v1/_channels", json={"name": name, **fields})))
+
+    def delete(self, name: str) -> None:
+        """Delete a runtime channel and its messages (409 for a yaml-declared one)."""
+        self._c.send(b.Call("DELETE", b.channel_path(name)))
+
+    def subscribe(self, name: str, **fields: Any) -> ChannelRead:
+        """Read after the committed cursor (or `from_cursor`) and commit it; `max_messages`, `wait_ms`."""
+        return cast(ChannelRead, self._c.send(b.Call("POST", b.channel_path(name, "subscribe"), json=fields)))
+
+    def ack(self, name: str, cursor: str) -> None:
+        """Commit `cursor`; 409 channel_cursor_regression when it is older than the committed one."""
+        self._c.send(b.Call("POST", b.channel_path(name, "ack"), json={"cursor": cursor}))
 
     def publish(self, name: str, payload: Any, *, ttl: int | None = None) -> ChannelPublished:
         return cast(ChannelPublished, self._c.send(b.channel_publish_call(name, payload, ttl)))

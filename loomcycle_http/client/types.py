@@ -153,3 +153,11 @@ class ChannelRead(TypedDict):
     channel: str
     messages: list[ChannelMessage]
     next_cursor: str
+
+
+# Lists of them, named: the client's classes have a method called `list`, which an annotation
+# written `list[...]` inside them would name instead of the builtin.
+DefNames = list[DefName]
+ChannelList = list[Channel]
+Messages = list[ChannelMessage]
+MemoryEntries = list[MemoryEntry]

@@ -35,6 +35,8 @@ def test_children_and_sessions_iterate_every_page(web_proc: Web) -> None:
         Run.objects.filter(id__in=kids).update(parent_id=parent, depth=1)  # as Agent spawns record them
         assert [r["run_id"] for r in lc.runs.children(parent, page_size=2)] == kids[::-1]
         top = _runs(lc, "u-sessions", 4)  # each its own session (a sub-run's session is not listed)
+        for run_id in top:  # ended: the sessions' latest activity, their order, holds still
+            assert wait_status(run_id, RunStatus.COMPLETED).status == RunStatus.COMPLETED
         paged = [s["session_id"] for s in lc.sessions.iter(user_id="u-sessions", page_size=3)]  # two pages
         whole = list(lc.sessions.iter(user_id="u-sessions"))
         assert paged == [s["session_id"] for s in whole] and len(set(paged)) == 4
@@ -96,3 +98,17 @@ def test_memory_keys_lists_the_slots_entries(web_proc: Web) -> None:
             ("notes/a", {"n": 1}, False),
             ("notes/b", [2], False),
         ]
+
+
+def test_a_runtime_channel_created_subscribed_acked_and_deleted(web_proc: Web) -> None:
+    with Client(web_proc.url) as lc:
+        made = lc.channels.create("client/jobs", description="jobs", max_messages=10)
+        assert (made["name"], made["source"], made["max_messages"]) == ("client/jobs", "runtime", 10)
+        first = lc.channels.publish("client/jobs", {"n": 1})
+        lc.channels.publish("client/jobs", {"n": 2})
+        read = lc.channels.subscribe("client/jobs", from_cursor="cur_0", max_messages=1)
+        assert [m["id"] for m in read["messages"]] == [first["msg_id"]]
+        lc.channels.ack("client/jobs", read["next_cursor"])
+        assert [m["value"] for m in lc.channels.subscribe("client/jobs")["messages"]] == [{"n": 2}]
+        lc.channels.delete("client/jobs")
+        assert "client/jobs" not in {c["name"] for c in lc.channels.list()}

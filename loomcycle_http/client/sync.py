@@ -18,6 +18,7 @@ from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, e
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
 from loomcycle_http.client.pages import RUNS_PAGE, children_query, paged, runs_query
 from loomcycle_http.client.sessions import Interrupts, Sessions
+from loomcycle_http.client.snapshots import Snapshots
 from loomcycle_http.client.types import (
     Channel,
     ChannelList,
@@ -61,6 +62,7 @@ class Client:
         self.budgets = Budgets(self)  # limits and usage (loomcycle_http.client.budgets)
         self.sessions = Sessions(self)  # conversations (loomcycle_http.client.sessions)
         self.interrupts = Interrupts(self)
+        self.snapshots = Snapshots(self)  # admin (loomcycle_http.client.snapshots)
 
     def __enter__(self) -> Client:
         return self

@@ -112,3 +112,14 @@ def test_a_runtime_channel_created_subscribed_acked_and_deleted(web_proc: Web) -
         assert [m["value"] for m in lc.channels.subscribe("client/jobs")["messages"]] == [{"n": 2}]
         lc.channels.delete("client/jobs")
         assert "client/jobs" not in {c["name"] for c in lc.channels.list()}
+
+
+def test_snapshots_captured_listed_read_and_deleted(web_proc: Web) -> None:
+    with Client(web_proc.url) as lc:
+        made = lc.snapshots.capture(label="client-snap")
+        assert made["label"] == "client-snap" and made["byte_size"] > 0
+        assert [s["id"] for s in lc.snapshots.list(label_contains="client-snap")] == [made["id"]]
+        read = lc.snapshots.get(made["id"])
+        assert read["envelope"]["format"] == "loomcycle-snapshot" and read["envelope"]["id"] == made["id"]
+        lc.snapshots.delete(made["id"])
+        assert lc.snapshots.list(label_contains="client-snap") == []

@@ -243,6 +243,9 @@ def _complete_responses(operation: dict[str, Any]) -> None:
     for status, response in responses.items():
         if not str(status).startswith("2"):
             continue
+        if str(status) == "204":  # No Content: a body-less answer declares none (RFC 9110 15.3.5)
+            response.pop("content", None)
+            continue
         content = response.setdefault("content", {})
         if sse and str(status) == "200":
             response["description"] = sse

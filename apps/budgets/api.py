@@ -144,7 +144,11 @@ def _instant(text: str | None, default: datetime) -> datetime:
 
 
 @router.get(
-    "/_usage", response=UsageOut, operation_id="usage_report", summary="Tokens, calls and cost, grouped; JSON or CSV"
+    "/_usage",
+    response=UsageOut,
+    by_alias=True,  # the schema names `from` as the body does, not the attribute `from_`
+    operation_id="usage_report",
+    summary="Tokens, calls and cost, grouped; JSON or CSV",
 )
 async def usage(request: HttpRequest) -> HttpResponse:
     q = request.GET

@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router
 from pydantic import BaseModel
 
-from apps.channels import access, cursors, presenters, selectors, services, verbs
+from apps.channels import access, cursors, presenters, schemas, selectors, services, verbs
 from apps.channels.longpoll import subscribe_waiting
 from apps.channels.schemas import (
     ChannelAckIn,
@@ -108,13 +108,19 @@ def _system_publish(principal: Principal, name: str, body: ChannelPublishIn) -> 
     return _publish(access.system_stream(principal, name), body, access.ADMIN)
 
 
-@router.get("/_channels", operation_id="channels_list", summary="Channels visible to the tenant (yaml + runtime)")
+@router.get(
+    "/_channels",
+    response=schemas.ChannelsOut,
+    operation_id="channels_list",
+    summary="Channels visible to the tenant (yaml + runtime)",
+)
 async def channels_list(request: HttpRequest) -> JsonResponse:
     return _json(await db_call(_list)(request_principal(request)))
 
 
 @router.post(
     "/_channels",
+    response={201: schemas.ChannelOut},
     operation_id="channel_create",
     summary="Create a runtime channel; 201 descriptor; 409 channel_yaml_immutable / channel_name_in_use",
     openapi_extra=openapi_body(ChannelCreateIn),
@@ -129,6 +135,7 @@ async def channel_create(request: HttpRequest) -> JsonResponse:
 
 @router.post(
     "/_channels/_await",
+    response=schemas.ChannelAwaitOut,
     operation_id="channels_await",
     summary="Wait for messages on several channels (mode any|all|at_least, never commits); a timeout is a 200",
     openapi_extra=openapi_body(ChannelAwaitIn),
@@ -163,6 +170,7 @@ def _broadcast(principal: Principal, body: ChannelBroadcastIn) -> dict[str, Any]
 
 @router.post(
     "/_channels/_broadcast",
+    response=schemas.ChannelBroadcastOut,
     operation_id="channels_broadcast",
     summary="Publish one payload to several channels; one undeclared channel: 404 and nothing is published",
     openapi_extra=openapi_body(ChannelBroadcastIn),
@@ -181,6 +189,7 @@ def _admin_publish(principal: Principal, name: str, body: ChannelPublishIn) -> d
 
 @router.post(
     _PREFIX + "/publish",
+    response=schemas.ChannelPublishedOut,
     operation_id="channel_publish",
     summary="Publish {payload, deliver_at?, ttl?} to a global/tenant channel",
     openapi_extra=openapi_body(ChannelPublishIn),
@@ -192,6 +201,7 @@ async def channel_publish(request: HttpRequest, name: str) -> JsonResponse:
 
 @router.post(
     _PREFIX + "/subscribe",
+    response=schemas.ChannelReadOut,
     operation_id="channel_subscribe",
     summary="Read after the committed cursor (or from_cursor) and commit it; wait_ms long-polls",
     openapi_extra=openapi_body(ChannelSubscribeIn),
@@ -208,6 +218,7 @@ def _admin_ack(principal: Principal, name: str, cursor: Any) -> dict[str, Any]:
 
 @router.post(
     _PREFIX + "/ack",
+    response=schemas.ChannelAckOut,
     operation_id="channel_ack",
     summary="Commit {cursor}; 409 channel_cursor_regression when older than the committed one",
     openapi_extra=openapi_body(ChannelAckIn),
@@ -221,7 +232,12 @@ def _purge(principal: Principal, name: str) -> dict[str, Any]:
     return services.channel_purge(tenant_id=principal.tenant_id, name=name)
 
 
-@router.post(_PREFIX + "/purge", operation_id="channel_purge", summary="Drop every message of the channel")
+@router.post(
+    _PREFIX + "/purge",
+    response=schemas.ChannelPurgedOut,
+    operation_id="channel_purge",
+    summary="Drop every message of the channel",
+)
 async def channel_purge(request: HttpRequest, name: str) -> JsonResponse:
     return _json(await db_call(_purge)(request_principal(request), name))
 
@@ -232,6 +248,7 @@ def _admin_peek(principal: Principal, name: str, from_cursor: str | None, max_ra
 
 @router.get(
     _PREFIX + "/peek",
+    response=schemas.ChannelPeekOut,
     operation_id="channel_peek",
     summary="Non-committing read (?from_cursor, default from the oldest; ?max_messages)",
 )
@@ -283,6 +300,7 @@ _fall_through("peek", ["PATCH", "DELETE", "POST"])
 
 @router.patch(
     _PREFIX,
+    response=schemas.ChannelOut,
     operation_id="channel_update",
     summary="Update a runtime channel {description, semantic, default_ttl, max_messages}; 409 for yaml ones",
     openapi_extra=openapi_body(ChannelUpdateIn),
@@ -291,13 +309,19 @@ async def channel_update(request: HttpRequest, name: str) -> JsonResponse:
     return await _patch(request, name)
 
 
-@router.delete(_PREFIX, operation_id="channel_delete", summary="Delete a runtime channel and its messages (204)")
+@router.delete(
+    _PREFIX,
+    response={204: None},
+    operation_id="channel_delete",
+    summary="Delete a runtime channel and its messages (204)",
+)
 async def channel_delete(request: HttpRequest, name: str) -> HttpResponse:
     return await _delete(request, name)
 
 
 @router.post(
     _PREFIX,
+    response=schemas.ChannelPublishedOut,
     operation_id="channel_system_publish",
     summary="System publish {payload, deliver_at?, ttl?} to a yaml-declared `_system/` channel",
     openapi_extra=openapi_body(ChannelPublishIn),
@@ -315,6 +339,7 @@ def _user_publish(principal: Principal, user_id: str, name: str, body: ChannelPu
 
 @router.post(
     _USER_PREFIX + "/publish",
+    response=schemas.ChannelPublishedOut,
     operation_id="user_channel_publish",
     summary="Publish to the user's stream of a scope=user channel",
     openapi_extra=openapi_body(ChannelPublishIn),
@@ -326,6 +351,7 @@ async def user_channel_publish(request: HttpRequest, user_id: str, name: str) ->
 
 @router.post(
     _USER_PREFIX + "/subscribe",
+    response=schemas.ChannelReadOut,
     operation_id="user_channel_subscribe",
     summary="Subscribe to the user's stream (commits its cursor; wait_ms long-polls)",
     openapi_extra=openapi_body(ChannelSubscribeIn),
@@ -342,6 +368,7 @@ def _user_ack(principal: Principal, user_id: str, name: str, cursor: Any) -> dic
 
 @router.post(
     _USER_PREFIX + "/ack",
+    response=schemas.ChannelAckOut,
     operation_id="user_channel_ack",
     summary="Commit {cursor} on the user's stream",
     openapi_extra=openapi_body(ChannelAckIn),
@@ -358,7 +385,10 @@ def _user_peek(
 
 
 @router.get(
-    _USER_PREFIX + "/peek", operation_id="user_channel_peek", summary="Non-committing read of the user's stream"
+    _USER_PREFIX + "/peek",
+    response=schemas.ChannelPeekOut,
+    operation_id="user_channel_peek",
+    summary="Non-committing read of the user's stream",
 )
 async def user_channel_peek(request: HttpRequest, user_id: str, name: str) -> JsonResponse:
     principal, from_cursor = request_principal(request), _query_cursor(request)

@@ -97,3 +97,94 @@ class ChannelBroadcastIn(_Fanout):
     payload: Any = Field(default=None, json_schema_extra=PAYLOAD_DOC)
     deliver_at: Any = Field(default=None, json_schema_extra=DELIVER_AT_DOC)
     ttl: Count | None = None
+
+
+# --- response schemas (/v1/openapi.json): what apps.channels.presenters build --------
+
+
+class ChannelOut(BaseModel):
+    """A channel as its tenant sees it (presenters.descriptor)."""
+
+    name: str
+    description: str
+    scope: str
+    semantic: str
+    publisher: str
+    period: str
+    default_ttl: int
+    max_messages: int
+    source: str
+    message_count: int
+    newest_visible_at: str | None
+    created_at: str | None
+    updated_at: str | None
+
+
+class ChannelsOut(BaseModel):
+    channels: list[ChannelOut]
+
+
+class ChannelMessageOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    value: Any
+    published_at: str
+
+
+class ChannelReadOut(BaseModel):
+    channel: str
+    messages: list[ChannelMessageOut]
+    next_cursor: str
+
+
+class ChannelPeekOut(BaseModel):
+    channel: str
+    messages: list[ChannelMessageOut]
+
+
+class ChannelPublishedOut(BaseModel):
+    msg_id: str
+    channel: str
+    created_at: str
+    dropped_oldest: int
+    visible_at: str | None = None  # present when deliver_at deferred the message
+
+
+class ChannelBroadcastResultOut(BaseModel):
+    """A published channel's ChannelPublishedOut fields, or `error` and `code` for a refused one."""
+
+    model_config = ConfigDict(extra="allow")
+
+    channel: str
+    error: str | None = None
+    code: str | None = None
+
+
+class ChannelBroadcastOut(BaseModel):
+    published: int
+    failed: int
+    results: list[ChannelBroadcastResultOut]
+
+
+class ChannelAwaitReadOut(BaseModel):
+    messages: list[ChannelMessageOut]
+    next_cursor: str
+
+
+class ChannelAwaitOut(BaseModel):
+    satisfied: bool
+    timed_out: bool
+    mode: str
+    fired: list[str]
+    total_messages: int
+    results: dict[str, ChannelAwaitReadOut]
+
+
+class ChannelAckOut(BaseModel):
+    ok: bool
+
+
+class ChannelPurgedOut(BaseModel):
+    name: str
+    purged: int

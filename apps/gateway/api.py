@@ -19,7 +19,15 @@ from apps.gateway.calls import Call, ChatSpec, caller_user_id, chat_open, chat_r
 from apps.gateway.catalog import served_models
 from apps.gateway.embeddings import embeddings_create
 from apps.gateway.models import Endpoint
-from apps.gateway.schemas import ChatCompletionIn, EmbeddingsIn, LlmChatIn, ModelsOut
+from apps.gateway.schemas import (
+    ChatCompletionIn,
+    ChatCompletionOut,
+    EmbeddingsIn,
+    EmbeddingsOut,
+    LlmChatIn,
+    LlmChatOut,
+    ModelsOut,
+)
 from apps.gateway.sse import StreamBody, stream_chunks
 
 router = Router(tags=["gateway"])
@@ -48,6 +56,7 @@ def models_list(request: HttpRequest) -> dict[str, object]:
 
 @router.post(
     "/chat/completions",
+    response=ChatCompletionOut,
     openapi_extra=openapi_body(ChatCompletionIn),
     summary="OpenAI Chat Completions (JSON, or chat.completion.chunk SSE with stream:true)",
 )
@@ -73,6 +82,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
 
 @router.post(
     "/_llm/chat",
+    response=LlmChatOut,
     openapi_extra=openapi_body(LlmChatIn),
     summary="loomcycle's native LLM call (JSON, or named SSE events with stream:true)",
 )
@@ -97,6 +107,7 @@ async def llm_chat(request: HttpRequest) -> HttpResponseBase:
 
 @router.post(
     "/embeddings",
+    response=EmbeddingsOut,
     openapi_extra=openapi_body(EmbeddingsIn),
     summary="OpenAI Embeddings over the configured embedder",
 )

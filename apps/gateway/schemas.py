@@ -191,3 +191,65 @@ class ModelOut(BaseModel):
 class ModelsOut(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelOut]
+
+
+# --- JSON answers of the calls (apps.gateway.compat, native): documented for /v1/openapi.json ---
+
+
+class _Open(BaseModel):
+    """Provider-shaped objects may carry more fields than those named (OpenAI adds them over time)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class CompletionMessageOut(_Open):
+    role: str  # "assistant"
+    content: str | None
+    refusal: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # [{id, type: "function", function: {name, arguments}}]
+    reasoning_content: str | None = None  # the model's thinking, when it streamed any (DeepSeek's field)
+
+
+class CompletionChoiceOut(_Open):
+    index: int
+    message: CompletionMessageOut
+    logprobs: Any = None
+    finish_reason: str
+
+
+class ChatCompletionOut(_Open):
+    """OpenAI's `chat.completion` (stream:false)."""
+
+    id: str
+    object: str  # "chat.completion"
+    created: int
+    model: str
+    choices: list[CompletionChoiceOut]
+    usage: dict[str, Any]  # prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details
+
+
+class LlmChatOut(_Open):
+    """The native gateway's JSON answer (stream:false): content blocks as the providers' messages hold them."""
+
+    id: str
+    request_id: str
+    provider: str
+    model: str
+    content: list[dict[str, Any]]  # {type: "text", text} | {type: "tool_use", id, name, input}
+    stop_reason: str | None
+    usage: dict[str, Any]
+
+
+class EmbeddingOut(_Open):
+    object: str  # "embedding"
+    index: int
+    embedding: list[float] | str  # a base64 string when encoding_format is base64
+
+
+class EmbeddingsOut(_Open):
+    """OpenAI's embeddings list."""
+
+    object: str  # "list"
+    data: list[EmbeddingOut]
+    model: str
+    usage: dict[str, Any]

@@ -10,7 +10,7 @@ from ninja import Router
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.memory import keyops
 from apps.memory.models import MemoryScope
-from apps.memory.schemas import MemoryKeyOut, MemoryKeysOut, MemoryPutOut, MemoryScopesOut
+from apps.memory.schemas import MemoryKeyOut, MemoryKeysOut, MemoryPutOut, MemoryScopesOut, MemorySearchOut
 
 router = Router(tags=["memory"])
 ADMIN_BODY_BYTES = 1024 * 1024
@@ -53,7 +53,9 @@ async def memory_key_put(request: HttpRequest, scope: str, scope_id: str, key: s
     return JsonResponse(await db_call(keyops.key_put)(request_principal(request), scope, scope_id, key, body, embed_q))
 
 
-@router.delete(_PREFIX + "/{path:key}", operation_id="memory_key_delete", summary="Delete a key (always 204)")
+@router.delete(
+    _PREFIX + "/{path:key}", response={204: None}, operation_id="memory_key_delete", summary="Delete a key (always 204)"
+)
 async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key: str) -> HttpResponse:
     await db_call(keyops.key_delete)(request_principal(request), scope, scope_id, key)
     return HttpResponse(status=204)
@@ -61,6 +63,7 @@ async def memory_key_delete(request: HttpRequest, scope: str, scope_id: str, key
 
 @router.post(
     "/_memory/search",
+    response=MemorySearchOut,
     operation_id="memory_search",
     summary="Vector search {query, scope, scope_id, top_k, rank, dedup}",
     openapi_extra=openapi_body(keyops.MemorySearchIn, enums={"scope": MemoryScope.values}),

@@ -41,3 +41,27 @@ class MemoryPutOut(BaseModel):
     key: str
     embedded: bool
     embed_warning: str | None = None  # present when embedding failed and the value was stored unembedded
+
+
+class EmbeddedWithOut(BaseModel):
+    provider: str
+    model: str
+
+
+class MemoryHitOut(BaseModel):
+    key: str
+    value: Any
+    expires_at: str | None
+    score: float  # the hybrid score the hits are ordered by
+    similarity: float  # cosine, 0..1
+    embedded_with: EmbeddedWithOut
+    kind: str  # "fact"
+    merged_keys: list[str] | None = None  # present when dedup folded near-duplicates into this hit
+
+
+class MemorySearchOut(BaseModel):
+    scope: str
+    scope_id: str
+    entries: list[MemoryHitOut]
+    query_embedding_dim: int
+    truncated: bool

@@ -17,9 +17,11 @@ from apps.snapshots import presenters, selectors, services
 from apps.snapshots.schemas import (
     SnapshotCapturedOut,
     SnapshotCaptureIn,
+    SnapshotEnvelopeOut,
     SnapshotListOut,
     SnapshotRestoreIn,
     SnapshotRestoreOut,
+    SnapshotWithEnvelopeOut,
 )
 
 router = Router(tags=["snapshots"])
@@ -50,13 +52,19 @@ def snapshots_list(request: HttpRequest, limit: int = 100, label_contains: str =
     return {"entries": [presenters.snapshot_out(row) for row in rows]}
 
 
-@router.get("/_snapshots/{snapshot_id}", summary="A snapshot's metadata and envelope; 404 snapshot_not_found")
+@router.get(
+    "/_snapshots/{snapshot_id}",
+    response=SnapshotWithEnvelopeOut,
+    summary="A snapshot's metadata and envelope; 404 snapshot_not_found",
+)
 def snapshots_get(request: HttpRequest, snapshot_id: str) -> HttpResponse:
     row = selectors.snapshot_get(snapshot_id=_checked_id(snapshot_id))
     return HttpResponse(presenters.snapshot_with_envelope(row), content_type="application/json")
 
 
-@router.get("/_snapshots/{snapshot_id}/export", summary="The envelope as stored, as a download")
+@router.get(
+    "/_snapshots/{snapshot_id}/export", response=SnapshotEnvelopeOut, summary="The envelope as stored, as a download"
+)
 def snapshots_export(request: HttpRequest, snapshot_id: str) -> HttpResponse:
     snapshot_id = _checked_id(snapshot_id)
     response = HttpResponse(selectors.snapshot_content(snapshot_id=snapshot_id), content_type="application/json")

@@ -64,3 +64,29 @@ class SnapshotRestoreOut(BaseModel):
     run_inputs_restored: int
     tool_calls_restored: int
     interrupts_restored: int
+
+
+class SnapshotSectionOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    version: str
+    rows: Any
+
+
+class SnapshotEnvelopeOut(BaseModel):
+    """The stored envelope (apps/snapshots/envelope.py): `checksum` is SHA-256 over the canonical
+    JSON of `sections`; restore takes it back as it is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    checksum: str
+    created_at: str
+    format: str  # "loomcycle-snapshot"
+    id: str
+    label: str
+    schema_version: str
+    sections: dict[str, SnapshotSectionOut]
+
+
+class SnapshotWithEnvelopeOut(SnapshotOut):
+    envelope: SnapshotEnvelopeOut

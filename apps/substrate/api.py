@@ -21,7 +21,7 @@ from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.substrate import selectors, services
 from apps.substrate.kinds import KINDS, REFUSALS, Kind, Refusal, refusal_details
-from apps.substrate.schemas import DefOpIn
+from apps.substrate.schemas import DefNamesOut, DefOpIn, DefOpOut
 
 router = Router(tags=["substrate"])
 ADMIN_BODY_BYTES = 1024 * 1024
@@ -72,6 +72,7 @@ def _add_routes(kind: Kind) -> None:
         ["POST"],
         op_dispatch,
         operation_id=f"{kind.key}def_op",
+        response=DefOpOut,
         summary=f"{kind.tool} op-dispatch ({', '.join(sorted(kind.ops))})",
         openapi_extra=openapi_body(DefOpIn, enums={"op": sorted(kind.ops)}),
     )
@@ -80,6 +81,7 @@ def _add_routes(kind: Kind) -> None:
         ["GET"],
         names,
         operation_id=f"{kind.key}def_names",
+        response=DefNamesOut,
         summary=f"{kind.tool} names with version counts and the active version",
     )
 

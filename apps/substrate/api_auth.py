@@ -21,6 +21,7 @@ from apps.core.types import Principal
 from apps.substrate import tokens
 from apps.substrate.api import ADMIN_BODY_BYTES, ToolError
 from apps.substrate.kinds import Refused
+from apps.substrate.schemas import DefNamesOut, DefOpOut
 
 router = Router(tags=["auth"])
 
@@ -91,13 +92,18 @@ def _names() -> list[dict[str, Any]]:
         connection.close()
 
 
-@router.get("/_operatortokendef/names", summary="Operator token names with live and total counts; admin only")
+@router.get(
+    "/_operatortokendef/names",
+    response=DefNamesOut,
+    summary="Operator token names with live and total counts; admin only",
+)
 async def operator_token_names(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"names": await sync_to_async(_names, thread_sensitive=False)()})
 
 
 @router.post(
     "/_operatortokendef",
+    response=DefOpOut,
     summary="OperatorTokenDef op-dispatch (create, rotate, retire, get, list); admin only",
     openapi_extra=openapi_body(OperatorTokenOpIn, enums={"op": tokens.OPS}),
 )

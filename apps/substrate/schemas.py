@@ -24,3 +24,28 @@ class DefOpIn(BaseModel):
     promote: Any = None
     retired: Any = None
     content_sha256: Any = None
+
+
+class DefNameOut(BaseModel):
+    """One (tenant, name) of a def kind: its versions and the active one (selectors.def_names)."""
+
+    name: str
+    tenant_id: str
+    version_count: int
+    active_def_id: str  # "" when no version is active
+    latest_version: int
+    last_updated: str | None
+    live_version_count: int
+    active_retired: bool
+    static: bool | None = None  # the def kinds' (a yaml-declared version); operator tokens have none
+
+
+class DefNamesOut(BaseModel):
+    names: list[DefNameOut]
+
+
+class DefOpOut(BaseModel):
+    """The def tool's JSON answer to the op (create, get, list, activate, retire, ...): its fields
+    depend on the op, as the tool's own result does (docs/api.md, "Definitions")."""
+
+    model_config = ConfigDict(extra="allow")

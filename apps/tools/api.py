@@ -9,13 +9,14 @@ from ninja import Router
 
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.tools import services
-from apps.tools.schemas import VolumeDefOpIn
+from apps.tools.schemas import VolumeDefOpIn, VolumeDefOpOut
 
 router = Router(tags=["volumes"])
 
 
 @router.post(
     "/_volumedef",
+    response=VolumeDefOpOut,
     operation_id="volumedef_op",
     summary="VolumeDef op-dispatch (create, get, list, delete, purge) in the caller's tenant",
     openapi_extra=openapi_body(VolumeDefOpIn, enums={"op": services.VOLUME_OPS}),

@@ -15,3 +15,10 @@ class VolumeDefOpIn(BaseModel):
     op: str
     name: Any = None
     mode: Any = None
+
+
+class VolumeDefOpOut(BaseModel):
+    """The op's answer: a volume (create, get), `{"volumes": [...]}` (list), or what delete and purge
+    removed (apps.tools.services.volume_def_dispatch); its fields depend on the op."""
+
+    model_config = ConfigDict(extra="allow")

@@ -18,6 +18,7 @@ import os
 import random
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -237,7 +238,7 @@ def agent_apply_call(name: str, definition: dict[str, Any], *, static: bool, des
     return Call("POST", "/v1/_agentdef", json=body)
 
 
-def active_row(name: str, names: list[dict[str, Any]], versions: list[dict[str, Any]]) -> dict[str, Any] | None:
+def active_row(name: str, names: Sequence[Mapping[str, Any]], versions: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The active version of `name`: the promoted row of its versions, else its newest."""
     promoted = [row for row in versions if row.get("promoted")]
     if promoted:

@@ -16,6 +16,7 @@ from httpx_sse import EventSource
 from loomcycle_http.client import _base as b
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+from loomcycle_http.client.pages import RUNS_PAGE, apaged, children_query, runs_query
 from loomcycle_http.client.types import Run
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
@@ -133,6 +134,15 @@ class Runs:
     async def list(self, *, status: str = "running", agent: str | None = None, tenant: str | None = None) -> JsonList:
         """Runs of the caller's tenant (GET /v1/runs), newest first."""
         return list((await self._c.send(b.runs_list_call(status, agent, tenant)))["runs"])
+
+    def iter(self, *, status: str = "all", page_size: int = RUNS_PAGE, **filters: str | None) -> AsyncIterator[Run]:
+        """Every run matching the filters, newest first, following `next_cursor` (GET /v1/runs)."""
+        path, key, params = runs_query(page_size, status=status, **filters)
+        return cast(AsyncIterator[Run], apaged(self._c.send, path, key, params))
+
+    def children(self, run_id: str, *, status: str = "all", page_size: int = RUNS_PAGE) -> AsyncIterator[Run]:
+        """The run's direct sub-agent runs, newest first, page after page (GET /v1/runs/{id}/children)."""
+        return cast(AsyncIterator[Run], apaged(self._c.send, *children_query(run_id, status, page_size)))
 
     async def events(self, run_id: str, *, from_seq: int = 0) -> AsyncIterator[Event]:
         """Every persisted event after `from_seq`, as stored (GET /v1/runs/{id}/events, paged)."""

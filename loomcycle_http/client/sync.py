@@ -16,7 +16,21 @@ from loomcycle_http.client import _base as b
 from loomcycle_http.client.budgets import Budgets
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
-from loomcycle_http.client.types import Run
+from loomcycle_http.client.pages import RUNS_PAGE, children_query, paged, runs_query
+from loomcycle_http.client.sessions import Interrupts, Sessions
+from loomcycle_http.client.snapshots import Snapshots
+from loomcycle_http.client.types import (
+    Channel,
+    ChannelList,
+    ChannelPublished,
+    ChannelRead,
+    DefNames,
+    MemoryEntries,
+    MemoryPut,
+    MemorySearch,
+    Messages,
+    Run,
+)
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)
@@ -46,6 +60,9 @@ class Client:
         self.channels = Channels(self)
         self.runtime = Runtime(self)
         self.budgets = Budgets(self)  # limits and usage (loomcycle_http.client.budgets)
+        self.sessions = Sessions(self)  # conversations (loomcycle_http.client.sessions)
+        self.interrupts = Interrupts(self)
+        self.snapshots = Snapshots(self)  # admin (loomcycle_http.client.snapshots)
 
     def __enter__(self) -> Client:
         return self
@@ -134,6 +151,26 @@ class Runs:
     def list(self, *, status: str = "running", agent: str | None = None, tenant: str | None = None) -> JsonList:
         """Runs of the caller's tenant (GET /v1/runs), newest first."""
         return list(self._c.send(b.runs_list_call(status, agent, tenant))["runs"])
+
+    def iter(self, *, status: str = "all", page_size: int = RUNS_PAGE, **filters: str | None) -> Iterator[Run]:
+        """Every run matching the filters (agent, user_id, metadata, created_after/before, tenant),
+        newest first, following `next_cursor` page after page (GET /v1/runs)."""
+        path, key, params = runs_query(page_size, status=status, **filters)
+        return cast(Iterator[Run], paged(self._c.send, path, key, params))
+
+    def children(self, run_id: str, *, status: str = "all", page_size: int = RUNS_PAGE) -> Iterator[Run]:
+        """The run's direct sub-agent runs, newest first, page after page (GET /v1/runs/{id}/children)."""
+        return cast(Iterator[Run], paged(self._c.send, *children_query(run_id, status, page_size)))
+
+    def fork(self, run_id: str, from_step: int, **fields: Any) -> dict[str, Any]:
+        """A new run in a new session from this run's transcript through `from_step` (POST .../fork;
+        `agent`, `prompt`, `interactive`, `agent_id`): `{agent_id, run_id, session_id, status, ...}`."""
+        body = {"from_step": from_step, **fields}
+        return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/fork", json=body)))
+
+    def compact(self, run_id: str, **fields: Any) -> dict[str, Any]:
+        """Queue a compaction of the run's context for its next iteration (`keep_last_n`, `keep_first`)."""
+        return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/compact", json=fields)))
 
     def events(self, run_id: str, *, from_seq: int = 0) -> Iterator[Event]:
         """Every persisted event after `from_seq`, as stored (GET /v1/runs/{id}/events, paged)."""
@@ -238,7 +275,7 @@ class Agents:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def list(self) -> JsonList:
+    def list(self) -> DefNames:
         """Every agent name the caller sees, with its version count and whether it is static."""
         return list(self._c.send(b.Call("GET", "/v1/_agentdef/names"))["names"])
 
@@ -276,15 +313,23 @@ class Memory:
 
     def set(
         self, scope: str, scope_id: str, key: str, value: Any, *, ttl_seconds: int | None = None, embed: bool = False
-    ) -> dict[str, Any]:
-        return dict(self._c.send(b.memory_set_call(scope, scope_id, key, value, ttl_seconds=ttl_seconds, embed=embed)))
+    ) -> MemoryPut:
+        return cast(
+            MemoryPut,
+            self._c.send(b.memory_set_call(scope, scope_id, key, value, ttl_seconds=ttl_seconds, embed=embed)),
+        )
+
+    def keys(self, scope: str, scope_id: str, *, prefix: str = "", limit: int = 200) -> MemoryEntries:
+        """Live keys of the slot, with their values (GET .../keys; `limit` at most 1000)."""
+        path = b.memory_key_path(scope, scope_id, "").rstrip("/")
+        return list(self._c.send(b.Call("GET", path, params={"prefix": prefix, "limit": limit}))["entries"])
 
     def delete(self, scope: str, scope_id: str, key: str) -> None:
         self._c.send(b.Call("DELETE", b.memory_key_path(scope, scope_id, key)))
 
-    def search(self, query: str, *, scope: str, scope_id: str = "", top_k: int = 5) -> dict[str, Any]:
+    def search(self, query: str, *, scope: str, scope_id: str = "", top_k: int = 5) -> MemorySearch:
         """Semantic search over the slot's embedded rows (POST /v1/_memory/search)."""
-        return dict(self._c.send(b.memory_search_call(query, scope, scope_id, top_k)))
+        return cast(MemorySearch, self._c.send(b.memory_search_call(query, scope, scope_id, top_k)))
 
 
 class Channels:
@@ -293,13 +338,29 @@ class Channels:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def list(self) -> JsonList:
+    def list(self) -> ChannelList:
         return list(self._c.send(b.Call("GET", "/v1/_channels"))["channels"])
 
-    def publish(self, name: str, payload: Any, *, ttl: int | None = None) -> dict[str, Any]:
-        return dict(self._c.send(b.channel_publish_call(name, payload, ttl)))
+    def create(self, name: str, **fields: Any) -> Channel:
+        """Declare a runtime channel (`description`, `scope`, `semantic`, `default_ttl`, `max_messages`, ...)."""
+        return cast(Channel, self._c.send(b.Call("POST", "/v1/_channels", json={"name": name, **fields})))
 
-    def peek(self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100) -> JsonList:
+    def delete(self, name: str) -> None:
+        """Delete a runtime channel and its messages (409 for a yaml-declared one)."""
+        self._c.send(b.Call("DELETE", b.channel_path(name)))
+
+    def subscribe(self, name: str, **fields: Any) -> ChannelRead:
+        """Read after the committed cursor (or `from_cursor`) and commit it; `max_messages`, `wait_ms`."""
+        return cast(ChannelRead, self._c.send(b.Call("POST", b.channel_path(name, "subscribe"), json=fields)))
+
+    def ack(self, name: str, cursor: str) -> None:
+        """Commit `cursor`; 409 channel_cursor_regression when it is older than the committed one."""
+        self._c.send(b.Call("POST", b.channel_path(name, "ack"), json={"cursor": cursor}))
+
+    def publish(self, name: str, payload: Any, *, ttl: int | None = None) -> ChannelPublished:
+        return cast(ChannelPublished, self._c.send(b.channel_publish_call(name, payload, ttl)))
+
+    def peek(self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100) -> Messages:
         """Messages after `from_cursor`, without committing a cursor."""
         params = {"from_cursor": from_cursor, "max_messages": max_messages}
         return list(self._c.send(b.Call("GET", b.channel_path(name, "peek"), params=params))["messages"])

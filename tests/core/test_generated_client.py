@@ -30,7 +30,8 @@ def generated(web: str, tmp_path: Path) -> Iterator[ModuleType]:
     spec.write_bytes(httpx.get(web + "/v1/openapi.json", timeout=30).raise_for_status().content)
     bindir = str(Path(sys.executable).parent)  # its post-generation hook runs ruff from PATH
     env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
-    argv = [f"{bindir}/openapi-python-client", "generate", "--path", str(spec), "--meta", "none"]
+    # `-m`, not the console script: the script's shebang names the venv it was installed from
+    argv = [sys.executable, "-m", "openapi_python_client", "generate", "--path", str(spec), "--meta", "none"]
     done = subprocess.run(
         [*argv, "--output-path", str(tmp_path / PACKAGE)], env=env, capture_output=True, text=True, timeout=300
     )

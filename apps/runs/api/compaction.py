@@ -10,6 +10,7 @@ from apps.core.errors import Invalid
 from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.runs.compaction.services import run_compact
+from apps.runs.response_schemas import RunCompactQueuedOut
 from apps.runs.schemas import RunCompactIn
 
 router = Router(tags=["runs"])
@@ -17,6 +18,7 @@ router = Router(tags=["runs"])
 
 @router.post(
     "/runs/{run_id}/compact",
+    response={202: RunCompactQueuedOut},
     openapi_extra=openapi_body(RunCompactIn),
     summary="Compact a run's context at its next iteration (202; 409 ended, 422 compaction disabled)",
 )

@@ -14,6 +14,7 @@ from apps.core.ids import is_ident
 from apps.runs import selectors
 from apps.runs.interrupts import services as interrupts
 from apps.runs.interrupts.presenters import interrupt_out
+from apps.runs.response_schemas import InterruptResolvedOut, RunInterruptsOut, UserInterruptsOut
 from apps.runs.schemas import InterruptResolveIn
 
 router = Router(tags=["runs"])
@@ -26,6 +27,7 @@ def _check_ident(value: str, what: str) -> None:
 
 @router.post(
     "/runs/{run_id}/interrupts/{interrupt_id}/resolve",
+    response=InterruptResolvedOut,
     openapi_extra=openapi_body(InterruptResolveIn),
     summary="Answer or decline an Interruption.ask (422 bad reply, 409 not pending, 410 expired)",
 )
@@ -42,7 +44,11 @@ def interrupts_resolve(request: HttpRequest, run_id: str, interrupt_id: str) -> 
     )
 
 
-@router.get("/runs/{run_id}/interrupts", summary="A run's interrupts, oldest first (?status=pending|...|all)")
+@router.get(
+    "/runs/{run_id}/interrupts",
+    response=RunInterruptsOut,
+    summary="A run's interrupts, oldest first (?status=pending|...|all)",
+)
 def interrupts_of_run(request: HttpRequest, run_id: str, status: str = "") -> dict[str, Any]:
     _check_ident(run_id, "run_id")
     who = request_principal(request)
@@ -53,7 +59,11 @@ def interrupts_of_run(request: HttpRequest, run_id: str, status: str = "") -> di
     }
 
 
-@router.get("/users/{user_id}/interrupts", summary="A user's interrupt inbox, newest first (?status=pending default)")
+@router.get(
+    "/users/{user_id}/interrupts",
+    response=UserInterruptsOut,
+    summary="A user's interrupt inbox, newest first (?status=pending default)",
+)
 def interrupts_of_user(request: HttpRequest, user_id: str, status: str = "pending") -> dict[str, Any]:
     _check_ident(user_id, "user_id")
     who = request_principal(request)

@@ -19,6 +19,7 @@ from apps.core.ids import is_ident
 from apps.core.types import Principal
 from apps.runs.api import run_create_data, run_response
 from apps.runs.models import Run
+from apps.runs.response_schemas import SessionTranscriptOut
 from apps.runs.schemas import RunCreatedOut
 from apps.runs.sessions import services as session_services
 from apps.runs.sessions.schemas import SessionMessageIn, SessionReplayIn, SessionReplayOut
@@ -31,7 +32,12 @@ def _check_session(session_id: str) -> None:
         raise Invalid("invalid session_id: must match [A-Za-z0-9_-]{1,128}", code="invalid_request")
 
 
-@router.get("/sessions/{session_id}/transcript", summary="A session's runs and their events, in order")
+@router.get(
+    "/sessions/{session_id}/transcript",
+    response=SessionTranscriptOut,
+    exclude_unset=True,  # an event's `payload` is there only for user_input and system_prompt
+    summary="A session's runs and their events, in order",
+)
 def sessions_transcript(request: HttpRequest, session_id: str) -> dict[str, Any]:
     _check_session(session_id)
     return session_services.session_transcript(principal=request_principal(request), session_id=session_id)

@@ -13,6 +13,7 @@ from apps.core.http import openapi_body, parse_body, request_principal
 from apps.core.ids import is_ident
 from apps.runs import fork
 from apps.runs.engine import turncancel
+from apps.runs.response_schemas import RunForkedOut, TurnCancelledOut
 from apps.runs.schemas import ForkIn, TurnCancelIn
 
 router = Router(tags=["runs"])
@@ -25,6 +26,7 @@ def _check_ident(value: str, what: str) -> None:
 
 @router.post(
     "/runs/{run_id}/cancel",
+    response=TurnCancelledOut,
     openapi_extra=openapi_body(TurnCancelIn),
     summary="Turn-cancel an interactive run: stop its current turn, re-park it (409 not_interactive / not_mid_turn)",
 )
@@ -36,6 +38,7 @@ def runs_turn_cancel(request: HttpRequest, run_id: str) -> dict[str, Any]:
 
 @router.post(
     "/runs/{run_id}/fork",
+    response={201: RunForkedOut},
     openapi_extra=openapi_body(ForkIn),
     summary="Start a new run in a new session from this run's transcript through step from_step",
 )

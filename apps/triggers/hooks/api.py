@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from apps.core.http import db_call, openapi_body, parse_body, request_principal
 from apps.core.types import Principal
 from apps.triggers.hooks import presenters, selectors, services
+from apps.triggers.schemas import HookDeletedOut, HookRegisteredOut, HooksOut
 
 router = Router(tags=["hooks"])
 ADMIN_BODY_BYTES = 1024 * 1024
@@ -52,6 +53,7 @@ def _delete(principal: Principal, hook_id: str) -> dict[str, Any]:
 
 @router.post(
     "/hooks",
+    response=HookRegisteredOut,
     operation_id="hooks_register",
     summary="Register (or replace by owner+name) a tool-use hook; 400 invalid_registration",
     openapi_extra=openapi_body(HookRegisterIn),
@@ -62,11 +64,15 @@ async def hooks_register(request: HttpRequest) -> JsonResponse:
     return JsonResponse(await db_call(_register)(request_principal(request), data))
 
 
-@router.get("/hooks", operation_id="hooks_list", summary="The caller's tenant's hooks in chain order")
+@router.get(
+    "/hooks", response=HooksOut, operation_id="hooks_list", summary="The caller's tenant's hooks in chain order"
+)
 async def hooks_list(request: HttpRequest) -> JsonResponse:
     return JsonResponse(await db_call(_list)(request_principal(request)))
 
 
-@router.delete("/hooks/{hook_id}", operation_id="hooks_delete", summary="Delete a hook; 404 not_found")
+@router.delete(
+    "/hooks/{hook_id}", response=HookDeletedOut, operation_id="hooks_delete", summary="Delete a hook; 404 not_found"
+)
 async def hooks_delete(request: HttpRequest, hook_id: str) -> JsonResponse:
     return JsonResponse(await db_call(_delete)(request_principal(request), hook_id))

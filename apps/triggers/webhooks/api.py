@@ -10,6 +10,7 @@ from ninja import Router
 
 from apps.core.http import request_principal
 from apps.core.timefmt import ts
+from apps.triggers.schemas import WebhookDeliveriesOut, WebhookDryRunOut
 from apps.triggers.webhooks import selectors
 from apps.triggers.webhooks.receive import webhook_dry_run
 
@@ -18,7 +19,7 @@ DEFAULT_RECENT = 50
 DRY_RUN_MAX_BYTES = 16 * 1024 * 1024
 
 
-@router.get("/_webhooks/{name}/recent-deliveries")
+@router.get("/_webhooks/{name}/recent-deliveries", response=WebhookDeliveriesOut)
 def webhooks_recent_deliveries(request: HttpRequest, name: str, limit: int = DEFAULT_RECENT) -> dict[str, Any]:
     principal = request_principal(request)
     rows = selectors.recent_deliveries(name=name, tenant_id=principal.read_tenant, limit=limit)
@@ -37,7 +38,7 @@ def webhooks_recent_deliveries(request: HttpRequest, name: str, limit: int = DEF
     return {"webhook_name": name, "deliveries": deliveries}
 
 
-@router.post("/_webhooks/{name}/test")
+@router.post("/_webhooks/{name}/test", response=WebhookDryRunOut, exclude_unset=True)
 def webhooks_test(request: HttpRequest, name: str, tenant: str = "") -> dict[str, Any]:
     """Dry run: the request body is the payload a delivery would carry."""
     principal = request_principal(request)

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
 from ninja import Field, Router, Schema
 
 from apps.budgets import authz, selectors, services
-from apps.budgets.errors import InvalidLimit
 from apps.budgets.models import Kind, OnExceed, Window
 from apps.core.http import db_call, request_principal
 
@@ -133,16 +130,6 @@ async def limits_delete(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"deleted": deleted})
 
 
-def _instant(text: str | None, default: datetime) -> datetime:
-    if not text:
-        return default
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise InvalidLimit(f"invalid time {text[:40]!r} (want ISO 8601)", code="invalid_time") from exc
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 @router.get(
     "/_usage",
     response=UsageOut,
@@ -153,14 +140,8 @@ def _instant(text: str | None, default: datetime) -> datetime:
 async def usage(request: HttpRequest) -> HttpResponse:
     q = request.GET
     tenant = authz.read_tenant(request_principal(request), q.get("tenant"))
-    group_by = [g for g in (q.get("group_by") or "tenant").split(",") if g]
-    if bad := [g for g in group_by if g not in selectors.GROUPS]:
-        raise InvalidLimit(
-            f"group_by must name of: {', '.join(selectors.GROUPS)} (got {bad[0]!r})", code="invalid_group_by"
-        )
-    now = timezone.now()
-    since = _instant(q.get("from"), now.replace(day=1, hour=0, minute=0, second=0, microsecond=0))
-    until = _instant(q.get("to"), now)
+    group_by = selectors.usage_groups([g for g in (q.get("group_by") or "tenant").split(",") if g])
+    since, until = selectors.usage_range(q.get("from"), q.get("to"))
     rows = await db_call(selectors.usage_report)(tenant_id=tenant, group_by=group_by, since=since, until=until)
     if q.get("format") == "csv":
         return _csv(group_by, rows)

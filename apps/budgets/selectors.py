@@ -5,7 +5,7 @@ The tenant is always an explicit keyword: None = every tenant (the operator)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -13,6 +13,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from apps.budgets.errors import InvalidLimit
 from apps.budgets.models import LimitWindow, TokenLimit
 from apps.budgets.windows import window_end, window_start
 from apps.gateway.models import UsageEntry
@@ -61,6 +62,15 @@ def limits_list(*, tenant_id: str | None, now: datetime | None = None) -> list[L
         )
         for lim in limits
     ]
+
+
+def limit_find(
+    *, tenant_id: str, scope: str, scope_id: str, kind: str = "tokens", window: str = "month"
+) -> TokenLimit | None:
+    """The one limit of that scope, kind and window, if any."""
+    return TokenLimit.objects.filter(
+        tenant_id=tenant_id, scope=scope, scope_id=scope_id, kind=kind, window=window
+    ).first()
 
 
 @dataclass
@@ -123,3 +133,30 @@ def usage_totals(rows: list[UsageGroupRow]) -> dict[str, Any]:
             total.sums[t] += r.sums[t]
         total.calls, total.priced, total.cost = total.calls + r.calls, total.priced + r.priced, total.cost + r.cost
     return total.as_dict()
+
+
+def usage_groups(group_by: list[str], allowed: tuple[str, ...] = GROUPS) -> list[str]:
+    """`group_by` checked against `allowed`: 400 `invalid_group_by` naming the first stranger."""
+    if bad := [g for g in group_by if g not in allowed]:
+        raise InvalidLimit(f"group_by must name of: {', '.join(allowed)} (got {bad[0]!r})", code="invalid_group_by")
+    return group_by
+
+
+def usage_range(since: str | None, until: str | None) -> tuple[datetime, datetime]:
+    """A report's [from, to): ISO 8601 instants (a naive one is UTC), from defaulting to the
+    start of this calendar month and to to now; 400 `invalid_time` for anything else."""
+    now = timezone.now()
+    return (
+        _instant(since, now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)),
+        _instant(until, now),
+    )
+
+
+def _instant(text: str | None, default: datetime) -> datetime:
+    if not text:
+        return default
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidLimit(f"invalid time {text[:40]!r} (want ISO 8601)", code="invalid_time") from exc
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -11,6 +11,7 @@ import grpc
 
 from apps.grpcapi import unserved
 from apps.grpcapi.admin import AdminRpcs
+from apps.grpcapi.budgets import BudgetRpcs
 from apps.grpcapi.channels import ChannelRpcs
 from apps.grpcapi.control import ControlRpcs
 from apps.grpcapi.data import DataRpcs
@@ -33,6 +34,7 @@ GROUPS: tuple[type, ...] = (
     ChannelRpcs,
     LifecycleRpcs,
     IntegrationRpcs,
+    BudgetRpcs,
 )
 
 

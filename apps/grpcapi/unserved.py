@@ -22,8 +22,6 @@ UNSERVED: dict[str, str] = {
     "RetuneRun": ABSENT,
     "ReviewRun": ABSENT + " (run review)",
     "ListWalkRuns": ABSENT + " (team walks)",
-    "UsageReport": ABSENT + " (usage report, GET /v1/_usage)",
-    "TokenLimit": ABSENT + " (token budgets, /v1/_limits)",
     "Decide": ABSENT + " (decision models)",
     "ListDecisionModels": ABSENT + " (decision models)",
     "ResolveProbe": ABSENT + " (resolver matrix probe)",

@@ -26,7 +26,7 @@ SERVED = {
     "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState", "ListChildRuns", "StreamUserRunStates",
     "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef",
     "CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot",
-    "DeleteRunTree", "ErasureReport", "ErasureExecute", "RetentionOverride",
+    "DeleteRunTree", "ErasureReport", "ErasureExecute", "RetentionOverride", "TokenLimit", "UsageReport",
 }  # fmt: skip
 
 

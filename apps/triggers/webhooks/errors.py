@@ -57,6 +57,12 @@ class InvalidRun(WebhookRefused):
     status, code, verdict = 400, "invalid_run", Verdict.REJECTED_SPAWN_SETUP
 
 
+class BudgetExhausted(WebhookRefused):
+    """A hard budget refused the run (SPEC 2.6's `token_limit_exceeded`), with the window's Retry-After."""
+
+    status, code, verdict = 429, "token_limit_exceeded", Verdict.REJECTED_SPAWN_SETUP
+
+
 class RuntimeUnavailable(WebhookRefused):
     status, code, verdict = 503, "runtime_unavailable", Verdict.REJECTED_SPAWN_SETUP
 

@@ -42,12 +42,20 @@ from apps.core.identity import ACT_AS_USER_SCOPE
 from apps.core.metrics import count_on_commit
 from apps.core.redis import sync_client
 from apps.core.scopes import ADMIN
+from apps.core.spend import TokenLimitExceeded
 from apps.core.types import Principal
 from apps.runs.prompt import Segment
 from apps.runs.services import RunCreate, run_create
 from apps.triggers.metrics import WEBHOOK_DELIVERIES
 from apps.triggers.oncomplete import oncomplete_record
-from apps.triggers.webhooks.errors import BadBody, ChannelUnavailable, InvalidRun, RuntimeUnavailable, WebhookRefused
+from apps.triggers.webhooks.errors import (
+    BadBody,
+    BudgetExhausted,
+    ChannelUnavailable,
+    InvalidRun,
+    RuntimeUnavailable,
+    WebhookRefused,
+)
 from apps.triggers.webhooks.mapping import Mapped
 from apps.triggers.webhooks.models import Verdict, WebhookDelivery
 from apps.triggers.webhooks.selectors import Hook, first_delivery
@@ -152,7 +160,10 @@ def webhook_principal(hook: Hook) -> Principal:
 
 
 def spawn_refusal(exc: ApplicationError) -> WebhookRefused:
-    """A run-setup error as the receiver's answer (SPEC 9.2 step 8)."""
+    """A run-setup error as the receiver's answer (SPEC 9.2 step 8); a spent budget answers as
+    POST /v1/runs does, 429 `token_limit_exceeded` (the sender retries after the window resets)."""
+    if isinstance(exc, TokenLimitExceeded):
+        return BudgetExhausted(exc.message, headers=exc.headers).with_detail(f"{exc.code}: {exc.message}")
     if isinstance(exc, RuntimePaused | QuotaExhausted):
         return RuntimeUnavailable("runtime unavailable; retry later", headers=exc.headers).with_detail(exc.message)
     code = "unknown_user_tier" if exc.code == "unknown_user_tier" else "invalid_run"

@@ -178,3 +178,24 @@ def test_a_stream_that_breaks_and_falls_back_voids_the_text_it_showed(http: http
     assert "provider_fallback" in committed and "retry" in committed  # the step's own record, as before
     assert client_text(frames) == committed_text(run_id) == REPLY
     assert run_row(run_id).status == RunStatus.COMPLETED
+
+
+def test_thinking_streams_live_before_the_call_ends_and_concatenates_to_the_committed_thinking(
+    http: httpx.Client,
+) -> None:
+    """The mock streams the step's thinking in pieces before its text: live `thinking` frames
+    arrive before the mock sent its last thinking piece, and the `thinking` frames of the
+    connection join to the committed thinking exactly, as `text` frames do to the text."""
+    thinking = " ".join(f"idea{i:02d}" for i in range(20))
+    body = {"agent": "scripted", "prompt": script(thinking=thinking)}
+    with http.stream("POST", "/v1/runs", json=body) as resp:
+        assert resp.status_code == 200
+        frames = read_sse(resp)
+    run_id = frames[1]["data"]["run_id"]
+    sent = sent_times(run_id, "thinking")
+    assert len(sent) == -(-len(thinking) // 3)
+    first = live_frames(frames, "thinking")[0]["at"]
+    assert first < sent[-1], "the first thinking frame came after the mock had sent its last thinking piece"
+    assert first < live_frames(frames)[0]["at"]  # thinking before text, as the model produced them
+    assert client_text(frames, "thinking") == committed_text(run_id, "thinking") == thinking
+    assert client_text(frames) == committed_text(run_id) == REPLY

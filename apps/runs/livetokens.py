@@ -6,8 +6,10 @@ here touches Postgres: the step commit stays the one durable record of the reply
 event per model call). What goes live, per run, over Redis:
 
 - `lc:live:<run_id>` (pub/sub): one JSON message per published piece,
-  `{"s": step, "g": attempt id, "k": "text"|"thinking", "o": offset, "x": piece, "t": unix time}`;
-- `lc:live:<run_id>:cur` = `"<step> <attempt id>"`, and `lc:live:<run_id>:<attempt id>:<kind>` =
+  `{"s": step, "g": attempt id, "k": "text"|"thinking", "o": offset, "x": piece, "t": unix time}`,
+  plus `"c": cause` when the attempt before it in this call was abandoned (`abandoned`: `retry`,
+  `provider_fallback`), so a reader voids that attempt's text with the matching frame;
+- `lc:live:<run_id>:cur` = `"<step> <attempt id> <cause>"`, and `lc:live:<run_id>:<attempt id>:<kind>` =
   everything published so far for that attempt (APPENDed), so a reader that connects in the middle
   of a call starts from what was produced so far (apps.runs.livemerge). Every key expires after
   LIVE_TTL_S: a call that is never committed leaves nothing behind.
@@ -79,6 +81,15 @@ class Call:
     step: int
     redactor: Redactor
     first_token_s: float | None = None
+    cause: str = ""  # why the last attempt was abandoned (`abandoned`): the next one says it
+
+
+def abandoned(cause: str) -> None:
+    """The model call's attempt is given up and the call made again: `cause` is the frame that
+    voids its live text for a reader (apps.runs.livemerge): `retry` or `provider_fallback`."""
+    call = _CALL.get()
+    if call is not None:
+        call.cause = cause
 
 
 _CALL: ContextVar[Call | None] = ContextVar("loomcycle_live_call", default=None)
@@ -115,6 +126,7 @@ class Tap:
     call: Call | None
     started: float = field(default_factory=time.perf_counter)
     gen: str = field(default_factory=lambda: secrets.token_hex(6))
+    cause: str = ""
     raw: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
     shown: dict[str, str] = field(default_factory=lambda: dict.fromkeys(KINDS, ""))
     announced: bool = False
@@ -148,10 +160,12 @@ class Tap:
         assert self.call is not None
         run_id = self.call.run_id
         message = {"s": self.call.step, "g": self.gen, "k": kind, "o": offset, "x": piece, "t": time.time()}
+        if self.cause:
+            message["c"] = self.cause
         try:
             pipe = _client().pipeline(transaction=False)
             if not self.announced:
-                pipe.set(current_key(run_id), f"{self.call.step} {self.gen}", ex=LIVE_TTL_S)
+                pipe.set(current_key(run_id), f"{self.call.step} {self.gen} {self.cause}", ex=LIVE_TTL_S)
                 for k in KINDS:
                     pipe.set(text_key(run_id, self.gen, k), "", ex=LIVE_TTL_S)
             pipe.append(text_key(run_id, self.gen, kind), piece)
@@ -165,7 +179,8 @@ class Tap:
 
 def tap() -> Tap:
     """The tap of one provider stream read (`_consume`): inert outside `calling`."""
-    return Tap(_CALL.get())
+    call = _CALL.get()
+    return Tap(call, cause=call.cause if call is not None else "")
 
 
 def safe_cut(text: str, redactor: Redactor) -> int:
@@ -190,6 +205,7 @@ class Snapshot:
     step: int
     gen: str
     texts: dict[str, str]
+    cause: str = ""
 
 
 _READERS: dict[int, aioredis.Redis] = {}
@@ -205,12 +221,13 @@ async def read_snapshot(run_id: str) -> Snapshot | None:
         current = await client.get(current_key(run_id))
         if current is None:
             return None
-        step, gen = _str(current).split(" ", 1)
+        step, _, rest = _str(current).partition(" ")
+        gen, _, cause = rest.partition(" ")
         texts = await client.mget([text_key(run_id, gen, k) for k in KINDS])
     except (RedisError, OSError) as exc:
         log.warning("live snapshot of run %s unavailable: %s", run_id, exc)
         return None
-    return Snapshot(int(step), gen, {k: _str(t or b"") for k, t in zip(KINDS, texts, strict=True)})
+    return Snapshot(int(step), gen, {k: _str(t or b"") for k, t in zip(KINDS, texts, strict=True)}, cause)
 
 
 def _str(value: bytes | str) -> str:

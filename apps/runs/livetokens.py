@@ -21,10 +21,15 @@ Redaction: what is published is the run's redactor (the one the step commit uses
 reply up to a safe cut, the end of the last whitespace run, where no Tier A value that holds
 whitespace could straddle; a secret pattern's value never holds whitespace, so a piece never ends
 inside one. So every published text is a prefix of the committed (redacted) text, and a secret the
-model streams in pieces is shown masked or not at all. The last word is never published: the
-committed event brings it (so a one-word reply streams as before, one committed `text`). A piece
-that would not extend what was published (cannot happen with the rules above) stops this
-attempt's live output; the committed event carries the rest.
+model streams in pieces is shown masked or not at all. Each piece redacts only a window, not the
+reply so far (that was quadratic in the reply's length): the raw text from an earlier safe cut
+with at least LOOKBACK_NONSPACE non-whitespace characters (and the longest Tier A form) before the
+last one, so a Tier B pattern whose key came before the new text (`Authorization: Bearer `, any
+whitespace between) is inside it; the window's redaction is checked to repeat what was shown, and
+where it does not (a value straddling the window's start) the whole reply is redacted, as before.
+The last word is never published: the committed event brings it (so a one-word reply streams as
+before, one committed `text`). A piece that would not extend what was published (cannot happen
+with the rules above) stops this attempt's live output; the committed event carries the rest.
 
 Publishing is fire and forget (PUBLISH never waits for subscribers; Redis drops a subscriber whose
 buffer overflows), and a Redis error stops this attempt's live output: the run never waits on it.
@@ -58,6 +63,9 @@ log = logging.getLogger("loomcycle.livetokens")
 
 LIVE_TTL_S = 600
 KINDS = ("text", "thinking")
+# Non-whitespace characters a redaction window keeps before what it adds: more than the key part
+# of any Tier B pattern holds (`authorization": "bearer` is 22), whatever whitespace sits inside it.
+LOOKBACK_NONSPACE = 64
 
 
 def live_channel(run_id: str) -> str:
@@ -129,6 +137,7 @@ class Tap:
     cause: str = ""
     raw: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
     shown: dict[str, str] = field(default_factory=lambda: dict.fromkeys(KINDS, ""))
+    windows: dict[str, Window] = field(default_factory=lambda: {k: Window() for k in KINDS})
     announced: bool = False
     broken: bool = False
 
@@ -138,22 +147,27 @@ class Tap:
             self.call.first_token_s = time.perf_counter() - self.started
         if self.call is None or self.broken or not piece:
             return
-        self.raw[kind].append(piece)
+        self.raw[kind].append(piece)  # the whole reply, joined only when a window cannot decide
+        self.windows[kind].text += piece
         self._publish(kind)
 
     def _publish(self, kind: str) -> None:
         assert self.call is not None
-        text = "".join(self.raw[kind])
-        self.raw[kind] = [text]
-        cut = safe_cut(text, self.call.redactor)
-        shown = self.call.redactor.text(text[:cut]) if cut else ""
-        before = self.shown[kind]
+        redactor, win, before = self.call.redactor, self.windows[kind], self.shown[kind]
+        start, shown_at_start = win.marks[0]
+        cut = safe_cut(win.text, redactor)
+        if start + cut <= win.marks[-1][0]:
+            return
+        shown = before[:shown_at_start] + redactor.text(win.text[:cut])
+        if not shown.startswith(before):  # a value straddles the window's start: redact the whole reply
+            shown = redactor.text("".join(self.raw[kind])[: start + cut])
         if len(shown) <= len(before):
             return
         if not shown.startswith(before):  # a redaction that rewrote what was shown: stop, the commit says the rest
             self.broken = True
             return
         self.shown[kind] = shown
+        win.advance(start + cut, len(shown), max((len(f) for f in redactor.forms()), default=0))
         self._send(kind, len(before), shown[len(before) :])
 
     def _send(self, kind: str, offset: int, piece: str) -> None:
@@ -175,6 +189,26 @@ class Tap:
         except (RedisError, OSError) as exc:  # live output is best effort; the step commit is the record
             log.warning("live deltas of run %s stopped: %s", run_id, exc)
             self.broken = True
+
+
+@dataclass
+class Window:
+    """One kind's redaction window: the raw reply from `marks[0]`'s raw offset on, and the safe cuts
+    published since, as (raw offset, length of the text shown up to it)."""
+
+    text: str = ""
+    marks: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
+
+    def advance(self, raw_at: int, shown_len: int, longest_form: int) -> None:
+        """A cut published: drop the marks the next window no longer needs (module docstring)."""
+        self.marks.append((raw_at, shown_len))
+        start = self.marks[0][0]
+        while len(self.marks) > 2:
+            kept = self.text[self.marks[1][0] - start : raw_at - start]
+            if len(kept) < longest_form or len("".join(kept.split())) < LOOKBACK_NONSPACE:
+                break
+            self.marks.pop(0)
+        self.text = self.text[self.marks[0][0] - start :]
 
 
 def tap() -> Tap:

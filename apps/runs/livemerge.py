@@ -13,8 +13,13 @@ text, no gap and no duplicate, whenever it connected. So, per connection:
   pieces did not already show; the live pieces not yet confirmed this way are `pending`;
 - pending pieces that the run will not keep (another attempt of the call started, the step
   committed without them, a committed text they are not a prefix of) are voided by an id-less
-  `retry` frame `{"type": "retry", "retry": {"reason": "live_text_discarded", ...}}`: the client
-  drops the text and thinking frames it has not had confirmed by a frame with an id.
+  frame named for the cause, with `"live": true` and `discarded_chars`: `provider_fallback`
+  when the worker fell back to another candidate, `turn_cancelled` when a turn-cancel cut the
+  call (its committed `turn_cancelled` event came with the step), else `retry` (a provider
+  retry, the iteration re-run after its worker died or lost its lease), each with
+  `{"reason": "live_text_discarded", ...}` under its usual key (`retry`, `fallback`,
+  `turn_cancelled`): the client drops the text and thinking frames it has not had confirmed by a
+  frame with an id.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from apps.runs.livetokens import KINDS, Snapshot
 Out = tuple[str, dict[str, Any], int | None]  # event, data, seq (None: a live frame, no id)
 
 VOID_REASON = "live_text_discarded"
+# The frame that voids, by cause (apps.runs.livetokens `abandoned`), and the key of its details.
+VOID_KEYS = {"retry": "retry", "provider_fallback": "fallback", "turn_cancelled": "turn_cancelled"}
 
 
 @dataclass
@@ -35,10 +42,12 @@ class LiveMerge:
     step: int = -1
     gen: str = ""
     pending: dict[str, str] = field(default_factory=lambda: dict.fromkeys(KINDS, ""))
+    cut: bool = False  # a committed turn_cancelled since this attempt began: a void now is its doing
 
     def committed(self, row_type: str, payload: dict[str, Any], seq: int) -> Out:
         """A committed event, its text cut to what the live pieces did not show."""
         if row_type not in KINDS:
+            self.cut = self.cut or row_type == "turn_cancelled"
             return row_type, payload, seq
         shown, self.pending[row_type] = self.pending[row_type], ""
         text = str(payload.get("text", ""))
@@ -71,7 +80,7 @@ class LiveMerge:
         if (step, gen) != (self.step, self.gen):
             if step > self.step and any(self.pending.values()):
                 return [], False
-            out = self._switch(step, gen)
+            out = self._switch(step, gen, str(message.get("c") or ""))
         have = len(self.pending[kind])
         if offset > have:
             return out, False
@@ -89,7 +98,7 @@ class LiveMerge:
             return []  # its step's commit comes first; the next re-read syncs again
         out: list[Out] = []
         if (snap.step, snap.gen) != (self.step, self.gen):
-            out = self._switch(snap.step, snap.gen)
+            out = self._switch(snap.step, snap.gen, snap.cause)
         for kind in KINDS:
             text, have = snap.texts.get(kind, ""), self.pending[kind]
             if not text.startswith(have):
@@ -99,16 +108,19 @@ class LiveMerge:
                 out.append((kind, {"type": kind, "text": text[len(have) :], "live": True}, None))
         return out
 
-    def _switch(self, step: int, gen: str) -> list[Out]:
-        out = self._void("the model call was made again") if any(self.pending.values()) else []
-        self.step, self.gen = step, gen
+    def _switch(self, step: int, gen: str, cause: str) -> list[Out]:
+        """A new attempt; `cause` is why the one before it was abandoned ("" from a new worker)."""
+        out = self._void("the model call was made again", cause) if any(self.pending.values()) else []
+        self.step, self.gen, self.cut = step, gen, False
         return out
 
-    def _void(self, why: str) -> list[Out]:
+    def _void(self, why: str, cause: str = "") -> list[Out]:
         discarded = {kind: len(text) for kind, text in self.pending.items()}
         self.pending = dict.fromkeys(KINDS, "")
-        retry = {"reason": VOID_REASON, "message": why, "discarded_chars": discarded}
-        # `error` says it again for a stream without ids or structured retry fields (gRPC's Event)
+        frame = cause if cause in VOID_KEYS else "turn_cancelled" if self.cut else "retry"
+        details = {"reason": VOID_REASON, "message": why, "discarded_chars": discarded}
+        # `error` says it again for a stream without ids or structured fields (gRPC's Event)
         error = f"live text discarded: drop the last {discarded['text']} characters of text"
         error += f" and {discarded['thinking']} of thinking shown since the last committed text"
-        return [("retry", {"type": "retry", "retry": retry, "error": error, "live": True}, None)]
+        data = {"type": frame, VOID_KEYS[frame]: details, "discarded_chars": discarded, "error": error, "live": True}
+        return [(frame, data, None)]

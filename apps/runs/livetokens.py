@@ -6,8 +6,10 @@ here touches Postgres: the step commit stays the one durable record of the reply
 event per model call). What goes live, per run, over Redis:
 
 - `lc:live:<run_id>` (pub/sub): one JSON message per published piece,
-  `{"s": step, "g": attempt id, "k": "text"|"thinking", "o": offset, "x": piece, "t": unix time}`;
-- `lc:live:<run_id>:cur` = `"<step> <attempt id>"`, and `lc:live:<run_id>:<attempt id>:<kind>` =
+  `{"s": step, "g": attempt id, "k": "text"|"thinking", "o": offset, "x": piece, "t": unix time}`,
+  plus `"c": cause` when the attempt before it in this call was abandoned (`abandoned`: `retry`,
+  `provider_fallback`), so a reader voids that attempt's text with the matching frame;
+- `lc:live:<run_id>:cur` = `"<step> <attempt id> <cause>"`, and `lc:live:<run_id>:<attempt id>:<kind>` =
   everything published so far for that attempt (APPENDed), so a reader that connects in the middle
   of a call starts from what was produced so far (apps.runs.livemerge). Every key expires after
   LIVE_TTL_S: a call that is never committed leaves nothing behind.
@@ -19,10 +21,15 @@ Redaction: what is published is the run's redactor (the one the step commit uses
 reply up to a safe cut, the end of the last whitespace run, where no Tier A value that holds
 whitespace could straddle; a secret pattern's value never holds whitespace, so a piece never ends
 inside one. So every published text is a prefix of the committed (redacted) text, and a secret the
-model streams in pieces is shown masked or not at all. The last word is never published: the
-committed event brings it (so a one-word reply streams as before, one committed `text`). A piece
-that would not extend what was published (cannot happen with the rules above) stops this
-attempt's live output; the committed event carries the rest.
+model streams in pieces is shown masked or not at all. Each piece redacts only a window, not the
+reply so far (that was quadratic in the reply's length): the raw text from an earlier safe cut
+with at least LOOKBACK_NONSPACE non-whitespace characters (and the longest Tier A form) before the
+last one, so a Tier B pattern whose key came before the new text (`Authorization: Bearer `, any
+whitespace between) is inside it; the window's redaction is checked to repeat what was shown, and
+where it does not (a value straddling the window's start) the whole reply is redacted, as before.
+The last word is never published: the committed event brings it (so a one-word reply streams as
+before, one committed `text`). A piece that would not extend what was published (cannot happen
+with the rules above) stops this attempt's live output; the committed event carries the rest.
 
 Publishing is fire and forget (PUBLISH never waits for subscribers; Redis drops a subscriber whose
 buffer overflows), and a Redis error stops this attempt's live output: the run never waits on it.
@@ -56,6 +63,9 @@ log = logging.getLogger("loomcycle.livetokens")
 
 LIVE_TTL_S = 600
 KINDS = ("text", "thinking")
+# Non-whitespace characters a redaction window keeps before what it adds: more than the key part
+# of any Tier B pattern holds (`authorization": "bearer` is 22), whatever whitespace sits inside it.
+LOOKBACK_NONSPACE = 64
 
 
 def live_channel(run_id: str) -> str:
@@ -79,6 +89,15 @@ class Call:
     step: int
     redactor: Redactor
     first_token_s: float | None = None
+    cause: str = ""  # why the last attempt was abandoned (`abandoned`): the next one says it
+
+
+def abandoned(cause: str) -> None:
+    """The model call's attempt is given up and the call made again: `cause` is the frame that
+    voids its live text for a reader (apps.runs.livemerge): `retry` or `provider_fallback`."""
+    call = _CALL.get()
+    if call is not None:
+        call.cause = cause
 
 
 _CALL: ContextVar[Call | None] = ContextVar("loomcycle_live_call", default=None)
@@ -115,8 +134,10 @@ class Tap:
     call: Call | None
     started: float = field(default_factory=time.perf_counter)
     gen: str = field(default_factory=lambda: secrets.token_hex(6))
+    cause: str = ""
     raw: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
     shown: dict[str, str] = field(default_factory=lambda: dict.fromkeys(KINDS, ""))
+    windows: dict[str, Window] = field(default_factory=lambda: {k: Window() for k in KINDS})
     announced: bool = False
     broken: bool = False
 
@@ -126,32 +147,39 @@ class Tap:
             self.call.first_token_s = time.perf_counter() - self.started
         if self.call is None or self.broken or not piece:
             return
-        self.raw[kind].append(piece)
+        self.raw[kind].append(piece)  # the whole reply, joined only when a window cannot decide
+        self.windows[kind].text += piece
         self._publish(kind)
 
     def _publish(self, kind: str) -> None:
         assert self.call is not None
-        text = "".join(self.raw[kind])
-        self.raw[kind] = [text]
-        cut = safe_cut(text, self.call.redactor)
-        shown = self.call.redactor.text(text[:cut]) if cut else ""
-        before = self.shown[kind]
+        redactor, win, before = self.call.redactor, self.windows[kind], self.shown[kind]
+        start, shown_at_start = win.marks[0]
+        cut = safe_cut(win.text, redactor)
+        if start + cut <= win.marks[-1][0]:
+            return
+        shown = before[:shown_at_start] + redactor.text(win.text[:cut])
+        if not shown.startswith(before):  # a value straddles the window's start: redact the whole reply
+            shown = redactor.text("".join(self.raw[kind])[: start + cut])
         if len(shown) <= len(before):
             return
         if not shown.startswith(before):  # a redaction that rewrote what was shown: stop, the commit says the rest
             self.broken = True
             return
         self.shown[kind] = shown
+        win.advance(start + cut, len(shown), max((len(f) for f in redactor.forms()), default=0))
         self._send(kind, len(before), shown[len(before) :])
 
     def _send(self, kind: str, offset: int, piece: str) -> None:
         assert self.call is not None
         run_id = self.call.run_id
         message = {"s": self.call.step, "g": self.gen, "k": kind, "o": offset, "x": piece, "t": time.time()}
+        if self.cause:
+            message["c"] = self.cause
         try:
             pipe = _client().pipeline(transaction=False)
             if not self.announced:
-                pipe.set(current_key(run_id), f"{self.call.step} {self.gen}", ex=LIVE_TTL_S)
+                pipe.set(current_key(run_id), f"{self.call.step} {self.gen} {self.cause}", ex=LIVE_TTL_S)
                 for k in KINDS:
                     pipe.set(text_key(run_id, self.gen, k), "", ex=LIVE_TTL_S)
             pipe.append(text_key(run_id, self.gen, kind), piece)
@@ -163,9 +191,30 @@ class Tap:
             self.broken = True
 
 
+@dataclass
+class Window:
+    """One kind's redaction window: the raw reply from `marks[0]`'s raw offset on, and the safe cuts
+    published since, as (raw offset, length of the text shown up to it)."""
+
+    text: str = ""
+    marks: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
+
+    def advance(self, raw_at: int, shown_len: int, longest_form: int) -> None:
+        """A cut published: drop the marks the next window no longer needs (module docstring)."""
+        self.marks.append((raw_at, shown_len))
+        start = self.marks[0][0]
+        while len(self.marks) > 2:
+            kept = self.text[self.marks[1][0] - start : raw_at - start]
+            if len(kept) < longest_form or len("".join(kept.split())) < LOOKBACK_NONSPACE:
+                break
+            self.marks.pop(0)
+        self.text = self.text[self.marks[0][0] - start :]
+
+
 def tap() -> Tap:
     """The tap of one provider stream read (`_consume`): inert outside `calling`."""
-    return Tap(_CALL.get())
+    call = _CALL.get()
+    return Tap(call, cause=call.cause if call is not None else "")
 
 
 def safe_cut(text: str, redactor: Redactor) -> int:
@@ -190,6 +239,7 @@ class Snapshot:
     step: int
     gen: str
     texts: dict[str, str]
+    cause: str = ""
 
 
 _READERS: dict[int, aioredis.Redis] = {}
@@ -205,12 +255,13 @@ async def read_snapshot(run_id: str) -> Snapshot | None:
         current = await client.get(current_key(run_id))
         if current is None:
             return None
-        step, gen = _str(current).split(" ", 1)
+        step, _, rest = _str(current).partition(" ")
+        gen, _, cause = rest.partition(" ")
         texts = await client.mget([text_key(run_id, gen, k) for k in KINDS])
     except (RedisError, OSError) as exc:
         log.warning("live snapshot of run %s unavailable: %s", run_id, exc)
         return None
-    return Snapshot(int(step), gen, {k: _str(t or b"") for k, t in zip(KINDS, texts, strict=True)})
+    return Snapshot(int(step), gen, {k: _str(t or b"") for k, t in zip(KINDS, texts, strict=True)}, cause)
 
 
 def _str(value: bytes | str) -> str:

@@ -32,6 +32,7 @@ from loomcycle_http.cli.adhoc import ensure_agent
 from loomcycle_http.cli.context import EXIT_CANCELLED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Ctx, pass_ctx
 from loomcycle_http.client import Client, Event, NotFound
 from loomcycle_http.client._base import backoff, new_agent_id
+from loomcycle_http.client.live import VOIDS
 
 _QUIET = frozenset({"session", "started", "text", "awaiting_input"})
 CANCEL_RETRY_S = 5.0  # how long a cancel keeps asking for a run whose create may not have committed yet
@@ -64,7 +65,7 @@ class Follower:
             output.write_out(event.to_json())
         elif event.type == "text":
             self._text(event)
-        elif event.type == "retry" and event.seq is None:  # live text voided: the call's text starts again
+        elif event.type in VOIDS and event.seq is None:  # live text voided: the call's text starts again
             self._end_line()
         if event.type == "error":
             output.fail(event.error)

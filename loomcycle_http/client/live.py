@@ -2,7 +2,8 @@
 
 The runtime sends the text and thinking of a model call in flight as id-less `text` / `thinking`
 frames, then the committed event (with an id) carrying only what the live frames did not show; an
-id-less `retry` frame voids the live frames not yet confirmed. A re-attach (Last-Event-ID) sends
+id-less `retry`, `provider_fallback` or `turn_cancelled` frame (named for why the call's attempt
+was given up) voids the live frames not yet confirmed. A re-attach (Last-Event-ID) sends
 the call's live text again from its start. `LiveText` keeps the caller's view to the rule
 "concatenating the `text` events gives the run's text" across re-attaches: it skips what the
 caller already has, and yields a `retry` void when what comes back differs from it."""
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from loomcycle_http.client.events import Event
 
 KINDS = ("text", "thinking")
+VOIDS = ("retry", "provider_fallback", "turn_cancelled")  # id-less: the unconfirmed live text is void
 VOID = {"type": "retry", "retry": {"reason": "live_text_discarded", "message": "the re-attached stream differs"}}
 
 
@@ -28,7 +30,7 @@ class LiveText:
 
     def feed(self, event: Event) -> list[Event]:
         """The events to hand the caller for `event`."""
-        if event.type == "retry" and event.seq is None:
+        if event.type in VOIDS and event.seq is None:
             self.pending, self.replay = dict.fromkeys(KINDS, ""), dict.fromkeys(KINDS, "")
             return [event]
         if event.type not in KINDS:

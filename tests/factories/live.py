@@ -21,29 +21,32 @@ def script(text: str = REPLY, chunk_chars: int = 3, chunk_ms: int = 40, **step: 
     return "MOCK_SCRIPT: " + json.dumps([{"text": text, "chunk_chars": chunk_chars, "chunk_ms": chunk_ms, **step}])
 
 
-def client_text(frames: list[dict[str, Any]]) -> str:
-    """What a client following docs/api.md shows: text frames joined; an id-less `retry` drops the
-    id-less text frames since the last text frame with an id."""
+VOIDS = ("retry", "provider_fallback", "turn_cancelled")  # an id-less one voids the unconfirmed live text
+
+
+def client_text(frames: list[dict[str, Any]], kind: str = "text") -> str:
+    """What a client following docs/api.md shows: `kind` frames joined; an id-less `retry`,
+    `provider_fallback` or `turn_cancelled` drops the id-less frames since the last one with an id."""
     confirmed, pending = "", ""
     for f in frames:
-        if f["event"] == "text":
+        if f["event"] == kind:
             if f.get("id") is None:
                 pending += f["data"]["text"]
             else:
                 confirmed, pending = confirmed + pending + f["data"]["text"], ""
-        elif f["event"] == "retry" and f.get("id") is None:
+        elif f["event"] in VOIDS and f.get("id") is None:
             pending = ""
     return confirmed + pending
 
 
-def committed_text(run_id: str) -> str:
-    rows = RunEvent.objects.filter(run_id=run_id, type="text").order_by("seq")
+def committed_text(run_id: str, kind: str = "text") -> str:
+    rows = RunEvent.objects.filter(run_id=run_id, type=kind).order_by("seq")
     return "".join(str(r.payload["text"]) for r in rows)
 
 
-def sent_times(run_id: str) -> list[float]:
-    """The mock's send time of each piece of the run's reply (unix time)."""
-    entries = [v.split() for v in sync_client().lrange(sent_key(run_id), 0, -1)]
+def sent_times(run_id: str, kind: str = "text") -> list[float]:
+    """The mock's send time of each piece of the run's reply (or thinking) (unix time)."""
+    entries = [v.split() for v in sync_client().lrange(sent_key(run_id, kind), 0, -1)]
     return [float(at) for at, chars in entries if int(chars) > 0]
 
 
@@ -66,5 +69,5 @@ def read_sse(resp: httpx.Response, until: Any = None) -> list[dict[str, Any]]:
     return frames
 
 
-def live_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [f for f in frames if f["event"] == "text" and f.get("id") is None]
+def live_frames(frames: list[dict[str, Any]], kind: str = "text") -> list[dict[str, Any]]:
+    return [f for f in frames if f["event"] == kind and f.get("id") is None]

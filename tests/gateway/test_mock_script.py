@@ -18,6 +18,7 @@ from apps.gateway.providers.base import (
     ProviderEvent,
     ProviderRequest,
     TextDelta,
+    ThinkingDelta,
     ToolCall,
     ToolSpec,
 )
@@ -222,3 +223,14 @@ def test_a_malformed_script_is_a_clear_non_retryable_error(body: str, needle: st
 def test_no_marker_anywhere_is_an_error_too() -> None:
     with pytest.raises(ProviderError, match="no MOCK_SCRIPT: marker"):
         play([user("hello")])
+
+
+def test_a_steps_thinking_streams_in_pieces_before_its_text_and_is_the_turns_thinking_block() -> None:
+    events = play([script([{"thinking": "step by step", "text": "done", "chunk_chars": 5}])])
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["ThinkingDelta"] * 3 + ["TextDelta", "Done"]
+    assert "".join(e.text for e in events if isinstance(e, ThinkingDelta)) == "step by step"
+    done = events[-1]
+    assert isinstance(done, Done) and [b["thinking"] for b in done.thinking] == ["step by step"]
+    with pytest.raises(ProviderError, match="text and thinking must be strings"):
+        play([script([{"thinking": 3}])])

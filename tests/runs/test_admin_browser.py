@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from loomcycle_project import env as E
 from loomcycle_project.management.commands import up
 from tests import procs
 from tests.conftest import wait_for, wait_status
+from tests.factories.live import REPLY, sent_times
 from tests.factories.observability import CHROMIUM, CHROMIUM_ARGS
 
 # The web process first: started beside booting workers on a busy host, its first /healthz can miss the 1 s probe.
@@ -136,6 +138,35 @@ def test_a_live_runs_page_tails_new_events_over_the_websocket(
     assert page.locator("#timeline li.user:has-text('go on')").count() == 1  # the steer, as it arrived
     services.run_cancel(principal=ACME, run_id=run.id, reason="test over")
     page.wait_for_selector("#tail-status:has-text('ended')", timeout=20_000)
+
+
+def test_the_live_tail_shows_a_turns_text_while_the_model_still_writes_it(
+    web: str, stack: procs.WorkerPool, admin_page: Page, artifacts: Path
+) -> None:
+    """Issue 36: the run console's live tail grows the model's text from its live frames, before
+    the mock has sent the last piece of it (arrival against the mock's own send times)."""
+    live_turn = {"text": REPLY, "chunk_chars": 4, "chunk_ms": 60}
+    run = scripted([{"text": "first turn"}, live_turn], interactive=True)
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)
+    page = admin_page
+    page.goto(f"{web}/admin/runs/run/{admin_quote(run.id)}/change/")
+    page.wait_for_selector("#tail-status:has-text('connected')", timeout=20_000)
+    services.run_input(principal=ACME, run_id=run.id, text="go on")
+    item = page.locator("#timeline li.assistant", has=page.locator(".meta", has_text="live")).filter(has_text="word05")
+    item.last.wait_for(timeout=30_000)
+    seen_at, meta = time.time(), item.last.locator(".meta").inner_text()
+    shot = artifacts / "admin-live-text.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=60)
+    assert seen_at < sent_times(run.id)[-1], "the console showed the text only after the mock had sent it all"
+    assert meta == "live"  # a live item: no committed seq yet
+    page.wait_for_function(
+        "t => [...document.querySelectorAll('#timeline li.assistant pre')].some(p => p.textContent === t)",
+        arg=REPLY,
+        timeout=30_000,
+    )  # the committed frame brought the rest: the item holds the whole turn
+    services.run_cancel(principal=ACME, run_id=run.id, reason="test over")
 
 
 def test_the_runtime_is_paused_and_resumed_from_the_admin_under_daphne(

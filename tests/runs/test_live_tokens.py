@@ -9,6 +9,7 @@ id-less frames an id-less `retry` voids."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -20,9 +21,19 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from apps.runs.engine import turncancel
 from apps.runs.models import RunStatus
-from tests.conftest import daphne, run_row, wait_for, wait_status
-from tests.factories.live import REPLY, client_text, committed_text, live_frames, read_sse, script, sent_times
+from tests.conftest import ALICE, daphne, for_sandbox, run_row, wait_for, wait_status
+from tests.factories.live import (
+    REPLY,
+    VOIDS,
+    client_text,
+    committed_text,
+    live_frames,
+    read_sse,
+    script,
+    sent_times,
+)
 from tests.factories.runs import start
 from tests.procs import WorkerPool
 
@@ -172,9 +183,68 @@ def test_a_stream_that_breaks_and_falls_back_voids_the_text_it_showed(http: http
     with http.stream("POST", "/v1/runs", json=body) as resp:
         frames = read_sse(resp)
     run_id = frames[1]["data"]["run_id"]
-    voids = [f for f in frames if f["event"] == "retry" and f["data"].get("live")]
+    voids = [f for f in frames if f["event"] in VOIDS and f.get("id") is None]
     committed = [f["event"] for f in frames if f.get("id") is not None]
-    assert voids and all(v["data"]["retry"]["reason"] == "live_text_discarded" for v in voids)
+    # each void is named for its cause: `retry` for the same provider's retry, then
+    # `provider_fallback` for the switch to mock-stable, the details under the frame's usual key
+    assert [v["event"] for v in voids][-1] == "provider_fallback", [v["event"] for v in voids]
+    assert set(v["event"] for v in voids) == {"retry", "provider_fallback"}
+    for v in voids:
+        details = v["data"]["fallback" if v["event"] == "provider_fallback" else "retry"]
+        assert details["reason"] == "live_text_discarded" and v["data"]["live"] is True
+        assert v["data"]["discarded_chars"]["text"] > 0
     assert "provider_fallback" in committed and "retry" in committed  # the step's own record, as before
     assert client_text(frames) == committed_text(run_id) == REPLY
     assert run_row(run_id).status == RunStatus.COMPLETED
+
+
+def test_thinking_streams_live_before_the_call_ends_and_concatenates_to_the_committed_thinking(
+    http: httpx.Client,
+) -> None:
+    """The mock streams the step's thinking in pieces before its text: live `thinking` frames
+    arrive before the mock sent its last thinking piece, and the `thinking` frames of the
+    connection join to the committed thinking exactly, as `text` frames do to the text."""
+    thinking = " ".join(f"idea{i:02d}" for i in range(20))
+    body = {"agent": "scripted", "prompt": script(thinking=thinking)}
+    with http.stream("POST", "/v1/runs", json=body) as resp:
+        assert resp.status_code == 200
+        frames = read_sse(resp)
+    run_id = frames[1]["data"]["run_id"]
+    sent = sent_times(run_id, "thinking")
+    assert len(sent) == -(-len(thinking) // 3)
+    first = live_frames(frames, "thinking")[0]["at"]
+    assert first < sent[-1], "the first thinking frame came after the mock had sent its last thinking piece"
+    assert first < live_frames(frames)[0]["at"]  # thinking before text, as the model produced them
+    assert client_text(frames, "thinking") == committed_text(run_id, "thinking") == thinking
+    assert client_text(frames) == committed_text(run_id) == REPLY
+
+
+def test_a_turn_cancel_while_thinking_streams_voids_the_live_thinking_with_a_turn_cancelled_frame(
+    http: httpx.Client,
+) -> None:
+    """An interactive run's turn is cut while the mock streams its thinking: the cut turn keeps no
+    thinking, so the live thinking shown is voided by an id-less `turn_cancelled` frame (after the
+    committed `turn_cancelled` event), and the client's thinking is the committed (none)."""
+    for_sandbox(Path(os.environ["LOOMCYCLE_DATA_DIR"]) / "volumes-static" / "turnfork")  # the agent's volume
+    thinking = " ".join(f"idea{i:02d}" for i in range(200))
+    run = start("turnfork", script(thinking=thinking, chunk_chars=4, chunk_ms=50))
+    frames: list[dict[str, Any]] = []
+
+    def read() -> None:
+        with httpx.Client(base_url=str(http.base_url), timeout=60) as client:
+            with client.stream("GET", f"/v1/runs/{run.id}/stream") as resp:
+                voided = lambda fs: any(f["event"] == "turn_cancelled" and f.get("id") is None for f in fs)  # noqa: E731
+                frames.extend(read_sse(resp, until=voided))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_for(lambda: len(sent_times(run.id, "thinking")) >= 10, timeout=30)
+    turncancel.run_turn_cancel(principal=ALICE, run_id=run.id, reason="stop")
+    wait_status(run.id, RunStatus.AWAITING_INPUT, timeout=30)
+    reader.join(30)
+    assert not reader.is_alive(), [f["event"] for f in frames]
+    void = next(f for f in frames if f["event"] == "turn_cancelled" and f.get("id") is None)
+    assert void["data"]["turn_cancelled"]["reason"] == "live_text_discarded"
+    assert void["data"]["discarded_chars"]["thinking"] > 0 and live_frames(frames, "thinking")
+    assert any(f["event"] == "turn_cancelled" and f.get("id") is not None for f in frames)
+    assert client_text(frames, "thinking") == committed_text(run.id, "thinking") == ""

@@ -115,3 +115,20 @@ def test_a_reader_behind_sends_what_piled_up_as_one_frame_per_kind() -> None:
         ("text", "c ", None),
         ("text", "d", 9),
     ]
+
+
+def test_a_void_is_named_for_its_cause() -> None:
+    m = LiveMerge()
+    m.delta(piece(1, "a", 0, "one "))
+    outs, _ = m.delta({**piece(1, "b", 0, "two "), "c": "retry"})
+    assert [o[0] for o in outs] == ["retry", "text"] and outs[0][1]["retry"]["reason"] == VOID_REASON
+    outs, _ = m.delta({**piece(1, "c", 0, "three "), "c": "provider_fallback"})
+    assert [o[0] for o in outs] == ["provider_fallback", "text"]
+    assert outs[0][1]["fallback"]["discarded_chars"] == outs[0][1]["discarded_chars"] == {"text": 4, "thinking": 0}
+    outs = m.snapshot(Snapshot(1, "d", {"text": "four ", "thinking": ""}))  # a new worker: no cause
+    assert [o[0] for o in outs] == ["retry", "text"]
+    m.delta(piece(1, "d", 0, "four more ", kind="thinking"))
+    m.committed("turn_cancelled", {"type": "turn_cancelled", "turn_cancelled": {"reason": "stop"}}, 9)
+    m.committed("text", {"type": "text", "text": "four "}, 10)
+    outs = m.settle(2)  # the cut turn committed its text but not the thinking shown
+    assert [o[0] for o in outs] == ["turn_cancelled"] and outs[0][1]["discarded_chars"]["thinking"] == 10

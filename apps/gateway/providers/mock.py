@@ -172,16 +172,12 @@ class MockProvider(Provider):
                     if cancel.wait(scripted.sleep_s):
                         raise ProviderCancelled()
             *output, done = self._scripted(scripted, request, chars)
-            for event in output:
-                if isinstance(event, TextDelta) and scripted.chunk_chars:
-                    yield from mock_chunks.chunked(event.text, scripted, request.run_id, cancel, self.id)
-                else:
-                    yield event
+            yield from mock_chunks.played(output, scripted, request.run_id, cancel, self.id)
             if scripted.hold_s > 0:  # the turn's output is out; a cancel now cuts it there
                 with waits.outside():
                     if cancel.wait(scripted.hold_s):
                         raise ProviderCancelled()
-            yield done
+            yield mock_chunks.with_thinking(done, scripted)
             return
         yield from self._play(variant, opts, request, chars)
 

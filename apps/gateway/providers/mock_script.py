@@ -19,7 +19,8 @@ failure; `mock-stable` never fails, so it plays the rest of the step), and `chun
 `chunk_ms` (the text is streamed in pieces of `chunk_chars` characters, `chunk_ms` apart,
 cancel-aware; apps.gateway.providers.mock_chunks records each piece's send time), with
 `break_after_chars` (the stream breaks, a retryable 500, once that many characters are out;
-`mock-stable` never breaks).
+`mock-stable` never breaks), and `thinking` (reasoning streamed before the text, in pieces
+like it, and replayed as the turn's thinking block).
 
 Everything here is a pure function of the request: the same request gives the
 same answer, tool ids included (derived from the run id, the number of
@@ -54,6 +55,7 @@ STEP_KEYS = frozenset(
         "chunk_chars",
         "chunk_ms",
         "break_after_chars",
+        "thinking",
     }
 )
 MAX_CHUNK_CHARS = 1_000_000
@@ -81,6 +83,7 @@ class Step:
     chunk_chars: int = 0
     chunk_ms: int = 0
     break_after_chars: int = 0
+    thinking: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class Answer:
     chunk_chars: int = 0  # the text streamed in pieces of this many characters (0: one piece)
     chunk_s: float = 0.0  # between two pieces
     break_after: int = 0  # the stream breaks (a 500) once this many characters are out (0: never)
+    thinking: str = ""  # reasoning streamed before the text (in pieces like it), replayed as a thinking block
 
 
 def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answer:
@@ -124,6 +128,7 @@ def answer(provider_id: str, request: ProviderRequest, *, stable: bool) -> Answe
         step.chunk_chars,
         step.chunk_ms / 1000.0,
         0 if stable else step.break_after_chars,
+        step.thinking,
     )
 
 
@@ -185,8 +190,8 @@ def _step(raw: Any, n: int, *, last: bool) -> Step:
     if not isinstance(repeat, bool) or (repeat and not last):
         raise ScriptError(f"{where}: repeat: true is allowed on the last step only")
     text = raw.get("text", "")
-    if not isinstance(text, str):
-        raise ScriptError(f"{where}: text must be a string")
+    if not isinstance(text, str) or not isinstance(raw.get("thinking", ""), str):
+        raise ScriptError(f"{where}: text and thinking must be strings")
     return Step(
         text=text,
         calls=_calls(raw, where),
@@ -198,6 +203,7 @@ def _step(raw: Any, n: int, *, last: bool) -> Step:
         chunk_chars=_count(raw.get("chunk_chars", 0), where),
         chunk_ms=_sleep_ms(raw.get("chunk_ms", 0), where, key="chunk_ms"),
         break_after_chars=_count(raw.get("break_after_chars", 0), where, key="break_after_chars"),
+        thinking=raw.get("thinking", ""),
     )
 
 

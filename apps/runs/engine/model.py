@@ -82,6 +82,7 @@ def _call_candidates(
             nxt = _fallback_target(run, exc, idx, len(candidates), fallbacks, policy, write)
             if nxt is None:
                 raise
+            livetokens.abandoned("provider_fallback")
             messages = _switch(run, write, candidates[idx], candidates[nxt], exc, fallbacks + 1, messages)
             idx, fallbacks = nxt, fallbacks + 1
             write.switched = Switched(candidates[idx].provider, candidates[idx].model, idx, fallbacks)
@@ -196,6 +197,7 @@ def call_with_retries(
             wait_s = exc.retry_after if exc.retry_after is not None else 0.5 * 2 ** (attempt - 1)
             wait_s = min(wait_s, 30.0) + random.uniform(0, 0.1)
             write.events.append({"type": "retry", "retry": _retry_info(provider.id, attempt, wait_s, exc)})
+            livetokens.abandoned("retry")
             tracing.provider_event(
                 "provider.retry",
                 {

@@ -9,6 +9,7 @@ block (Done.thinking), as a reasoning model's would be."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ from apps.gateway.providers.base import (
     ThinkingDelta,
 )
 from apps.gateway.providers.mock_script import Answer
+
+log = logging.getLogger("loomcycle.gateway.mock")
 
 SENT_TTL_S = 600
 
@@ -102,5 +105,5 @@ def _record(client: redis.Redis, key: str, sent: int) -> None:
         pipe.rpush(key, f"{time.time():.6f} {sent}")
         pipe.expire(key, SENT_TTL_S)
         pipe.execute()
-    except (RedisError, OSError):  # the record is for tests and the bench; the reply goes on without it
-        pass
+    except (RedisError, OSError) as exc:  # the record is for tests and the bench; the reply goes on without it
+        log.warning("mock: the send time of %s was not recorded (%s)", key, exc)

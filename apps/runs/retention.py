@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.db.models import Q, QuerySet
 
-from apps.runs.models import TERMINAL, Run
+from apps.runs.models import TERMINAL, Run, RunWebhook, RunWebhookDelivery
 from apps.runs.statuses import NO_TRACE
 from apps.runs.store import deletion as store
 
@@ -87,11 +87,16 @@ def user_roots(*, tenant_id: str, user_id: str, limit: int) -> list[str]:
 
 
 def user_runs_count(*, tenant_id: str, user_id: str) -> dict[str, int]:
-    """A person's runs and the sessions they make up (an erasure's report)."""
+    """A person's runs, the sessions they make up, and their runs' completion webhooks and
+    deliveries (an erasure's report; the deletion of the runs removes those with them). The
+    webhook rows are read through their run (index run_user_status, then the run_id indexes)."""
     qs = Run.objects.filter(tenant_id=tenant_id, user_id=user_id)
+    of_runs = {"run__tenant_id": tenant_id, "run__user_id": user_id}
     return {
         "runs.Run": qs.count(),
         "runs.Session": qs.filter(parent__isnull=True).values("session_id").distinct().count(),
+        "runs.RunWebhook": RunWebhook.objects.filter(**of_runs).count(),
+        "runs.RunWebhookDelivery": RunWebhookDelivery.objects.filter(**of_runs).count(),
     }
 
 

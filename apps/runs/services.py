@@ -25,7 +25,7 @@ from apps.core.errors import Conflict, NotFound, QuotaExhausted, Unprocessable
 from apps.core.http import db_call
 from apps.core.types import Principal
 from apps.gateway import fairness
-from apps.runs import signals, store, tracing
+from apps.runs import signals, statebus, store, tracing
 from apps.runs.cancel import ORPHAN_BATCH as ORPHAN_BATCH
 from apps.runs.cancel import run_cancel as run_cancel
 from apps.runs.cancel import run_orphans_cancel as run_orphans_cancel
@@ -42,7 +42,7 @@ from apps.runs.create import run_resolve as run_resolve
 from apps.runs.create import run_routing as run_routing
 from apps.runs.create import run_tools as run_tools
 from apps.runs.dispatch import broker_emptied, broker_mark, enqueue_iteration
-from apps.runs.models import RUNNABLE, TERMINAL, Run, RuntimeState, RuntimeStateValue
+from apps.runs.models import RUNNABLE, TERMINAL, Run, RunStatus, RuntimeState, RuntimeStateValue
 from apps.runs.selectors import paused_runs_count, run_get, runs_liveness, runtime_state
 
 log = logging.getLogger("loomcycle.runs")
@@ -66,6 +66,9 @@ def run_input(*, principal: Principal, run_id: str, text: str) -> dict[str, Any]
             ring = partial(enqueue_iteration, run.id, queued.step)
             transaction.on_commit(lambda: tracing.woken(run.trace_context, run_id=run.id, reason="input", ring=ring))
             signals.send_on_commit(signals.run_resumed, run_id=run.id)
+            statebus.announce_on_commit(
+                tenant_id=run.tenant_id, user_id=run.user_id, run_id=run.id, status=RunStatus.RUNNING
+            )
     if not queued.accepted:
         raise QuotaExhausted(f"steering queue is full ({cap})", code="steer_queue_full", headers={"Retry-After": "1"})
     return {"run_id": run.id, "delivered": True}

@@ -26,9 +26,10 @@ from typing import Any
 
 from django.db import transaction
 
-from apps.runs import backpressure, signals, store, tracing
+from apps.runs import backpressure, signals, statebus, store, tracing
 from apps.runs.dispatch import enqueue_iteration, notify_events, wake_and_enqueue
 from apps.runs.statuses import ANSWERABLE as ANSWERABLE
+from apps.runs.statuses import RunStatus
 
 log = logging.getLogger("loomcycle.runs")
 
@@ -60,6 +61,8 @@ def run_answer(
         ring = partial(enqueue_iteration, run_id, target.run_step)
         transaction.on_commit(lambda: tracing.woken(target.trace_context, run_id=run_id, reason="answer", ring=ring))
         signals.send_on_commit(signals.run_resumed, run_id=run_id)
+        tenant_id, user_id = target.owner
+        statebus.announce_on_commit(tenant_id=tenant_id, user_id=user_id, run_id=run_id, status=RunStatus.RUNNING)
     return True
 
 

@@ -45,8 +45,10 @@ def _app(tenant: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token['token']}"}
 
 
-def _run(http: httpx.Client, tenant: str, user: str, text: str) -> str:
+def _run(http: httpx.Client, tenant: str, user: str, text: str, webhook: dict[str, Any] | None = None) -> str:
     body = {"agent": "spawner", "prompt": text, "background": True, "user_id": user}
+    if webhook is not None:
+        body["webhook"] = webhook
     resp = http.post("/v1/runs", json=body, headers=_app(tenant))
     assert resp.status_code == 202, resp.text
     run_id = str(resp.json()["run_id"])
@@ -56,7 +58,10 @@ def _run(http: httpx.Client, tenant: str, user: str, text: str) -> str:
 
 def _held(http: httpx.Client, people: dict[str, dict[str, str]]) -> None:
     """The person's data in acme, another acme user's, and a namesake's in beta."""
-    mine = [_run(http, "acme", PERSON, f"{MARK} plan {i}") for i in range(2)]
+    # The first run carries a completion webhook: its delivery row (the person's user id, a URL
+    # with the marker) is written with the run's end, and must go with the run.
+    hook = {"url": f"http://127.0.0.1:9/{MARK}"}  # nothing listens: the delivery stays pending
+    mine = [_run(http, "acme", PERSON, f"{MARK} plan {i}", hook if i == 0 else None) for i in range(2)]
     _run(http, "acme", "u-other", f"{KEEP} acme")
     _run(http, "beta", PERSON, f"{KEEP} beta namesake")
     memory_set(slot=Slot("acme", "user", PERSON), key="profile", value={"note": f"{MARK} likes tea"})
@@ -104,6 +109,7 @@ def test_after_an_erase_a_pg_dump_holds_none_of_the_persons_data(
     assert counts["runs.Run"] == 4 and counts["runs.Session"] == 2  # two spawners, each with a child
     assert counts["memory.MemoryEntry"] == 1 and counts["channels.ChannelMessage"] == 1
     assert counts["gateway.UsageEntry"] >= 4 and report["tier2_uncovered"]["counts"]["triggers.WebhookDelivery"] == 1
+    assert counts["runs.RunWebhook"] == 1 and counts["runs.RunWebhookDelivery"] == 1  # the first run's end
     assert MARK in _pg_dump(stack_env["DATABASE_URL"])  # the dump sees it before
     spend = sum(UsageEntry.objects.filter(tenant_id="acme").values_list("input_tokens", flat=True))
 
@@ -113,6 +119,7 @@ def test_after_an_erase_a_pg_dump_holds_none_of_the_persons_data(
     assert resp.status_code == 200, resp.text
     done = resp.json()
     assert done["status"] == "done" and done["deleted"]["runs.Run"] == 4
+    assert done["deleted"]["runs.RunWebhookDelivery"] == 1 and done["deleted"]["runs.RunWebhook"] == 1
     dump = _pg_dump(stack_env["DATABASE_URL"])
     assert MARK not in dump
     assert KEEP in dump  # everyone else's data stays, the namesake's in beta too

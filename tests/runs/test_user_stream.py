@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -14,8 +15,10 @@ import pytest
 
 from apps.core.types import Principal
 from apps.runs import services
+from apps.runs.models import Run
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 
@@ -84,6 +87,40 @@ def test_a_users_stream_opens_then_follows_only_that_users_runs(web: str, people
     finally:
         follow.close()
         other.close()
+
+
+def _parked_then_woken(run_id: str, who: Principal) -> float:
+    """Wait (polling every 2 ms) until the run parks awaiting input, then wake it with input at
+    once; how long the park lasted, as far as this test can see, in seconds."""
+    wait_for(lambda: Run.objects.filter(id=run_id, status="awaiting_input").exists(), interval=0.002)
+    parked = time.monotonic()
+    services.run_input(principal=who, run_id=run_id, text="next")
+    return time.monotonic() - parked
+
+
+def test_a_park_woken_within_100_ms_is_seen_with_the_wake(web: str, people: dict[str, dict[str, str]]) -> None:
+    """The stream is fed by the run lifecycle (apps.runs.statebus): a state held for a few
+    milliseconds is sent, not just the state a read happens to find."""
+    who = Principal(tenant_id="acme", subject="ann", scopes=frozenset({"substrate:tenant"}))
+    follow = Follower(web, "/v1/users/ann/agents/stream", people["alice"])
+    try:
+        follow.until(lambda f: f[0] == "stream_open")
+        run = services.run_create(principal=who, data=services.RunCreate(agent="chat", segments=[Segment(text="hi")]))
+        held = [_parked_then_woken(run.id, who), _parked_then_woken(run.id, who)]
+        assert max(held) < 0.1, held
+        wait_for(lambda: Run.objects.filter(id=run.id, status="awaiting_input").exists())
+        services.run_cancel(principal=who, run_id=run.id, reason="done")
+        seen = follow.until(lambda f: f[0] == "run_state" and f[1]["state"] == "cancelled")
+        states = [f[1]["state"] for f in seen if f[0] == "run_state" and f[1]["run_id"] == run.id]
+        # every transition, in order: queued, running, (awaiting_input, running) twice, awaiting_input, cancelled
+        every = ["queued", "running", *["awaiting_input", "running"] * 2, "awaiting_input", "cancelled"]
+        # Every transition, in order (two processes' announcements may cross: a stale one is followed
+        # by the row's state again, never left as the last word).
+        rest = iter(states)
+        assert all(state in rest for state in every), str(states)
+        assert states[-1] == "cancelled"
+    finally:
+        follow.close()
 
 
 def test_status_and_agent_filters_narrow_the_frames(web: str, people: dict[str, dict[str, str]]) -> None:

@@ -33,6 +33,7 @@ from apps.mcp.server import (  # noqa: F401  (they register their tools)
     tools_channels,
     tools_data,
     tools_fanout,
+    tools_lifecycle,
     tools_ops,
     tools_runs,
 )

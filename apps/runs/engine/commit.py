@@ -10,7 +10,7 @@ from functools import partial
 from django.db import connection, transaction
 
 from apps.core.redact import run_redactor
-from apps.runs import signals, store
+from apps.runs import signals, statebus, store
 from apps.runs.children import resident
 from apps.runs.children.spawn import children_enqueue, children_insert, spawns_abandon
 from apps.runs.completion import services as completion
@@ -73,6 +73,9 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
 
 
 def after_commit(run: ClaimedRun, write: StepWrite) -> None:
+    committed = RunStatus.RUNNING if write.next == Next.REQUEUE else write.status
+    if committed != run.status:  # a park or an end: the user's run-state streams hear it (apps.runs.statebus)
+        statebus.announce(tenant_id=run.tenant_id, user_id=run.user_id, run_id=run.id, status=committed)
     budget.settle(run, write)  # the step's spend reaches its budgets before anything can start the next
     wake_and_enqueue(
         run.id,

@@ -33,7 +33,7 @@ from apps.core import logcontext
 from apps.core.database import connection_lost
 from apps.core.redact import run_redactor
 from apps.core.redis import sync_client
-from apps.runs import store, tracing
+from apps.runs import statebus, store, tracing
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.engine import metrics
 from apps.runs.engine.admission import ADMISSION
@@ -78,6 +78,7 @@ def _iterate(run_id: str, step: int, waited: float) -> Outcome:
         with tracing.active(span):
             if run.first_claim:
                 notify_events(run.id, run.last_seq)  # `started` is visible to stream readers now
+                statebus.announce(tenant_id=run.tenant_id, user_id=run.user_id, run_id=run.id, status=run.status)
             write = _execute_or_lost(run, cancel)
             committed = commit_write(run, write) if write is not None else None
     if write is None:  # the database connection was lost: nothing of this attempt is kept

@@ -93,7 +93,8 @@ def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, i
 # The run row locked first (answers to one run are serialised), with the call's
 # started record in the same round trip.
 _ANSWER_LOCK_SQL = """
-SELECT r.status, r.step, rec.id, rec.step, rec.input, r.credentials_sealed, r.trace_context, r.pending_calls
+SELECT r.status, r.step, rec.id, rec.step, rec.input, r.credentials_sealed, r.trace_context, r.pending_calls,
+  r.tenant_id, r.user_id
 FROM runs_run r
 LEFT JOIN LATERAL (
   SELECT id, step, input FROM runs_toolcallrecord WHERE run_id = r.id AND call_id = %s ORDER BY step DESC LIMIT 1
@@ -133,6 +134,7 @@ class AnswerTarget:
     record_id: int | None
     redactor: Redactor  # the run's (its credentials included): what the answer appends is redacted
     trace_context: str = ""  # the run's root span (apps.runs.tracing): a wake is traced in the run's trace
+    owner: tuple[str, str] = ("", "")  # (tenant_id, user_id): a wake is announced to the user's streams
 
 
 def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
@@ -145,14 +147,15 @@ def answer_lock(*, run_id: str, call_id: str) -> AnswerTarget | None:
         row = cur.fetchone()
     if row is None or row[0] in TERMINAL:
         return None
-    _, run_step, record_id, record_step, record_input, sealed, trace_context, pending_calls = row
+    _, run_step, record_id, record_step, record_input, sealed, trace_context, pending_calls, *owner = row
     if pending_calls <= 0:
         log.warning("answer to call %r of run %s dropped: the run waits for no call", call_id, run_id)
         return None
     redactor = run_redactor_of(run_id=run_id, sealed=sealed)
+    who = (owner[0], owner[1])
     if record_id is None:
-        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None, redactor, trace_context)
-    return AnswerTarget(run_step, record_step, _json(record_input), record_id, redactor, trace_context)
+        return AnswerTarget(run_step, max(run_step - 1, 0), {}, None, redactor, trace_context, who)
+    return AnswerTarget(run_step, record_step, _json(record_input), record_id, redactor, trace_context, who)
 
 
 def answer_append(

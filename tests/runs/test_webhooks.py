@@ -49,7 +49,7 @@ class Receiver:
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
-                pass
+                """Quiet: the test reads `receiver.posts`, not the access log."""
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://localhost:{self.server.server_address[1]}/hook"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from apps.runs.models import Run
+from apps.substrate import tokens
 from tests.conftest import daphne, wait_for
 
 pytestmark = pytest.mark.usefixtures("agents")
@@ -38,6 +40,20 @@ def short_web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
     env = {"LOOMCYCLE_MAX_STREAM_SECONDS": str(LIFETIME_S), "LOOMCYCLE_SSE_KEEPALIVE_MS": "200"}
     with daphne(stack_env, logdir, "daphne-short", **env) as base:
         yield base
+
+
+@pytest.fixture
+def capped(people: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Bearer headers of principals this test alone uses. Stream slots are counted per
+    (tenant, subject) in Redis, cluster-wide: another test's stream of `alice` that its web
+    process has not yet seen hang up still holds one of alice's slots, so a capped test
+    must not share a subject with any other test."""
+    out = {}
+    for who, tenant in (("alice", "acme"), ("charlie", "beta")):
+        subject = f"{who}-{uuid.uuid4().hex[:8]}"
+        token = tokens.token_create(name=subject, tenant_id=tenant, subject=subject, scopes=["substrate:tenant"])
+        out[who] = {"authorization": f"Bearer {token['token']}"}
+    return out
 
 
 def parked_run(client: httpx.Client) -> str:
@@ -72,11 +88,11 @@ def assert_stream_refused(resp: httpx.Response) -> None:
 
 
 def test_a_principal_over_its_stream_cap_gets_429_and_starts_no_run(
-    capped_web: str, stack: Any, people: dict[str, dict[str, str]]
+    capped_web: str, stack: Any, capped: dict[str, dict[str, str]]
 ) -> None:
     with (
-        httpx.Client(base_url=capped_web, timeout=30, headers=people["alice"]) as alice,
-        httpx.Client(base_url=capped_web, timeout=30, headers=people["charlie"]) as charlie,
+        httpx.Client(base_url=capped_web, timeout=30, headers=capped["alice"]) as alice,
+        httpx.Client(base_url=capped_web, timeout=30, headers=capped["charlie"]) as charlie,
     ):
         run_id = parked_run(alice)
         held = [open_sse(alice, run_id) for _ in range(CAP)]
@@ -87,7 +103,7 @@ def test_a_principal_over_its_stream_cap_gets_429_and_starts_no_run(
             assert_stream_refused(alice.post("/v1/runs", json={"agent": "echo", "prompt": "hi"}))
             assert Run.objects.count() == before
             ws_url = capped_web.replace("http://", "ws://") + f"/ws/runs/{run_id}/"
-            with connect(ws_url, additional_headers=people["alice"]) as ws, pytest.raises(ConnectionClosed) as info:
+            with connect(ws_url, additional_headers=capped["alice"]) as ws, pytest.raises(ConnectionClosed) as info:
                 ws.recv(timeout=5)
             assert info.value.rcvd is not None and info.value.rcvd.code == 4429
             other = parked_run(charlie)  # another principal has slots of its own
@@ -103,14 +119,14 @@ def test_a_principal_over_its_stream_cap_gets_429_and_starts_no_run(
 
 
 def test_a_waiting_runs_batch_holds_a_stream_slot(
-    capped_web: str, stack: Any, people: dict[str, dict[str, str]]
+    capped_web: str, stack: Any, capped: dict[str, dict[str, str]]
 ) -> None:
     """Issue 33: runs:batch holds its request open up to 30 min, so it counts as one of the
     principal's streams; past the cap a batch is 429 and starts no run."""
     slow = 'MOCK_SCRIPT: [{"text": "late", "sleep_ms": 3000}]'
     body = {"spawns": [{"agent": "fan-child", "prompt": slow}], "timeout_ms": 30_000}
     answered: dict[str, int] = {}
-    with httpx.Client(base_url=capped_web, timeout=60, headers=people["alice"]) as alice:
+    with httpx.Client(base_url=capped_web, timeout=60, headers=capped["alice"]) as alice:
         waiting = threading.Thread(
             target=lambda: answered.setdefault("status", alice.post("/v1/runs:batch", json=body).status_code)
         )

@@ -21,7 +21,7 @@ from apps.channels.models import ChannelMessage, ChannelWait
 from apps.channels.streams import Published, Stream
 from apps.runs.models import RunEvent, RunStatus, TranscriptEntry
 from apps.substrate.models import ChannelDef
-from tests.conftest import run_row, wait_status
+from tests.conftest import run_row, wait_for, wait_status
 
 pytestmark = pytest.mark.usefixtures("agents")
 
@@ -55,6 +55,15 @@ def _publish(stream: Stream, value: Any, **extra: Any) -> Published:
     return services.publish(stream=stream, declared=declared, value=value, published_by="_test", **extra)
 
 
+def _a_backend_waits_on_a_lock() -> bool:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE '%%channelwait%%'"
+        )
+        return bool(cur.fetchone()[0])
+
+
 def _results(run_id: str) -> list[dict[str, Any]]:
     return [e.payload for e in RunEvent.objects.filter(run_id=run_id, type="tool_result").order_by("seq")]
 
@@ -82,7 +91,7 @@ def test_a_publish_wakes_a_parked_subscriber_exactly_once(http: httpx.Client, st
 def test_the_deadline_answers_with_an_empty_result(http: httpx.Client, stack: Any) -> None:
     started = time.monotonic()
     run_id = _parked(http, "impatient", {"op": "subscribe", "channel": "handoff", "wait_ms": 1500})
-    wait_status(run_id, RunStatus.COMPLETED, timeout=10)
+    wait_status(run_id, RunStatus.COMPLETED, timeout=30)
     assert time.monotonic() - started >= 1.5
     (result,) = _results(run_id)
     assert json.loads(result["text"]) == {"channel": "handoff", "messages": [], "next_cursor": ""}
@@ -92,9 +101,9 @@ def test_the_deadline_answers_with_an_empty_result(http: httpx.Client, stack: An
 def test_await_all_waits_for_every_channel(http: httpx.Client, stack: Any) -> None:
     tool_input = {"op": "await", "channels": ["handoff/a", "handoff/b"], "mode": "all", "wait_ms": 60_000}
     run_id = _parked(http, "fan-in", tool_input)
-    _publish(Stream("", "handoff/a", "global", ""), "a")
-    time.sleep(1.5)  # a publish and a beat tick later, one channel of two is not enough
-    assert run_row(run_id).status == RunStatus.WAITING_CHANNEL
+    _publish(Stream("", "handoff/a", "global", ""), "a")  # checked the wait before it returned
+    waits._recheck(run_id, ChannelWait.objects.get(run_id=run_id).call_id)  # and so does a beat tick
+    assert run_row(run_id).status == RunStatus.WAITING_CHANNEL  # one channel of two is not enough
     _publish(Stream("", "handoff/b", "global", ""), "b")
     wait_status(run_id, RunStatus.COMPLETED)
     (result,) = _results(run_id)
@@ -107,7 +116,7 @@ def test_await_times_out_without_error(http: httpx.Client, stack: Any) -> None:
     tool_input = {"op": "await", "channels": ["handoff/a", "handoff/b"], "mode": "at_least", "n": 2, "wait_ms": 1200}
     run_id = _parked(http, "fan-in-timeout", tool_input)
     _publish(Stream("", "handoff/a", "global", ""), "only one")
-    wait_status(run_id, RunStatus.COMPLETED, timeout=10)
+    wait_status(run_id, RunStatus.COMPLETED, timeout=30)
     out = json.loads(_results(run_id)[0]["text"])
     assert out["satisfied"] is False and out["timed_out"] is True and out["total_messages"] == 1
 
@@ -121,8 +130,7 @@ def test_a_message_that_beat_the_park_is_found_by_the_recheck(http: httpx.Client
     ChannelMessage.objects.create(
         id="msg_" + "0" * 15 + "1" + "abcdef01", payload="early", published_at=now, visible_at=now, **HANDOFF.filter()
     )
-    time.sleep(0.5)
-    assert run_row(run_id).status == RunStatus.WAITING_CHANNEL  # nothing rang
+    assert run_row(run_id).status == RunStatus.WAITING_CHANNEL  # nothing rang (the deadline is a minute away)
     call_id = ChannelWait.objects.get(run_id=run_id).call_id
     waits._recheck(run_id, call_id)
     wait_status(run_id, RunStatus.COMPLETED)
@@ -131,11 +139,13 @@ def test_a_message_that_beat_the_park_is_found_by_the_recheck(http: httpx.Client
 
 def test_a_deferred_message_wakes_the_waiter_when_it_becomes_visible(http: httpx.Client, stack: Any) -> None:
     run_id = _parked(http, "patient", {"op": "subscribe", "channel": "handoff", "wait_ms": 60_000})
-    due = datetime.now(UTC) + timedelta(seconds=2)
+    due = datetime.now(UTC) + timedelta(seconds=3)
     _publish(HANDOFF, "deferred", deliver_at=due)
-    time.sleep(1.0)
-    assert run_row(run_id).status == RunStatus.WAITING_CHANNEL
-    wait_status(run_id, RunStatus.COMPLETED, timeout=10)
+    # The publish checked the wait before it returned: nothing visible yet, so the wait's
+    # alarm moved from its deadline to the message's visibility (unless beat already answered it).
+    wake_at = ChannelWait.objects.filter(run_id=run_id).values_list("wake_at", flat=True).first()
+    assert (wake_at is None and datetime.now(UTC) >= due) or wake_at == due
+    wait_status(run_id, RunStatus.COMPLETED, timeout=30)
     assert datetime.now(UTC) >= due
     assert json.loads(_results(run_id)[0]["text"])["messages"][0]["value"] == "deferred"
 
@@ -162,11 +172,10 @@ def test_subscribers_of_one_stream_share_its_messages(http: httpx.Client, stack:
     first, second = _start(http, "twin"), _start(http, "twin")
     for run_id in (first, second):
         wait_status(run_id, RunStatus.WAITING_CHANNEL)
-    _publish(HANDOFF, 1)
-    done = wait_status(first, RunStatus.COMPLETED, RunStatus.WAITING_CHANNEL)
-    time.sleep(0.5)
-    statuses = sorted(run_row(r).status for r in (first, second))
-    assert statuses == [RunStatus.COMPLETED, RunStatus.WAITING_CHANNEL], (done.status, statuses)
+    _publish(HANDOFF, 1)  # answers exactly one wait before it returns
+    (still,) = ChannelWait.objects.filter(run_id__in=(first, second)).values_list("run_id", flat=True)
+    wait_status(first if still == second else second, RunStatus.COMPLETED)
+    assert run_row(still).status == RunStatus.WAITING_CHANNEL
     _publish(HANDOFF, 2)
     for run_id in (first, second):
         wait_status(run_id, RunStatus.COMPLETED)
@@ -196,12 +205,12 @@ def test_a_publish_waits_for_a_checker_instead_of_skipping_the_wait(http: httpx.
     assert locked.wait(5)
     publisher = threading.Thread(target=lambda: (_publish(HANDOFF, "contended"), connection.close()))
     publisher.start()
-    time.sleep(0.5)  # the publish committed and its wake-up is blocked on the checker's lock
+    wait_for(_a_backend_waits_on_a_lock, timeout=30)  # the publish's wake-up is blocked on the checker's lock
     assert run_row(run_id).status == RunStatus.WAITING_CHANNEL
     release.set()
     holder.join()
     publisher.join()
-    wait_status(run_id, RunStatus.COMPLETED, timeout=5)  # answered by the publisher, not at the 60 s deadline
+    wait_status(run_id, RunStatus.COMPLETED, timeout=30)  # answered by the publisher, not at the 60 s deadline
     assert json.loads(_results(run_id)[0]["text"])["messages"][0]["value"] == "contended"
 
 

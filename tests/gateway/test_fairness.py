@@ -383,6 +383,7 @@ from apps.core.redis import sync_client
 from apps.gateway import fairness
 r = sync_client()
 mode, rounds = sys.argv[1], int(sys.argv[2])
+r.incr("lc:fair:test:ready")
 while not r.exists("lc:fair:test:go"):
     time.sleep(0.002)
 held = refused = overlaps = 0
@@ -415,6 +416,7 @@ def test_fairness_across_two_worker_processes_a_per_user_cap_of_1_holds_cluster_
     stack_env: dict[str, str],
 ) -> None:
     env = child_env(stack_env, **CAP_ENV)
+    sync_client().delete("lc:fair:test:ready", "lc:fair:test:go")
     racers = [
         subprocess.Popen(
             [sys.executable, "-c", _RACER, mode, "400"],
@@ -425,7 +427,7 @@ def test_fairness_across_two_worker_processes_a_per_user_cap_of_1_holds_cluster_
         )
         for mode in ("runs", "calls", "runs")
     ]
-    time.sleep(3)  # let all three import Django and wait at the starting line
+    wait_for(lambda: int(sync_client().get("lc:fair:test:ready") or 0) == 3, timeout=60)  # all at the starting line
     sync_client().set("lc:fair:test:go", "1")
     results = []
     for racer in racers:

@@ -9,11 +9,13 @@ from asgiref.sync import async_to_sync
 from celery import current_app
 
 from apps.core.errors import RuntimePaused
+from apps.core.redis import sync_client
 from apps.runs import engine, services
 from apps.runs.models import Run, RunStatus, ToolCallRecord, TranscriptEntry
 from tests.conftest import ALICE, run_row, wait_for, wait_status
 from tests.factories.runs import assert_consecutive, event_types, start
 from tests.procs import WorkerPool
+from workers.queues import RUNS
 
 pytestmark = pytest.mark.usefixtures("agents")
 
@@ -55,13 +57,22 @@ def test_tool_calling_run_of_three_iterations_has_exact_events_and_transcript(st
     assert_consecutive(run.id)
 
 
+def _no_delivery_left(run_id: str) -> bool:
+    """No doorbell of `run_id` is queued, prefetched or being run by any worker."""
+    if sync_client().llen(RUNS):
+        return False
+    inspect = current_app.control.inspect(timeout=2)
+    held = [*(inspect.active() or {}).values(), *(inspect.reserved() or {}).values()]
+    return not [t for tasks in held for t in tasks if run_id in f"{t.get('args')}{t.get('kwargs')}"]
+
+
 def test_duplicate_and_stale_deliveries_are_noops(stack: WorkerPool) -> None:
     run = start("slow")
     wait_for(lambda: run_row(run.id).lease_owner)  # step 0 is in flight on a worker
     for _ in range(2):  # the same doorbell again, while the lease is held
         current_app.send_task("runs.iterate", args=(run.id, 0))
     done = wait_status(run.id, RunStatus.COMPLETED, timeout=30)
-    time.sleep(0.5)  # let the duplicate deliveries be consumed
+    wait_for(lambda: _no_delivery_left(run.id), timeout=30)  # the duplicates were consumed
     assert engine.run_iterate(run_id=run.id, step=0) == engine.Outcome.NOOP  # stale step
     assert engine.run_iterate(run_id=run.id, step=1) == engine.Outcome.NOOP  # terminal run
     assert engine.run_iterate(run_id=run.id, step=7) == engine.Outcome.NOOP  # future step

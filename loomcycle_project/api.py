@@ -30,6 +30,7 @@ api = LoomcycleAPI(
 api.add_router("/", runs_router)
 api.add_router("/", substrate_routes())
 api.add_router("/", "apps.substrate.api_auth.router")
+api.add_router("/", "apps.substrate.api_presets.router")
 api.add_router("/", "apps.runs.api.concurrency.router")
 api.add_router("/", "apps.runs.api.interrupts.router")
 api.add_router("/", "apps.runs.api.compaction.router")

@@ -114,6 +114,8 @@ def split_paths(raw: str) -> list[str]:
 # yaml layers (apps.core.config): the directory's *.yaml/*.yml, sorted, then the files in order.
 CONFIG_FILES: list[str] = split_paths(env.str("LOOMCYCLE_CONFIG_FILES", default=""))
 CONFIG_DIR: str = env.str("LOOMCYCLE_CONFIG_DIR", default="").strip()
+# Embedded configuration units layered beneath the files (apps.core.presets), in order.
+PRESETS: list[str] = [n.strip() for n in env.list("LOOMCYCLE_PRESETS", default=[]) if n.strip()]
 # A value set by one layer and changed by a later one is an error (config_conflict), not a log line.
 CONFIG_STRICT: bool = env.bool("LOOMCYCLE_CONFIG_STRICT", default=False)
 # Markdown definitions read at boot under the yaml (apps.substrate.discovery): <name>.md, <name>/SKILL.md.
@@ -582,6 +584,7 @@ class RuntimeSettings:
     mock_enabled: bool = True
     max_stream_seconds: int = 3600
     config_dir: str = ""
+    presets: tuple[str, ...] = ()
     config_strict: bool = False
     agents_root: str = ""
     skills_root: str = ""

@@ -184,6 +184,7 @@ LOOMCYCLE = E.RuntimeSettings(
     auth_token=E.AUTH_TOKEN,
     config_files=tuple(E.CONFIG_FILES),
     config_dir=E.CONFIG_DIR,
+    presets=tuple(E.PRESETS),
     config_strict=E.CONFIG_STRICT,
     agents_root=E.AGENTS_ROOT,
     skills_root=E.SKILLS_ROOT,

@@ -35,6 +35,7 @@ _NOT_ONE_VARIABLE = {
     "data_dir",  # LOOMCYCLE_DATA_DIR, made absolute
     "tenant_credential_env",  # tenant:VARIABLE pairs
     "allowed_hosts",  # a comma-separated list
+    "presets",  # a comma-separated list of embedded unit names
 }
 
 _PROBE = """

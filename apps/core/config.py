@@ -2,9 +2,10 @@
 (apps.core.config_layers: mappings merge, anything else is replaced);
 `${ENV}` / `${ENV:-fallback}` expansion for `[A-Za-z_][A-Za-z0-9_]*` names.
 
-Which files: every `*.yaml` / `*.yml` directly in LOOMCYCLE_CONFIG_DIR (sorted
-by name), then LOOMCYCLE_CONFIG_FILES in order; `<repo>/loomcycle.yaml` only
-when neither names a file. Each replaced value is logged once per load (INFO,
+Which layers: the embedded units LOOMCYCLE_PRESETS selects (apps.core.presets),
+then every `*.yaml` / `*.yml` directly in LOOMCYCLE_CONFIG_DIR (sorted by name),
+then LOOMCYCLE_CONFIG_FILES in order; `<repo>/loomcycle.yaml` only when neither
+of the last two names a file. Each replaced value is logged once per load (INFO,
 logger `loomcycle.config`, key and files only: values may be secrets); with
 LOOMCYCLE_CONFIG_STRICT any replacement is a `config_conflict` error instead.
 
@@ -28,6 +29,7 @@ from django.conf import settings
 
 from apps.core.config_layers import Layered, Replacement, TaggedSeq, untag
 from apps.core.errors import Invalid
+from apps.core.presets import Unit, units_resolve
 from apps.core.secrets import config_secret_names, name_refusal, referenced_names, resolve_references
 
 log = logging.getLogger("loomcycle.config")
@@ -79,12 +81,16 @@ for _tag in ("!prepend", "!append"):
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise Invalid(f"config file not found: {path}", code="config_not_found")
+    return _parse(path.read_text(), str(path))
+
+
+def _parse(text: str, label: str) -> dict[str, Any]:
     try:
-        doc = yaml.load(path.read_text(), Loader=LayerLoader) or {}  # noqa: S506 (a SafeLoader)
+        doc = yaml.load(text, Loader=LayerLoader) or {}  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        raise Invalid(f"{path}: invalid yaml: {yaml_problem(exc)}", code="config_invalid") from exc
+        raise Invalid(f"{label}: invalid yaml: {yaml_problem(exc)}", code="config_invalid") from exc
     if not isinstance(doc, dict):
-        raise Invalid(f"{path}: top level must be a mapping", code="config_invalid")
+        raise Invalid(f"{label}: top level must be a mapping", code="config_invalid")
     return doc
 
 
@@ -107,10 +113,12 @@ def _refuse_conflicts(replaced: list[Replacement]) -> None:
     )
 
 
-def load_config(paths: list[Path], *, strict: bool = False) -> dict[str, Any]:
-    """Read and merge the files in order (later wins); missing files are an error.
-    Every replaced value is logged, or with `strict` refused (`config_conflict`)."""
+def load_config(paths: list[Path], *, strict: bool = False, units: list[Unit] | None = None) -> dict[str, Any]:
+    """Merge the embedded `units`, then the files, in order (later wins); missing files
+    are an error. Every replaced value is logged, or with `strict` refused (`config_conflict`)."""
     layered = Layered()
+    for unit in units or []:
+        layered.fold(_parse(unit.text, unit.label), unit.label)
     for path in paths:
         layered.fold(_read(path), str(path))
     if strict and layered.replaced:
@@ -143,7 +151,7 @@ def default_config_paths(base_dir: Path, configured: list[str], config_dir: str 
     return [default] if default.is_file() else []
 
 
-_LOADED: dict[tuple[tuple[str, ...], str, bool], dict[str, Any]] = {}
+_LOADED: dict[tuple[tuple[str, ...], tuple[str, ...], str, bool], dict[str, Any]] = {}
 
 
 def configured_paths() -> list[Path]:
@@ -152,13 +160,19 @@ def configured_paths() -> list[Path]:
     return default_config_paths(settings.BASE_DIR, list(cfg.config_files), cfg.config_dir)
 
 
+def configured_units() -> list[Unit]:
+    """The embedded units `settings.LOOMCYCLE.presets` selects, in layer order."""
+    return units_resolve(settings.LOOMCYCLE.presets)
+
+
 def runtime_config(*, reload: bool = False) -> dict[str, Any]:
-    """The configured files merged (empty when there are none), read once per
-    process and setting (files, dir, strict); `reload=True` (boot) reads them again.
-    The directory is listed when read: a file added later needs a reload."""
+    """The selected units and configured files merged (empty when there are none),
+    read once per process and setting (presets, files, dir, strict); `reload=True`
+    (boot) reads them again. The directory is listed when read: a file added later
+    needs a reload."""
     cfg = settings.LOOMCYCLE
-    key = (tuple(cfg.config_files), cfg.config_dir, cfg.config_strict)
+    key = (tuple(cfg.presets), tuple(cfg.config_files), cfg.config_dir, cfg.config_strict)
     if reload or key not in _LOADED:
-        paths = configured_paths()
-        _LOADED[key] = load_config(paths, strict=cfg.config_strict) if paths else {}
+        paths, units = configured_paths(), configured_units()
+        _LOADED[key] = load_config(paths, strict=cfg.config_strict, units=units) if paths or units else {}
     return _LOADED[key]

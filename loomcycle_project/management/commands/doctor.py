@@ -22,16 +22,18 @@ Check = tuple[str, str, str]  # (PASS|WARN|FAIL, name, detail)
 
 
 def check_config() -> list[Check]:
-    """The layered files load as boot loads them (LOOMCYCLE_CONFIG_DIR, _FILES, _STRICT);
-    a missing file or directory, bad yaml or a strict-mode conflict is a FAIL naming it."""
-    from apps.core.config import configured_paths, load_config
+    """The layers load as boot loads them (LOOMCYCLE_PRESETS, _CONFIG_DIR, _FILES, _STRICT);
+    an unknown preset, a missing file or directory, bad yaml or a strict-mode conflict is a
+    FAIL naming it."""
+    from apps.core.config import configured_paths, configured_units, load_config
 
     try:
-        paths = configured_paths()
-        if not paths:
-            return [("WARN", "config", "no loomcycle.yaml found; no static agents")]
-        agents = load_config(paths, strict=settings.LOOMCYCLE.config_strict).get("agents") or {}
-        return [("PASS", "config", f"{', '.join(str(p) for p in paths)}: {len(agents)} agent(s)")]
+        paths, units = configured_paths(), configured_units()
+        if not paths and not units:
+            return [("WARN", "config", "no loomcycle.yaml found and no LOOMCYCLE_PRESETS; no static agents")]
+        loaded = load_config(paths, strict=settings.LOOMCYCLE.config_strict, units=units)
+        layers = [u.label for u in units] + [str(p) for p in paths]
+        return [("PASS", "config", f"{', '.join(layers)}: {len(loaded.get('agents') or {})} agent(s)")]
     except ApplicationError as exc:
         return [("FAIL", "config", f"{exc.code}: {exc.message}")]
 

@@ -123,6 +123,8 @@ class ToolContext:
     allowed_hosts: tuple[str, ...] = ()
     # WebSearch's host filter: "" when the caller did not narrow allowed_hosts, else drop | keep.
     web_search_filter: str = ""
+    # This step's tool calls in the order the model made them: (call_id, name, input).
+    batch: tuple[tuple[str, str, Mapping[str, Any]], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def idempotency_key(self) -> str:

@@ -328,13 +328,6 @@ def interrupt_pending_count(*, run_id: str) -> int:
     return Interrupt.objects.filter(run_id=run_id, status=InterruptStatus.PENDING).count()
 
 
-def interrupt_asks_in_step(*, run_id: str, step: int, tool: str) -> list[str]:
-    """The call ids of this step's `ask` calls to `tool`, in the order the model made them
-    (their started records are written before any tool runs)."""
-    rows = ToolCallRecord.objects.filter(run_id=run_id, step=step, name=tool, input__op="ask").order_by("id")
-    return list(rows.values_list("call_id", flat=True))
-
-
 def interrupts_due(*, limit: int) -> list[str]:
     """Pending interrupts past their deadline, or whose run already ended; oldest deadline first."""
     now = timezone.now()

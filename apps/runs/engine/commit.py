@@ -32,6 +32,8 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
         events=write.events,
         consumed_inputs=write.consumed_inputs,
         finished_calls=write.finished_calls,
+        tool_batch=write.tool_batch,
+        tools_started_at=write.tools_started_at,
         ledger=write.ledger,
     )
     commit = partial(

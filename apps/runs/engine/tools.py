@@ -1,22 +1,22 @@
-"""The tool phase of an iteration: the started records, the calls under policy
-(apps.runs.engine.toolrun), spawns and parks prepared for the commit, the results in tool_call
-order."""
+"""The tool phase of an iteration: the calls under policy (apps.runs.engine.toolrun), spawns
+and parks prepared for the commit, the results in tool_call order. The calls' records are written
+by the step commit (store.commit_step), not before the tools run: a redelivered iteration repeats
+the calls with the same (run_id, step, call_id) keys either way."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 from django.db import connection
 
 from apps.core import privileged
 from apps.core.errors import ApplicationError
-from apps.core.redact import run_redactor
 from apps.core.tools import ToolContext, ToolResult, VolumeBinding
 from apps.gateway.providers import (
     Done,
     ToolCall,
 )
-from apps.runs import store
 from apps.runs.children.spawn import spawn_prepare, spawns_abandon
 from apps.runs.engine import metrics, turncancel
 from apps.runs.engine.admission import ADMISSION, tools_after_s
@@ -41,7 +41,8 @@ def _tools_now(run: ClaimedRun) -> list[str]:
 def tool_phase(
     run: ClaimedRun, calls: list[ToolCall], cancel: threading.Event, write: StepWrite, done: Done
 ) -> StepWrite:
-    _record_tool_starts(run, calls)
+    write.tool_batch = [(c.id, c.name, c.input) for c in calls]
+    write.tools_started_at = time.time()
     base = ToolContext(
         run_id=run.id,
         agent_id=run.agent_id,
@@ -61,7 +62,9 @@ def tool_phase(
         cancelled=cancel,
         allowed_hosts=tuple(run.allowed_hosts),
         web_search_filter=str(run.routing.get("web_search_filter") or ""),
+        batch=tuple(write.tool_batch),
     )
+    connection.close()  # no connection is held while the tools run (each takes what it needs)
     with ADMISSION.outside(tools_after_s()):
         ran = run_calls(base, calls)
     _count_tool_calls(run, ran, write)
@@ -142,13 +145,3 @@ def _prepare_spawns(run: ClaimedRun, outcomes: list[CallOutcome], write: StepWri
     if write.spawns:
         connection.close()
     return now
-
-
-def _record_tool_starts(run: ClaimedRun, calls: list[ToolCall]) -> None:
-    store.record_tool_starts(
-        run_id=run.id,
-        step=run.step,
-        calls=[(c.id, c.name, c.input) for c in calls],
-        redactor=run_redactor(run.credentials),
-    )
-    connection.close()

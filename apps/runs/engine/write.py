@@ -38,6 +38,9 @@ class StepWrite:
     error: str = ""
     consumed_inputs: list[int] = field(default_factory=list)
     finished_calls: list[tuple[str, bool]] = field(default_factory=list)
+    # The step's tool batch (call_id, name, input), recorded by the commit: finished or, parked or spawned, started.
+    tool_batch: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    tools_started_at: float = 0.0  # time.time() when the batch began
     ledger: list[dict[str, Any]] = field(default_factory=list)  # usage/cost rows, one per provider call
     advance: bool = True  # False for a pause park: no provider call was made
     provider_s: float = 0.0  # time inside the provider call(s), for timing samples

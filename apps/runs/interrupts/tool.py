@@ -103,11 +103,11 @@ def _max_pending(acl: dict[str, Any]) -> int:
 
 def _check_room(ctx: ToolContext, acl: dict[str, Any]) -> None:
     """Refuse this ask when it would make more than max_pending of the run's asks pending:
-    those pending already, plus this step's asks made before it (their records are written
-    before any tool runs, so parallel asks of one turn count each other in call order)."""
+    those pending already, plus this step's asks made before it (the step's batch, in the
+    model's order: parallel asks of one turn count each other in call order)."""
     cap = _max_pending(acl)
     pending = selectors.interrupt_pending_count(run_id=ctx.run_id)
-    asks = selectors.interrupt_asks_in_step(run_id=ctx.run_id, step=ctx.step, tool=TOOL)
+    asks = [call_id for call_id, name, data in ctx.batch if name == TOOL and data.get("op") == "ask"]
     before = asks.index(ctx.call_id) if ctx.call_id in asks else len(asks)
     if pending + before >= cap:
         raise ToolRefusal(f"max_pending reached: this run may have at most {cap} pending interruption(s)")

@@ -8,8 +8,8 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
   counters that very row returns; the claim, the step commit, an answer to a
   parked call, a cancel and run creation all use it, so seqs stay
   consecutive, without duplicates, whichever of them races.
-- `hot`: the engine's three writes per iteration (claim, tool starts, step
-  commit), prepared statements on pooled connections.
+- `hot`: the engine's two writes per iteration (claim, step commit, which
+  records the tool calls), prepared statements on pooled connections.
 - `control`: run creation, heartbeat, answers, cancel, input, pause/resume,
   sweeps, the child report, an operator's retry of a failed run.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
@@ -68,7 +68,6 @@ from apps.runs.store.hot import (
     commit_step,
     pending_inputs,
     pool_purge,
-    record_tool_starts,
 )
 from apps.runs.store.interrupts import interrupt_finish, interrupt_insert, interrupt_lock
 from apps.runs.store.outbox import outbox_claim_due, outbox_delete, outbox_insert
@@ -130,7 +129,6 @@ __all__ = [
     "outbox_insert",
     "pending_inputs",
     "pool_purge",
-    "record_tool_starts",
     "resident_close",
     "resident_insert",
     "resident_lock",

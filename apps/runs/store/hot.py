@@ -1,14 +1,14 @@
 """The engine's hot writes (part of apps/runs/store/, the one package that
-writes the runs app's tables): three writes per tool-calling iteration, each
-one statement in autocommit, prepared by their text:
+writes the runs app's tables): two writes per iteration, each one statement
+in autocommit, prepared by their text:
 - `claim`: compare-and-set of the lease (UPDATE ... RETURNING the run, with
   its transcript aggregated in the same round trip);
-- `record_tool_starts`: the started records (INSERT ... ON CONFLICT DO NOTHING);
 - `commit_step`: ONE statement whose fenced UPDATE of the run feeds writable
-  CTEs that append transcript rows and events and close inputs and tool
-  calls; the rows travel as one JSONB parameter unpacked in SQL. A lost
-  fence returns no run row, so the CTEs insert nothing: the whole step
-  lands or none of it does.
+  CTEs that append transcript rows and events, close inputs and record the
+  step's tool calls (finished, or started for a call that parked or spawned);
+  the rows travel as one JSONB parameter unpacked in SQL. A lost fence
+  returns no run row, so the CTEs insert nothing: the whole step lands or
+  none of it does.
 Events and transcript rows are appended by the append primitive (store.append).
 """
 
@@ -76,10 +76,10 @@ _CLAIM_COLUMNS = (
 )
 
 
-# The claim and the tool-start records commit asynchronously (no WAL flush of
-# their own): the step commit is synchronous and WAL is sequential, so flushing
-# it flushes them too. After a Postgres crash either all three survive, or the
-# step is lost with them and the iteration repeats, as after any crash.
+# The claim commits asynchronously (no WAL flush of its own): the step commit is
+# synchronous and WAL is sequential, so flushing it flushes the claim too. After a
+# Postgres crash either both survive, or the step is lost with its claim and the
+# iteration repeats, as after any crash.
 _ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true) AS a"
 
 # The run's first claim (started_at set in this very transaction) appends `started`
@@ -106,14 +106,6 @@ SELECT {", ".join(f"c.{col}" for col in _CLAIM_COLUMNS)}, c.first_claim,
   (SELECT COALESCE(json_agg(json_build_array(t.role, t.content) ORDER BY t.idx), '[]')
    FROM runs_transcriptentry t WHERE t.run_id = c.id)
 FROM c, s
-"""
-
-_TOOL_STARTS_SQL = f"""
-WITH s AS ({_ASYNC_COMMIT})
-INSERT INTO runs_toolcallrecord (run_id, step, call_id, name, input, status, is_error, started_at)
-SELECT %s, %s, x.v->>0, x.v->>1, x.v->2, '{ToolCallStatus.STARTED.value}', false, now()
-FROM s, jsonb_array_elements(%s::jsonb) AS x(v)
-ON CONFLICT (run_id, step, call_id) DO NOTHING
 """
 
 # The statuses a step commit can park a run in: the parks less `waiting_slot` and
@@ -165,11 +157,17 @@ r AS (
     )
 }
 ), c AS (
-  UPDATE runs_toolcallrecord SET status = '{ToolCallStatus.FINISHED.value}', is_error = (x.v->>1)::boolean,
-    finished_at = now()
-  FROM r, d, jsonb_array_elements(d.j->'c') AS x(v)
-  WHERE runs_toolcallrecord.run_id = r.id AND runs_toolcallrecord.step = %(step)s
-    AND runs_toolcallrecord.call_id = x.v->>0
+  -- the step's tool calls, in the model's order: [call_id, name, input, finished, is_error]
+  -- (a record a rolling deploy's older worker started is closed, not repeated)
+  INSERT INTO runs_toolcallrecord (run_id, step, call_id, name, input, status, is_error, started_at, finished_at)
+  SELECT r.id, %(step)s, x.v->>0, x.v->>1, x.v->2,
+    CASE WHEN (x.v->>3)::boolean THEN '{ToolCallStatus.FINISHED.value}' ELSE '{ToolCallStatus.STARTED.value}' END,
+    (x.v->>4)::boolean, to_timestamp(%(tools_at)s),
+    CASE WHEN (x.v->>3)::boolean THEN now() END
+  FROM r, d, jsonb_array_elements(d.j->'c') WITH ORDINALITY AS x(v, n)
+  ORDER BY x.n
+  ON CONFLICT (run_id, step, call_id) DO UPDATE SET
+    status = EXCLUDED.status, is_error = EXCLUDED.is_error, finished_at = EXCLUDED.finished_at
 )
 SELECT status FROM r
 """
@@ -242,6 +240,8 @@ class StepRows:
     events: list[dict[str, Any]] = field(default_factory=list)
     consumed_inputs: list[int] = field(default_factory=list)
     finished_calls: list[tuple[str, bool]] = field(default_factory=list)
+    tool_batch: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (call_id, name, input)
+    tools_started_at: float = 0.0  # time.time() when the batch began: the records' started_at
     # usage ledger rows: {provider, model, input_tokens, output_tokens,
     # cache_creation_input_tokens, cache_read_input_tokens, cost_usd (str | None)}
     ledger: list[dict[str, Any]] = field(default_factory=list)
@@ -373,15 +373,6 @@ def pending_inputs(*, run_id: str) -> list[tuple[int, str, str]]:
         return [(int(i), str(t), str(s)) for i, t, s in cur.fetchall()]
 
 
-def record_tool_starts(
-    *, run_id: str, step: int, calls: list[tuple[str, str, dict[str, Any]]], redactor: Redactor
-) -> None:
-    """Recorded (inputs redacted) before the tools run; a redelivery repeats
-    the same (run, step, call_id) keys."""
-    rows = [[call_id, name, redactor.value(data)] for call_id, name, data in calls]
-    _hot(_TOOL_STARTS_SQL, [run_id, step, json.dumps(rows)])
-
-
 def commit_step(
     *,
     run: ClaimedRun,
@@ -404,7 +395,7 @@ def commit_step(
     packed = {
         **_redacted(redactor, rows.events, rows.transcript),
         "i": rows.consumed_inputs,
-        "c": rows.finished_calls,
+        "c": _tool_records(rows, redactor),
         "u": rows.ledger,
     }
     params: dict[str, Any] = {
@@ -430,10 +421,20 @@ def commit_step(
         "candidate_idx": switched.candidate_idx if switched else None,
         "fallbacks": switched.fallbacks if switched else None,
         "version": _version(),
+        "tools_at": rows.tools_started_at or time.time(),
     }
     landed = functools.partial(_step_landed, run, params["new_step"]) if advance else None
     row = _hot(_COMMIT_SQL, params, landed=landed)
     return str(row[0]) if row else None
+
+
+def _tool_records(rows: StepRows, redactor: Redactor) -> list[list[Any]]:
+    """The batch's records (inputs redacted): finished with the step, or started when parked or spawned."""
+    finished = dict(rows.finished_calls)
+    return [
+        [call_id, name, redactor.value(data), call_id in finished, finished.get(call_id, False)]
+        for call_id, name, data in rows.tool_batch
+    ]
 
 
 def _step_landed(run: ClaimedRun, new_step: int) -> Any:

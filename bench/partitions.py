@@ -26,17 +26,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import django  # noqa: E402
+from bench import stack  # noqa: E402
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "loomcycle_project.settings")
-django.setup()
+DATA = ROOT / ".loomcycle" / "partitions"
+# This process reads the cluster out of band (tests/netns_cluster.py) and needs no servers of its
+# own: URLs that name none keep bench.stack from starting the embedded ones (each host's process
+# gets the cluster's URLs).
+stack.boot(DATA, load=False, instant_mock=False, DATABASE_URL="postgresql://unused@/unused", REDIS_URL="redis://unused")
 
 from tests import netns  # noqa: E402
 from tests.chaos import infra_workload as wl  # noqa: E402
 from tests.chaos import partitions as faults  # noqa: E402
 from tests.netns_cluster import ENGINE_ENV, WEB_HOSTS, WORKER_HOSTS, Cluster, cluster  # noqa: E402
 
-DATA = ROOT / ".loomcycle" / "partitions"
 RUNS = int(os.environ.get("PARTITIONS_RUNS", "12"))
 LEASE_S = float(ENGINE_ENV["LOOMCYCLE_LEASE_SECONDS"])
 LOSS_S = float(os.environ.get("PARTITIONS_LOSS_S", "60"))

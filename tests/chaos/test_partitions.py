@@ -53,7 +53,7 @@ def hosts() -> Iterator[Cluster]:
         with cluster(data, root / "infra-template", extra_env=FAIRNESS) as c:
             yield c
     finally:
-        if not os.environ.get("NETNS_KEEP"):
+        if not os.environ.get("NETNS_KEEP"):  # NETNS_KEEP=1 keeps the hosts' logs (data/logs) to read a failure
             shutil.rmtree(data, ignore_errors=True)
 
 

@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat $(RUN_REQS) requirements/dev.txt | sha25
 STEP := python3 loomcycle_project/steps.py
 PIP := $(PY) -m pip install --disable-pip-version-check
 
-.PHONY: proto run test lint typecheck bench bench-peer bench-live bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos doctor venv clean
+.PHONY: proto run test lint typecheck bench bench-peer bench-live bench-infra bench-gateway bench-webhooks bench-schedules bench-interrupts bench-fanout bench-triggers bench-circuit bench-grpc rolling-deploy capacity soak chaos partitions doctor venv clean
 
 # The gRPC stubs (apps/grpcapi, docs/grpc.md): generated from the project's .proto by grpcio-tools'
 # protoc, never committed (.gitignore); every target that runs code depends on them.
@@ -169,6 +169,12 @@ bench-peer: $(STAMP) $(PEER_STAMP)
 N ?= 60
 chaos: $(STAMP)
 	CHAOS_N=$(N) $(if $(SEED),CHAOS_SEED=$(SEED)) $(PY) bench/chaos.py
+
+# The network-fault run (issue 41, docs/reliability.md, "Network partitions"): seven hosts as network
+# namespaces (needs root, iproute2, nftables), every partition, loss and host-loss fault in turn while
+# the mixed workload runs; prints one line per fault and the contract. `make test` runs a short version.
+partitions: $(STAMP) $(PROTO_GEN)
+	$(PY) bench/partitions.py
 
 clean:
 	rm -rf .loomcycle/test .pytest_cache .mypy_cache .ruff_cache

@@ -142,6 +142,10 @@ SIGNAL_RESEND_SECONDS: float = _float_at_least("LOOMCYCLE_SIGNAL_RESEND_SECONDS"
 MAX_ATTEMPTS: int = env.int("LOOMCYCLE_MAX_ATTEMPTS", default=3)
 STEER_QUEUE_CAP: int = env.int("LOOMCYCLE_STEER_QUEUE_CAP", default=16)
 PG_POOL_MAX: int = env.int("LOOMCYCLE_PG_POOL_MAX", default=16)
+# How long a database connection may go unanswered by the network (connect, unacknowledged data,
+# keepalive probes on an idle or waiting connection) before libpq drops it; 0 = the OS defaults
+# (a cut link then holds a request for as long as TCP retransmits: about 15 minutes on Linux).
+PG_NETWORK_TIMEOUT_SECONDS: int = env.int("LOOMCYCLE_PG_NETWORK_TIMEOUT_SECONDS", default=10)
 
 # The user's own Django apps (dotted module or AppConfig paths), appended to INSTALLED_APPS in
 # every process that loads the settings: web, workers, beat, manage.py (docs/extending.md).

@@ -97,6 +97,23 @@ TEMPLATES = [
 ]
 
 
+def _network_timeouts(seconds: int) -> dict[str, int]:
+    """libpq's parameters that bound a silent network (a partition drops packets, no reset comes):
+    the connect, data sent and never acknowledged (tcp_user_timeout), and an idle or waiting
+    connection whose peer vanished (keepalive probes). libpq ignores the TCP ones on a unix socket."""
+    if seconds <= 0:
+        return {}
+    probe = max(1, seconds // 3)
+    return {
+        "connect_timeout": seconds,
+        "tcp_user_timeout": seconds * 1000,
+        "keepalives": 1,
+        "keepalives_idle": probe,
+        "keepalives_interval": probe,
+        "keepalives_count": 3,
+    }
+
+
 def _database() -> dict[str, object]:
     url = E.database_url()
     if not url:
@@ -116,6 +133,7 @@ def _database() -> dict[str, object]:
     # explicitly (apps.runs.store), and generic plans make Postgres plan each
     # once per connection. Only prepared statements follow plan_cache_mode, so
     # every other query keeps its custom plan (and its partial indexes).
+    options.update(_network_timeouts(E.PG_NETWORK_TIMEOUT_SECONDS))
     options["server_side_binding"] = True
     options["options"] = (str(options.get("options") or "") + " -c plan_cache_mode=force_generic_plan").strip()
     cfg["OPTIONS"] = options

@@ -27,8 +27,9 @@ its own, so the check stops.
 
 The decision is made per request, because an operator token minted at runtime
 closes open mode: the database answer is cached per process for OPEN_MODE_TTL_S,
-and a database error counts as open mode here (fail closed: foreign hosts are
-refused; authentication itself answers 503 in that case).
+and a database error fails closed: a foreign host is refused with 503
+`database_unavailable` (the server's outage, not the client's mistake), a
+loopback one is served and authentication itself answers 503.
 """
 
 from __future__ import annotations
@@ -116,18 +117,23 @@ auth_cache.on_forget(reset_open_mode_cache)
 
 
 def open_mode(*, close_connection: bool = False) -> bool:
-    """True while no credential is configured. `close_connection` hands the DB
-    connection back after a lookup (for worker threads of async callers)."""
+    """True while no credential is configured (or while that cannot be read: loopback names only
+    then). `close_connection` hands the DB connection back after a lookup (for worker threads of
+    async callers)."""
+    return open_mode_state(close_connection=close_connection) is not False
+
+
+def open_mode_state(*, close_connection: bool = False) -> bool | None:
+    """`open_mode`, with None when the token store could not be read (nothing is cached then:
+    authentication reads the table itself and fails closed with 503)."""
     cached = open_mode_cached()
     if cached is not None:
         return cached
     try:
         answer = not credential_configured()
     except DatabaseError as exc:
-        # For the host check only: answer loopback names only, and cache nothing
-        # (authentication reads the table itself and fails closed with 503).
         log.error("open mode check: token store lookup failed; answering loopback host names only: %s", exc)
-        return True
+        return None
     finally:
         if close_connection:
             connection.close()
@@ -146,10 +152,14 @@ def open_mode_cached() -> bool | None:
 
 
 async def aopen_mode() -> bool:
+    return await aopen_mode_state() is not False
+
+
+async def aopen_mode_state() -> bool | None:
     cached = open_mode_cached()
     if cached is not None:
         return cached
-    return await sync_to_async(open_mode, thread_sensitive=False)(close_connection=True)
+    return await sync_to_async(open_mode_state, thread_sensitive=False)(close_connection=True)
 
 
 def request_domain(request: HttpRequest) -> str:
@@ -186,12 +196,27 @@ def cross_site_refused() -> JsonResponse:
     return JsonResponse(body, status=403)
 
 
-def open_mode_refusal(request: HttpRequest, is_open: Callable[[], bool]) -> JsonResponse | None:
-    """The refusal for a request open mode must not serve, or None. The header
-    checks run first so that a plain API request costs no open-mode lookup."""
-    if not host_allowed_in_open_mode(request_domain(request)) and is_open():
-        return open_mode_host_refused()
-    if is_cross_site(request) and is_open():
+def token_store_unavailable() -> JsonResponse:
+    """Whether open mode holds is unknown (the database is unreachable): refused, but as the
+    server's outage it is (503, as loomcycle_project.api answers a lost database), not as the
+    client's mistake: a deployed runtime's clients name its public host, and a 400
+    `open_mode_host` would tell them to call a loopback name instead."""
+    body = {"code": "database_unavailable", "error": "the database is unavailable; retry shortly", "details": {}}
+    response = JsonResponse(body, status=503)
+    response["Retry-After"] = "2"
+    return response
+
+
+def open_mode_refusal(request: HttpRequest, is_open: Callable[[], bool | None]) -> JsonResponse | None:
+    """The refusal for a request open mode must not serve, or None (`is_open`: open_mode_state).
+    The header checks run first so that a plain API request costs no open-mode lookup."""
+    if not host_allowed_in_open_mode(request_domain(request)):
+        state = is_open()
+        if state is None:
+            return token_store_unavailable()
+        if state:
+            return open_mode_host_refused()
+    if is_cross_site(request) and is_open() is not False:
         log.warning(
             "open mode: refused a cross-site %s %s (Origin %r)",
             request.method,
@@ -207,12 +232,12 @@ class OpenModeHostMiddleware(HybridMiddleware):
     non-loopback Host, 403 `cross_site_request` for a cross-site browser request."""
 
     def sync_call(self, request: HttpRequest) -> Any:
-        refusal = open_mode_refusal(request, open_mode)
+        refusal = open_mode_refusal(request, open_mode_state)
         return refusal if refusal is not None else self.get_response(request)
 
     async def async_call(self, request: HttpRequest) -> HttpResponse:
         if not host_allowed_in_open_mode(request_domain(request)) or is_cross_site(request):
-            is_open = await aopen_mode()
+            is_open = await aopen_mode_state()
             refusal = open_mode_refusal(request, lambda: is_open)
             if refusal is not None:
                 return refusal

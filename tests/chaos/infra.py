@@ -161,6 +161,7 @@ class InfraStack:
     redis_proc: subprocess.Popen[bytes] | None = None
     pg_server: Any = None
     logs: Path = field(default_factory=Path)
+    headers: dict[str, str] = field(default_factory=dict)  # open mode on loopback: no bearer
 
     def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         """One query on the stack's database, in a connection of its own (survives restarts)."""

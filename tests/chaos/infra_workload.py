@@ -52,6 +52,8 @@ class SseFollower:
 
     base_url: str
     run_id: str
+    headers: dict[str, str] = field(default_factory=dict)  # a cluster's bearer (tests/netns_cluster.py)
+    alternates: list[str] = field(default_factory=list)  # other web processes, tried in turn when a stream breaks
     seqs: list[int] = field(default_factory=list)
     resumes: int = 0
     errors: list[str] = field(default_factory=list)
@@ -71,6 +73,9 @@ class SseFollower:
                     return
             except httpx.HTTPError as exc:  # a broken stream: resume after the last seq seen
                 self.errors.append(f"{type(exc).__name__}: {exc}")
+                if self.alternates:  # on the next web process, as a load balancer would send it
+                    self.alternates.append(self.base_url)
+                    self.base_url = self.alternates.pop(0)
             self.resumes += 1
             time.sleep(0.5)  # a client's reconnect backoff
         self.errors.append("stream did not end within 300 s")
@@ -79,7 +84,8 @@ class SseFollower:
         """One connection; True once the server ended the stream cleanly."""
         params = {"from_seq": self.seqs[-1]} if self.seqs else {}
         timeout = httpx.Timeout(30.0)  # a keepalive comes at least every 30 s: a longer silence is a hang
-        with httpx.stream("GET", f"{self.base_url}/v1/runs/{self.run_id}/stream", params=params, timeout=timeout) as r:
+        url = f"{self.base_url}/v1/runs/{self.run_id}/stream"
+        with httpx.stream("GET", url, params=params, headers=self.headers, timeout=timeout) as r:
             if r.status_code != 200:
                 self.errors.append(f"status {r.status_code}: {r.read()[:200]!r}")
                 return False
@@ -134,7 +140,7 @@ def workload_start(
     w.chats = [_post(http, "chaos", turns, interactive=True) for _ in range(each)]
     ask = {"tools": [{"tool": "Interruption", "input": ASK}]}
     w.askers = [_post(http, "infra", _script([ask, {"text": "answered"}])) for _ in range(each)]
-    w.followers = [SseFollower(stack.base_url, w.tool_runs[0])]
+    w.followers = [SseFollower(stack.base_url, w.tool_runs[0], headers=stack.headers)]
     for follower in w.followers:
         follower.start()
     return w

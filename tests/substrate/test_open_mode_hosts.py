@@ -128,9 +128,11 @@ def test_the_env_token_closes_open_mode_without_a_database_lookup(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_token_store_error_counts_as_open_mode_for_the_host_check(
+def test_a_token_store_error_refuses_a_foreign_host_as_the_outage_it_is(
     lc: Any, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Fail closed, but with 503 database_unavailable: a deployed runtime cut off from Postgres
+    (issue 41's partitions) must not tell its clients to call a loopback name."""
     calls: list[int] = []
 
     def broken() -> bool:
@@ -138,7 +140,9 @@ def test_a_token_store_error_counts_as_open_mode_for_the_host_check(
         raise DatabaseError("token store down")
 
     monkeypatch.setattr(middleware, "live_token_exists", broken)
-    assert_open_mode_host(me(client, FOREIGN, "lct_whatever"))
+    refused = me(client, FOREIGN, "lct_whatever")
+    assert (refused.status_code, refused.json()["code"]) == (503, "database_unavailable")
+    assert refused["Retry-After"] == "2"
     assert calls == [1]
     assert middleware.open_mode() is True  # an error is never cached: the next check asks again
     assert calls == [1, 1]

@@ -31,7 +31,9 @@ def _resources(client: Any) -> dict[str, Any]:
 
 def _methods(resource: Any) -> dict[str, Any]:
     kind = type(resource)
-    return {name: getattr(kind, name) for name in dir(kind) if not name.startswith("_") and callable(getattr(kind, name))}
+    return {
+        name: getattr(kind, name) for name in dir(kind) if not name.startswith("_") and callable(getattr(kind, name))
+    }
 
 
 def _reached(client: Any) -> dict[str, set[str]]:

@@ -16,6 +16,7 @@ from loomcycle_http.client import _base as b
 from loomcycle_http.client.agents import AsyncAgents
 from loomcycle_http.client.budgets import AsyncBudgets
 from loomcycle_http.client.channels import AsyncChannels
+from loomcycle_http.client.config import AsyncConfig
 from loomcycle_http.client.defs import AsyncDefs
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
@@ -67,6 +68,7 @@ class AsyncClient:
         self.hooks, self.schedules, self.webhooks = AsyncHooks(self), AsyncSchedules(self), AsyncWebhooks(self)
         self.retention, self.erasure = AsyncRetention(self), AsyncErasure(self)
         self.gateway = AsyncGateway(self)
+        self.config = AsyncConfig(self)  # presets and the env template (admin)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -16,6 +16,7 @@ from loomcycle_http.client import _base as b
 from loomcycle_http.client.agents import Agents
 from loomcycle_http.client.budgets import Budgets
 from loomcycle_http.client.channels import Channels
+from loomcycle_http.client.config import Config
 from loomcycle_http.client.defs import Defs
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
@@ -67,6 +68,7 @@ class Client:
         self.hooks, self.schedules, self.webhooks = Hooks(self), Schedules(self), Webhooks(self)
         self.retention, self.erasure = Retention(self), Erasure(self)
         self.gateway = Gateway(self)  # model calls without a run
+        self.config = Config(self)  # presets and the env template (admin)
 
     def __enter__(self) -> Client:
         return self

@@ -79,6 +79,17 @@ def test_volumes_and_the_runtimes_reads(web_proc: Web) -> None:
         assert isinstance(lc.runtime.concurrency(), dict)
 
 
+def test_the_presets_and_the_env_template(web_proc: Web) -> None:
+    with Client(web_proc.url) as lc:
+        units = {u["name"]: u["kind"] for u in lc.config.presets()}
+        assert units["base"] == "preset"
+        assert lc.config.preset("base").strip()
+        with pytest.raises(NotFound) as unknown:
+            lc.config.preset("no-such-unit")
+        assert unknown.value.code == "unknown_preset"
+        assert "LOOMCYCLE_" in lc.config.env_template()
+
+
 def test_operator_tokens_minted_listed_and_retired(web_proc: Web) -> None:
     admin = tokens.token_create(name="root", tenant_id="ops")["token"]  # a token ends open mode: use it
     with Client(web_proc.url, token=admin) as lc:
@@ -132,6 +143,7 @@ async def _async_admin(url: str) -> dict[str, Any]:
         limits = [r for r in await lc.budgets.limits() if r["scope_id"] == "u-async-budget"]
         await lc.budgets.delete_limit("user", "u-async-budget")
         sessions = [s async for s in lc.sessions.iter(user_id="u-nobody-async")]
+        presets = [u["name"] for u in await lc.config.presets()]
         return {
             "skill": skill["version"],
             "export": exported["id"] == snap["id"],
@@ -142,6 +154,7 @@ async def _async_admin(url: str) -> dict[str, Any]:
             "sessions": sessions,
             "inbox": await lc.interrupts.inbox("u-nobody-async"),
             "scopes": "user" in await lc.memory.scopes(),
+            "presets": "base" in presets and "LOOMCYCLE_" in await lc.config.env_template(),
         }
 
 
@@ -157,4 +170,5 @@ def test_the_async_client_reaches_the_same_resources(web_proc: Web) -> None:
         "sessions": [],
         "inbox": [],
         "scopes": True,
+        "presets": True,
     }

@@ -13,9 +13,12 @@ Invariants:
   same from the last event a turn saw.
 - `Result` is frozen, and built from what the server sent: `events` and
   `tool_calls` from the stream, `status`, `stop_reason` and `error` from
-  `GET /v1/runs/{id}`, `transcript` from `GET /v1/runs/{id}/events` (there
-  is no transcript endpoint: the conversation is rebuilt from the persisted
-  events, as the engine built it).
+  `GET /v1/runs/{id}`, `transcript` and `text` from `GET /v1/runs/{id}/events`
+  (there is no transcript endpoint: the conversation is rebuilt from the
+  persisted events, as the engine built it). `text` is read there, not from
+  the stream: a stream shows a model call's text as live frames followed by a
+  committed frame carrying only the rest (docs/api.md, "Live text"), while the
+  stored event holds the call's whole text.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class Result:
     agent_id: str
     status: str  # completed, failed, cancelled, or awaiting_input (the stream stopped at a turn's end)
     events: tuple[Event, ...]  # every SSE frame of this call, in order: (event, data)
-    text: str  # the last `text` event's text ("" if the model wrote none)
+    text: str  # the whole text of this call's last model `text` event ("" if the model wrote none)
     tool_calls: tuple[ToolCall, ...]  # in the order the model made them
     transcript: tuple[dict[str, Any], ...]  # {"role", "content": [blocks]}, see transcript.py
     stop_reason: str  # the run's stop_reason (GET /v1/runs/{id}), e.g. end_turn or invalid_mock_script
@@ -108,6 +111,7 @@ class _Collector:
         self.agent_id = agent_id
         self.run_id = run_id
         self.last_id = str(last_seq)
+        self.first_seq = last_seq  # this call's persisted events are those after it
 
     @property
     def stopped(self) -> bool:
@@ -241,22 +245,25 @@ def tool_calls_from(events: list[Event]) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def _last_text(events: list[Event]) -> str:
-    texts = [str(data.get("text", "")) for event, data in events if event == "text"]
+def _last_text(rows: list[dict[str, Any]], after_seq: int) -> str:
+    """The stored text of the last model `text` event after `after_seq` (whole, unlike the stream's
+    committed frame, which carries only what the live frames had not shown)."""
+    texts = [str(row["payload"].get("text", "")) for row in rows if row["type"] == "text" and row["seq"] > after_seq]
     return texts[-1] if texts else ""
 
 
 def _result(client: httpx.Client, collector: _Collector) -> Result:
     run = _get(client, f"/v1/runs/{collector.run_id}")
     parked = collector.events[-1][0] == PARKED
+    rows = _persisted_events(client, collector.run_id)
     return Result(
         run_id=collector.run_id,
         agent_id=str(run["agent_id"]),
         status=PARKED if parked else str(run["state"]),
         events=tuple(collector.events),
-        text=_last_text(collector.events),
+        text=_last_text(rows, collector.first_seq),
         tool_calls=tool_calls_from(collector.events),
-        transcript=transcript_from_events(_persisted_events(client, collector.run_id)),
+        transcript=transcript_from_events(rows),
         stop_reason=str(run.get("stop_reason") or ""),
         error=str(run.get("error") or ""),
         last_seq=int(collector.last_id),

@@ -18,9 +18,9 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from loomcycle_http.client.errors import LoomcycleError
@@ -55,6 +55,21 @@ class Retries:
         if retry_after is not None:
             return min(self.max_wait_s, max(0.0, retry_after))
         return min(self.max_wait_s, random.uniform(0, self.backoff_s * 2**attempt))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+OPS_ATTR = "__loomcycle_ops__"
+
+
+def op(*operation_ids: str) -> Callable[[F], F]:
+    """Mark a client method with the OpenAPI operation ids (/v1/openapi.json) it calls, so
+    tests/cli/test_client_surface.py can tell an operation no method reaches."""
+
+    def mark(method: F) -> F:
+        setattr(method, OPS_ATTR, operation_ids)
+        return method
+
+    return mark
 
 
 def base_url(url: str | None) -> str:
@@ -246,3 +261,42 @@ def active_row(name: str, names: Sequence[Mapping[str, Any]], versions: list[dic
     active_id = next((row.get("active_def_id") for row in names if row.get("name") == name), None)
     match = [row for row in versions if active_id and row.get("def_id") == active_id]
     return match[0] if match else (versions[0] if versions else None)
+
+
+def delete_run_call(run_id: str, cancel: bool) -> Call:
+    return Call("DELETE", f"/v1/runs/{seg(run_id)}", params={"cancel": "true"} if cancel else None)
+
+
+def batch_call(spawns: Sequence[Mapping[str, Any]], mode: str, timeout_ms: int | None) -> tuple[Call, float]:
+    """POST /v1/runs:batch, and how long to wait for its answer (a join waits for every run's end)."""
+    body: dict[str, Any] = {"spawns": [dict(s) for s in spawns], "mode": mode}
+    if timeout_ms is not None:
+        body["timeout_ms"] = timeout_ms
+    wait = 30.0 if mode == "detach" else (timeout_ms or BATCH_JOIN_DEFAULT_MS) / 1000 + 30
+    return Call("POST", "/v1/runs:batch", json=body), wait
+
+
+BATCH_JOIN_DEFAULT_MS = 300_000  # the server's default `timeout_ms` of a join
+
+
+def user_runs_call(user_id: str, status: str) -> Call:
+    return Call("GET", f"/v1/users/{seg(user_id)}/agents", params={"status": status})
+
+
+def user_states_path(user_id: str, status: str | None, agent: str | None) -> tuple[str, dict[str, str]]:
+    params = {k: v for k, v in {"status": status, "agent": agent}.items() if v}
+    return f"/v1/users/{seg(user_id)}/agents/stream", params
+
+
+def message_body(prompt: str | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """A POST /v1/sessions/{id}/messages body: POST /v1/runs's without agent (the session's)."""
+    body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    if prompt is not None:
+        body["prompt"] = prompt
+    body.setdefault("agent_id", new_agent_id())
+    return body
+
+
+def is_keepalive(event: str, data: str) -> bool:
+    """httpx-sse hands a comment-only block (a keepalive) as an empty `message`."""
+    return event == "message" and not data

@@ -1,12 +1,11 @@
-"""The asynchronous client: `AsyncClient(url, token)`, the sync client's twin (same
-operations, awaited; streams are async iterators) with `runs`, `agents`, `memory`,
-`channels` and `runtime`. Every refusal raises a typed `ApiError`; streams reconnect
-from the last seq they saw (see `Runs.stream`)."""
+"""The asynchronous client: `AsyncClient(url, token)`, the sync client's twin (the same resources
+and operations, awaited; streams and lists are async iterators). Every refusal raises a typed
+`ApiError`; run streams reconnect from the last seq they saw (see `Runs.stream`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
@@ -14,9 +13,22 @@ import httpx
 from httpx_sse import EventSource
 
 from loomcycle_http.client import _base as b
+from loomcycle_http.client.agents import AsyncAgents
+from loomcycle_http.client.budgets import AsyncBudgets
+from loomcycle_http.client.channels import AsyncChannels
+from loomcycle_http.client.config import AsyncConfig
+from loomcycle_http.client.defs import AsyncDefs
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+from loomcycle_http.client.gateway import AsyncGateway
+from loomcycle_http.client.lifecycle import AsyncErasure, AsyncRetention
+from loomcycle_http.client.memory import AsyncMemory
 from loomcycle_http.client.pages import RUNS_PAGE, apaged, children_query, runs_query
+from loomcycle_http.client.runtime import AsyncRuntime
+from loomcycle_http.client.sessions import AsyncInterrupts, AsyncSessions
+from loomcycle_http.client.snapshots import AsyncSnapshots
+from loomcycle_http.client.tokens import AsyncTokens, AsyncVolumes
+from loomcycle_http.client.triggers import AsyncHooks, AsyncSchedules, AsyncWebhooks
 from loomcycle_http.client.types import Run
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
@@ -42,10 +54,21 @@ class AsyncClient:
         self.retries = retries or b.Retries()  # 429/503: Retries(max_retries=0) turns retrying off
         self.http = httpx.AsyncClient(base_url=self.url, headers=b.auth_headers(token), timeout=timeout, **httpx_kwargs)
         self.runs = Runs(self)
-        self.agents = Agents(self)
-        self.memory = Memory(self)
-        self.channels = Channels(self)
-        self.runtime = Runtime(self)
+        self.agents = AsyncAgents(self)
+        self.skills, self.mcp_servers = AsyncDefs(self, "skill"), AsyncDefs(self, "mcpserver")
+        self.schedule_defs, self.webhook_defs = AsyncDefs(self, "schedule"), AsyncDefs(self, "webhook")
+        self.volumes, self.tokens = AsyncVolumes(self), AsyncTokens(self)
+        self.memory = AsyncMemory(self)
+        self.channels = AsyncChannels(self)
+        self.runtime = AsyncRuntime(self)
+        self.budgets = AsyncBudgets(self)
+        self.sessions = AsyncSessions(self)
+        self.interrupts = AsyncInterrupts(self)
+        self.snapshots = AsyncSnapshots(self)
+        self.hooks, self.schedules, self.webhooks = AsyncHooks(self), AsyncSchedules(self), AsyncWebhooks(self)
+        self.retention, self.erasure = AsyncRetention(self), AsyncErasure(self)
+        self.gateway = AsyncGateway(self)
+        self.config = AsyncConfig(self)  # presets and the env template (admin)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -81,21 +104,27 @@ class Runs:
     def __init__(self, client: AsyncClient) -> None:
         self._c = client
 
+    @b.op("runs_create")
     async def create(self, agent: str, prompt: str | None = None, **fields: Any) -> RunRef:
         """Start a run in the background (POST /v1/runs, `background: true`); its handles."""
         body = b.run_body(agent, prompt, {**fields, "background": True})
         return b.run_ref(await self._c.send(b.Call("POST", "/v1/runs", json=body)))
 
+    @b.op("runs_create")
     def start(
         self, agent: str, prompt: str | None = None, *, reconnect_timeout: float = b.RECONNECT_TIMEOUT_S, **fields: Any
     ) -> AsyncIterator[Event]:
         """Start a run and stream its events (POST /v1/runs, SSE) to the end. The run
         gets a client-made `agent_id` unless `fields` has one, so a stream that drops
         before it named the run still finds it. A refusal raises before the first event."""
-        body = b.run_body(agent, prompt, fields)
-        cursor = b.Cursor(agent_id=str(body["agent_id"]))
-        return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(body))
+        return self.follow_post("/v1/runs", b.run_body(agent, prompt, fields), reconnect_timeout)
 
+    def follow_post(self, path: str, body: dict[str, Any], reconnect_timeout: float) -> AsyncIterator[Event]:
+        """POST `body` (naming its run by `agent_id`) to a route answering a run's stream; follow the run."""
+        cursor = b.Cursor(agent_id=str(body["agent_id"]))
+        return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(path, body))
+
+    @b.op("runs_stream")
     def stream(
         self,
         run_id: str,
@@ -112,9 +141,11 @@ class Runs:
         cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live)
         return self._follow(cursor, reconnect_timeout, first=None)
 
+    @b.op("runs_get")
     async def get(self, run_id: str) -> Run:
         return cast(Run, await self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
 
+    @b.op("agents_get")
     async def get_by_agent_id(self, agent_id: str) -> Run:
         return cast(Run, await self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
 
@@ -131,19 +162,23 @@ class Runs:
         except NotFound as exc:
             raise NotFound(404, "not_found", f"no run with run_id or agent_id {ref!r}", {}, None) from exc
 
+    @b.op("runs_list")
     async def list(self, *, status: str = "running", agent: str | None = None, tenant: str | None = None) -> JsonList:
         """Runs of the caller's tenant (GET /v1/runs), newest first."""
         return list((await self._c.send(b.runs_list_call(status, agent, tenant)))["runs"])
 
+    @b.op("runs_list")
     def iter(self, *, status: str = "all", page_size: int = RUNS_PAGE, **filters: str | None) -> AsyncIterator[Run]:
         """Every run matching the filters, newest first, following `next_cursor` (GET /v1/runs)."""
         path, key, params = runs_query(page_size, status=status, **filters)
         return cast(AsyncIterator[Run], apaged(self._c.send, path, key, params))
 
+    @b.op("runs_children")
     def children(self, run_id: str, *, status: str = "all", page_size: int = RUNS_PAGE) -> AsyncIterator[Run]:
         """The run's direct sub-agent runs, newest first, page after page (GET /v1/runs/{id}/children)."""
         return cast(AsyncIterator[Run], apaged(self._c.send, *children_query(run_id, status, page_size)))
 
+    @b.op("runs_events")
     async def events(self, run_id: str, *, from_seq: int = 0) -> AsyncIterator[Event]:
         """Every persisted event after `from_seq`, as stored (GET /v1/runs/{id}/events, paged)."""
         while True:
@@ -154,6 +189,7 @@ class Runs:
             if not page["events"] or from_seq >= int(page["last_seq"]):
                 return
 
+    @b.op("runs_events")
     async def event_rows(self, run_id: str, *, from_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
         """Every persisted event after `from_seq` as the API returns it (`seq`, `type`,
         `payload`, `created_at`), paged; `events` is the same as `Event`s."""
@@ -165,24 +201,74 @@ class Runs:
             if not page["events"] or from_seq >= int(page["last_seq"]):
                 return
 
+    @b.op("agents_cancel")
     async def cancel(self, agent_id: str, reason: str | None = None) -> dict[str, Any]:
         """Cancel a run by its agent_id (and its live sub-runs); idempotent."""
         body = {"reason": reason} if reason else {}
         return dict(await self._c.send(b.Call("POST", f"/v1/agents/{b.seg(agent_id)}/cancel", json=body)))
 
+    @b.op("runs_turn_cancel")
     async def cancel_turn(self, run_id: str, reason: str | None = None) -> dict[str, Any]:
         """Turn-cancel an interactive run: stop its current model turn or tool batch and re-park it
         at `awaiting_input` (`{run_id, stopped, parked}`); 409 `not_interactive` / `not_mid_turn`."""
         body = {"reason": reason} if reason else {}
         return dict(await self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/cancel", json=body)))
 
+    @b.op("runs_input")
     async def input(self, run_id: str, text: str) -> dict[str, Any]:
         """Steer a live run, or answer one parked at `awaiting_input`."""
         return dict(await self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/input", json={"text": text})))
 
-    def _post_opener(self, body: dict[str, Any]) -> AbstractAsyncContextManager[httpx.Response]:
+    @b.op("runs_fork")
+    async def fork(self, run_id: str, from_step: int, **fields: Any) -> dict[str, Any]:
+        """A new run in a new session from this run's transcript through `from_step`."""
+        body = {"from_step": from_step, **fields}
+        return dict(await self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/fork", json=body)))
+
+    @b.op("runs_compact")
+    async def compact(self, run_id: str, **fields: Any) -> dict[str, Any]:
+        """Queue a compaction of the run's context for its next iteration (`keep_last_n`, `keep_first`)."""
+        return dict(await self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/compact", json=fields)))
+
+    @b.op("runs_delete")
+    async def delete(self, run_id: str, *, cancel: bool = False) -> dict[str, Any]:
+        """Delete an ended run and its tree (`cancel=True`: cancel a live tree and delete it when it ends)."""
+        return dict(await self._c.send(b.delete_run_call(run_id, cancel)))
+
+    @b.op("runs_batch")
+    async def batch(
+        self, spawns: Sequence[dict[str, Any]], *, mode: str = "join", timeout_ms: int | None = None
+    ) -> dict[str, Any]:
+        """Start up to 32 runs and wait for all (`join`), or have their handles at once (`detach`)."""
+        call, wait = b.batch_call(spawns, mode, timeout_ms)
+        return dict(await self._c.send(call, timeout=wait))
+
+    @b.op("runs_webhooks")
+    async def webhooks(self, run_id: str) -> JsonList:
+        return list((await self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}/webhooks")))["deliveries"])
+
+    @b.op("users_agents")
+    async def of_user(self, user_id: str, *, status: str = "running") -> JsonList:
+        return list((await self._c.send(b.user_runs_call(user_id, status)))["agents"])
+
+    @b.op("users_agents_stream")
+    async def watch_user(
+        self, user_id: str, *, status: str | None = None, agent: str | None = None
+    ) -> AsyncIterator[Event]:
+        """`stream_open`, then one `run_state` event per change of the user's runs, until the server ends it."""
+        path, params = b.user_states_path(user_id, status, agent)
         timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
-        return self._c.http.stream("POST", "/v1/runs", json=body, timeout=timeout)
+        async with self._c.http.stream("GET", path, params=params, timeout=timeout) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                raise error_from_response(resp)
+            async for sse in EventSource(resp).aiter_sse():
+                if not b.is_keepalive(sse.event, sse.data):
+                    yield event_from_sse(sse.event, sse.data, "")
+
+    def _post_opener(self, path: str, body: dict[str, Any]) -> AbstractAsyncContextManager[httpx.Response]:
+        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+        return self._c.http.stream("POST", path, json=body, timeout=timeout)
 
     async def _get_opener(self, cursor: b.Cursor) -> AbstractAsyncContextManager[httpx.Response]:
         if not cursor.run_id:  # the POST's answer never named the run: find it by its handle
@@ -205,7 +291,7 @@ class Runs:
                     return
             except _DROPPED as exc:
                 if posting is not None and isinstance(exc, httpx.ConnectError):
-                    raise ConnectionFailed(f"POST {self._c.url}/v1/runs: {exc!r}") from exc
+                    raise ConnectionFailed(f"POST to {self._c.url} starting a run: {exc!r}") from exc
                 await asyncio.sleep(_drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
                 continue
             await asyncio.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end
@@ -243,121 +329,6 @@ def _drop_wait(pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:
         return pace.after_drop()
     except b.StreamLost:
         raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
-
-
-class Agents:
-    """Agent definitions (the substrate's AgentDef)."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self._c = client
-
-    async def list(self) -> JsonList:
-        """Every agent name the caller sees, with its version count and whether it is static."""
-        return list((await self._c.send(b.Call("GET", "/v1/_agentdef/names")))["names"])
-
-    async def versions(self, name: str) -> JsonList:
-        return list(
-            (await self._c.send(b.Call("POST", "/v1/_agentdef", json={"op": "list", "name": name})))["versions"]
-        )
-
-    async def get(self, name: str) -> dict[str, Any]:
-        """The active version of `name` (def_id, version, content_sha256, definition, ...)."""
-        row = b.active_row(name, await self.list(), await self.versions(name))
-        if row is None:
-            raise NotFound(404, "not_found", f"no agent named {name!r}", {}, None)
-        return row
-
-    async def apply(self, name: str, definition: dict[str, Any], *, description: str = "") -> dict[str, Any]:
-        """Make `definition` the active version of `name`: a fork of a static yaml entry,
-        else a create (identical content returns the active row, `deduplicated: true`). A static
-        name is refused in the shared tenant (LoomcycleError `static_in_shared_tenant`): there
-        the yaml entry outranks every runtime version."""
-        static = any(row.get("name") == name and row.get("static") for row in await self.list())
-        if static:
-            b.check_apply_tenant(name, await self._c.send(b.Call("GET", "/v1/_me")))
-        call = b.agent_apply_call(name, definition, static=static, description=description)
-        return dict(await self._c.send(call))
-
-
-class Memory:
-    """Memory rows of the caller's tenant (scopes agent, user, tenant, global)."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self._c = client
-
-    async def get(self, scope: str, scope_id: str, key: str) -> Any:
-        """The entry's value; NotFound when the key is absent."""
-        return (await self._c.send(b.Call("GET", b.memory_key_path(scope, scope_id, key))))["entry"]["value"]
-
-    async def set(
-        self, scope: str, scope_id: str, key: str, value: Any, *, ttl_seconds: int | None = None, embed: bool = False
-    ) -> dict[str, Any]:
-        return dict(
-            await self._c.send(b.memory_set_call(scope, scope_id, key, value, ttl_seconds=ttl_seconds, embed=embed))
-        )
-
-    async def delete(self, scope: str, scope_id: str, key: str) -> None:
-        await self._c.send(b.Call("DELETE", b.memory_key_path(scope, scope_id, key)))
-
-    async def search(self, query: str, *, scope: str, scope_id: str = "", top_k: int = 5) -> dict[str, Any]:
-        """Semantic search over the slot's embedded rows (POST /v1/_memory/search)."""
-        return dict(await self._c.send(b.memory_search_call(query, scope, scope_id, top_k)))
-
-
-class Channels:
-    """Channels of the caller's tenant."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self._c = client
-
-    async def list(self) -> JsonList:
-        return list((await self._c.send(b.Call("GET", "/v1/_channels")))["channels"])
-
-    async def publish(self, name: str, payload: Any, *, ttl: int | None = None) -> dict[str, Any]:
-        return dict(await self._c.send(b.channel_publish_call(name, payload, ttl)))
-
-    async def peek(self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100) -> JsonList:
-        """Messages after `from_cursor`, without committing a cursor."""
-        params = {"from_cursor": from_cursor, "max_messages": max_messages}
-        return list((await self._c.send(b.Call("GET", b.channel_path(name, "peek"), params=params)))["messages"])
-
-    async def wait(
-        self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100, wait_ms: int = 25_000
-    ) -> Any:
-        """Long-poll for messages after `from_cursor` (POST /v1/_channels/_await, never
-        commits): `{"messages", "next_cursor"}`, empty when the wait ran out."""
-        call = b.channel_await_call(name, from_cursor, max_messages, wait_ms)
-        answer = await self._c.send(call, timeout=wait_ms / 1000 + 30)
-        return answer["results"].get(name) or {"messages": [], "next_cursor": from_cursor}
-
-    async def tail(
-        self, name: str, *, from_cursor: str = "cur_0", wait_ms: int = 25_000
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Every message after `from_cursor`, then each new one as it is published (forever)."""
-        while True:
-            page = await self.wait(name, from_cursor=from_cursor, wait_ms=wait_ms)
-            for message in page["messages"]:
-                yield message
-            from_cursor = page.get("next_cursor") or from_cursor
-
-
-class Runtime:
-    """The runtime-wide pause (admin)."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self._c = client
-
-    async def pause(self, timeout_ms: int | None = None) -> dict[str, Any]:
-        body = {} if timeout_ms is None else {"timeout_ms": timeout_ms}
-        return dict(
-            await self._c.send(b.Call("POST", "/v1/_pause", json=body), timeout=(timeout_ms or 30_000) / 1000 + 30)
-        )
-
-    async def resume(self) -> dict[str, Any]:
-        return dict(await self._c.send(b.Call("POST", "/v1/_resume", json={})))
-
-    async def state(self) -> dict[str, Any]:
-        return dict(await self._c.send(b.Call("GET", "/v1/_state")))
 
 
 __all__ = ["ApiError", "AsyncClient"]

@@ -1,11 +1,11 @@
-"""The synchronous client: `Client(url, token)` with `runs`, `agents`, `memory`,
-`channels` and `runtime`. Every refusal raises a typed `ApiError`; streams reconnect
-from the last seq they saw (see `Runs.stream`)."""
+"""The synchronous client: `Client(url, token)`, one attribute per resource of the API (`runs`
+here; the others in their own modules, docs/client.md). Every refusal raises a typed `ApiError`;
+run streams reconnect from the last seq they saw (see `Runs.stream`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, cast
 
@@ -13,24 +13,23 @@ import httpx
 from httpx_sse import EventSource
 
 from loomcycle_http.client import _base as b
+from loomcycle_http.client.agents import Agents
 from loomcycle_http.client.budgets import Budgets
+from loomcycle_http.client.channels import Channels
+from loomcycle_http.client.config import Config
+from loomcycle_http.client.defs import Defs
 from loomcycle_http.client.errors import ApiError, ConnectionFailed, NotFound, error_from_response
 from loomcycle_http.client.events import TERMINAL_STATES, Event, RunRef, event_from_sse
+from loomcycle_http.client.gateway import Gateway
+from loomcycle_http.client.lifecycle import Erasure, Retention
+from loomcycle_http.client.memory import Memory
 from loomcycle_http.client.pages import RUNS_PAGE, children_query, paged, runs_query
+from loomcycle_http.client.runtime import Runtime
 from loomcycle_http.client.sessions import Interrupts, Sessions
 from loomcycle_http.client.snapshots import Snapshots
-from loomcycle_http.client.types import (
-    Channel,
-    ChannelList,
-    ChannelPublished,
-    ChannelRead,
-    DefNames,
-    MemoryEntries,
-    MemoryPut,
-    MemorySearch,
-    Messages,
-    Run,
-)
+from loomcycle_http.client.tokens import Tokens, Volumes
+from loomcycle_http.client.triggers import Hooks, Schedules, Webhooks
+from loomcycle_http.client.types import Run
 
 JsonList = list[Any]  # (an alias: `list` is also a method name in the classes below)
 _DROPPED = (httpx.TransportError, ConnectionFailed)
@@ -55,14 +54,21 @@ class Client:
         self.retries = retries or b.Retries()  # 429/503: Retries(max_retries=0) turns retrying off
         self.http = httpx.Client(base_url=self.url, headers=b.auth_headers(token), timeout=timeout, **httpx_kwargs)
         self.runs = Runs(self)
-        self.agents = Agents(self)
+        self.agents = Agents(self)  # the def kinds (loomcycle_http.client.defs)
+        self.skills, self.mcp_servers = Defs(self, "skill"), Defs(self, "mcpserver")
+        self.schedule_defs, self.webhook_defs = Defs(self, "schedule"), Defs(self, "webhook")
+        self.volumes, self.tokens = Volumes(self), Tokens(self)
         self.memory = Memory(self)
         self.channels = Channels(self)
-        self.runtime = Runtime(self)
-        self.budgets = Budgets(self)  # limits and usage (loomcycle_http.client.budgets)
-        self.sessions = Sessions(self)  # conversations (loomcycle_http.client.sessions)
+        self.runtime = Runtime(self)  # pause, /v1/_me, concurrency
+        self.budgets = Budgets(self)  # limits and usage
+        self.sessions = Sessions(self)  # conversations
         self.interrupts = Interrupts(self)
-        self.snapshots = Snapshots(self)  # admin (loomcycle_http.client.snapshots)
+        self.snapshots = Snapshots(self)  # admin
+        self.hooks, self.schedules, self.webhooks = Hooks(self), Schedules(self), Webhooks(self)
+        self.retention, self.erasure = Retention(self), Erasure(self)
+        self.gateway = Gateway(self)  # model calls without a run
+        self.config = Config(self)  # presets and the env template (admin)
 
     def __enter__(self) -> Client:
         return self
@@ -98,21 +104,28 @@ class Runs:
     def __init__(self, client: Client) -> None:
         self._c = client
 
+    @b.op("runs_create")
     def create(self, agent: str, prompt: str | None = None, **fields: Any) -> RunRef:
         """Start a run in the background (POST /v1/runs, `background: true`); its handles."""
         body = b.run_body(agent, prompt, {**fields, "background": True})
         return b.run_ref(self._c.send(b.Call("POST", "/v1/runs", json=body)))
 
+    @b.op("runs_create")
     def start(
         self, agent: str, prompt: str | None = None, *, reconnect_timeout: float = b.RECONNECT_TIMEOUT_S, **fields: Any
     ) -> Iterator[Event]:
         """Start a run and stream its events (POST /v1/runs, SSE) to the end. The run
         gets a client-made `agent_id` unless `fields` has one, so a stream that drops
         before it named the run still finds it. A refusal raises before the first event."""
-        body = b.run_body(agent, prompt, fields)
-        cursor = b.Cursor(agent_id=str(body["agent_id"]))
-        return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(body))
+        return self.follow_post("/v1/runs", b.run_body(agent, prompt, fields), reconnect_timeout)
 
+    def follow_post(self, path: str, body: dict[str, Any], reconnect_timeout: float) -> Iterator[Event]:
+        """POST `body` (which names its run by `agent_id`) to a route answering a run's stream, and
+        follow that run to its end (runs.start, sessions.message)."""
+        cursor = b.Cursor(agent_id=str(body["agent_id"]))
+        return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(path, body))
+
+    @b.op("runs_stream")
     def stream(
         self,
         run_id: str,
@@ -129,9 +142,11 @@ class Runs:
         cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live)
         return self._follow(cursor, reconnect_timeout, first=None)
 
+    @b.op("runs_get")
     def get(self, run_id: str) -> Run:
         return cast(Run, self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}")))
 
+    @b.op("agents_get")
     def get_by_agent_id(self, agent_id: str) -> Run:
         return cast(Run, self._c.send(b.Call("GET", f"/v1/agents/{b.seg(agent_id)}")))
 
@@ -148,30 +163,36 @@ class Runs:
         except NotFound as exc:
             raise NotFound(404, "not_found", f"no run with run_id or agent_id {ref!r}", {}, None) from exc
 
+    @b.op("runs_list")
     def list(self, *, status: str = "running", agent: str | None = None, tenant: str | None = None) -> JsonList:
         """Runs of the caller's tenant (GET /v1/runs), newest first."""
         return list(self._c.send(b.runs_list_call(status, agent, tenant))["runs"])
 
+    @b.op("runs_list")
     def iter(self, *, status: str = "all", page_size: int = RUNS_PAGE, **filters: str | None) -> Iterator[Run]:
         """Every run matching the filters (agent, user_id, metadata, created_after/before, tenant),
         newest first, following `next_cursor` page after page (GET /v1/runs)."""
         path, key, params = runs_query(page_size, status=status, **filters)
         return cast(Iterator[Run], paged(self._c.send, path, key, params))
 
+    @b.op("runs_children")
     def children(self, run_id: str, *, status: str = "all", page_size: int = RUNS_PAGE) -> Iterator[Run]:
         """The run's direct sub-agent runs, newest first, page after page (GET /v1/runs/{id}/children)."""
         return cast(Iterator[Run], paged(self._c.send, *children_query(run_id, status, page_size)))
 
+    @b.op("runs_fork")
     def fork(self, run_id: str, from_step: int, **fields: Any) -> dict[str, Any]:
         """A new run in a new session from this run's transcript through `from_step` (POST .../fork;
         `agent`, `prompt`, `interactive`, `agent_id`): `{agent_id, run_id, session_id, status, ...}`."""
         body = {"from_step": from_step, **fields}
         return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/fork", json=body)))
 
+    @b.op("runs_compact")
     def compact(self, run_id: str, **fields: Any) -> dict[str, Any]:
         """Queue a compaction of the run's context for its next iteration (`keep_last_n`, `keep_first`)."""
         return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/compact", json=fields)))
 
+    @b.op("runs_events")
     def events(self, run_id: str, *, from_seq: int = 0) -> Iterator[Event]:
         """Every persisted event after `from_seq`, as stored (GET /v1/runs/{id}/events, paged)."""
         while True:
@@ -182,6 +203,7 @@ class Runs:
             if not page["events"] or from_seq >= int(page["last_seq"]):
                 return
 
+    @b.op("runs_events")
     def event_rows(self, run_id: str, *, from_seq: int = 0) -> Iterator[dict[str, Any]]:
         """Every persisted event after `from_seq` as the API returns it (`seq`, `type`,
         `payload`, `created_at`), paged; `events` is the same as `Event`s."""
@@ -193,24 +215,67 @@ class Runs:
             if not page["events"] or from_seq >= int(page["last_seq"]):
                 return
 
+    @b.op("agents_cancel")
     def cancel(self, agent_id: str, reason: str | None = None) -> dict[str, Any]:
         """Cancel a run by its agent_id (and its live sub-runs); idempotent."""
         body = {"reason": reason} if reason else {}
         return dict(self._c.send(b.Call("POST", f"/v1/agents/{b.seg(agent_id)}/cancel", json=body)))
 
+    @b.op("runs_turn_cancel")
     def cancel_turn(self, run_id: str, reason: str | None = None) -> dict[str, Any]:
         """Turn-cancel an interactive run: stop its current model turn or tool batch and re-park it
         at `awaiting_input` (`{run_id, stopped, parked}`); 409 `not_interactive` / `not_mid_turn`."""
         body = {"reason": reason} if reason else {}
         return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/cancel", json=body)))
 
+    @b.op("runs_input")
     def input(self, run_id: str, text: str) -> dict[str, Any]:
         """Steer a live run, or answer one parked at `awaiting_input`."""
         return dict(self._c.send(b.Call("POST", f"/v1/runs/{b.seg(run_id)}/input", json={"text": text})))
 
-    def _post_opener(self, body: dict[str, Any]) -> AbstractContextManager[httpx.Response]:
+    @b.op("runs_delete")
+    def delete(self, run_id: str, *, cancel: bool = False) -> dict[str, Any]:
+        """Delete an ended run, its sub-runs and what is stored of them (409 `run_live` while one is live);
+        `cancel=True` cancels a live tree and deletes it when it ends (`deleting: true`)."""
+        return dict(self._c.send(b.delete_run_call(run_id, cancel)))
+
+    @b.op("runs_batch")
+    def batch(
+        self, spawns: Sequence[dict[str, Any]], *, mode: str = "join", timeout_ms: int | None = None
+    ) -> dict[str, Any]:
+        """Start up to 32 runs (POST /v1/runs:batch bodies) and wait for all (`join`), or have their
+        handles at once (`detach`): `{"results": [...index-aligned...], "spawned", ...}`."""
+        call, wait = b.batch_call(spawns, mode, timeout_ms)
+        return dict(self._c.send(call, timeout=wait))
+
+    @b.op("runs_webhooks")
+    def webhooks(self, run_id: str) -> JsonList:
+        """The run's completion-webhook deliveries (`state`, `attempts`, `last_status`, ...)."""
+        return list(self._c.send(b.Call("GET", f"/v1/runs/{b.seg(run_id)}/webhooks"))["deliveries"])
+
+    @b.op("users_agents")
+    def of_user(self, user_id: str, *, status: str = "running") -> JsonList:
+        """One user's runs, newest first, at most 1000 (GET /v1/users/{id}/agents)."""
+        return list(self._c.send(b.user_runs_call(user_id, status))["agents"])
+
+    @b.op("users_agents_stream")
+    def watch_user(self, user_id: str, *, status: str | None = None, agent: str | None = None) -> Iterator[Event]:
+        """The state changes of one user's runs as they happen: a `stream_open` event, then one `run_state`
+        per change, until the server ends the stream (30 minutes at most: call again, and reconcile with
+        `runs.iter`). Not resumed after a drop: the stream has no ids to resume from."""
+        path, params = b.user_states_path(user_id, status, agent)
         timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
-        return self._c.http.stream("POST", "/v1/runs", json=body, timeout=timeout)
+        with self._c.http.stream("GET", path, params=params, timeout=timeout) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise error_from_response(resp)
+            for sse in EventSource(resp).iter_sse():
+                if not b.is_keepalive(sse.event, sse.data):
+                    yield event_from_sse(sse.event, sse.data, "")
+
+    def _post_opener(self, path: str, body: dict[str, Any]) -> AbstractContextManager[httpx.Response]:
+        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+        return self._c.http.stream("POST", path, json=body, timeout=timeout)
 
     def _get_opener(self, cursor: b.Cursor) -> AbstractContextManager[httpx.Response]:
         if not cursor.run_id:  # the POST's answer never named the run: find it by its handle
@@ -231,7 +296,7 @@ class Runs:
                     return
             except _DROPPED as exc:
                 if posting is not None and isinstance(exc, httpx.ConnectError):
-                    raise ConnectionFailed(f"POST {self._c.url}/v1/runs: {exc!r}") from exc
+                    raise ConnectionFailed(f"POST to {self._c.url} starting a run: {exc!r}") from exc
                 time.sleep(self._drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
                 continue
             time.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end: not a busy loop
@@ -267,134 +332,6 @@ class Runs:
                     yield from cursor.live.feed(event)
                 if cursor.finished:
                     return
-
-
-class Agents:
-    """Agent definitions (the substrate's AgentDef)."""
-
-    def __init__(self, client: Client) -> None:
-        self._c = client
-
-    def list(self) -> DefNames:
-        """Every agent name the caller sees, with its version count and whether it is static."""
-        return list(self._c.send(b.Call("GET", "/v1/_agentdef/names"))["names"])
-
-    def versions(self, name: str) -> JsonList:
-        return list(self._c.send(b.Call("POST", "/v1/_agentdef", json={"op": "list", "name": name}))["versions"])
-
-    def get(self, name: str) -> dict[str, Any]:
-        """The active version of `name` (def_id, version, content_sha256, definition, ...)."""
-        row = b.active_row(name, self.list(), self.versions(name))
-        if row is None:
-            raise NotFound(404, "not_found", f"no agent named {name!r}", {}, None)
-        return row
-
-    def apply(self, name: str, definition: dict[str, Any], *, description: str = "") -> dict[str, Any]:
-        """Make `definition` the active version of `name`: a fork of a static yaml entry,
-        else a create (identical content returns the active row, `deduplicated: true`). A static
-        name is refused in the shared tenant (LoomcycleError `static_in_shared_tenant`): there
-        the yaml entry outranks every runtime version."""
-        static = any(row.get("name") == name and row.get("static") for row in self.list())
-        if static:
-            b.check_apply_tenant(name, self._c.send(b.Call("GET", "/v1/_me")))
-        call = b.agent_apply_call(name, definition, static=static, description=description)
-        return dict(self._c.send(call))
-
-
-class Memory:
-    """Memory rows of the caller's tenant (scopes agent, user, tenant, global)."""
-
-    def __init__(self, client: Client) -> None:
-        self._c = client
-
-    def get(self, scope: str, scope_id: str, key: str) -> Any:
-        """The entry's value; NotFound when the key is absent."""
-        return self._c.send(b.Call("GET", b.memory_key_path(scope, scope_id, key)))["entry"]["value"]
-
-    def set(
-        self, scope: str, scope_id: str, key: str, value: Any, *, ttl_seconds: int | None = None, embed: bool = False
-    ) -> MemoryPut:
-        return cast(
-            MemoryPut,
-            self._c.send(b.memory_set_call(scope, scope_id, key, value, ttl_seconds=ttl_seconds, embed=embed)),
-        )
-
-    def keys(self, scope: str, scope_id: str, *, prefix: str = "", limit: int = 200) -> MemoryEntries:
-        """Live keys of the slot, with their values (GET .../keys; `limit` at most 1000)."""
-        path = b.memory_key_path(scope, scope_id, "").rstrip("/")
-        return list(self._c.send(b.Call("GET", path, params={"prefix": prefix, "limit": limit}))["entries"])
-
-    def delete(self, scope: str, scope_id: str, key: str) -> None:
-        self._c.send(b.Call("DELETE", b.memory_key_path(scope, scope_id, key)))
-
-    def search(self, query: str, *, scope: str, scope_id: str = "", top_k: int = 5) -> MemorySearch:
-        """Semantic search over the slot's embedded rows (POST /v1/_memory/search)."""
-        return cast(MemorySearch, self._c.send(b.memory_search_call(query, scope, scope_id, top_k)))
-
-
-class Channels:
-    """Channels of the caller's tenant."""
-
-    def __init__(self, client: Client) -> None:
-        self._c = client
-
-    def list(self) -> ChannelList:
-        return list(self._c.send(b.Call("GET", "/v1/_channels"))["channels"])
-
-    def create(self, name: str, **fields: Any) -> Channel:
-        """Declare a runtime channel (`description`, `scope`, `semantic`, `default_ttl`, `max_messages`, ...)."""
-        return cast(Channel, self._c.send(b.Call("POST", "/v1/_channels", json={"name": name, **fields})))
-
-    def delete(self, name: str) -> None:
-        """Delete a runtime channel and its messages (409 for a yaml-declared one)."""
-        self._c.send(b.Call("DELETE", b.channel_path(name)))
-
-    def subscribe(self, name: str, **fields: Any) -> ChannelRead:
-        """Read after the committed cursor (or `from_cursor`) and commit it; `max_messages`, `wait_ms`."""
-        return cast(ChannelRead, self._c.send(b.Call("POST", b.channel_path(name, "subscribe"), json=fields)))
-
-    def ack(self, name: str, cursor: str) -> None:
-        """Commit `cursor`; 409 channel_cursor_regression when it is older than the committed one."""
-        self._c.send(b.Call("POST", b.channel_path(name, "ack"), json={"cursor": cursor}))
-
-    def publish(self, name: str, payload: Any, *, ttl: int | None = None) -> ChannelPublished:
-        return cast(ChannelPublished, self._c.send(b.channel_publish_call(name, payload, ttl)))
-
-    def peek(self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100) -> Messages:
-        """Messages after `from_cursor`, without committing a cursor."""
-        params = {"from_cursor": from_cursor, "max_messages": max_messages}
-        return list(self._c.send(b.Call("GET", b.channel_path(name, "peek"), params=params))["messages"])
-
-    def wait(self, name: str, *, from_cursor: str = "cur_0", max_messages: int = 100, wait_ms: int = 25_000) -> Any:
-        """Long-poll for messages after `from_cursor` (POST /v1/_channels/_await, never
-        commits): `{"messages", "next_cursor"}`, empty when the wait ran out."""
-        call = b.channel_await_call(name, from_cursor, max_messages, wait_ms)
-        answer = self._c.send(call, timeout=wait_ms / 1000 + 30)
-        return answer["results"].get(name) or {"messages": [], "next_cursor": from_cursor}
-
-    def tail(self, name: str, *, from_cursor: str = "cur_0", wait_ms: int = 25_000) -> Iterator[dict[str, Any]]:
-        """Every message after `from_cursor`, then each new one as it is published (forever)."""
-        while True:
-            page = self.wait(name, from_cursor=from_cursor, wait_ms=wait_ms)
-            yield from page["messages"]
-            from_cursor = page.get("next_cursor") or from_cursor
-
-
-class Runtime:
-    """The runtime-wide pause (admin)."""
-
-    def __init__(self, client: Client) -> None:
-        self._c = client
-
-    def pause(self, timeout_ms: int | None = None) -> dict[str, Any]:
-        body = {} if timeout_ms is None else {"timeout_ms": timeout_ms}
-        return dict(self._c.send(b.Call("POST", "/v1/_pause", json=body), timeout=(timeout_ms or 30_000) / 1000 + 30))
-
-    def resume(self) -> dict[str, Any]:
-        return dict(self._c.send(b.Call("POST", "/v1/_resume", json={})))
-
-    def state(self) -> dict[str, Any]:
-        return dict(self._c.send(b.Call("GET", "/v1/_state")))
 
 
 __all__ = ["ApiError", "Client"]

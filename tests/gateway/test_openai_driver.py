@@ -179,6 +179,48 @@ def test_async_text_deltas_reach_the_caller_while_the_stream_is_still_open(
     assert isinstance(rest[-1], Done)
 
 
+def _split_mid_line(gate: threading.Event) -> list[bytes | threading.Event]:
+    """A whole frame and half of the next (cut inside its JSON, and a CRLF stream cut between CR
+    and LF), then, once `gate` is set, the rest: the second frame spans two reads."""
+    one = sse(chunk({"content": "one"}), done=False).replace(b"\n", b"\r\n")
+    two = sse(chunk({"content": " two"}), chunk(finish="stop")).replace(b"\n", b"\r\n")
+    cut, cr = two.index(b"two"), two.index(b"\r\n") + 1
+    return [one + two[:cut], gate, two[cut:cr], two[cr:]]
+
+
+def test_a_frame_split_across_reads_mid_line_is_parsed_whole(
+    wire: Wire, make_provider: Callable[..., HttpProvider]
+) -> None:
+    gate = threading.Event()
+    wire.reply(*_split_mid_line(gate))
+    events = make_provider().stream(request(), threading.Event())
+    first = next(events)  # the server holds the second frame's tail until `gate`
+    gate.set()
+    assert first == TextDelta("one")
+    rest = list(events)
+    assert rest[0] == TextDelta(" two") and isinstance(rest[-1], Done)
+
+
+def test_async_a_frame_split_across_reads_mid_line_is_parsed_whole(
+    wire: Wire, make_provider: Callable[..., HttpProvider]
+) -> None:
+    gate = threading.Event()
+    wire.reply(*_split_mid_line(gate))
+    provider = make_provider()
+
+    async def run() -> tuple[ProviderEvent, list[ProviderEvent]]:
+        events = provider.astream(request())
+        try:
+            first = await anext(events)
+            gate.set()
+            return first, [e async for e in events]
+        finally:
+            await provider.aclient().aclose()
+
+    first, rest = asyncio.run(run())
+    assert first == TextDelta("one") and rest[0] == TextDelta(" two") and isinstance(rest[-1], Done)
+
+
 # --- tool calls -------------------------------------------------------------
 
 

@@ -16,13 +16,28 @@ from apps.gateway.providers.http import Frame, HttpProvider, ProviderConfig, fra
 from apps.gateway.providers.openai import OpenAIProtocol
 
 
-def test_sse_frames_join_data_lines_and_skip_comments() -> None:
-    lines = [": keepalive", "event: a", "data: 1", "data: 2", "", "data:3", "", "", "event: tail", "data: x"]
-    assert list(frames("sse", lines)) == [Frame("a", "1\n2"), Frame("", "3"), Frame("tail", "x")]
+def _body(*chunks: bytes, content_type: str = "text/event-stream") -> httpx.Response:
+    """A streamed response whose body arrives in `chunks`, one read each."""
+    return httpx.Response(200, headers={"content-type": content_type}, content=iter(chunks))
+
+
+def test_sse_frames_join_data_lines_and_skip_comments_across_split_reads() -> None:
+    """httpx-sse parses the frames (the client's parser too): a line cut across reads (even between
+    CR and LF) is one line; a comment-only block after an `id:` is no frame; an event the stream
+    ends inside (no blank line after it) is not dispatched (WHATWG)."""
+    chunks = (b": keepalive\n", b"event: a\nda", b"ta: 1\ndata: 2\n\n", b"id: 7\ndata:3\r", b"\n\r\n: ping\n\n")
+    response = _body(*chunks, b"event: tail\ndata: x")
+    assert list(frames("sse", response)) == [Frame("a", "1\n2"), Frame("", "3")]
+
+
+def test_sse_frames_refuse_a_body_that_is_not_an_event_stream() -> None:
+    with pytest.raises(httpx.TransportError, match="text/event-stream"):  # a retryable status 0 upstream
+        list(frames("sse", _body(b"data: 1\n\n", content_type="application/json")))
 
 
 def test_ndjson_frames_skip_blank_lines() -> None:
-    assert list(frames("ndjson", ['{"a":1}', "", '{"b":2}'])) == [Frame("", '{"a":1}'), Frame("", '{"b":2}')]
+    response = _body(b'{"a":1}\n\n{"b"', b":2}\n", content_type="application/x-ndjson")
+    assert list(frames("ndjson", response)) == [Frame("", '{"a":1}'), Frame("", '{"b":2}')]
 
 
 def test_retry_after_forms() -> None:

@@ -5,8 +5,9 @@ request (`build`) and decodes the response frames (`decoder`); `HttpProvider`
 does the I/O twice over the same protocol object: blocking (`stream`, worker
 threads, honours a cancel Event) and async (`astream`, the web's event loop).
 
-Framing: "sse" (`event:`/`data:` lines, blank-line dispatch, `:` comments)
-or "ndjson" (one JSON document per line). Errors: a 4xx/5xx answer becomes
+Framing: "sse" (`event:`/`data:` lines, blank-line dispatch, `:` comments), parsed by
+httpx-sse, the parser of loomcycle_http.client's run streams too (one SSE parser in the
+project), or "ndjson" (one JSON document per line). Errors: a 4xx/5xx answer becomes
 `ProviderError(id, status, <provider's own message>, retry_after=...)`
 (Retry-After in seconds or as an HTTP date, or `retry-after-ms`); connect
 failures, timeouts and broken streams become status 0 (retryable); a frame
@@ -23,13 +24,14 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from weakref import WeakKeyDictionary
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent
 
 from apps.gateway.providers.base import (
     Capabilities,
@@ -153,48 +155,36 @@ def parse_json(provider_id: str, data: str) -> Any:
         raise ProviderError(provider_id, 502, f"malformed stream frame: {data[:200]!r}") from exc
 
 
-class _SSE:
-    """Incremental SSE parser (WHATWG event-stream: `data` lines joined by \\n)."""
-
-    def __init__(self) -> None:
-        self.event = ""
-        self.data: list[str] = []
-
-    def line(self, line: str) -> Frame | None:
-        if line == "":
-            if not self.data and not self.event:
-                return None
-            frame = Frame(self.event, "\n".join(self.data))
-            self.event, self.data = "", []
-            return frame
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "event":
-            self.event = value
-        elif name == "data":
-            self.data.append(value)
-        return None
-
-    def end(self) -> Frame | None:
-        return self.line("")
+def _frame(sse: ServerSentEvent) -> Frame | None:
+    """httpx-sse names an event sent without `event:` "message", and hands a block of only
+    comments as an empty event once the stream sent an `id:`: neither is a provider's frame."""
+    event = "" if sse.event == "message" else sse.event
+    return Frame(event, sse.data) if event or sse.data else None
 
 
-def frames(framing: str, lines: Iterable[str]) -> Iterator[Frame]:
+def frames(framing: str, response: httpx.Response) -> Iterator[Frame]:
+    """The response's frames as they arrive. A body that is not `text/event-stream` where SSE is
+    expected raises httpx-sse's SSEError (an httpx.TransportError: a retryable status 0)."""
     if framing == "ndjson":
-        for line in lines:
+        yield from (Frame("", line) for line in response.iter_lines() if line.strip())
+        return
+    for sse in EventSource(response).iter_sse():
+        frame = _frame(sse)
+        if frame is not None:
+            yield frame
+
+
+async def aframes(framing: str, response: httpx.Response) -> AsyncIterator[Frame]:
+    """`frames`, read asynchronously."""
+    if framing == "ndjson":
+        async for line in response.aiter_lines():
             if line.strip():
                 yield Frame("", line)
         return
-    sse = _SSE()
-    for line in lines:
-        frame = sse.line(line)
+    async for sse in EventSource(response).aiter_sse():
+        frame = _frame(sse)
         if frame is not None:
             yield frame
-    tail = sse.end()
-    if tail is not None:
-        yield tail
 
 
 class HttpProvider(Provider):
@@ -252,7 +242,7 @@ class HttpProvider(Provider):
                     if response.status_code >= 400:
                         body = response.read()[:MAX_ERROR_BODY]
                         raise self._http_error(response, body)
-                    for frame in frames(self.protocol.framing, response.iter_lines()):
+                    for frame in frames(self.protocol.framing, response):
                         if cancel.is_set():
                             raise ProviderCancelled()
                         yield from decoder.feed(frame)
@@ -274,15 +264,8 @@ class HttpProvider(Provider):
                 if response.status_code >= 400:
                     body = (await response.aread())[:MAX_ERROR_BODY]
                     raise self._http_error(response, body)
-                sse = _SSE()
-                async for line in response.aiter_lines():
-                    frame = _one_frame(self.protocol.framing, sse, line)
-                    if frame is not None:
-                        for event in decoder.feed(frame):
-                            yield event
-                tail = sse.end() if self.protocol.framing == "sse" else None
-                if tail is not None:
-                    for event in decoder.feed(tail):
+                async for frame in aframes(self.protocol.framing, response):
+                    for event in decoder.feed(frame):
                         yield event
             for event in decoder.finish():
                 yield event
@@ -300,12 +283,6 @@ class HttpProvider(Provider):
             kind = "timed out" + (" waiting for the first byte" if isinstance(exc, httpx.ReadTimeout) else "")
             return ProviderError(self.id, 0, f"{kind} ({type(exc).__name__})")
         return ProviderError(self.id, 0, f"{type(exc).__name__}: {exc}")
-
-
-def _one_frame(framing: str, sse: _SSE, line: str) -> Frame | None:
-    if framing == "ndjson":
-        return Frame("", line) if line.strip() else None
-    return sse.line(line)
 
 
 class _Conn:

@@ -1,0 +1,23 @@
+"""The kit's `Result.text` is the whole text of the last model call, though the stream shows it as
+live frames and a committed frame carrying only the rest (docs/api.md, "Live text")."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from loomcycle_testing.client import run_agent, send_input
+from tests.cli.conftest import script
+
+pytestmark = pytest.mark.usefixtures("agents", "stack")
+LONG = "Hello there, wide world of many words"
+
+
+def test_result_text_is_the_whole_text_of_the_last_model_call(web: str) -> None:
+    with httpx.Client(base_url=web) as http:
+        result = run_agent(http, "scripted", script({"text": LONG}))
+        assert any(data.get("live") for event, data in result.events if event == "text")  # it did stream live
+        assert result.text == LONG
+        turn = run_agent(http, "scripted", script({"text": "first turn"}, {"text": LONG}), interactive=True)
+        assert (turn.status, turn.text) == ("awaiting_input", "first turn")
+        assert send_input(http, turn, "more").text == LONG  # this turn's, after the previous one's

@@ -88,11 +88,14 @@ class LimitHold(models.Model):
 
 
 class LimitNotice(models.Model):
-    """A `limit` event a run has had: one per (limit, severity) per run (SPEC 3.3)."""
+    """A `limit` event a run has had: one per (scope, severity) per run (SPEC 3.3), whichever of
+    that scope's limits crossed first (`limit_id`). A run has one tenant, user and agent, so the
+    scope names one budget holder; its limits of several kinds or windows share the one event."""
 
     run_id = models.CharField(max_length=32)
     limit_id = models.BigIntegerField()
+    scope = models.CharField(max_length=16, default="")
     severity = models.CharField(max_length=4)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run_id", "limit_id", "severity"], name="limit_notice_once")]
+        constraints = [models.UniqueConstraint(fields=["run_id", "scope", "severity"], name="limit_notice_once")]

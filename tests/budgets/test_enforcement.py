@@ -81,6 +81,20 @@ def test_a_soft_limit_warns_once_per_run_and_the_run_goes_on() -> None:
     assert UsageEntry.objects.filter(run_id=run.id).count() == 5
 
 
+def test_two_limits_of_one_scope_crossing_together_make_one_limit_event_per_severity() -> None:
+    """SPEC 3.3: once per (scope, severity) per run, not once per limit: the user's month and
+    day token limits both pass their soft threshold at the first gate, and the day's hard one
+    stops the run; the user scope has one soft and one hard event."""
+    put(scope="user", scope_id="u-two", soft_limit=Decimal(1))
+    put(scope="user", scope_id="u-two", window="day", soft_limit=Decimal(1), hard_limit=Decimal(40))
+    run = start("stepper", user_id="u-two")
+    done = wait_status(run.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=30)
+    assert done.stop_reason == "token_limit_exceeded"
+    events = limits_of(run.id)
+    assert [(e["scope"], e["severity"]) for e in events] == [("user", "soft"), ("user", "hard")]
+    assert UsageEntry.objects.filter(run_id=run.id).count() < 5  # the hard limit did stop it
+
+
 def test_children_spend_their_roots_tenant_and_user_budget() -> None:
     put(scope="user", scope_id="u-kids", soft_limit=Decimal(10**9))
     root = start("recursor", "go", user_id="u-kids")

@@ -4,7 +4,10 @@ that settles the key's previous call and reserves for the next one.
 
 Lock order: window rows are only ever locked by the single-row UPDATEs below, taken in
 window id order, one pass per transaction; hold rows are per key (one run or one
-gateway call), so two transactions never wait on each other in a cycle."""
+gateway call), so two transactions never wait on each other in a cycle.
+
+A rolling window (apps.budgets.rolling) takes the same path with one statement of its own
+per window: the aged-out total subtracted in its condition, a spend row written with it."""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from typing import Any
 
 from django.db import connection
 
+from apps.budgets import rolling
 from apps.budgets.models import LimitHold, LimitWindow, TokenLimit
+from apps.budgets.models import Window as Span
 from apps.budgets.windows import window_start
 from apps.gateway.models import UsageEntry
 
@@ -24,12 +29,14 @@ _LIMITS_SQL = f"""SELECT id, tenant_id, scope, scope_id, kind, "window", window_
   FROM {_L} WHERE scope = 'operator' OR (tenant_id = %(t)s AND (scope = 'tenant'
     OR (scope = 'user' AND scope_id = %(u)s AND %(u)s <> '') OR (scope = 'agent' AND scope_id = %(a)s AND %(a)s <> '')))
   ORDER BY id"""
-_WINDOWS_SQL = f"""SELECT w.limit_id, w.id, w.used, w.held FROM {_W} w
-  JOIN unnest(%s::bigint[], %s::timestamptz[]) AS x(l, s) ON w.limit_id = x.l AND w.start = x.s"""
+# `used` is the window's spend: a rolling window's less what has aged out (x.c: its cutoff).
+_WINDOWS_SQL = f"""SELECT w.limit_id, w.id,
+    w.used - CASE WHEN x.c IS NULL THEN 0 ELSE {rolling.aged_out("w.id", "x.c")} END, w.held FROM {_W} w
+  JOIN unnest(%s::bigint[], %s::timestamptz[], %s::timestamptz[]) AS x(l, s, c) ON w.limit_id = x.l AND w.start = x.s"""
 _CREATE_SQL = f"""INSERT INTO {_W} (limit_id, start, used, held)
   SELECT x.l, x.s, 0, 0 FROM unnest(%s::bigint[], %s::timestamptz[]) AS x(l, s) ON CONFLICT DO NOTHING"""
 _TAKE_SQL = f"""DELETE FROM {_H} h USING {_W} w, {_L} l WHERE h.key = %s AND w.id = h.window_id AND l.id = w.limit_id
-  RETURNING h.window_id, h.amount, h.step, l.kind"""
+  RETURNING h.window_id, h.amount, h.step, l.kind, l."window" AS span"""
 _LEDGER_SQL = f"""SELECT step, sum(input_tokens), sum(output_tokens), sum(cache_creation_input_tokens),
   sum(cache_read_input_tokens), sum(cost_usd) FROM {_U} WHERE run_id = %s AND step = ANY(%s) GROUP BY step"""
 _HOLDS_SQL = f"""INSERT INTO {_H} (key, window_id, amount, step, created_at)
@@ -56,15 +63,16 @@ def limits_of(tenant_id: str, user_id: str, agent: str) -> list[TokenLimit]:
         ]
 
 
-def windows_of(limits: list[TokenLimit], now: datetime) -> list[Window]:
-    """The current window of each limit (created when missing), in window id order."""
+def windows_of(limits: list[TokenLimit], now: datetime, *, create: bool = True) -> list[Window]:
+    """The current window of each limit (created when missing and `create`), in window id order;
+    `used` is the window's spend (a rolling window's over its last N hours)."""
     starts = {lim.id: window_start(lim.window, lim.window_hours, now) for lim in limits}
-    args: list[Any] = [list(starts), list(starts.values())]
+    args: list[Any] = [list(starts), list(starts.values()), [rolling.cutoff(lim, now) for lim in limits]]
     with connection.cursor() as cur:
         cur.execute(_WINDOWS_SQL, args)
         rows = cur.fetchall()
-        if len(rows) < len(limits):  # a window's first call (once per window and limit)
-            cur.execute(_CREATE_SQL, args)
+        if create and len(rows) < len(limits):  # a window's first call (once per window and limit)
+            cur.execute(_CREATE_SQL, args[:2])
             cur.execute(_WINDOWS_SQL, args)
             rows = cur.fetchall()
     by_id = {lim.id: lim for lim in limits}
@@ -77,6 +85,7 @@ class Taken:
 
     add: dict[int, Decimal] = field(default_factory=dict)
     release: dict[int, Decimal] = field(default_factory=dict)
+    rolling: set[int] = field(default_factory=set)  # the windows of rolling limits
 
 
 def take_holds(key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal | None]] | None) -> Taken:
@@ -93,18 +102,38 @@ def take_holds(key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal |
             cur.execute(_LEDGER_SQL, [key.removeprefix("run:"), sorted({h[2] for h in holds if h[2] is not None})])
             keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
             spent = {r[0]: (dict(zip(keys, r[1:5], strict=True)), r[5]) for r in cur.fetchall()}
-    for window_id, amount, step, kind in holds:
+    for window_id, amount, step, kind, window in holds:
+        if window == Span.HOURS:
+            taken.rolling.add(window_id)
         usage, cost = spent.get(step, ({}, None))
         taken.add[window_id] = taken.add.get(window_id, Decimal(0)) + amount_of(kind, usage, cost)
         taken.release[window_id] = taken.release.get(window_id, Decimal(0)) + amount
     return taken
 
 
-def apply(taken: Taken) -> None:
+def apply(taken: Taken, now: datetime) -> None:
     """Settle only: one UPDATE per window, in id order."""
     with connection.cursor() as cur:
         for wid in sorted(taken.add):
-            cur.execute(_MOVE_SQL, [taken.add[wid], taken.release[wid], 0, wid])
+            _move(cur, wid, taken.add[wid], taken.release[wid], Decimal(0), None, wid in taken.rolling, now)
+
+
+def _move(
+    cur: Any, wid: int, add: Decimal, rel: Decimal, unit: Decimal, w: Window | None, roll: bool, now: datetime
+) -> bool:
+    """Settle `add` (releasing `rel`) and reserve `unit` on one window; on `w`'s hard limit when it
+    has one, conditionally. False: refused (nothing of this statement happened)."""
+    hard = w.limit.hard_limit if w is not None else None
+    if roll or (w is not None and rolling.is_rolling(w.limit)):
+        cut = rolling.cutoff(w.limit, now) if w is not None else None
+        params = {"add": add, "rel": rel, "unit": unit, "now": now, "w": wid, "hard": hard, "c": cut}
+        cur.execute(rolling.MOVE_SQL, params)
+        return cur.fetchone() is not None
+    if hard is None:
+        cur.execute(_MOVE_SQL, [add, rel, unit, wid])
+        return True
+    cur.execute(_RESERVE_SQL, [add, rel, unit, wid, add, rel, hard])
+    return cur.fetchone() is not None
 
 
 def reserve(key: str, step: int | None, windows: list[Window], taken: Taken, now: datetime) -> Window | None:
@@ -117,13 +146,8 @@ def reserve(key: str, step: int | None, windows: list[Window], taken: Taken, now
         cur.execute(_HOLDS_SQL, [key, step, now, list(units), list(units.values())])
         current = {w.id: w for w in windows}
         for wid in sorted(set(units) | set(taken.add)):
-            add, rel = taken.add.get(wid, Decimal(0)), taken.release.get(wid, Decimal(0))
-            w = current.get(wid)
-            if w is None or w.limit.hard_limit is None:
-                cur.execute(_MOVE_SQL, [add, rel, units.get(wid, 0), wid])
-                continue
-            cur.execute(_RESERVE_SQL, [add, rel, units[wid], wid, add, rel, w.limit.hard_limit])
-            if cur.fetchone() is None:
+            add, rel, w = taken.add.get(wid, Decimal(0)), taken.release.get(wid, Decimal(0)), current.get(wid)
+            if not _move(cur, wid, add, rel, units.get(wid, Decimal(0)), w, wid in taken.rolling, now) and w:
                 w.used += add
                 return w
     return None

@@ -31,7 +31,7 @@ class Kind(models.TextChoices):
 class Window(models.TextChoices):
     MONTH = "month"  # the calendar month, UTC (loomcycle's)
     DAY = "day"  # the UTC day
-    HOURS = "hours"  # consecutive `window_hours`-hour windows from the Unix epoch
+    HOURS = "hours"  # the last `window_hours` hours, rolling (apps.budgets.rolling)
 
 
 class OnExceed(models.TextChoices):
@@ -64,13 +64,30 @@ class TokenLimit(models.Model):
 
 
 class LimitWindow(models.Model):
+    """One window of a limit. A rolling limit (window=hours) has one row for ever (start = the
+    Unix epoch): `used` is all it ever spent, and `LimitSpend` says how much of it has aged out."""
+
     limit = models.ForeignKey(TokenLimit, on_delete=models.CASCADE, related_name="windows")
     start = models.DateTimeField()
     used = models.DecimalField(max_digits=20, decimal_places=6, default=0)
     held = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    last_at = models.DateTimeField(null=True, blank=True)  # rolling: the latest spend's stamp (kept monotone)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["limit", "start"], name="limit_window_unique")]
+
+
+class LimitSpend(models.Model):
+    """A rolling window's running total after one settle: `total` = its `used` once the spend
+    stamped `at` was added. The spend of the last N hours is `used` less the total of the latest
+    row at or before now - N hours (one backward index probe, however busy the window)."""
+
+    window = models.ForeignKey(LimitWindow, on_delete=models.CASCADE, related_name="spends", db_index=False)
+    at = models.DateTimeField()
+    total = models.DecimalField(max_digits=24, decimal_places=6)
+
+    class Meta:
+        indexes = [models.Index(fields=["window", "at", "total"], name="limit_spend_at")]
 
 
 class LimitHold(models.Model):

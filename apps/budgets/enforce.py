@@ -33,7 +33,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.budgets import hot, rolling
+from apps.budgets import hot, limitcache, rolling
 from apps.budgets.models import Kind, LimitHold, OnExceed, Scope, TokenLimit
 from apps.budgets.windows import window_end, window_label, window_start
 from apps.core.spend import Crossing, Spender, Verdict
@@ -125,19 +125,22 @@ def unit_of(limit: TokenLimit) -> Decimal:
     return _UNIT.get(limit.kind, _TOKENS) if limit.hard_limit is not None else Decimal(0)
 
 
-def hold(*, key: str, step: int | None, spender: Spender, now: datetime | None = None) -> Verdict:
+def hold(
+    *, key: str, step: int | None, spender: Spender, now: datetime | None = None, generation: int | None = None
+) -> Verdict:
     """Before a provider call, one transaction: settle what `key`'s previous call spent, and reserve
     on every limit in scope. `verdict.hard` set = refused, nothing reserved (the settle still lands).
-    `verdict.held` says whether budgets were in scope (a settle is owed)."""
+    `verdict.held` says whether budgets were in scope (a settle is owed). `generation`: the limits'
+    generation the run's claim read (apps.budgets.limitcache; None reads the limits)."""
     now = now or timezone.now()
-    limits = hot.limits_of(spender.tenant_id, spender.user_id, spender.agent)
+    limits = limitcache.limits_at(spender, generation)
     if not limits:  # (a deleted limit's holds went with it: ON DELETE CASCADE)
         return Verdict()
     try:
         with transaction.atomic():
             taken = hot.take_holds(key, None)
-            windows = hot.windows_of(limits, now)
-            refused = hot.reserve(key, step, windows, taken, now)
+            windows = hot.windows_of(limits, now, hold=(key, step))
+            refused = hot.reserve(windows, taken, now)
             if refused is not None:
                 raise _Refused(refused)
     except _Refused as exc:  # rolled back: the previous call's settle lands on its own

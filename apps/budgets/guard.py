@@ -37,8 +37,8 @@ class PostgresGuard:
     def admit(self, spender: Spender) -> Verdict:
         return enforce.admit(spender)
 
-    def hold(self, *, key: str, step: int | None, spender: Spender) -> Verdict:
-        return enforce.hold(key=key, step=step, spender=spender)
+    def hold(self, *, key: str, step: int | None, spender: Spender, generation: int | None = None) -> Verdict:
+        return enforce.hold(key=key, step=step, spender=spender, generation=generation)
 
     def settle_run(self, *, run_id: str) -> None:
         enforce.settle_run(run_id=run_id)

@@ -63,6 +63,15 @@ class TokenLimit(models.Model):
         return f"{self.scope} {self.tenant_id}/{self.scope_id} {self.kind}/{self.window}"
 
 
+class LimitsGeneration(models.Model):
+    """One row (id 1) whose `n` every write of `TokenLimit` bumps, in its own transaction, by a
+    statement trigger (migration 0004): any path, the ORM, the admin, yaml, raw SQL, a cascade.
+    The claim reads it (apps.core.spend.LIMITS_GENERATION_SQL) so the gate re-reads the limits
+    only when they changed (apps.budgets.enforce)."""
+
+    n = models.BigIntegerField(default=0)
+
+
 class LimitWindow(models.Model):
     """One window of a limit. A rolling limit (window=hours) has one row for ever (start = the
     Unix epoch): `used` is all it ever spent, and `LimitSpend` says how much of it has aged out."""

@@ -138,7 +138,7 @@ def hold(
         return Verdict()
     try:
         with transaction.atomic():
-            taken = hot.take_holds(key, None)
+            taken = hot.take_holds(key, None, lazy=key.startswith("run:"))
             windows = hot.windows_of(limits, now, hold=(key, step))
             refused = hot.reserve(windows, taken, now)
             if refused is not None:

@@ -54,14 +54,17 @@ _CREATE_SQL = f"""INSERT INTO {_W} (limit_id, start, used, held)
   SELECT x.l, x.s, 0, 0 FROM unnest(%(l)s::bigint[], %(s)s::timestamptz[]) AS x(l, s) JOIN {_L} l ON l.id = x.l
   ON CONFLICT DO NOTHING"""
 # The key's holds deleted, with what their steps' ledger rows spent (when `ledger`: a run's key).
-_TAKE_SQL = f"""WITH d AS (DELETE FROM {_H} h USING {_W} w, {_L} l
+# `lazy`: this transaction commits without waiting for its WAL flush (a run's gate: see take_holds).
+_TAKE_SQL = f"""WITH s AS (SELECT set_config('synchronous_commit',
+    CASE WHEN %(lazy)s THEN 'off' ELSE current_setting('synchronous_commit') END, true) AS v),
+d AS (DELETE FROM {_H} h USING {_W} w, {_L} l
     WHERE h.key = %(k)s AND w.id = h.window_id AND l.id = w.limit_id
     RETURNING h.window_id, h.amount, h.step, l.kind, l."window" AS span),
 g AS (SELECT step, sum(input_tokens) AS i, sum(output_tokens) AS o, sum(cache_creation_input_tokens) AS cw,
     sum(cache_read_input_tokens) AS cr, sum(cost_usd) AS cost FROM {_U}
   WHERE %(ledger)s AND run_id = %(run)s AND step IN (SELECT step FROM d) GROUP BY step)
 SELECT d.window_id, d.amount, d.step, d.kind, d.span, g.i, g.o, g.cw, g.cr, g.cost, g.step IS NOT NULL
-FROM d LEFT JOIN g ON g.step = d.step"""
+FROM s LEFT JOIN d ON true LEFT JOIN g ON g.step = d.step"""
 _TOKENS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 _MOVE_SQL = f"UPDATE {_W} SET used = used + %s, held = held - %s + %s WHERE id = %s"
 _RESERVE_SQL = _MOVE_SQL + " AND used + %s + held - %s < %s RETURNING used"
@@ -119,14 +122,22 @@ class Taken:
     rolling: set[int] = field(default_factory=set)  # the windows of rolling limits
 
 
-def take_holds(key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal | None]] | None) -> Taken:
-    """Delete `key`'s holds; their spend (`spent` by step, or a run's ledger rows when None), one statement."""
+def take_holds(
+    key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal | None]] | None, *, lazy: bool = False
+) -> Taken:
+    """Delete `key`'s holds; their spend (`spent` by step, or a run's ledger rows when None), one statement.
+    `lazy` (a run's gate, the transaction's first statement): its commit does not wait for the WAL
+    flush, as the claim's does not. The run's step commit after it is synchronous and WAL is
+    sequential, so when that commit survives a Postgres crash so does the gate; when it does not,
+    the iteration repeats and its gate with it, and the previous step's spend (committed, in the
+    ledger) is settled again from its restored holds. Nothing counted is lost."""
     from apps.budgets.enforce import amount_of
 
     taken = Taken()
     with connection.cursor() as cur:
-        cur.execute(_TAKE_SQL, {"k": key, "ledger": spent is None, "run": key.removeprefix("run:")})
-        holds = cur.fetchall()
+        params = {"k": key, "ledger": spent is None, "run": key.removeprefix("run:"), "lazy": lazy}
+        cur.execute(_TAKE_SQL, params)
+        holds = [h for h in cur.fetchall() if h[0] is not None]
     for window_id, amount, step, kind, span, *sums, in_ledger in holds:
         if span == Span.HOURS:
             taken.rolling.add(window_id)

@@ -95,4 +95,4 @@ def prune(now: datetime) -> int:
     """Drop the spend rows no cutoff can ask for again (beat, with the holds sweep)."""
     with connection.cursor() as cur:
         cur.execute(_PRUNE_SQL, {"now": now})
-        return cur.rowcount
+        return int(cur.rowcount)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from apps.budgets import services
+from apps.budgets import hot, services
 from apps.budgets.models import LimitHold, LimitWindow, TokenLimit
 from apps.gateway.models import UsageEntry, UsageSource
 from apps.runs import store
@@ -96,3 +96,31 @@ def test_with_three_limits_in_scope_the_gate_is_one_transaction_of_five_statemen
     used = dict(LimitWindow.objects.values_list("limit__scope", "used"))
     assert used == {"operator": 10, "tenant": 10, "agent": 0}  # settled (the mock is unpriced: no cost)
     assert LimitHold.objects.filter(key=f"run:{run.id}").count() == 3
+
+
+def test_a_runs_gate_commits_without_waiting_for_the_wal_flush() -> None:
+    """The gate's transaction commits as the claim's does (synchronous_commit off for it alone,
+    apps.budgets.hot.take_holds); a gateway call's hold and every settle keep the server's setting."""
+
+    def setting_after(key: str, *, lazy: bool) -> str:
+        with transaction.atomic(), connection.cursor() as cur:
+            hot.take_holds(key, None, lazy=lazy)
+            cur.execute("SELECT current_setting('synchronous_commit')")
+            return str(cur.fetchone()[0])
+
+    with connection.cursor() as cur:
+        cur.execute("SET synchronous_commit = on")  # (the test cluster runs with it off)
+    try:
+        assert setting_after("gw:x", lazy=False) == "on" and setting_after("run:x", lazy=True) == "off"
+        with connection.cursor() as cur:
+            cur.execute("SELECT current_setting('synchronous_commit')")
+            assert cur.fetchone()[0] == "on"  # for that transaction only
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET synchronous_commit")
+    put(scope="tenant", hard_limit=BIG)
+    run = claimed("u-lazy")
+    with CaptureQueriesContext(connection) as queries:
+        budget.gate(run, StepWrite(status=RunStatus.RUNNING, next=Next.REQUEUE))
+    [take] = [q["sql"] for q in queries.captured_queries if "synchronous_commit" in q["sql"]]
+    assert "CASE WHEN true THEN 'off'" in take  # the run's gate asked for it

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -63,7 +64,7 @@ def test_a_spend_stops_counting_exactly_n_hours_after_it_settled() -> None:
     assert used_at(t1 + timedelta(hours=2) - US) == 50 and used_at(t1 + timedelta(hours=2)) == 0
     assert enforce.hold(key="gw:d", step=None, spender=SPENDER, now=t0 + timedelta(hours=2)).allowed
     window = LimitWindow.objects.get(limit__scope_id="u-roll")
-    assert (window.used, window.held) == (110, 1)  # everything ever settled, and gw:d's reservation
+    assert (window.used, window.held) == (Decimal(110), Decimal(1))  # everything ever settled, and gw:d's reservation
 
 
 def test_the_reservation_counts_holds_and_only_the_last_n_hours() -> None:
@@ -104,8 +105,10 @@ def test_the_aged_out_lookup_is_one_probe_of_the_index() -> None:
             [window.id],
         )
         cur.execute(f"ANALYZE {LimitSpend._meta.db_table}")
-        params = {"add": 5, "rel": 1, "unit": 1, "now": timezone.now(), "w": window.id, "hard": 10**9}
-        cur.execute("EXPLAIN " + rolling.MOVE_SQL, {**params, "c": timezone.now() - timedelta(hours=1)})
+        now = timezone.now()
+        params: dict[str, Any] = {"add": 5, "rel": 1, "unit": 1, "now": now, "w": window.id, "hard": 10**9}
+        params["c"] = now - timedelta(hours=1)
+        cur.execute("EXPLAIN " + rolling.MOVE_SQL, params)
         plan = "\n".join(r[0] for r in cur.fetchall())
     assert "Scan Backward using limit_spend_at" in plan, plan  # an index (only) scan, newest first, under a Limit
     assert f"Seq Scan on {LimitSpend._meta.db_table}" not in plan, plan

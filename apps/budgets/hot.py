@@ -135,7 +135,7 @@ def take_holds(
 
     taken = Taken()
     with connection.cursor() as cur:
-        params = {"k": key, "ledger": spent is None, "run": key.removeprefix("run:"), "lazy": lazy}
+        params: dict[str, Any] = {"k": key, "ledger": spent is None, "run": key.removeprefix("run:"), "lazy": lazy}
         cur.execute(_TAKE_SQL, params)
         holds = [h for h in cur.fetchall() if h[0] is not None]
     for window_id, amount, step, kind, span, *sums, in_ledger in holds:

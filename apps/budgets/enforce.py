@@ -33,8 +33,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.budgets import hot
-from apps.budgets.models import Kind, LimitHold, LimitWindow, OnExceed, Scope, TokenLimit
+from apps.budgets import hot, limitcache, rolling
+from apps.budgets.models import Kind, LimitHold, OnExceed, Scope, TokenLimit
 from apps.budgets.windows import window_end, window_label, window_start
 from apps.core.spend import Crossing, Spender, Verdict
 
@@ -52,7 +52,11 @@ def limits_for(spender: Spender) -> list[TokenLimit]:
     return list(TokenLimit.objects.filter(q).order_by("id"))
 
 
-def crossing(limit: TokenLimit, used: Decimal, severity: str, start: datetime) -> Crossing:
+def crossing(
+    limit: TokenLimit, used: Decimal, severity: str, start: datetime, *, window_id: int | None = None, now: datetime
+) -> Crossing:
+    """`resume_at`: a calendar window's end; for a rolling one, when enough spend has aged out (a
+    hard crossing reads it from the window's spend rows; a soft one says when the oldest ages out)."""
     threshold = limit.hard_limit if severity == "hard" else limit.soft_limit
     label = window_label(limit.window, limit.window_hours)
     who = f"{limit.scope} {limit.scope_id or limit.tenant_id}".strip()
@@ -67,8 +71,16 @@ def crossing(limit: TokenLimit, used: Decimal, severity: str, start: datetime) -
         limit=_text(threshold or Decimal(0)),
         message=f"{who} {severity} {limit.kind} budget reached: {_text(used)} of {_text(threshold or 0)} this {label}",
         on_exceed=limit.on_exceed,
-        resume_at=window_end(limit.window, limit.window_hours, start),
+        resume_at=_resume_at(limit, severity, start, window_id, now),
     )
+
+
+def _resume_at(limit: TokenLimit, severity: str, start: datetime, window_id: int | None, now: datetime) -> datetime:
+    if not rolling.is_rolling(limit):
+        return window_end(limit.window, limit.window_hours, start)
+    if severity == "hard":
+        return rolling.resume_at(limit, window_id, now)
+    return now + timedelta(hours=max(limit.window_hours, 1))
 
 
 def _text(value: Decimal | int) -> str:
@@ -84,18 +96,6 @@ def amount_of(kind: str, usage: dict[str, Any], cost_usd: Decimal | str | None) 
     return Decimal({Kind.INPUT: inp + cached, Kind.OUTPUT: out}.get(kind, inp + out + cached))  # type: ignore[call-overload]
 
 
-def _windows(limits: list[TokenLimit], now: datetime, *, create: bool) -> dict[int, LimitWindow]:
-    """{limit id: its current window row}; missing rows created when `create`."""
-    starts = {lim.id: window_start(lim.window, lim.window_hours, now) for lim in limits}
-    if create:
-        rows = [LimitWindow(limit_id=lid, start=s) for lid, s in starts.items()]
-        LimitWindow.objects.bulk_create(rows, ignore_conflicts=True)
-    q = Q(pk__in=[])
-    for lid, s in starts.items():
-        q |= Q(limit_id=lid, start=s)
-    return {w.limit_id: w for w in LimitWindow.objects.filter(q)}
-
-
 def admit(spender: Spender, now: datetime | None = None) -> Verdict:
     """Admission: refused when a hard limit's window is already spent (no reservation taken)."""
     now = now or timezone.now()
@@ -103,21 +103,21 @@ def admit(spender: Spender, now: datetime | None = None) -> Verdict:
     verdict = Verdict()
     if not limits:
         return verdict
-    windows = _windows(limits, now, create=False)
+    windows = {w.limit.id: w for w in hot.windows_of(limits, now, create=False)}
     for lim in limits:
         w = windows.get(lim.id)
-        used = w.used if w else Decimal(0)
-        start = w.start if w else window_start(lim.window, lim.window_hours, now)
+        used, wid = (w.used, w.id) if w else (Decimal(0), None)
+        start = window_start(lim.window, lim.window_hours, now)
         if lim.hard_limit is not None and used >= lim.hard_limit and verdict.hard is None:
-            verdict.hard = crossing(lim, used, "hard", start)
+            verdict.hard = crossing(lim, used, "hard", start, window_id=wid, now=now)
         elif lim.soft_limit is not None and used >= lim.soft_limit:
-            verdict.soft.append(crossing(lim, used, "soft", start))
+            verdict.soft.append(crossing(lim, used, "soft", start, window_id=wid, now=now))
     return verdict
 
 
 @dataclass
 class _Refused(Exception):
-    crossing: Crossing
+    window: hot.Window
 
 
 def unit_of(limit: TokenLimit) -> Decimal:
@@ -125,59 +125,69 @@ def unit_of(limit: TokenLimit) -> Decimal:
     return _UNIT.get(limit.kind, _TOKENS) if limit.hard_limit is not None else Decimal(0)
 
 
-def hold(*, key: str, step: int | None, spender: Spender, now: datetime | None = None) -> Verdict:
+def hold(
+    *, key: str, step: int | None, spender: Spender, now: datetime | None = None, generation: int | None = None
+) -> Verdict:
     """Before a provider call, one transaction: settle what `key`'s previous call spent, and reserve
     on every limit in scope. `verdict.hard` set = refused, nothing reserved (the settle still lands).
-    `verdict.held` says whether budgets were in scope (a settle is owed)."""
+    `verdict.held` says whether budgets were in scope (a settle is owed). `generation`: the limits'
+    generation the run's claim read (apps.budgets.limitcache; None reads the limits)."""
     now = now or timezone.now()
-    limits = hot.limits_of(spender.tenant_id, spender.user_id, spender.agent)
+    limits = limitcache.limits_at(spender, generation)
     if not limits:  # (a deleted limit's holds went with it: ON DELETE CASCADE)
         return Verdict()
     try:
         with transaction.atomic():
-            taken = hot.take_holds(key, None)
-            windows = hot.windows_of(limits, now)
-            refused = hot.reserve(key, step, windows, taken, now)
+            taken = hot.take_holds(key, None, lazy=key.startswith("run:"))
+            windows = hot.windows_of(limits, now, hold=(key, step))
+            refused = hot.reserve(windows, taken, now)
             if refused is not None:
-                raise _Refused(crossing(refused.limit, refused.used, "hard", refused.start))
+                raise _Refused(refused)
     except _Refused as exc:  # rolled back: the previous call's settle lands on its own
         if key.startswith("run:"):
-            settle_run(run_id=key.removeprefix("run:"))
-        return Verdict(hard=exc.crossing, held=True)
+            settle_run(run_id=key.removeprefix("run:"), now=now)
+        w = exc.window
+        return Verdict(hard=crossing(w.limit, w.used, "hard", w.start, window_id=w.id, now=now), held=True)
     verdict = Verdict(held=True)
     for w in windows:
         used = w.used + taken.add.get(w.id, Decimal(0))
         if w.limit.soft_limit is not None and used >= w.limit.soft_limit:
-            verdict.soft.append(crossing(w.limit, used, "soft", w.start))
+            verdict.soft.append(crossing(w.limit, used, "soft", w.start, window_id=w.id, now=now))
     return verdict
 
 
-def settle_key(key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal | None]] | None = None) -> int:
+def settle_key(
+    key: str, spent: dict[int | None, tuple[dict[str, Any], Decimal | None]] | None = None, now: datetime | None = None
+) -> int:
     """Inside a transaction: add what `key`'s held calls spent to their windows and drop the holds.
-    `spent` maps a step to (usage, cost); None reads a run's ledger rows per held step."""
+    `spent` maps a step to (usage, cost); None reads a run's ledger rows per held step. `now`
+    stamps the spend on rolling windows."""
     taken = hot.take_holds(key, spent)
-    hot.apply(taken)
+    hot.apply(taken, now or timezone.now())
     return len(taken.add)
 
 
-def settle_run(*, run_id: str) -> None:
+def settle_run(*, run_id: str, now: datetime | None = None) -> None:
     with transaction.atomic():
-        settle_key(f"run:{run_id}")
+        settle_key(f"run:{run_id}", now=now)
 
 
-def settle_call(*, key: str, usage: dict[str, Any], cost_usd: str | None) -> None:
+def settle_call(*, key: str, usage: dict[str, Any], cost_usd: str | None, now: datetime | None = None) -> None:
     with transaction.atomic():
-        settle_key(key, {None: (usage, Decimal(cost_usd) if cost_usd is not None else None)})
+        settle_key(key, {None: (usage, Decimal(cost_usd) if cost_usd is not None else None)}, now)
 
 
 def holds_sweep(*, older_than: timedelta, now: datetime | None = None) -> int:
-    """Settle the holds a lost worker left (runs from their ledger rows; a gateway call's as nothing spent)."""
-    cutoff = (now or timezone.now()) - older_than
+    """Settle the holds a lost worker left (runs from their ledger rows; a gateway call's as nothing spent),
+    and drop the rolling windows' spend rows no cutoff can ask for again."""
+    now = now or timezone.now()
+    rolling.prune(now)
+    cutoff = now - older_than
     keys = set(LimitHold.objects.filter(created_at__lt=cutoff).values_list("key", flat=True)[:1000])
     settled = 0
     for key in sorted(keys):
         with transaction.atomic():
-            settled += settle_key(key, None if key.startswith("run:") else {})
+            settled += settle_key(key, None if key.startswith("run:") else {}, now)
     return settled
 
 

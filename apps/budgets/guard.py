@@ -13,27 +13,32 @@ from apps.core.spend import Crossing, Spender, Verdict
 
 
 def notices(*, run_id: str, crossings: list[Crossing]) -> list[Crossing]:
-    """The crossings this run has not had a `limit` event for yet (one per limit and severity, ever),
-    marked as had in the same statement: two workers never both emit one."""
-    if not crossings:
+    """The crossings this run has not had a `limit` event for yet: one per (scope, severity), ever
+    (SPEC 3.3; the first crossing of a scope's limits in `crossings` speaks for them), marked as
+    had in the same statement: two workers never both emit one."""
+    first: dict[tuple[str, str], Crossing] = {}
+    for c in crossings:
+        first.setdefault((c.scope, c.severity), c)
+    if not first:
         return []
+    picked = list(first.values())
     with connection.cursor() as cur:
         cur.execute(
-            f"INSERT INTO {LimitNotice._meta.db_table} (run_id, limit_id, severity) "
-            "SELECT %s, x.l, x.s FROM unnest(%s::bigint[], %s::text[]) AS x(l, s) "
-            "ON CONFLICT DO NOTHING RETURNING limit_id, severity",
-            [run_id, [c.limit_id for c in crossings], [c.severity for c in crossings]],
+            f"INSERT INTO {LimitNotice._meta.db_table} (run_id, limit_id, scope, severity) "
+            "SELECT %s, x.l, x.c, x.s FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS x(l, c, s) "
+            "ON CONFLICT DO NOTHING RETURNING scope, severity",
+            [run_id, [c.limit_id for c in picked], [c.scope for c in picked], [c.severity for c in picked]],
         )
-        fresh = {(int(r[0]), str(r[1])) for r in cur.fetchall()}
-    return [c for c in crossings if (c.limit_id, c.severity) in fresh]
+        fresh = {(str(r[0]), str(r[1])) for r in cur.fetchall()}
+    return [c for c in picked if (c.scope, c.severity) in fresh]
 
 
 class PostgresGuard:
     def admit(self, spender: Spender) -> Verdict:
         return enforce.admit(spender)
 
-    def hold(self, *, key: str, step: int | None, spender: Spender) -> Verdict:
-        return enforce.hold(key=key, step=step, spender=spender)
+    def hold(self, *, key: str, step: int | None, spender: Spender, generation: int | None = None) -> Verdict:
+        return enforce.hold(key=key, step=step, spender=spender, generation=generation)
 
     def settle_run(self, *, run_id: str) -> None:
         enforce.settle_run(run_id=run_id)

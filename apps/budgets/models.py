@@ -31,7 +31,7 @@ class Kind(models.TextChoices):
 class Window(models.TextChoices):
     MONTH = "month"  # the calendar month, UTC (loomcycle's)
     DAY = "day"  # the UTC day
-    HOURS = "hours"  # consecutive `window_hours`-hour windows from the Unix epoch
+    HOURS = "hours"  # the last `window_hours` hours, rolling (apps.budgets.rolling)
 
 
 class OnExceed(models.TextChoices):
@@ -63,14 +63,40 @@ class TokenLimit(models.Model):
         return f"{self.scope} {self.tenant_id}/{self.scope_id} {self.kind}/{self.window}"
 
 
+class LimitsGeneration(models.Model):
+    """One row (id 1) whose `n` every write of `TokenLimit` bumps, in its own transaction, by a
+    statement trigger (migration 0004): any path, the ORM, the admin, yaml, raw SQL, a cascade.
+    The claim reads it (apps.core.spend.LIMITS_GENERATION_SQL) so the gate re-reads the limits
+    only when they changed (apps.budgets.enforce)."""
+
+    n = models.BigIntegerField(default=0)
+
+
 class LimitWindow(models.Model):
+    """One window of a limit. A rolling limit (window=hours) has one row for ever (start = the
+    Unix epoch): `used` is all it ever spent, and `LimitSpend` says how much of it has aged out."""
+
     limit = models.ForeignKey(TokenLimit, on_delete=models.CASCADE, related_name="windows")
     start = models.DateTimeField()
     used = models.DecimalField(max_digits=20, decimal_places=6, default=0)
     held = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    last_at = models.DateTimeField(null=True, blank=True)  # rolling: the latest spend's stamp (kept monotone)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["limit", "start"], name="limit_window_unique")]
+
+
+class LimitSpend(models.Model):
+    """A rolling window's running total after one settle: `total` = its `used` once the spend
+    stamped `at` was added. The spend of the last N hours is `used` less the total of the latest
+    row at or before now - N hours (one backward index probe, however busy the window)."""
+
+    window = models.ForeignKey(LimitWindow, on_delete=models.CASCADE, related_name="spends", db_index=False)
+    at = models.DateTimeField()
+    total = models.DecimalField(max_digits=24, decimal_places=6)
+
+    class Meta:
+        indexes = [models.Index(fields=["window", "at", "total"], name="limit_spend_at")]
 
 
 class LimitHold(models.Model):
@@ -88,11 +114,14 @@ class LimitHold(models.Model):
 
 
 class LimitNotice(models.Model):
-    """A `limit` event a run has had: one per (limit, severity) per run (SPEC 3.3)."""
+    """A `limit` event a run has had: one per (scope, severity) per run (SPEC 3.3), whichever of
+    that scope's limits crossed first (`limit_id`). A run has one tenant, user and agent, so the
+    scope names one budget holder; its limits of several kinds or windows share the one event."""
 
     run_id = models.CharField(max_length=32)
     limit_id = models.BigIntegerField()
+    scope = models.CharField(max_length=16, default="")
     severity = models.CharField(max_length=4)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run_id", "limit_id", "severity"], name="limit_notice_once")]
+        constraints = [models.UniqueConstraint(fields=["run_id", "scope", "severity"], name="limit_notice_once")]

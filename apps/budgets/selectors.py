@@ -9,12 +9,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from apps.budgets import hot, rolling
 from apps.budgets.errors import InvalidLimit
-from apps.budgets.models import LimitWindow, TokenLimit
+from apps.budgets.models import TokenLimit
 from apps.budgets.windows import window_end, window_start
 from apps.gateway.models import UsageEntry
 from apps.runs.selectors import run_agent_names
@@ -42,26 +43,24 @@ class LimitView:
 
 
 def limits_list(*, tenant_id: str | None, now: datetime | None = None) -> list[LimitView]:
-    """The limits of `tenant_id` (None: all, operator-global ones included), with current use."""
+    """The limits of `tenant_id` (None: all, operator-global ones included), with current use.
+    A rolling limit's window starts N hours ago and "resets" when its oldest counted spend ages out."""
     now = now or timezone.now()
     rows = TokenLimit.objects.order_by("tenant_id", "scope", "scope_id", "kind", "window")
     if tenant_id is not None:
         rows = rows.filter(tenant_id=tenant_id).exclude(scope="operator")
     limits = list(rows)
-    starts = {lim.id: window_start(lim.window, lim.window_hours, now) for lim in limits}
-    q = Q(pk__in=[])
-    for lid, s in starts.items():
-        q |= Q(limit_id=lid, start=s)
-    used = {w.limit_id: w.used for w in LimitWindow.objects.filter(q)}
-    return [
-        LimitView(
-            lim,
-            used.get(lim.id, Decimal(0)),
-            starts[lim.id],
-            window_end(lim.window, lim.window_hours, starts[lim.id]),
-        )
-        for lim in limits
-    ]
+    windows = {w.limit.id: w for w in hot.windows_of(limits, now, create=False)} if limits else {}
+    return [_view(lim, windows.get(lim.id), now) for lim in limits]
+
+
+def _view(lim: TokenLimit, window: hot.Window | None, now: datetime) -> LimitView:
+    used = window.used if window else Decimal(0)
+    if rolling.is_rolling(lim):
+        start = rolling.cutoff(lim, now) or now
+        return LimitView(lim, used, start, rolling.next_drop(lim, window.id if window else None, now))
+    start = window_start(lim.window, lim.window_hours, now)
+    return LimitView(lim, used, start, window_end(lim.window, lim.window_hours, start))
 
 
 def limit_find(

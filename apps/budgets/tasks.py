@@ -1,5 +1,6 @@
 """Thin Celery adapters: beat wakes the deferred runs whose budgets freed, and settles
-the holds a lost worker left. A late, lost or duplicated tick is harmless: the wake is
+the holds a lost worker left (dropping the rolling windows' spend rows no cutoff needs).
+A late, lost or duplicated tick is harmless: the wake is
 a conditional UPDATE, the settle takes the hold rows' locks."""
 
 from __future__ import annotations

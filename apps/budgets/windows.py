@@ -1,4 +1,5 @@
-"""A limit's windows: where the one containing an instant starts and ends (UTC)."""
+"""A limit's windows: where the one containing an instant starts and ends (UTC). A rolling
+limit (window=hours) has one window row for ever, keyed at the epoch (apps.budgets.rolling)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,14 @@ def window_start(window: str, hours: int, now: datetime) -> datetime:
         return datetime(now.year, now.month, 1, tzinfo=UTC)
     if window == Window.DAY:
         return datetime(now.year, now.month, now.day, tzinfo=UTC)
-    span = timedelta(hours=max(hours, 1))
-    return _EPOCH + ((now - _EPOCH) // span) * span
+    return _EPOCH
 
 
 def window_end(window: str, hours: int, start: datetime) -> datetime:
-    """The next window's start: when a deferred run wakes."""
+    """The next calendar window's start: when a deferred run wakes (rolling: apps.budgets.rolling)."""
     if window == Window.MONTH:
         return datetime(start.year + start.month // 12, start.month % 12 + 1, 1, tzinfo=UTC)
-    if window == Window.DAY:
-        return start + timedelta(days=1)
-    return start + timedelta(hours=max(hours, 1))
+    return start + timedelta(days=1)
 
 
 def window_label(window: str, hours: int) -> str:

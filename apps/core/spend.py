@@ -82,7 +82,7 @@ class Verdict:
 class Guard(Protocol):
     def admit(self, spender: Spender) -> Verdict: ...
 
-    def hold(self, *, key: str, step: int | None, spender: Spender) -> Verdict: ...
+    def hold(self, *, key: str, step: int | None, spender: Spender, generation: int | None = None) -> Verdict: ...
 
     def settle_run(self, *, run_id: str) -> None: ...
 
@@ -90,6 +90,11 @@ class Guard(Protocol):
 
     def notices(self, *, run_id: str, crossings: list[Crossing]) -> list[Crossing]: ...
 
+
+# The limits' generation, read by the run's claim (apps.runs.store.hot) in its own snapshot and
+# handed to `hold`: unchanged since the guard last read the limits, it need not read them again.
+# apps.budgets owns the table (a statement trigger moves `n` on every limit write); no row = 0.
+LIMITS_GENERATION_SQL = "COALESCE((SELECT n FROM budgets_limitsgeneration WHERE id = 1), 0)"
 
 _GUARD: list[Guard] = []
 

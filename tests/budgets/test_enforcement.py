@@ -10,13 +10,13 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
-from apps.budgets import services
-from apps.budgets.models import LimitHold, LimitWindow, TokenLimit
+from apps.budgets import enforce, services
+from apps.budgets.models import LimitHold, LimitSpend, LimitWindow, TokenLimit
 from apps.budgets.windows import window_start
-from apps.core.spend import TokenLimitExceeded
+from apps.core.spend import Spender, TokenLimitExceeded
 from apps.gateway.models import UsageEntry
 from apps.runs import services as runs
 from apps.runs.models import RunEvent, RunStatus
@@ -81,6 +81,20 @@ def test_a_soft_limit_warns_once_per_run_and_the_run_goes_on() -> None:
     assert UsageEntry.objects.filter(run_id=run.id).count() == 5
 
 
+def test_two_limits_of_one_scope_crossing_together_make_one_limit_event_per_severity() -> None:
+    """SPEC 3.3: once per (scope, severity) per run, not once per limit: the user's month and
+    day token limits both pass their soft threshold at the first gate, and the day's hard one
+    stops the run; the user scope has one soft and one hard event."""
+    put(scope="user", scope_id="u-two", soft_limit=Decimal(1))
+    put(scope="user", scope_id="u-two", window="day", soft_limit=Decimal(1), hard_limit=Decimal(40))
+    run = start("stepper", user_id="u-two")
+    done = wait_status(run.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=30)
+    assert done.stop_reason == "token_limit_exceeded"
+    events = limits_of(run.id)
+    assert [(e["scope"], e["severity"]) for e in events] == [("user", "soft"), ("user", "hard")]
+    assert UsageEntry.objects.filter(run_id=run.id).count() < 5  # the hard limit did stop it
+
+
 def test_children_spend_their_roots_tenant_and_user_budget() -> None:
     put(scope="user", scope_id="u-kids", soft_limit=Decimal(10**9))
     root = start("recursor", "go", user_id="u-kids")
@@ -109,6 +123,21 @@ def test_a_deferred_run_resumes_exactly_once_when_its_window_rolls(monkeypatch: 
     monkeypatch.undo()
     assert services.budgets_wake(now=today) == 1
     assert services.budgets_wake(now=today) == 0  # exactly once
+    assert wait_status(run.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=20).status == RunStatus.COMPLETED
+
+
+def test_a_run_deferred_by_a_rolling_window_resumes_once_the_spend_ages_out() -> None:
+    """Rows backdated in SQL stand in for the clock (the workers read their own): 1,000 tokens
+    settled an hour ago fill a 2-hour window; once they are stamped 2 hours back, the wake resumes the run."""
+    put(scope="user", scope_id="u-roll", window="hours", window_hours=2, hard_limit=Decimal(1000), on_exceed="defer")
+    spender, an_hour_ago = Spender("", "u-roll"), timezone.now() - timedelta(hours=1)
+    assert enforce.hold(key="gw:filler", step=None, spender=spender, now=an_hour_ago).allowed
+    enforce.settle_call(key="gw:filler", usage={"input_tokens": 1000}, cost_usd=None, now=an_hour_ago)
+    run = start("echo", user_id="u-roll")
+    assert run.status == RunStatus.WAITING_BUDGET
+    assert services.budgets_wake() == 0
+    LimitSpend.objects.filter(window__limit__scope_id="u-roll").update(at=F("at") - timedelta(hours=1, seconds=1))
+    assert services.budgets_wake() == 1 and services.budgets_wake() == 0  # exactly once
     assert wait_status(run.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=20).status == RunStatus.COMPLETED
 
 

@@ -34,9 +34,14 @@ def _no_limits(agents: None) -> Iterator[None]:
     TokenLimit.objects.all().delete()
 
 
-def test_concurrent_runs_on_two_workers_overshoot_by_at_most_one_call_per_run(stack: procs.WorkerPool) -> None:
+@pytest.mark.parametrize(("window", "hours"), [("month", 0), ("hours", 3)])  # a calendar and a rolling window
+def test_concurrent_runs_on_two_workers_overshoot_by_at_most_one_call_per_run(
+    stack: procs.WorkerPool, window: str, hours: int
+) -> None:
     assert len(stack.procs) >= 2  # two worker processes take the runs' iterations
-    spec = services.LimitSpec(tenant_id="", scope="user", scope_id="u-race", kind="tokens", hard_limit=Decimal(HARD))
+    spec = services.LimitSpec(
+        tenant_id="", scope="user", scope_id="u-race", window=window, window_hours=hours, hard_limit=Decimal(HARD)
+    )
     services.limit_put(spec=spec, updated_by="test")
     runs = [start("stepper", f"race {i}", user_id="u-race") for i in range(RUNS)]
     ended = [wait_status(r.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=60) for r in runs]
@@ -47,7 +52,7 @@ def test_concurrent_runs_on_two_workers_overshoot_by_at_most_one_call_per_run(st
     total = int(sums["i"]) + int(sums["o"])
     biggest_call = int(sums["biggest"]) + int(calls.aggregate(o=Max("output_tokens"))["o"])
     assert total - HARD <= RUNS * biggest_call  # the stated bound: one call per run in flight
-    window = LimitWindow.objects.get(limit__scope_id="u-race")
-    assert window.used == total and window.held == 0 and not LimitHold.objects.exists()  # exact accounting
+    row = LimitWindow.objects.get(limit__scope_id="u-race")
+    assert row.used == total and row.held == 0 and not LimitHold.objects.exists()  # exact accounting
     stopped = [r for r in ended if r.stop_reason == "token_limit_exceeded"]
     assert all(calls.filter(run_id=r.id).count() < 5 for r in stopped)  # they stopped before their last call

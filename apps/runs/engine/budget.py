@@ -24,7 +24,8 @@ def gate(run: ClaimedRun, write: StepWrite) -> StepWrite | None:
     g = spend.guard()
     if g is None:
         return None
-    verdict = g.hold(key=f"run:{run.id}", step=run.step, spender=spender_of(run))
+    # The claim read the limits' generation: unchanged, the guard need not read the limits again.
+    verdict = g.hold(key=f"run:{run.id}", step=run.step, spender=spender_of(run), generation=run.limits_generation)
     write.budget_held = verdict.held
     if not verdict.held:
         return None

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import OperationalError, connection
 
 from apps.core.redact import Redactor
+from apps.core.spend import LIMITS_GENERATION_SQL
 from apps.gateway.services import usage_run_entries_insert_sql
 from apps.runs.statuses import PARKED, RUNNABLE, RunStatus, RuntimeStateValue, ToolCallStatus
 from apps.runs.store.append import _advance, _append, _bases, _in, _json, _redacted
@@ -101,7 +102,7 @@ WITH s AS ({_ASYNC_COMMIT}), c AS (
   RETURNING {", ".join(_CLAIM_COLUMNS)}, started_at = now() AS first_claim, {_bases("(started_at = now())::int")}
 ), st AS (SELECT c.*, CASE WHEN c.first_claim THEN '{{"e": [{{"type": "started"}}]}}'::jsonb END AS j FROM c),
 {_append(run="st", sources="st", rows="st.j", step="0", transcript=False, version="%(version)s")}
-SELECT {", ".join(f"c.{col}" for col in _CLAIM_COLUMNS)}, c.first_claim,
+SELECT {", ".join(f"c.{col}" for col in _CLAIM_COLUMNS)}, c.first_claim, {LIMITS_GENERATION_SQL},
   COALESCE((SELECT state FROM runs_runtimestate WHERE id = 1), '{RuntimeStateValue.RUNNING.value}'),
   (SELECT COALESCE(json_agg(json_build_array(t.role, t.content) ORDER BY t.idx), '[]')
    FROM runs_transcriptentry t WHERE t.run_id = c.id)
@@ -216,6 +217,7 @@ class ClaimedRun:
     session_turn: int = 0  # its place in its session (apps.runs.sessions.promotion)
     replays_session: bool = False  # its model sees the session's earlier turns first
     first_claim: bool = False
+    limits_generation: int = 0  # apps.core.spend.LIMITS_GENERATION_SQL, in the claim's snapshot
     runtime_state: str = "running"
     transcript: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     # Opened from credentials_sealed by the engine for this iteration only (memory, never stored).
@@ -336,7 +338,7 @@ def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> Claime
     for key in ("system", "tools", "usage", "routing", "allowed_hosts", "volumes"):
         values[key] = _json(values[key])
     transcript = [(role, content) for role, content in _json(row[-1])]
-    return ClaimedRun(**values, runtime_state=row[-2], transcript=transcript)
+    return ClaimedRun(**values, limits_generation=row[-3], runtime_state=row[-2], transcript=transcript)
 
 
 # The claim handed back after the database went away mid-iteration: the lease

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "apps.snapshots",  # spans the apps above: each exports and restores its own tables
     "apps.lifecycle",  # spans the apps above: retention, run-tree deletes' listeners, a person's erasure
     "apps.grpcapi",  # the gRPC transport over the apps above (`manage.py grpc`)
+    "apps.console",  # the web console at /ui (server-rendered pages over the apps above)
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",

@@ -1,0 +1,130 @@
+"""Console sign-in (apps/console/session.py) against the real web process: a pasted
+bearer becomes a session cookie (HttpOnly, SameSite=Lax, no token in the browser), a
+retired token's session stops within a second, sign-out flushes, CSRF guards every
+form, and open mode on loopback signs in as the open principal."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.sessions.models import Session
+
+from apps.core.types import Principal
+from apps.runs import services
+from apps.runs.models import Run
+from apps.runs.prompt import Segment
+from apps.substrate import tokens
+from tests.conftest import wait_for
+from tests.console.conftest import Console, bearer, csrf_of, http_sign_in
+
+pytestmark = pytest.mark.usefixtures("web", "agents")
+
+ACME = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
+
+
+def scripted(steps: list[dict[str, Any]], principal: Principal = ACME, **kw: Any) -> Run:
+    prompt = f"Console test. MOCK_SCRIPT: {json.dumps(steps)}"
+    data = services.RunCreate(agent="scripted", segments=[Segment(text=prompt)], **kw)
+    return services.run_create(principal=principal, data=data)
+
+
+def test_a_tenant_token_signs_in_and_lists_its_tenants_runs(
+    console: Console, people: dict[str, dict[str, str]]
+) -> None:
+    run = scripted([{"text": "hello"}])
+    page = console.sign_in(bearer(people["alice"]))
+    assert page.url.endswith("/ui/runs/")
+    assert page.inner_text("#whoami") == "alice @ acme"
+    page.wait_for_selector(f"tr[data-run='{run.id}']")
+    console.shot(page, "runs-desktop")
+    phone = console.sign_in(bearer(people["alice"]), phone=True)
+    phone.wait_for_selector(f"tr[data-run='{run.id}']")
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scroll but the table's
+    console.shot(phone, "runs-phone")
+    beta = console.sign_in(bearer(people["charlie"]))
+    assert beta.locator(f"tr[data-run='{run.id}']").count() == 0
+    assert beta.locator("#no-runs").count() == 1
+
+
+def test_the_session_cookie_is_httponly_lax_and_the_token_stays_off_the_browser(
+    console: Console, people: dict[str, dict[str, str]]
+) -> None:
+    token = bearer(people["alice"])
+    page = console.sign_in(token)
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    session = cookies["sessionid"]
+    assert session["httpOnly"] is True and session["sameSite"] == "Lax"
+    assert all(token not in c["value"] for c in cookies.values())
+    stored = page.evaluate("JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage)])")
+    assert token not in stored
+    assert token not in page.content()
+    data = Session.objects.get(session_key=session["value"]).get_decoded()
+    assert token not in json.dumps(data)
+    assert data["lc_console_ref"] == "token:" + tokens.token_hash(token)
+
+
+def test_a_wrong_token_is_refused_with_no_session(console: Console, people: dict[str, dict[str, str]]) -> None:
+    page = console.new_page()
+    page.goto(console.url("/ui/signin"))
+    page.fill("#id_token", "lct_notatoken")
+    page.click("#signin-form button[type=submit]")
+    assert page.inner_text("#signin-error") == "That token was not accepted."
+    page.goto(console.url("/ui/runs/"))
+    assert "/ui/signin?next=" in page.url
+
+
+def test_sign_out_flushes_the_session(console: Console, people: dict[str, dict[str, str]]) -> None:
+    page = console.sign_in(bearer(people["alice"]))
+    old = next(c for c in page.context.cookies() if c["name"] == "sessionid")["value"]
+    page.click("#signout")
+    page.wait_for_selector("#signin-form")
+    assert not Session.objects.filter(session_key=old).exists()
+    with httpx.Client(base_url=console.base, cookies={"sessionid": old}) as client:
+        assert client.get("/ui/runs/").status_code == 302
+
+
+def test_a_retired_tokens_session_stops_within_a_second(web: str, people: dict[str, dict[str, str]]) -> None:
+    """Every request made more than a second after the retire commits is refused (the web
+    process re-reads the token cache's epoch every LOOMCYCLE_AUTH_EPOCH_CHECK_MS = 1000)."""
+    with httpx.Client(base_url=web, timeout=10) as client:
+        http_sign_in(client, bearer(people["alice"]))
+        assert client.get("/ui/runs/").status_code == 200
+        tokens.token_retire(name="alice")
+        retired = time.monotonic()
+        answers: list[tuple[float, int]] = []
+
+        def refused() -> bool:
+            started = time.monotonic() - retired
+            answers.append((started, client.get("/ui/runs/").status_code))
+            return answers[-1][1] == 302
+
+        wait_for(refused, timeout=5)
+    print(f"first refusal: request started {answers[-1][0]:.3f} s after the retire ({len(answers)} requests)")
+    assert all(status == 200 for _, status in answers[:-1])
+    assert all(started <= 1.0 for started, status in answers if status == 200)
+
+
+def test_a_post_without_the_csrf_token_is_refused(web: str, people: dict[str, dict[str, str]]) -> None:
+    with httpx.Client(base_url=web, timeout=10) as client:
+        page = client.get("/ui/signin")
+        token = bearer(people["alice"])
+        assert client.post("/ui/signin", data={"token": token}).status_code == 403
+        http_sign_in(client, token)
+        assert client.post("/ui/signout").status_code == 403
+        assert client.get("/ui/runs/").status_code == 200  # still signed in
+        fresh = csrf_of(client.get("/ui/runs/").text)
+        assert client.post("/ui/signout", data={"csrfmiddlewaretoken": fresh}).status_code == 302
+        assert page.status_code == 200
+
+
+def test_open_mode_on_loopback_signs_in_as_the_open_principal(console: Console) -> None:
+    page = console.new_page()
+    page.goto(console.url("/ui/signin"))
+    page.wait_for_selector("#open-mode-note")
+    page.click("#signin-form button[type=submit]")
+    assert page.inner_text("#whoami") == "open mode"
+    console.shot(page, "open-mode")

@@ -26,6 +26,7 @@ class NavEntry:
 
 NAV: list[NavEntry] = [
     NavEntry("Runs", "console:runs", lambda p: has_scope(p.scopes, RUNS_READ)),
+    # console2's sections below this line.
 ]
 
 

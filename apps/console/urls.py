@@ -13,4 +13,6 @@ urlpatterns = [
     path("signin", signin.signin, name="signin"),
     path("signout", signin.signout, name="signout"),
     path("runs/", runs.runs_list, name="runs"),
+    # Runs, Playground, Inbox (branch console) above; Library, Spend, Channels & memory,
+    # Schedules & webhooks, operator pages (branch console2) below this line.
 ]

@@ -41,8 +41,14 @@ class Acme:
 
 
 Resolver = Callable[[Acme], str]
-RESOLVERS: dict[str, Resolver] = {"run_id": lambda acme: acme.run.id}
-UNKNOWN: dict[str, str] = {"run_id": "r_0000000000000000"}
+RESOLVERS: dict[str, Resolver] = {
+    "run_id": lambda acme: acme.run.id,
+    # console2's parameters below this line.
+}
+UNKNOWN: dict[str, str] = {
+    "run_id": "r_0000000000000000",
+    # console2's parameters below this line.
+}
 # POST bodies that get a probe past form validation to its lookup (url name -> fields).
 BODIES: dict[str, dict[str, str]] = {}
 # Routes the probe cannot exercise, each with why.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from django.urls import reverse
 
-from apps.core.scopes import RUNS_READ, has_scope
+from apps.core.scopes import RUNS_CREATE, RUNS_READ, has_scope
 from apps.core.types import Principal
 
 
@@ -25,7 +25,9 @@ class NavEntry:
 
 
 NAV: list[NavEntry] = [
+    NavEntry("Playground", "console:playground", lambda p: has_scope(p.scopes, RUNS_CREATE)),
     NavEntry("Runs", "console:runs", lambda p: has_scope(p.scopes, RUNS_READ)),
+    NavEntry("Inbox", "console:inbox", lambda p: has_scope(p.scopes, RUNS_READ)),
     # console2's sections below this line.
 ]
 

@@ -119,7 +119,8 @@ function chatSink(panel) {
         details.append(el("pre", "", name === "tool_call" ? pretty(use.input) : (d.text || "")));
         li.append(details);
       } else if (name === "error") bubble("error", d.error);
-      else if (name === "awaiting_input" || name === "turn_cancelled" || name === "done") {
+      else if (name === "turn_cancelled") bubble("event", "turn cancelled: " + ((d.turn_cancelled || {}).reason || ""));
+      if (name === "awaiting_input" || name === "turn_cancelled" || name === "done") {
         status.textContent = name === "done" ? "ended" : name.replace("_", " ");
         status.dataset.state = name;
       }
@@ -130,4 +131,13 @@ function chatSink(panel) {
 document.addEventListener("DOMContentLoaded", () => {
   for (const panel of document.querySelectorAll("[data-live-tail]")) follow(panel.dataset.liveTail, timelineSink(panel));
   for (const panel of document.querySelectorAll("[data-chat]")) follow(panel.dataset.chat, chatSink(panel));
+});
+
+// htmx swaps a 4xx answer (the console's error fragment) into the request's target, so a
+// refused steer or turn-cancel says why where the user looks.
+document.addEventListener("htmx:beforeSwap", (ev) => {
+  if (ev.detail.xhr.status >= 400 && ev.detail.xhr.status < 500) {
+    ev.detail.shouldSwap = true;
+    ev.detail.isError = false;
+  }
 });

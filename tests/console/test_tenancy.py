@@ -22,10 +22,10 @@ from django.urls import URLPattern, URLResolver
 from apps.console import urls as console_urls
 from apps.core.types import Principal
 from apps.runs import services
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import Interrupt, Run, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
-from tests.conftest import wait_status
+from tests.conftest import wait_for, wait_status
 from tests.console.conftest import bearer, csrf_of, http_sign_in
 
 pytestmark = pytest.mark.usefixtures("agents", "stack", "web")
@@ -39,25 +39,37 @@ _QUERY_PARAM = re.compile(r"\{(\w+)\}")
 @dataclass
 class Acme:
     run: Run
+    asking: Run  # parked on a pending Interruption.ask
+    interrupt_id: str
 
 
 Resolver = Callable[[Acme], str]
 RESOLVERS: dict[str, Resolver] = {
-    "run_id": lambda acme: acme.run.id,
+    "run_id": lambda acme: acme.asking.id,  # a live run: cancel, input and turn-cancel reach their checks
+    "session_id": lambda acme: acme.run.session_id,
+    "interrupt_id": lambda acme: acme.interrupt_id,
+    "user_id": lambda acme: "alice",
     # console2's parameters below this line.
 }
 UNKNOWN: dict[str, str] = {
     "run_id": "r_0000000000000000",
+    "session_id": "s_0000000000000000",
+    "interrupt_id": "intr_00000000000000000000000000",
+    "user_id": "nobody",
     # console2's parameters below this line.
 }
 # POST bodies that get a probe past form validation to its lookup (url name -> fields).
 BODIES: dict[str, dict[str, str]] = {
     "run-fork": {"from_step": "0", "prompt": "MOCK_SCRIPT: []"},
+    "chat-input": {"message": "probe"},
+    "session-send": {"message": "probe"},
+    "inbox-resolve": {"disposition": "answer", "answer": "yes"},
     # console2's bodies below this line.
 }
 # Query strings that name resources (url name -> template over RESOLVERS' parameters).
 QUERIES: dict[str, str] = {
     "runs-compare": "?a={run_id}&b={run_id}",
+    "inbox": "?user={user_id}",
     # console2's queries below this line.
 }
 # Routes the probe cannot exercise, each with why.
@@ -87,7 +99,14 @@ def acme(people: dict[str, dict[str, str]]) -> Acme:
         principal=ALICE, data=services.RunCreate(agent="scripted", segments=[Segment(text=prompt)])
     )
     wait_status(run.id, RunStatus.COMPLETED, timeout=30)
-    return Acme(run=Run.objects.get(id=run.id))
+    ask = {"op": "ask", "question": f"ship {MARK}?", "options": ["yes", "no"]}
+    script = json.dumps([{"tools": [{"tool": "Interruption", "input": ask}]}, {"text": "done"}])
+    asking = services.run_create(
+        principal=ALICE, data=services.RunCreate(agent="asker", segments=[Segment(text=f"MOCK_SCRIPT: {script}")])
+    )
+    wait_status(asking.id, RunStatus.AWAITING_INTERRUPT, timeout=30)
+    interrupt = wait_for(lambda: Interrupt.objects.filter(run_id=asking.id).first())
+    return Acme(run=Run.objects.get(id=run.id), asking=asking, interrupt_id=interrupt.id)
 
 
 def _answer(client: httpx.Client, method: str, path: str, name: str) -> httpx.Response:
@@ -99,7 +118,8 @@ def _answer(client: httpx.Client, method: str, path: str, name: str) -> httpx.Re
 
 def _leaks(acme: Acme, response: httpx.Response, named: str) -> bool:
     """MARK, or an acme id the probe did not name itself (a 404 page repeats the id asked for)."""
-    return MARK in response.text or (acme.run.id in response.text and acme.run.id not in named)
+    ids = (acme.run.id, acme.asking.id, acme.interrupt_id, acme.run.session_id)
+    return MARK in response.text or any(i in response.text and i not in named for i in ids)
 
 
 def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
@@ -125,7 +145,10 @@ def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
                 probed.append((name, method, got.status_code))
     print("probed:", probed)
     assert Run.objects.get(id=acme.run.id).status == RunStatus.COMPLETED
-    assert Run.objects.filter(forked_from_run_id=acme.run.id).count() == 0
+    assert Run.objects.get(id=acme.asking.id).status == RunStatus.AWAITING_INTERRUPT
+    assert Interrupt.objects.get(id=acme.interrupt_id).status == "pending"
+    assert Run.objects.filter(forked_from_run_id__in=[acme.run.id, acme.asking.id]).count() == 0
+    assert Run.objects.filter(session_id=acme.run.session_id).count() == 1
 
 
 def test_an_end_user_token_sees_only_its_own_runs(web: str, people: dict[str, dict[str, str]]) -> None:
@@ -142,7 +165,7 @@ def test_an_end_user_token_sees_only_its_own_runs(web: str, people: dict[str, di
         listing = client.get("/ui/runs/").text
         assert mine.id in listing and other.id not in listing
         for name, route in console_routes():
-            if name in UNEXERCISED or "run_id" not in _PARAM.findall(route):
+            if name in UNEXERCISED or _PARAM.findall(route) != ["run_id"]:
                 continue
             theirs = client.get(fill(route, {"run_id": other.id}))
             nowhere = client.get(fill(route, {"run_id": UNKNOWN["run_id"]}))

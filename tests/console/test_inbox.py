@@ -21,11 +21,10 @@ ALICE = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrat
 ASK = {"op": "ask", "question": "ship it?", "options": ["yes", "no"]}
 
 
-def _run(agent: str, steps: list[dict[str, object]], **kw: object) -> Run:
+def _run(agent: str, steps: list[dict[str, object]], *, interactive: bool = False) -> Run:
     prompt = "MOCK_SCRIPT: " + json.dumps(steps)
-    return services.run_create(
-        principal=ALICE, data=services.RunCreate(agent=agent, segments=[Segment(text=prompt)], **kw)
-    )  # type: ignore[arg-type]
+    data = services.RunCreate(agent=agent, segments=[Segment(text=prompt)], interactive=interactive)
+    return services.run_create(principal=ALICE, data=data)
 
 
 def test_an_interrupt_is_answered_from_the_inbox(console: Console, people: dict[str, dict[str, str]]) -> None:

@@ -39,7 +39,9 @@ class MessageForm(forms.Form):
 
 def _valid(form: forms.Form) -> dict[str, str]:
     if not form.is_valid():
-        raise Invalid("; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()), code="invalid_request")
+        raise Invalid(
+            "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()), code="invalid_request"
+        )
     return dict(form.cleaned_data)
 
 

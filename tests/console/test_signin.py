@@ -74,6 +74,7 @@ def test_a_wrong_token_is_refused_with_no_session(console: Console, people: dict
     page.fill("#id_token", "lct_notatoken")
     page.click("#signin-form button[type=submit]")
     assert page.inner_text("#signin-error") == "That token was not accepted."
+    console.shot(page, "signin-refused")
     page.goto(console.url("/ui/runs/"))
     assert "/ui/signin?next=" in page.url
 

@@ -65,6 +65,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "apps.substrate.openmode.OpenModeHostMiddleware",
     "apps.core.middleware.SecurityMiddleware",
+    # Before the session and CSRF middleware, so that on the way out it sees the cookies they set.
+    "apps.core.middleware.SecureCookiesMiddleware",
     "apps.core.middleware.WhiteNoiseMiddleware",  # the admin's CSS/JS under Daphne
     "apps.core.middleware.SessionMiddleware",
     "apps.core.middleware.CommonMiddleware",
@@ -72,7 +74,6 @@ MIDDLEWARE = [
     "apps.core.middleware.AuthenticationMiddleware",
     "apps.core.middleware.MessageMiddleware",
     "apps.core.middleware.XFrameOptionsMiddleware",
-    "apps.core.middleware.SecureCookiesMiddleware",
     "loomcycle_project.replicas.WebPresenceMiddleware",
 ]
 X_FRAME_OPTIONS = "DENY"  # the admin is never framed (clickjacking)

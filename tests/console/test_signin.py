@@ -164,3 +164,28 @@ def test_every_page_is_labelled_and_reached_by_keyboard(console: Console, people
             break
     page.keyboard.press("Enter")
     page.wait_for_selector("h1:has-text('Inbox')")
+
+
+def test_the_session_cookie_is_secure_on_an_https_request(
+    stack_env: dict[str, str], logdir: Path, people: dict[str, dict[str, str]]
+) -> None:
+    """Behind a TLS-terminating proxy (LOOMCYCLE_SECURE_PROXY_SSL_HEADER) the sign-in's session
+    cookie is Secure, HttpOnly and SameSite=Lax; over plain loopback HTTP it is not Secure."""
+    proxy = {"LOOMCYCLE_SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto"}
+    with daphne(stack_env, logdir, name="daphne-tls", **proxy) as base:
+        for proto, secure in (("https", True), ("http", False)):
+            with httpx.Client(base_url=base, timeout=10, headers={"X-Forwarded-Proto": proto}) as client:
+                page = client.get("/ui/signin")
+                form = {"csrfmiddlewaretoken": csrf_of(page.text), "token": bearer(people["alice"]), "next": ""}
+                # A Secure cookie is not sent back over the test's plain-HTTP hop: send it by hand.
+                headers = {
+                    "Referer": f"{proto}://{client.base_url.netloc.decode()}/ui/signin",
+                    "Cookie": f"csrftoken={page.cookies['csrftoken']}",
+                }
+                client.cookies.clear()
+                answer = client.post("/ui/signin", data=form, headers=headers)
+                assert answer.status_code == 302, answer.text[:300]
+                cookie = next(v for k, v in answer.headers.multi_items() if k == "set-cookie" and "sessionid=" in v)
+                flags = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+                assert "httponly" in flags and "samesite=lax" in cookie.lower().replace(" ", ""), cookie
+                assert ("secure" in flags) is secure, (proto, cookie)

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "apps.snapshots",  # spans the apps above: each exports and restores its own tables
     "apps.lifecycle",  # spans the apps above: retention, run-tree deletes' listeners, a person's erasure
     "apps.grpcapi",  # the gRPC transport over the apps above (`manage.py grpc`)
+    "apps.console",  # the web console at /ui (server-rendered pages over the apps above)
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
     "loomcycle_project",
@@ -64,6 +65,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "apps.substrate.openmode.OpenModeHostMiddleware",
     "apps.core.middleware.SecurityMiddleware",
+    # Before the session and CSRF middleware, so that on the way out it sees the cookies they set.
+    "apps.core.middleware.SecureCookiesMiddleware",
     "apps.core.middleware.WhiteNoiseMiddleware",  # the admin's CSS/JS under Daphne
     "apps.core.middleware.SessionMiddleware",
     "apps.core.middleware.CommonMiddleware",
@@ -71,7 +74,6 @@ MIDDLEWARE = [
     "apps.core.middleware.AuthenticationMiddleware",
     "apps.core.middleware.MessageMiddleware",
     "apps.core.middleware.XFrameOptionsMiddleware",
-    "apps.core.middleware.SecureCookiesMiddleware",
     "loomcycle_project.replicas.WebPresenceMiddleware",
 ]
 X_FRAME_OPTIONS = "DENY"  # the admin is never framed (clickjacking)

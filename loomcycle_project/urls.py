@@ -3,7 +3,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
-from django.urls import path
+from django.urls import include, path
 from django.views import defaults
 
 from apps.core.middleware import API_PREFIXES
@@ -17,6 +17,7 @@ urlpatterns = [
     path("metrics", metrics_view),
     path("admin/", admin.site.urls),
     path("v1/", api.urls),
+    path("ui/", include("apps.console.urls")),
 ]
 
 # Inbound webhooks (SPEC 2.10): outside the NinjaAPI's bearer gate, and only when

@@ -87,7 +87,13 @@ def _unauthorized() -> Unauthorized:
 
 
 def _token_principal(token: str) -> Principal | None:
-    digest = token_hash(token)
+    return principal_for_digest(token_hash(token))
+
+
+def principal_for_digest(digest: str) -> Principal | None:
+    """The principal of the live token whose stored hash is `digest` (cached as a
+    bearer is); None for no such token, 401 past its `retired_at`. The console's
+    session keeps this hash, never the token (apps.substrate.sessionauth)."""
     cached = auth_cache.lookup(digest)
     if cached is not None:
         return cached

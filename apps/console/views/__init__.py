@@ -1,0 +1,1 @@
+"""The console's views: each parses, calls a service or selector, renders."""

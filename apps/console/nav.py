@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from django.urls import reverse
 
+from apps.console.visibility import rest_allows
 from apps.core.scopes import RUNS_READ, has_scope
 from apps.core.types import Principal
 
@@ -27,6 +28,7 @@ class NavEntry:
 NAV: list[NavEntry] = [
     NavEntry("Runs", "console:runs", lambda p: has_scope(p.scopes, RUNS_READ)),
     # console2's sections below this line.
+    NavEntry("Library", "console:library", rest_allows("GET /v1/_agentdef/names")),
 ]
 
 

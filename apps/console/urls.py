@@ -4,7 +4,7 @@ parameter needs a resolver there."""
 
 from django.urls import path
 
-from apps.console.views import home, runs, signin
+from apps.console.views import home, library, runs, signin
 
 app_name = "console"
 
@@ -15,4 +15,7 @@ urlpatterns = [
     path("runs/", runs.runs_list, name="runs"),
     # Runs, Playground, Inbox (branch console) above; Library, Spend, Channels & memory,
     # Schedules & webhooks, operator pages (branch console2) below this line.
+    path("library/", library.library, name="library"),
+    path("library/<str:kind>/", library.library_kind, name="library_kind"),
+    path("library/<str:kind>/<path:name>/", library.library_def, name="library_def"),
 ]

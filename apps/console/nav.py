@@ -29,6 +29,7 @@ NAV: list[NavEntry] = [
     NavEntry("Runs", "console:runs", lambda p: has_scope(p.scopes, RUNS_READ)),
     # console2's sections below this line.
     NavEntry("Library", "console:library", rest_allows("GET /v1/_agentdef/names")),
+    NavEntry("Spend", "console:spend", rest_allows("GET /v1/_usage")),
 ]
 
 

@@ -4,7 +4,7 @@ parameter needs a resolver there."""
 
 from django.urls import path
 
-from apps.console.views import home, library, runs, signin
+from apps.console.views import home, library, runs, signin, spend
 
 app_name = "console"
 
@@ -18,4 +18,5 @@ urlpatterns = [
     path("library/", library.library, name="library"),
     path("library/<str:kind>/", library.library_kind, name="library_kind"),
     path("library/<str:kind>/<path:name>/", library.library_def, name="library_def"),
+    path("spend/", spend.spend, name="spend"),
 ]

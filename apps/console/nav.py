@@ -30,6 +30,8 @@ NAV: list[NavEntry] = [
     # console2's sections below this line.
     NavEntry("Library", "console:library", rest_allows("GET /v1/_agentdef/names")),
     NavEntry("Spend", "console:spend", rest_allows("GET /v1/_usage")),
+    NavEntry("Channels", "console:channels", rest_allows("GET /v1/_channels")),
+    NavEntry("Memory", "console:memory", rest_allows("GET /v1/_memory/scopes")),
 ]
 
 

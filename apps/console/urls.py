@@ -4,7 +4,7 @@ parameter needs a resolver there."""
 
 from django.urls import path
 
-from apps.console.views import home, library, runs, signin, spend
+from apps.console.views import channels, home, library, memory, runs, signin, spend
 
 app_name = "console"
 
@@ -19,4 +19,8 @@ urlpatterns = [
     path("library/<str:kind>/", library.library_kind, name="library_kind"),
     path("library/<str:kind>/<path:name>/", library.library_def, name="library_def"),
     path("spend/", spend.spend, name="spend"),
+    path("channels/", channels.channels, name="channels"),
+    path("channels/<path:name>/", channels.channel, name="channel"),
+    path("memory/", memory.memory, name="memory"),
+    path("memory/search", memory.memory_search, name="memory_search"),
 ]

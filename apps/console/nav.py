@@ -32,6 +32,8 @@ NAV: list[NavEntry] = [
     NavEntry("Spend", "console:spend", rest_allows("GET /v1/_usage")),
     NavEntry("Channels", "console:channels", rest_allows("GET /v1/_channels")),
     NavEntry("Memory", "console:memory", rest_allows("GET /v1/_memory/scopes")),
+    NavEntry("Schedules", "console:schedules", rest_allows("GET /v1/_schedules/list-all")),
+    NavEntry("Operator", "console:ops_runtime", rest_allows("GET /v1/_state")),
 ]
 
 

@@ -4,7 +4,7 @@ parameter needs a resolver there."""
 
 from django.urls import path
 
-from apps.console.views import channels, home, library, memory, runs, signin, spend
+from apps.console.views import channels, home, library, memory, ops, runs, schedules, signin, spend
 
 app_name = "console"
 
@@ -23,4 +23,11 @@ urlpatterns = [
     path("channels/<path:name>/", channels.channel, name="channel"),
     path("memory/", memory.memory, name="memory"),
     path("memory/search", memory.memory_search, name="memory_search"),
+    path("schedules/", schedules.schedules, name="schedules"),
+    path("schedules/<str:def_id>/", schedules.schedule, name="schedule"),
+    path("webhooks/", schedules.webhooks_list, name="webhooks"),
+    path("webhooks/<path:name>/", schedules.webhook_deliveries, name="webhook_deliveries"),
+    path("ops/runtime/", ops.runtime_page, name="ops_runtime"),
+    path("ops/snapshots/", ops.snapshots_page, name="ops_snapshots"),
+    path("ops/replicas/", ops.replicas_page, name="ops_replicas"),
 ]

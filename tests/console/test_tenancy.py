@@ -14,17 +14,23 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
 from django.urls import URLPattern, URLResolver
 
+from apps.channels import access, selectors, verbs
 from apps.console import urls as console_urls
 from apps.core.types import Principal
+from apps.memory import keyops
 from apps.runs import services
 from apps.runs.models import Run, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
+from apps.substrate.channeldefs import ChannelSpec, channeldef_create
+from apps.substrate.kinds import get_kind
+from apps.substrate.services import def_dispatch, operator_author
 from tests.conftest import wait_status
 from tests.console.conftest import bearer, csrf_of, http_sign_in
 
@@ -38,19 +44,35 @@ _PARAM = re.compile(r"<(?:\w+:)?(\w+)>")
 @dataclass
 class Acme:
     run: Run
+    # console2's resources below this line: acme's agent, webhook and channel share one name
+    # (PROBE_NAME), so the one `name` resolver reaches each of them on its own route.
+    schedule_id: str = ""
+    def_ids: tuple[str, ...] = ()
+
+
+PROBE_NAME = "probe-target"
 
 
 Resolver = Callable[[Acme], str]
 RESOLVERS: dict[str, Resolver] = {
     "run_id": lambda acme: acme.run.id,
     # console2's parameters below this line.
+    "kind": lambda acme: "agent",
+    "name": lambda acme: PROBE_NAME,
+    "def_id": lambda acme: acme.schedule_id,
 }
 UNKNOWN: dict[str, str] = {
     "run_id": "r_0000000000000000",
     # console2's parameters below this line.
+    "kind": "agent",
+    "name": "no-such-name",
+    "def_id": "def_00000000000000000000",
 }
 # POST bodies that get a probe past form validation to its lookup (url name -> fields).
-BODIES: dict[str, dict[str, str]] = {}
+BODIES: dict[str, dict[str, str]] = {
+    "library_def": {"op": "verify", "content_sha256": "sha256:" + "0" * 64},
+    "channel": {"payload": '"probe"'},
+}
 # Routes the probe cannot exercise, each with why.
 UNEXERCISED: dict[str, str] = {
     "signin": "the sign-in form names no resource (tests/console/test_signin.py)",
@@ -78,7 +100,25 @@ def acme(people: dict[str, dict[str, str]]) -> Acme:
         principal=ALICE, data=services.RunCreate(agent="scripted", segments=[Segment(text=prompt)])
     )
     wait_status(run.id, RunStatus.COMPLETED, timeout=30)
-    return Acme(run=Run.objects.get(id=run.id))
+    return Acme(run=Run.objects.get(id=run.id), **acme_definitions())
+
+
+def acme_definitions() -> dict[str, Any]:
+    """console2's resources of acme, each carrying MARK: an agent, a webhook and a schedule
+    definition, a channel with a message, a memory row (the run above is its spend)."""
+    author = operator_author(ALICE)
+
+    def create(kind: str, overlay: dict[str, Any], name: str = PROBE_NAME) -> str:
+        data = {"op": "create", "name": name, "description": MARK, "overlay": overlay}
+        return str(def_dispatch(get_kind(kind), author, data)["def_id"])
+
+    agent = create("agent", {"provider": "mock", "model": "mock-script", "system_prompt": MARK})
+    webhook = create("webhook", {"agent": "echo", "auth": {"kind": "none"}})
+    schedule = create("schedule", {"agent": "scripted", "schedule": "0 0 1 1 *", "prompt": MARK}, "probe-cron")
+    channeldef_create(tenant_id="acme", name=PROBE_NAME, spec=ChannelSpec(description=MARK, scope="tenant"))
+    verbs.publish(access.admin_stream(ALICE, PROBE_NAME), value={"m": MARK}, ttl=None, deliver_at=None, by_user="t")
+    keyops.key_put(ALICE, "tenant", "", "probe/key", keyops.MemoryPutIn(value=MARK))
+    return {"schedule_id": schedule, "def_ids": (agent, webhook, schedule)}
 
 
 def _answer(client: httpx.Client, method: str, path: str, name: str) -> httpx.Response:
@@ -88,8 +128,10 @@ def _answer(client: httpx.Client, method: str, path: str, name: str) -> httpx.Re
     return client.post(path, data={"csrfmiddlewaretoken": csrf, **BODIES.get(name, {})})
 
 
-def _leaks(acme: Acme, response: httpx.Response) -> bool:
-    return MARK in response.text or acme.run.id in response.text
+def _leaks(acme: Acme, response: httpx.Response, named: str = "") -> bool:
+    """MARK or an acme id in the answer; an id the probe named in its own URL (`named`) may be echoed."""
+    ids = [i for i in (acme.run.id, *acme.def_ids) if i not in named]
+    return MARK in response.text or any(i in response.text for i in ids)
 
 
 def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
@@ -110,11 +152,18 @@ def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
                 got, unknown = _answer(client, method, theirs, name), _answer(client, method, nowhere, name)
                 assert got.status_code < 500, (name, method, got.status_code)
                 assert got.status_code == unknown.status_code, (name, method, got.status_code, unknown.status_code)
-                assert not _leaks(acme, got), (name, method, got.text[:500])
+                assert not _leaks(acme, got, theirs), (name, method, got.text[:500])
                 probed.append((name, method, got.status_code))
     print("probed:", probed)
     assert Run.objects.get(id=acme.run.id).status == RunStatus.COMPLETED
     assert Run.objects.filter(forked_from_run_id=acme.run.id).count() == 0
+    assert not get_kind("agent").model.objects.filter(name=PROBE_NAME).exclude(tenant_id="acme").exists()
+    assert [
+        m["value"]
+        for m in selectors.peek(
+            stream=access.admin_stream(ALICE, PROBE_NAME)[0], from_cursor=None, max_messages=10
+        ).messages
+    ] == [{"m": MARK}]
 
 
 def test_an_end_user_token_sees_only_its_own_runs(web: str, people: dict[str, dict[str, str]]) -> None:

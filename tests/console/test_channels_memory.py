@@ -63,7 +63,7 @@ def test_browse_and_search_memory_rows_in_scope(console: Console, people: dict[s
         found = api.post("/v1/_memory/search", json={"query": "deploy", "scope": "tenant", "top_k": 1}).json()
     page = console.sign_in(bearer(people["alice"]))
     page.click("nav[aria-label=Console] >> text=Memory")
-    page.fill("#id_prefix", "notes/")
+    page.fill("#id_key_prefix", "notes/")
     page.click("#memory-form button[type=submit]")
     page.wait_for_selector("#memory-rows")
     keys = page.locator("#memory-rows tr[data-key]").evaluate_all("els => els.map(e => e.dataset.key)")
@@ -79,7 +79,7 @@ def test_browse_and_search_memory_rows_in_scope(console: Console, people: dict[s
     assert hits == [e["key"] for e in found["entries"]] and len(hits) == 1
 
     beta = console.sign_in(bearer(people["charlie"]))
-    beta.goto(console.url("/ui/memory/?scope=tenant&prefix=notes/&limit=100"))
+    beta.goto(console.url("/ui/memory/?scope=tenant&key_prefix=notes/&limit=100"))
     assert beta.locator("#no-rows").count() == 1
     beta.goto(console.url("/ui/memory/search?query=deploy&scope=tenant&top_k=5"))
     assert beta.locator("#search-hits li[data-key]").count() == 0

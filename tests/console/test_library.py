@@ -80,12 +80,13 @@ def test_a_refused_definition_reads_as_rest_refuses_it(
     assert not get_kind("agent").model.objects.filter(name="console-bad").exists()
 
 
-def test_a_member_token_reads_the_library_but_its_writes_are_refused_as_rest_refuses_them(
+def test_a_member_token_reads_the_names_but_versions_and_writes_are_refused_as_rest_refuses_them(
     console: Console, people: dict[str, dict[str, str]], web: str
 ) -> None:
     page = console.sign_in(bearer(people["bob"]))  # acme, runs:create + runs:read
     page.goto(console.url("/ui/library/agent/"))
-    assert page.locator("#def-names tr[data-name=scripted]").count() == 1
+    names = httpx.get(f"{web}/v1/_agentdef/names", headers=people["bob"], timeout=30)
+    assert names.status_code == 200 and page.locator("#def-names tr[data-name=scripted]").count() == 1
     rest = httpx.post(f"{web}/v1/_agentdef", headers=people["bob"], json={"op": "list", "name": "x"}, timeout=30)
     page.fill("#id_name", "bobs-agent")
     page.fill("#id_definition", json.dumps(V1))
@@ -93,3 +94,5 @@ def test_a_member_token_reads_the_library_but_its_writes_are_refused_as_rest_ref
         page.click("#create-form button[type=submit]")
     assert (info.value.status, rest.status_code) == (403, 403)
     assert page.inner_text("#error-code") == rest.json()["code"] == "insufficient_scope"
+    versions = page.goto(console.url("/ui/library/agent/scripted/"))
+    assert versions is not None and versions.status == 403

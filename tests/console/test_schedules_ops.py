@@ -32,7 +32,7 @@ SCRIPT = "Scheduled. MOCK_SCRIPT: " + json.dumps([{"text": "tick"}])
 @pytest.fixture(scope="module")
 def hook_web(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
     """A web process with the webhook receiver mounted (it serves the console too)."""
-    with daphne(stack_env, logdir, "daphne-console-hooks", **WEB_ENV) as base:
+    with daphne(stack_env, logdir, "daphne-console-hooks", **WEB_ENV) as base:  # type: ignore[arg-type]
         yield base
 
 

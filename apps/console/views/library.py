@@ -110,7 +110,7 @@ def _op_data(form: forms.Form, name: str) -> dict[str, Any]:
 # --- the kind's page: names and the create form ---------------------------------------
 
 
-@console_view(rest="* /v1/_{kind}def")
+@console_view(rest="* /v1/_{kind}def/names")  # GET: the names route's rule; POST (create): the op route's
 def library_kind(request: HttpRequest, principal: Principal, kind: str) -> HttpResponse:
     k = kind_of(kind)
     form = CreateForm(request.POST or None)
@@ -200,7 +200,7 @@ def _run_op(request: HttpRequest, principal: Principal, kind: Kind, name: str) -
         return 400, f"unknown op {op[:20]!r} (one of {', '.join(OP_FORMS)})", {}
     form = form_class(request.POST)
     if not form.is_valid():
-        problems = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items())
+        problems = "; ".join(f"{field}: {' '.join(str(e) for e in errs)}" for field, errs in form.errors.items())
         return 400, f"invalid_request: {problems}", {}
     if op == "fork" and not isinstance(form.cleaned_data["overlay"], dict):
         return 400, "invalid_request: overlay: the changes must be a JSON object", {}
@@ -238,7 +238,7 @@ def _diff_initial(choices: list[dict[str, Any]]) -> dict[str, str]:
     return {"a": newest["parent_def_id"] or choices[1]["def_id"], "b": newest["def_id"]}
 
 
-@console_view(rest="* /v1/_{kind}def")
+@console_view(rest="POST /v1/_{kind}def")  # its reads are the `list` and `get` ops: the op route's rule
 def library_def(request: HttpRequest, principal: Principal, kind: str, name: str) -> HttpResponse:
     k = kind_of(kind)
     status, error, verified = 200, "", None

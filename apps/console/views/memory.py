@@ -19,7 +19,7 @@ SCOPES = [("tenant", "tenant"), ("global", "global"), ("agent", "agent"), ("user
 class SlotForm(forms.Form):
     scope = forms.ChoiceField(label="Scope", choices=SCOPES, initial="tenant")
     scope_id = forms.CharField(label="Scope id (agent name or user id)", required=False, max_length=256)
-    prefix = forms.CharField(label="Key prefix", required=False, max_length=512)
+    key_prefix = forms.CharField(label="Key prefix", required=False, max_length=512)  # `prefix` is Form's own
     limit = forms.IntegerField(label="At most", min_value=1, max_value=1000, initial=100)
 
 
@@ -30,7 +30,8 @@ class SearchForm(forms.Form):
     top_k = forms.IntegerField(label="Best", min_value=1, max_value=50, initial=10)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, auto_id="search_%s", **kwargs)  # beside SlotForm on one page: ids of its own
+        kwargs.setdefault("auto_id", "search_%s")  # beside SlotForm on one page: ids of its own
+        super().__init__(*args, **kwargs)
 
 
 def _page(request: HttpRequest, principal: Principal, extra: dict[str, Any], status: int = 200) -> HttpResponse:
@@ -45,7 +46,7 @@ def memory(request: HttpRequest, principal: Principal) -> HttpResponse:
     if not form.is_valid():
         return _page(request, principal, {"form": form}, status=400)
     d = form.cleaned_data
-    listing = keyops.keys_list(principal, d["scope"], d["scope_id"], d["prefix"], str(d["limit"]))
+    listing = keyops.keys_list(principal, d["scope"], d["scope_id"], d["key_prefix"], str(d["limit"]))
     return _page(request, principal, {"form": form, "listing": listing})
 
 

@@ -63,8 +63,8 @@ def snapshots_page(request: HttpRequest, principal: Principal) -> HttpResponse:
 
 @console_view(rest="GET /v1/_state")
 def replicas_page(request: HttpRequest, principal: Principal) -> HttpResponse:
-    """Every live web and worker process (their presence keys in Redis, as /healthz lists them
-    for an admin)."""
+    """Every live web and worker process (their presence keys in Redis), which /healthz lists for
+    an admin only; GET /v1/_state's rule (substrate:admin) is the same test."""
     rows = live_processes()
     ctx = {
         "web": [r for r in rows if r["kind"] == "web"],

@@ -52,6 +52,12 @@ def test_create_and_fork_an_agent_version_then_see_lineage_and_diff(
     assert any('"max_tokens": 256' in line for line in added)
     assert any('"system_prompt": "You answer in one line."' in line for line in removed)
 
+    phone = console.sign_in(bearer(people["alice"]), phone=True)
+    phone.goto(page.url)
+    phone.wait_for_selector("#diff")
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    console.shot(phone, "library-diff-phone")
+
     page.fill("#id_content_sha256", v2.content_sha256)
     page.click("#verify-form button[type=submit]")
     page.wait_for_selector("#verify-result")

@@ -112,6 +112,12 @@ def test_the_spend_charts_hold_the_usage_apis_figures_and_budgets_their_remainin
     assert row.locator(".used").inner_text() == str(budget["used"])
     assert row.locator(".percent").inner_text() == remaining
 
+    phone = console.sign_in(bearer(people["alice"]), phone=True)
+    phone.goto(console.url("/ui/spend/?" + str(httpx.QueryParams(params))))
+    assert chart(phone, "tokens-chart") == tokens
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390  # tables scroll inside their own box
+    console.shot(phone, "spend-phone")
+
     beta = console.sign_in(bearer(people["charlie"]))
     beta.goto(console.url("/ui/spend/?" + str(httpx.QueryParams(params))))
     assert chart(beta, "tokens-chart") == {"labels": [], "datasets": []}

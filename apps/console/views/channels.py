@@ -5,6 +5,8 @@ channel is the same 404 as over GET /v1/_channels/{name}/peek."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
@@ -18,8 +20,13 @@ from apps.core.types import Principal
 PAGE = 20
 
 
+class PayloadField(forms.JSONField):
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)  # an empty box, not "null"
+
+
 class PublishForm(forms.Form):
-    payload = forms.JSONField(label="Payload (any JSON value but null)", widget=forms.Textarea({"rows": 4}))
+    payload = PayloadField(label="Payload (any JSON value but null)", widget=forms.Textarea({"rows": 4}))
     ttl = forms.IntegerField(label="TTL in seconds (empty: the channel's default)", min_value=0, required=False)
 
 

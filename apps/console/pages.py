@@ -78,5 +78,8 @@ def render_page(
 
 
 def error_page(request: HttpRequest, principal: Principal | None, exc: ApplicationError) -> HttpResponse:
+    """The API's status and code as a page, or as a fragment for an htmx request (console.js
+    lets htmx swap 4xx answers into the request's target)."""
     ctx = {"status": exc.status, "code": exc.code, "message": exc.message}
-    return render_page(request, principal, "console/error.html", ctx, status=exc.status)
+    template = "console/_error.html" if request.headers.get("HX-Request") else "console/error.html"
+    return render_page(request, principal, template, ctx, status=exc.status)

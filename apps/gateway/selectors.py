@@ -74,6 +74,12 @@ def usage_totals_by_run(*, run_ids: list[str]) -> dict[str, UsageTotals]:
     return {str(row["run_id"]): _totals(row) for row in rows}
 
 
+def usage_by_step(*, run_id: str) -> dict[int, UsageTotals]:
+    """{step: totals} of one run's provider calls (the console's usage and cost per turn)."""
+    rows = UsageEntry.objects.filter(run_id=run_id).values("step").annotate(**_SUMS).order_by("step")
+    return {int(row["step"] or 0): _totals(row) for row in rows}
+
+
 def usage_per_day(*, since: datetime, until: datetime, by: UsageGroup) -> list[UsageDay]:
     """The ledger in [since, until) summed per UTC day and per tenant (or per
     provider/model), oldest day first; runs and gateway calls alike."""

@@ -19,8 +19,9 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -33,6 +34,9 @@ from apps.runs.livemerge import LiveMerge, Out
 from apps.runs.livetokens import live_channel, read_snapshot
 from apps.runs.models import TERMINAL, Run
 from apps.runs.selectors import run_events_since, run_first_announcement_seq, run_status_step
+
+if TYPE_CHECKING:
+    from apps.gateway.fairness.streams import StreamSlot
 
 log = logging.getLogger("loomcycle.streams")
 
@@ -50,6 +54,8 @@ class Frame:
 
 
 KEEPALIVE = Frame(event="", data={})
+# The last bytes of a stream that reached LOOMCYCLE_MAX_STREAM_SECONDS (an SSE comment).
+LIFETIME_COMMENT = b": stream lifetime reached; re-attach with Last-Event-ID\n\n"
 
 
 def _read_page(run_id: str, cursor: int) -> tuple[tuple[str, int] | None, list[dict[str, Any]]]:
@@ -209,6 +215,20 @@ def coalesced(outs: list[Out]) -> list[Out]:
 def keepalive_seconds() -> float:
     """LOOMCYCLE_SSE_KEEPALIVE_MS clamped to 1 s .. 5 min (SPEC 3.1)."""
     return max(1.0, min(300.0, settings.LOOMCYCLE.sse_keepalive_ms / 1000))
+
+
+async def run_sse(run: Run, slot: StreamSlot, start: int, *, live: bool) -> AsyncGenerator[bytes, None]:
+    """The bytes of GET /v1/runs/{id}/stream (and the console's live tail, apps.console):
+    the `agent` frame, then `run_frames` from `start`, in the caller's stream slot until
+    the run ends or the slot's lifetime does (then LIFETIME_COMMENT)."""
+    async with slot.held():
+        yield sse_encode(Frame("agent", {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id}))
+        async with aclosing(run_frames(run.id, start, keepalive_seconds(), live=live)) as frames:
+            async for frame in frames:
+                yield sse_encode(frame)
+                if slot.expired():
+                    yield LIFETIME_COMMENT
+                    return
 
 
 def sse_encode(frame: Frame) -> bytes:

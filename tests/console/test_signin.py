@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ from apps.runs import services
 from apps.runs.models import Run
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
-from tests.conftest import wait_for
+from tests.conftest import daphne, wait_for
 from tests.console.conftest import Console, bearer, csrf_of, http_sign_in
 
 pytestmark = pytest.mark.usefixtures("web", "agents")
@@ -87,22 +88,27 @@ def test_sign_out_flushes_the_session(console: Console, people: dict[str, dict[s
         assert client.get("/ui/runs/").status_code == 302
 
 
-def test_a_retired_tokens_session_stops_within_a_second(web: str, people: dict[str, dict[str, str]]) -> None:
-    """Every request made more than a second after the retire commits is refused (the web
-    process re-reads the token cache's epoch every LOOMCYCLE_AUTH_EPOCH_CHECK_MS = 1000)."""
-    with httpx.Client(base_url=web, timeout=10) as client:
-        http_sign_in(client, bearer(people["alice"]))
-        assert client.get("/ui/runs/").status_code == 200
-        tokens.token_retire(name="alice")
-        retired = time.monotonic()
-        answers: list[tuple[float, int]] = []
+def test_a_retired_tokens_session_stops_within_a_second(
+    stack_env: dict[str, str], logdir: Path, people: dict[str, dict[str, str]]
+) -> None:
+    """Every request made more than a second after the retire commits is refused. The web
+    process runs with the default LOOMCYCLE_AUTH_EPOCH_CHECK_MS (1000: how often it re-reads
+    the token cache's epoch; the test suite's own web process checks on every request)."""
+    with daphne(stack_env, logdir, name="daphne-epoch", LOOMCYCLE_AUTH_EPOCH_CHECK_MS="1000") as base:
+        with httpx.Client(base_url=base, timeout=10) as client:
+            http_sign_in(client, bearer(people["alice"]))
+            for _ in range(3):  # the token's lookup is cached now: the epoch alone ends it
+                assert client.get("/ui/runs/").status_code == 200
+            tokens.token_retire(name="alice")
+            retired = time.monotonic()
+            answers: list[tuple[float, int]] = []
 
-        def refused() -> bool:
-            started = time.monotonic() - retired
-            answers.append((started, client.get("/ui/runs/").status_code))
-            return answers[-1][1] == 302
+            def refused() -> bool:
+                started = time.monotonic() - retired
+                answers.append((started, client.get("/ui/runs/").status_code))
+                return answers[-1][1] == 302
 
-        wait_for(refused, timeout=5)
+            wait_for(refused, timeout=5)
     print(f"first refusal: request started {answers[-1][0]:.3f} s after the retire ({len(answers)} requests)")
     assert all(status == 200 for _, status in answers[:-1])
     assert all(started <= 1.0 for started, status in answers if status == 200)
@@ -128,3 +134,32 @@ def test_open_mode_on_loopback_signs_in_as_the_open_principal(console: Console) 
     page.click("#signin-form button[type=submit]")
     assert page.inner_text("#whoami") == "open mode"
     console.shot(page, "open-mode")
+
+
+UNLABELLED = """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
+    .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')).map(e => e.name)"""
+
+
+def test_every_page_is_labelled_and_reached_by_keyboard(console: Console, people: dict[str, dict[str, str]]) -> None:
+    page = console.sign_in(bearer(people["alice"]))
+    for path in ("/ui/runs/", "/ui/playground/", "/ui/inbox/"):
+        page.goto(console.url(path))
+        assert page.evaluate(UNLABELLED) == [], path
+    page.goto(console.url("/ui/runs/"))
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.className") == "skip"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
+    page.goto(console.url("/ui/runs/"))
+    reached = []
+    for _ in range(8):
+        page.keyboard.press("Tab")
+        reached.append(page.evaluate("document.activeElement.textContent.trim()"))
+        assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"
+    assert {"Playground", "Runs", "Inbox", "Sign out"} <= set(reached)
+    for _ in range(10):  # back onto the Inbox link; Enter follows it
+        page.keyboard.press("Shift+Tab")
+        if page.evaluate("document.activeElement.textContent.trim()") == "Inbox":
+            break
+    page.keyboard.press("Enter")
+    page.wait_for_selector("h1:has-text('Inbox')")

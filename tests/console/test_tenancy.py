@@ -25,13 +25,13 @@ from apps.console import urls as console_urls
 from apps.core.types import Principal
 from apps.memory import keyops
 from apps.runs import services
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import Interrupt, Run, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
 from apps.substrate.channeldefs import ChannelSpec, channeldef_create
 from apps.substrate.kinds import get_kind
 from apps.substrate.services import def_dispatch, operator_author
-from tests.conftest import wait_status
+from tests.conftest import wait_for, wait_status
 from tests.console.conftest import bearer, csrf_of, http_sign_in
 
 pytestmark = pytest.mark.usefixtures("agents", "stack", "web")
@@ -39,11 +39,14 @@ pytestmark = pytest.mark.usefixtures("agents", "stack", "web")
 MARK = "acmemark7f3a"
 ALICE = Principal(tenant_id="acme", subject="alice", scopes=frozenset({"substrate:tenant"}))
 _PARAM = re.compile(r"<(?:\w+:)?(\w+)>")
+_QUERY_PARAM = re.compile(r"\{(\w+)\}")
 
 
 @dataclass
 class Acme:
     run: Run
+    asking: Run  # parked on a pending Interruption.ask
+    interrupt_id: str
     # console2's resources below this line: acme's agent, webhook and channel share one name
     # (PROBE_NAME), so the one `name` resolver reaches each of them on its own route.
     schedule_id: str = ""
@@ -55,7 +58,10 @@ PROBE_NAME = "probe-target"
 
 Resolver = Callable[[Acme], str]
 RESOLVERS: dict[str, Resolver] = {
-    "run_id": lambda acme: acme.run.id,
+    "run_id": lambda acme: acme.asking.id,  # a live run: cancel, input and turn-cancel reach their checks
+    "session_id": lambda acme: acme.run.session_id,
+    "interrupt_id": lambda acme: acme.interrupt_id,
+    "user_id": lambda acme: "alice",
     # console2's parameters below this line.
     "kind": lambda acme: "agent",
     "name": lambda acme: PROBE_NAME,
@@ -63,6 +69,9 @@ RESOLVERS: dict[str, Resolver] = {
 }
 UNKNOWN: dict[str, str] = {
     "run_id": "r_0000000000000000",
+    "session_id": "s_0000000000000000",
+    "interrupt_id": "intr_00000000000000000000000000",
+    "user_id": "nobody",
     # console2's parameters below this line.
     "kind": "agent",
     "name": "no-such-name",
@@ -70,8 +79,19 @@ UNKNOWN: dict[str, str] = {
 }
 # POST bodies that get a probe past form validation to its lookup (url name -> fields).
 BODIES: dict[str, dict[str, str]] = {
-    "library_def": {"op": "verify", "content_sha256": "sha256:" + "0" * 64},
+    "run-fork": {"from_step": "0", "prompt": "MOCK_SCRIPT: []"},
+    "chat-input": {"message": "probe"},
+    "session-send": {"message": "probe"},
+    "inbox-resolve": {"disposition": "answer", "answer": "yes"},
+    # console2's bodies below this line.
+    "library-def": {"op": "verify", "content_sha256": "sha256:" + "0" * 64},
     "channel": {"payload": '"probe"'},
+}
+# Query strings that name resources (url name -> template over RESOLVERS' parameters).
+QUERIES: dict[str, str] = {
+    "runs-compare": "?a={run_id}&b={run_id}",
+    "inbox": "?user={user_id}",
+    # console2's queries below this line.
 }
 # Routes the probe cannot exercise, each with why.
 UNEXERCISED: dict[str, str] = {
@@ -89,8 +109,8 @@ def console_routes() -> list[tuple[str, str]]:
     return out
 
 
-def fill(route: str, values: dict[str, str]) -> str:
-    return "/ui/" + _PARAM.sub(lambda m: values[m.group(1)], route)
+def fill(route: str, values: dict[str, str], query: str = "") -> str:
+    return "/ui/" + _PARAM.sub(lambda m: values[m.group(1)], route) + query.format(**values)
 
 
 @pytest.fixture
@@ -100,7 +120,14 @@ def acme(people: dict[str, dict[str, str]]) -> Acme:
         principal=ALICE, data=services.RunCreate(agent="scripted", segments=[Segment(text=prompt)])
     )
     wait_status(run.id, RunStatus.COMPLETED, timeout=30)
-    return Acme(run=Run.objects.get(id=run.id), **acme_definitions())
+    ask = {"op": "ask", "question": f"ship {MARK}?", "options": ["yes", "no"]}
+    script = json.dumps([{"tools": [{"tool": "Interruption", "input": ask}]}, {"text": "done"}])
+    asking = services.run_create(
+        principal=ALICE, data=services.RunCreate(agent="asker", segments=[Segment(text=f"MOCK_SCRIPT: {script}")])
+    )
+    wait_status(asking.id, RunStatus.AWAITING_INTERRUPT, timeout=30)
+    interrupt = wait_for(lambda: Interrupt.objects.filter(run_id=asking.id).first())
+    return Acme(run=Run.objects.get(id=run.id), asking=asking, interrupt_id=interrupt.id, **acme_definitions())
 
 
 def acme_definitions() -> dict[str, Any]:
@@ -128,10 +155,10 @@ def _answer(client: httpx.Client, method: str, path: str, name: str) -> httpx.Re
     return client.post(path, data={"csrfmiddlewaretoken": csrf, **BODIES.get(name, {})})
 
 
-def _leaks(acme: Acme, response: httpx.Response, named: str = "") -> bool:
-    """MARK or an acme id in the answer; an id the probe named in its own URL (`named`) may be echoed."""
-    ids = [i for i in (acme.run.id, *acme.def_ids) if i not in named]
-    return MARK in response.text or any(i in response.text for i in ids)
+def _leaks(acme: Acme, response: httpx.Response, named: str) -> bool:
+    """MARK, or an acme id the probe did not name itself (a 404 page repeats the id asked for)."""
+    ids = (acme.run.id, acme.asking.id, acme.interrupt_id, acme.run.session_id, *acme.def_ids)
+    return MARK in response.text or any(i in response.text and i not in named for i in ids)
 
 
 def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
@@ -143,12 +170,13 @@ def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
         for name, route in console_routes():
             if name in UNEXERCISED:
                 continue
-            params = _PARAM.findall(route)
+            query = QUERIES.get(name, "")
+            params = _PARAM.findall(route) + _QUERY_PARAM.findall(query)
             missing = [p for p in params if p not in RESOLVERS]
             assert not missing, f"console route {name} ({route}): add a resolver for {missing}"
-            theirs = fill(route, {p: RESOLVERS[p](acme) for p in params})
-            nowhere = fill(route, {p: UNKNOWN[p] for p in params})
-            for method in ("GET", "POST") if params else ("GET",):
+            theirs = fill(route, {p: RESOLVERS[p](acme) for p in params}, query)
+            nowhere = fill(route, {p: UNKNOWN[p] for p in params}, query)
+            for method in ("GET", "POST") if _PARAM.search(route) else ("GET",):
                 got, unknown = _answer(client, method, theirs, name), _answer(client, method, nowhere, name)
                 assert got.status_code < 500, (name, method, got.status_code)
                 assert got.status_code == unknown.status_code, (name, method, got.status_code, unknown.status_code)
@@ -156,14 +184,13 @@ def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
                 probed.append((name, method, got.status_code))
     print("probed:", probed)
     assert Run.objects.get(id=acme.run.id).status == RunStatus.COMPLETED
-    assert Run.objects.filter(forked_from_run_id=acme.run.id).count() == 0
+    assert Run.objects.get(id=acme.asking.id).status == RunStatus.AWAITING_INTERRUPT
+    assert Interrupt.objects.get(id=acme.interrupt_id).status == "pending"
+    assert Run.objects.filter(forked_from_run_id__in=[acme.run.id, acme.asking.id]).count() == 0
+    assert Run.objects.filter(session_id=acme.run.session_id).count() == 1
     assert not get_kind("agent").model.objects.filter(name=PROBE_NAME).exclude(tenant_id="acme").exists()
-    assert [
-        m["value"]
-        for m in selectors.peek(
-            stream=access.admin_stream(ALICE, PROBE_NAME)[0], from_cursor=None, max_messages=10
-        ).messages
-    ] == [{"m": MARK}]
+    board = selectors.peek(stream=access.admin_stream(ALICE, PROBE_NAME)[0], from_cursor=None, max_messages=10)
+    assert [m["value"] for m in board.messages] == [{"m": MARK}]  # no probe published to acme's channel
 
 
 def test_an_end_user_token_sees_only_its_own_runs(web: str, people: dict[str, dict[str, str]]) -> None:
@@ -173,15 +200,16 @@ def test_an_end_user_token_sees_only_its_own_runs(web: str, people: dict[str, di
         principal=acting, data=services.RunCreate(agent="scripted", segments=[Segment(text="hi")], user_id="eve")
     )
     other = services.run_create(
-        principal=acting, data=services.RunCreate(agent="scripted", segments=[Segment(text="hi")], user_id="frank")
+        principal=acting, data=services.RunCreate(agent="scripted", segments=[Segment(text=MARK)], user_id="frank")
     )
     with httpx.Client(base_url=web, timeout=30) as client:
         http_sign_in(client, eve)
         listing = client.get("/ui/runs/").text
         assert mine.id in listing and other.id not in listing
         for name, route in console_routes():
-            if name in UNEXERCISED or "run_id" not in _PARAM.findall(route):
+            if name in UNEXERCISED or _PARAM.findall(route) != ["run_id"]:
                 continue
             theirs = client.get(fill(route, {"run_id": other.id}))
             nowhere = client.get(fill(route, {"run_id": UNKNOWN["run_id"]}))
-            assert theirs.status_code == nowhere.status_code and other.id not in theirs.text, name
+            assert theirs.status_code == nowhere.status_code, name
+            assert MARK not in theirs.text and "frank" not in theirs.text, name

@@ -129,7 +129,7 @@ def library_kind(request: HttpRequest, principal: Principal, kind: str) -> HttpR
                 status, error = exc.status, refused(exc)
             else:
                 messages.success(request, f"created {out['name']} v{out['version']} ({out['def_id']})")
-                return redirect(reverse("console:library_def", args=[kind, out["name"]]))
+                return redirect(reverse("console:library-def", args=[kind, out["name"]]))
     names = selectors.def_names(k, tenant_id=principal.read_tenant)
     ctx = {"kind": kind, "kind_label": LABELS[kind], "kinds": LABELS, "names": names, "form": form, "error": error}
     return render_page(request, principal, "console/library/kind.html", ctx, status=status)
@@ -138,7 +138,7 @@ def library_kind(request: HttpRequest, principal: Principal, kind: str) -> HttpR
 @console_view(rest="GET /v1/_agentdef/names")
 def library(request: HttpRequest, principal: Principal) -> HttpResponse:
     """The library's first page: agents."""
-    return redirect(reverse("console:library_kind", args=["agent"]))
+    return redirect(reverse("console:library-kind", args=["agent"]))
 
 
 # --- one name: versions, lineage, diff, and the version ops ---------------------------

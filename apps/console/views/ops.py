@@ -38,7 +38,7 @@ def runtime_page(request: HttpRequest, principal: Principal) -> HttpResponse:
             messages.success(request, f"runtime running: {out['resumed_runs_count']} run(s) resumed")
         else:
             messages.error(request, f"unknown op {op[:20]!r}: pause or resume")
-        return redirect("console:ops_runtime")
+        return redirect("console:ops-runtime")
     ctx = {
         "state": runtime.runtime_state_get(),
         "paused": runs.paused_runs_count(),
@@ -55,7 +55,7 @@ def snapshots_page(request: HttpRequest, principal: Principal) -> HttpResponse:
         capture = services.snapshot_take(label=form.cleaned_data["label"])
         out = presenters.snapshot_captured_out(capture)
         messages.success(request, f"captured {out['id']} ({out['byte_size']} bytes, {out['runs_captured']} run(s))")
-        return redirect("console:ops_snapshots")
+        return redirect("console:ops-snapshots")
     rows = [presenters.snapshot_out(r) for r in selectors.snapshot_list(limit=100)]
     ctx = {"rows": rows, "form": form, "section": "snapshots"}
     return render_page(request, principal, "console/ops/snapshots.html", ctx, status=400 if form.errors else 200)

@@ -47,14 +47,12 @@ from apps.runs.schemas import (
     RunTreeDeletedOut,
 )
 from apps.runs.stream_admission import admit_streamed
-from apps.runs.streams import Frame, admitted_from, keepalive_seconds, run_frames, sse_encode
+from apps.runs.streams import LIFETIME_COMMENT, Frame, admitted_from, keepalive_seconds, run_frames, run_sse, sse_encode
 
 log = logging.getLogger("loomcycle.api.runs")
 router = Router(tags=["runs"])
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-# The last bytes of a stream that reached LOOMCYCLE_MAX_STREAM_SECONDS (an SSE comment).
-LIFETIME_COMMENT = b": stream lifetime reached; re-attach with Last-Event-ID\n\n"
 
 
 def _check_ident(value: str, what: str) -> None:
@@ -289,17 +287,8 @@ async def runs_stream(
 
     slot = await astream_slot(principal)
 
-    async def stream() -> AsyncIterator[bytes]:
-        async with slot.held():
-            yield sse_encode(Frame("agent", {"agent_id": run.agent_id, "run_id": run.id, "session_id": run.session_id}))
-            async with aclosing(run_frames(run.id, start, keepalive_seconds(), live=live)) as frames:
-                async for frame in frames:
-                    yield sse_encode(frame)
-                    if slot.expired():
-                        yield LIFETIME_COMMENT
-                        return
-
-    return StreamingHttpResponse(stream(), content_type="text/event-stream", headers=_SSE_HEADERS)
+    stream = run_sse(run, slot, start, live=live)
+    return StreamingHttpResponse(stream, content_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 def _get_run(principal: Principal, run_id: str) -> Run:

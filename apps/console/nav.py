@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from django.urls import reverse
 
+from apps.console.visibility import rest_allows
 from apps.core.scopes import RUNS_CREATE, RUNS_READ, has_scope
 from apps.core.types import Principal
 
@@ -29,6 +30,12 @@ NAV: list[NavEntry] = [
     NavEntry("Runs", "console:runs", lambda p: has_scope(p.scopes, RUNS_READ)),
     NavEntry("Inbox", "console:inbox", lambda p: has_scope(p.scopes, RUNS_READ)),
     # console2's sections below this line.
+    NavEntry("Library", "console:library", rest_allows("GET /v1/_agentdef/names")),
+    NavEntry("Spend", "console:spend", rest_allows("GET /v1/_usage")),
+    NavEntry("Channels", "console:channels", rest_allows("GET /v1/_channels")),
+    NavEntry("Memory", "console:memory", rest_allows("GET /v1/_memory/scopes")),
+    NavEntry("Schedules", "console:schedules", rest_allows("GET /v1/_schedules/list-all")),
+    NavEntry("Operator", "console:ops-runtime", rest_allows("GET /v1/_state")),
 ]
 
 

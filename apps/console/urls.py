@@ -5,7 +5,20 @@ parameter needs a resolver there."""
 from django.urls import path
 from django.views.decorators.http import require_POST
 
-from apps.console.views import home, inbox, playground, runs, signin, stream
+from apps.console.views import (
+    channels,
+    home,
+    inbox,
+    library,
+    memory,
+    ops,
+    playground,
+    runs,
+    schedules,
+    signin,
+    spend,
+    stream,
+)
 
 app_name = "console"
 
@@ -30,4 +43,19 @@ urlpatterns = [
     path("sessions/<str:session_id>/send", require_POST(playground.session_send), name="session-send"),
     # Runs, Playground, Inbox (branch console) above; Library, Spend, Channels & memory,
     # Schedules & webhooks, operator pages (branch console2) below this line.
+    path("library/", library.library, name="library"),
+    path("library/<str:kind>/", library.library_kind, name="library-kind"),
+    path("library/<str:kind>/<path:name>/", library.library_def, name="library-def"),
+    path("spend/", spend.spend, name="spend"),
+    path("channels/", channels.channels, name="channels"),
+    path("channels/<path:name>/", channels.channel, name="channel"),
+    path("memory/", memory.memory, name="memory"),
+    path("memory/search", memory.memory_search, name="memory-search"),
+    path("schedules/", schedules.schedules, name="schedules"),
+    path("schedules/<str:def_id>/", schedules.schedule, name="schedule"),
+    path("webhooks/", schedules.webhooks_list, name="webhooks"),
+    path("webhooks/<path:name>/", schedules.webhook_deliveries, name="webhook-deliveries"),
+    path("ops/runtime/", ops.runtime_page, name="ops-runtime"),
+    path("ops/snapshots/", ops.snapshots_page, name="ops-snapshots"),
+    path("ops/replicas/", ops.replicas_page, name="ops-replicas"),
 ]

@@ -141,10 +141,24 @@ UNLABELLED = """() => [...document.querySelectorAll('input:not([type=hidden]), s
     .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')).map(e => e.name)"""
 
 
+# console2's pages (with their forms), checked for labels with console's.
+CONSOLE2_PAGES = (
+    "/ui/library/agent/",
+    "/ui/library/agent/scripted/",
+    "/ui/spend/",
+    "/ui/channels/",
+    "/ui/channels/notes/",
+    "/ui/memory/",
+    "/ui/schedules/",
+    "/ui/webhooks/",
+)
+
+
 def test_every_page_is_labelled_and_reached_by_keyboard(console: Console, people: dict[str, dict[str, str]]) -> None:
     page = console.sign_in(bearer(people["alice"]))
-    for path in ("/ui/runs/", "/ui/playground/", "/ui/inbox/"):
-        page.goto(console.url(path))
+    for path in ("/ui/runs/", "/ui/playground/", "/ui/inbox/", *CONSOLE2_PAGES):
+        answer = page.goto(console.url(path))
+        assert answer is not None and answer.ok, path  # a page with its forms, not an error page
         assert page.evaluate(UNLABELLED) == [], path
     page.goto(console.url("/ui/runs/"))
     page.keyboard.press("Tab")
@@ -152,12 +166,12 @@ def test_every_page_is_labelled_and_reached_by_keyboard(console: Console, people
     page.keyboard.press("Enter")
     assert page.evaluate("document.activeElement.id") == "main"
     page.goto(console.url("/ui/runs/"))
-    reached = []
-    for _ in range(8):
+    reached: list[str] = []
+    while "Sign out" not in reached and len(reached) < 20:  # the nav's entries, then the sign-out button
         page.keyboard.press("Tab")
         reached.append(page.evaluate("document.activeElement.textContent.trim()"))
         assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"
-    assert {"Playground", "Runs", "Inbox", "Sign out"} <= set(reached)
+    assert {"Playground", "Runs", "Inbox", "Library", "Spend", "Sign out"} <= set(reached)
     for _ in range(10):  # back onto the Inbox link; Enter follows it
         page.keyboard.press("Shift+Tab")
         if page.evaluate("document.activeElement.textContent.trim()") == "Inbox":

@@ -14,17 +14,23 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
 from django.urls import URLPattern, URLResolver
 
+from apps.channels import access, selectors, verbs
 from apps.console import urls as console_urls
 from apps.core.types import Principal
+from apps.memory import keyops
 from apps.runs import services
 from apps.runs.models import Interrupt, Run, RunStatus
 from apps.runs.prompt import Segment
 from apps.substrate import tokens
+from apps.substrate.channeldefs import ChannelSpec, channeldef_create
+from apps.substrate.kinds import get_kind
+from apps.substrate.services import def_dispatch, operator_author
 from tests.conftest import wait_for, wait_status
 from tests.console.conftest import bearer, csrf_of, http_sign_in
 
@@ -41,6 +47,13 @@ class Acme:
     run: Run
     asking: Run  # parked on a pending Interruption.ask
     interrupt_id: str
+    # console2's resources below this line: acme's agent, webhook and channel share one name
+    # (PROBE_NAME), so the one `name` resolver reaches each of them on its own route.
+    schedule_id: str = ""
+    def_ids: tuple[str, ...] = ()
+
+
+PROBE_NAME = "probe-target"
 
 
 Resolver = Callable[[Acme], str]
@@ -50,6 +63,9 @@ RESOLVERS: dict[str, Resolver] = {
     "interrupt_id": lambda acme: acme.interrupt_id,
     "user_id": lambda acme: "alice",
     # console2's parameters below this line.
+    "kind": lambda acme: "agent",
+    "name": lambda acme: PROBE_NAME,
+    "def_id": lambda acme: acme.schedule_id,
 }
 UNKNOWN: dict[str, str] = {
     "run_id": "r_0000000000000000",
@@ -57,6 +73,9 @@ UNKNOWN: dict[str, str] = {
     "interrupt_id": "intr_00000000000000000000000000",
     "user_id": "nobody",
     # console2's parameters below this line.
+    "kind": "agent",
+    "name": "no-such-name",
+    "def_id": "def_00000000000000000000",
 }
 # POST bodies that get a probe past form validation to its lookup (url name -> fields).
 BODIES: dict[str, dict[str, str]] = {
@@ -65,6 +84,8 @@ BODIES: dict[str, dict[str, str]] = {
     "session-send": {"message": "probe"},
     "inbox-resolve": {"disposition": "answer", "answer": "yes"},
     # console2's bodies below this line.
+    "library-def": {"op": "verify", "content_sha256": "sha256:" + "0" * 64},
+    "channel": {"payload": '"probe"'},
 }
 # Query strings that name resources (url name -> template over RESOLVERS' parameters).
 QUERIES: dict[str, str] = {
@@ -106,7 +127,25 @@ def acme(people: dict[str, dict[str, str]]) -> Acme:
     )
     wait_status(asking.id, RunStatus.AWAITING_INTERRUPT, timeout=30)
     interrupt = wait_for(lambda: Interrupt.objects.filter(run_id=asking.id).first())
-    return Acme(run=Run.objects.get(id=run.id), asking=asking, interrupt_id=interrupt.id)
+    return Acme(run=Run.objects.get(id=run.id), asking=asking, interrupt_id=interrupt.id, **acme_definitions())
+
+
+def acme_definitions() -> dict[str, Any]:
+    """console2's resources of acme, each carrying MARK: an agent, a webhook and a schedule
+    definition, a channel with a message, a memory row (the run above is its spend)."""
+    author = operator_author(ALICE)
+
+    def create(kind: str, overlay: dict[str, Any], name: str = PROBE_NAME) -> str:
+        data = {"op": "create", "name": name, "description": MARK, "overlay": overlay}
+        return str(def_dispatch(get_kind(kind), author, data)["def_id"])
+
+    agent = create("agent", {"provider": "mock", "model": "mock-script", "system_prompt": MARK})
+    webhook = create("webhook", {"agent": "echo", "auth": {"kind": "none"}})
+    schedule = create("schedule", {"agent": "scripted", "schedule": "0 0 1 1 *", "prompt": MARK}, "probe-cron")
+    channeldef_create(tenant_id="acme", name=PROBE_NAME, spec=ChannelSpec(description=MARK, scope="tenant"))
+    verbs.publish(access.admin_stream(ALICE, PROBE_NAME), value={"m": MARK}, ttl=None, deliver_at=None, by_user="t")
+    keyops.key_put(ALICE, "tenant", "", "probe/key", keyops.MemoryPutIn(value=MARK))
+    return {"schedule_id": schedule, "def_ids": (agent, webhook, schedule)}
 
 
 def _answer(client: httpx.Client, method: str, path: str, name: str) -> httpx.Response:
@@ -118,7 +157,7 @@ def _answer(client: httpx.Client, method: str, path: str, name: str) -> httpx.Re
 
 def _leaks(acme: Acme, response: httpx.Response, named: str) -> bool:
     """MARK, or an acme id the probe did not name itself (a 404 page repeats the id asked for)."""
-    ids = (acme.run.id, acme.asking.id, acme.interrupt_id, acme.run.session_id)
+    ids = (acme.run.id, acme.asking.id, acme.interrupt_id, acme.run.session_id, *acme.def_ids)
     return MARK in response.text or any(i in response.text and i not in named for i in ids)
 
 
@@ -149,6 +188,9 @@ def test_a_foreign_tenants_session_sees_nothing_of_acme_on_any_console_page(
     assert Interrupt.objects.get(id=acme.interrupt_id).status == "pending"
     assert Run.objects.filter(forked_from_run_id__in=[acme.run.id, acme.asking.id]).count() == 0
     assert Run.objects.filter(session_id=acme.run.session_id).count() == 1
+    assert not get_kind("agent").model.objects.filter(name=PROBE_NAME).exclude(tenant_id="acme").exists()
+    board = selectors.peek(stream=access.admin_stream(ALICE, PROBE_NAME)[0], from_cursor=None, max_messages=10)
+    assert [m["value"] for m in board.messages] == [{"m": MARK}]  # no probe published to acme's channel
 
 
 def test_an_end_user_token_sees_only_its_own_runs(web: str, people: dict[str, dict[str, str]]) -> None:

@@ -9,13 +9,13 @@ so the web process would own the run. Here a task is a run: its row is the task 
 Celery worker runs it, and any web replica answers `tasks/get`, `tasks/cancel` or a stream
 of it from Postgres (apps.runs.streams), which also survives the web process restarting.
 
-Push-notification configs and ListTasks are refused (UnsupportedOperationError, and the
-card says `push_notifications: false`): this runtime does not deliver them yet.
+Push-notification configs are the SDK's store and sender over rows (apps.a2a.push).
+ListTasks is refused (UnsupportedOperationError): GET /v1/runs lists runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, NoReturn
 
@@ -56,7 +56,7 @@ from a2a.utils.errors import (
 from asgiref.sync import sync_to_async
 from google.protobuf.json_format import MessageToDict
 
-from apps.a2a import presenters, runs
+from apps.a2a import presenters, push, runs
 from apps.a2a.cards import Exposed, exposed_for
 from apps.core.errors import ApplicationError
 from apps.core.types import Principal
@@ -123,6 +123,9 @@ def _skill_of(message: Message, context: ServerCallContext, exposed: dict[str, E
 class RunsRequestHandler(RequestHandler):
     """A2A methods as run verbs; see the module docstring."""
 
+    def __init__(self) -> None:
+        self._push = push.RunsPushConfigStore()
+
     async def _admit(self, params: SendMessageRequest, context: ServerCallContext) -> tuple[Run, int]:
         """The run a message starts or continues, and the event seq its caller follows from."""
         principal = _allowed(context, "POST", "/v1/runs")
@@ -143,7 +146,7 @@ class RunsRequestHandler(RequestHandler):
         )
         return run, await admitted_from(run)
 
-    async def _events(self, run_id: str, from_seq: int) -> AsyncIterator[Event]:
+    async def _events(self, run_id: str, from_seq: int) -> AsyncGenerator[Event, None]:
         """Each committed text as an artifact chunk and each change of state, until the task is
         settled: the run ended (its stream ends), or it waits on its caller (the events up to
         the park are sent first). Committed text only (`live=False`): a live piece can still be
@@ -221,22 +224,40 @@ class RunsRequestHandler(RequestHandler):
     async def on_create_task_push_notification_config(
         self, params: TaskPushNotificationConfig, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError()
+        principal = _allowed(context, "POST", f"/v1/runs/{params.task_id}/input")
+        try:
+            ended = await _call(push.push_check, principal, params.task_id, params.url, task_lookup=True)
+        except push.PushNotAllowed as exc:
+            raise PushNotificationNotSupportedError(message=str(exc)) from exc
+        out = await self._push.set_info(params.task_id, params, context)
+        if ended:  # the run ended before the config came: push it now
+            await sync_to_async(push.deliver_on_commit, thread_sensitive=False)(params.task_id)
+        return out
+
+    async def _push_configs(self, context: ServerCallContext, task_id: str) -> list[TaskPushNotificationConfig]:
+        principal = _allowed(context, "GET", f"/v1/runs/{task_id}")
+        await _call(runs.run_view, principal, task_id, task_lookup=True)  # 404 for another tenant's task
+        return await self._push.get_info(task_id, context)
 
     async def on_get_task_push_notification_config(
         self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError()
+        found = [c for c in await self._push_configs(context, params.task_id) if c.id == (params.id or params.task_id)]
+        if not found:
+            raise TaskNotFoundError(message=f"task {params.task_id} has no push notification config {params.id!r}")
+        return found[0]
 
     async def on_list_task_push_notification_configs(
         self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
     ) -> ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupportedError()
+        return ListTaskPushNotificationConfigsResponse(configs=await self._push_configs(context, params.task_id))
 
     async def on_delete_task_push_notification_config(
         self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> None:
-        raise PushNotificationNotSupportedError()
+        principal = _allowed(context, "POST", f"/v1/runs/{params.task_id}/input")
+        await _call(runs.run_view, principal, params.task_id, task_lookup=True)
+        await self._push.delete_info(params.task_id, context, params.id or None)
 
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext

@@ -30,3 +30,25 @@ class A2ACall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}/{self.call_id} -> {self.task_id}"
+
+
+class A2APushConfig(models.Model):
+    """A push-notification config of an A2A task (a run): where the task is POSTed when the run ends.
+    Written and read through apps.a2a.push.RunsPushConfigStore (the SDK's store interface)."""
+
+    run_id = models.CharField(max_length=32)
+    config_id = models.CharField(max_length=256)
+    tenant_id = models.CharField(max_length=128, default="", blank=True)
+    url = models.URLField(max_length=2048)
+    token = models.CharField(max_length=512, blank=True, default="")
+    auth_scheme = models.CharField(max_length=64, blank=True, default="")
+    auth_sealed = models.TextField(blank=True, default="")  # the credentials, sealed to the run
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run_id", "config_id"], name="a2apush_run_config")]
+        verbose_name = "A2A push config"
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.config_id}"

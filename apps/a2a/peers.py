@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -157,7 +158,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def message(text: str, skill: str | None) -> SendMessageRequest:
-    msg = Message(role=Role.ROLE_USER, message_id=f"m-{id(text):x}", parts=[Part(text=text)])
+    msg = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=text)])
     if skill:
         msg.metadata.update({"skillId": skill})
     return SendMessageRequest(message=msg)

@@ -13,7 +13,7 @@ from apps.runs.models import RunStatus
 
 RESPONSE_ARTIFACT = "response"
 
-STATE: dict[str, TaskState.ValueType] = {
+STATE: dict[str, TaskState] = {
     RunStatus.QUEUED: TaskState.TASK_STATE_SUBMITTED,
     RunStatus.WAITING_SLOT: TaskState.TASK_STATE_SUBMITTED,
     RunStatus.WAITING_SESSION: TaskState.TASK_STATE_SUBMITTED,
@@ -60,13 +60,14 @@ def agent_message(view: RunView, text: str) -> Message:
 
 def task_status(view: RunView) -> TaskStatus:
     status = TaskStatus(state=STATE.get(view.status, TaskState.TASK_STATE_WORKING))
-    text = {
+    texts: dict[str, str] = {
         RunStatus.FAILED: view.error or "the run failed",
         RunStatus.CANCELLED: view.error or "cancelled",
         RunStatus.AWAITING_INTERRUPT: view.question,
         RunStatus.AWAITING_INPUT: view.final_text,
         RunStatus.COMPLETED: view.final_text,
-    }.get(view.status, "")
+    }
+    text = texts.get(view.status, "")
     if text:
         status.message.CopyFrom(agent_message(view, text))
     status.timestamp.GetCurrentTime()

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from apps.a2a import calls
+from apps.a2a import calls, push
 from workers.base import AgentTask
 
 
@@ -15,3 +15,9 @@ from workers.base import AgentTask
 def a2a_calls_due_task(**_: Any) -> int:
     """Ask the peers of due A2A calls; answer the settled, cancel the abandoned."""
     return calls.calls_due()
+
+
+@shared_task(base=AgentTask, name="maintenance.a2a_push_deliver")
+def a2a_push_deliver_task(*, run_id: str, **_: Any) -> int:
+    """POST an ended A2A task to its push-notification configs (once each)."""
+    return push.deliver(run_id)

@@ -38,7 +38,7 @@ def tool_name(peer: str, skill: str) -> str:
 def a2a_tools(tenant_id: str) -> list[Tool]:
     out: dict[str, Tool] = {}
     for row in defs_visible(get_kind("a2aagent"), tenant_id=tenant_id).values():
-        skills = [str(s["id"]) for s in row.definition.get("expected_skills") or []]
+        skills: list[str | None] = [str(s["id"]) for s in row.definition.get("expected_skills") or []]
         for skill in skills or [None]:
             tool = _tool(row, skill)
             out.setdefault(tool.name, tool)

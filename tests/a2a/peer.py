@@ -13,16 +13,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 from a2a.helpers.proto_helpers import new_task_from_user_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
-from a2a.server.events.event_queue_v2 import EventQueue
+from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Part
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from tests.procs import free_port
 
@@ -83,6 +87,24 @@ def _card(url: str) -> AgentCard:
 
 
 @contextmanager
+def served(app: Any, port: int) -> Iterator[None]:
+    """`app` on the loopback `port` (uvicorn in a thread) until the block ends."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="a2a-test-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:  # uvicorn's own flag: bound and accepting
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield
+    finally:
+        server.should_exit = server.force_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
 def serving() -> Iterator[tuple[str, Seen]]:
     """The peer at http://localhost:<port>/ until the block ends: (its URL, what it saw)."""
     port = free_port()
@@ -91,16 +113,26 @@ def serving() -> Iterator[tuple[str, Seen]]:
     card = _card(url)
     handler = DefaultRequestHandler(agent_executor=PeerExecutor(seen), task_store=InMemoryTaskStore(), agent_card=card)
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="a2a-test-peer", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:  # uvicorn's own flag: bound and accepting
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test A2A peer did not start")
-        time.sleep(0.02)
-    try:
+    with served(app, port):
         yield url, seen
-    finally:
-        server.should_exit = server.force_exit = True
-        thread.join(timeout=10)
+
+
+@dataclass
+class Pushes:
+    """What a push-notification receiver was sent: (headers, body) per POST."""
+
+    received: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+
+
+@contextmanager
+def receiving() -> Iterator[tuple[str, Pushes]]:
+    """A push-notification receiver at http://localhost:<port>/hook: (its URL, what it got)."""
+    port = free_port()
+    pushes = Pushes()
+
+    async def hook(request: Request) -> Response:
+        pushes.received.append((dict(request.headers), await request.json()))
+        return Response(status_code=204)
+
+    with served(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), port):
+        yield f"http://localhost:{port}/hook", pushes

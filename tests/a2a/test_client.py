@@ -73,7 +73,7 @@ def call_run(skill: str, prompt: str = "hello") -> Run:
 
 def tool_result(run_id: str) -> dict[str, Any]:
     (result,) = [e.payload for e in RunEvent.objects.filter(run_id=run_id, type="tool_result").order_by("seq")]
-    return result
+    return dict(result)
 
 
 def test_a_peers_answer_is_the_tool_result_with_the_credential_sent_and_redacted(remote: peer.Seen) -> None:

@@ -12,14 +12,22 @@ from typing import Any
 
 import httpx
 import pytest
-from a2a.types import CancelTaskRequest, GetTaskRequest, StreamResponse, TaskState
-from a2a.utils.errors import A2AError, InvalidParamsError, TaskNotFoundError
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
+    StreamResponse,
+    TaskPushNotificationConfig,
+    TaskState,
+)
+from a2a.utils.errors import A2AError, InvalidParamsError, PushNotificationNotSupportedError, TaskNotFoundError
 
 from apps.runs.models import Run, RunStatus
 from apps.substrate import services as substrate
 from apps.substrate.kinds import get_kind
+from tests.a2a import peer
 from tests.a2a.conftest import sdk_client, send_request, user_message
-from tests.conftest import wait_status
+from tests.conftest import wait_for, wait_status
 from tests.factories.runs import ASK
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
@@ -182,3 +190,55 @@ def test_calls_without_a_token_or_with_a_bad_skill_are_refused(a2a_web: str, peo
     assert httpx.post(f"{a2a_web}/a2a/jsonrpc", json=body).status_code == 401
     with pytest.raises(InvalidParamsError, match="unknown skill"):
         run(_send(a2a_web, people["alice"], "hello", "nope", streaming=False))
+
+
+def test_push_configs_are_the_sdks_and_the_ended_task_is_posted_once_through_the_guard(
+    a2a_web: str, people: dict[str, dict[str, str]]
+) -> None:
+    expose(card={**CARD, "capabilities": {"push_notifications": True}})
+    with peer.receiving() as (hook, pushes):
+
+        async def scenario() -> tuple[Any, Any, Any]:
+            async with await sdk_client(a2a_web, people["alice"], streaming=False) as alice:
+                request = send_request(user_message("take your time", skill="slow"), return_immediately=True)
+                (first,) = [r async for r in alice.send_message(request)]
+                config = TaskPushNotificationConfig(task_id=first.task.id, id="c1", url=hook, token="tok-1")
+                config.authentication.scheme, config.authentication.credentials = "Bearer", "hook-secret"
+                created = await alice.create_task_push_notification_config(config)
+                listed = await alice.list_task_push_notification_configs(
+                    ListTaskPushNotificationConfigsRequest(task_id=first.task.id)
+                )
+                await alice.cancel_task(CancelTaskRequest(id=first.task.id))
+                return first.task, created, listed
+
+        task, created, listed = run(scenario())
+        assert (created.id, created.url, created.token) == ("c1", hook, "tok-1")
+        assert [c.id for c in listed.configs] == ["c1"]
+        assert listed.configs[0].authentication.credentials == ""  # never read back
+        wait_for(lambda: pushes.received, timeout=30)
+    ((headers, body),) = pushes.received
+    assert headers["x-a2a-notification-token"] == "tok-1" and headers["authorization"] == "Bearer hook-secret"
+    assert body["task"]["id"] == task.id and body["task"]["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+def test_push_configs_are_refused_when_the_card_does_not_offer_them_and_for_another_tenants_task(
+    a2a_web: str, people: dict[str, dict[str, str]]
+) -> None:
+    expose()
+
+    async def scenario() -> list[type[A2AError]]:
+        out: list[type[A2AError]] = []
+        async with (
+            await sdk_client(a2a_web, people["alice"], streaming=False) as alice,
+            await sdk_client(a2a_web, people["charlie"], streaming=False) as charlie,
+        ):
+            (done,) = [r async for r in alice.send_message(send_request(user_message("hi", skill="echo")))]
+            config = TaskPushNotificationConfig(task_id=done.task.id, url="http://localhost:9/hook")
+            for client in (alice, charlie):
+                try:
+                    await client.create_task_push_notification_config(config)
+                except A2AError as exc:
+                    out.append(type(exc))
+        return out
+
+    assert run(scenario()) == [PushNotificationNotSupportedError, TaskNotFoundError]

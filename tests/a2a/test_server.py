@@ -17,6 +17,7 @@ from a2a.types import (
     GetTaskRequest,
     ListTaskPushNotificationConfigsRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
     TaskPushNotificationConfig,
     TaskState,
 )
@@ -139,6 +140,41 @@ def test_get_and_cancel_follow_the_run_and_another_tenant_sees_neither(
     cancelled = run(cancel(first.id))
     assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
     assert wait_status(first.id, RunStatus.CANCELLED).cancel_reason == "cancelled over A2A"
+
+
+def test_subscribe_follows_a_running_task_to_its_end(a2a_web: str, people: dict[str, dict[str, str]]) -> None:
+    expose()
+
+    async def start() -> Any:
+        async with await sdk_client(a2a_web, people["alice"], streaming=False) as alice:
+            request = send_request(user_message("take your time", skill="slow"), return_immediately=True)
+            (first,) = [r async for r in alice.send_message(request)]
+            return first.task
+
+    async def follow_and_cancel(task_id: str) -> list[StreamResponse]:
+        async with (
+            await sdk_client(a2a_web, people["alice"]) as follower,
+            await sdk_client(a2a_web, people["alice"]) as canceller,
+        ):
+            seen: list[StreamResponse] = []
+            subscribed = asyncio.Event()
+
+            async def follow() -> None:
+                async for response in follower.subscribe(SubscribeToTaskRequest(id=task_id)):
+                    seen.append(response)
+                    subscribed.set()
+
+            following = asyncio.ensure_future(follow())
+            await asyncio.wait_for(subscribed.wait(), timeout=60)  # the task came: the stream is open
+            await canceller.cancel_task(CancelTaskRequest(id=task_id))
+            await asyncio.wait_for(following, timeout=60)
+            return seen
+
+    task = run(start())
+    wait_status(task.id, RunStatus.RUNNING, timeout=30)
+    seen = run(follow_and_cancel(task.id))
+    assert seen[0].task.id == task.id
+    assert seen[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
 
 
 def test_an_ask_is_input_required_and_the_next_message_answers_it(

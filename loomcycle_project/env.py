@@ -475,6 +475,13 @@ WEBHOOKS_ENABLED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ENABLED", default=False)
 WEBHOOKS_ALLOW_UNAUTHENTICATED: bool = env.bool("LOOMCYCLE_WEBHOOKS_ALLOW_UNAUTHENTICATED", default=False)
 WEBHOOKS_ENV_ALLOWLIST: list[str] = _list("LOOMCYCLE_WEBHOOKS_ENV_ALLOWLIST", [])
 WEBHOOKS_DELIVERY_RETENTION_HOURS: int = _at_least("LOOMCYCLE_WEBHOOKS_DELIVERY_RETENTION_HOURS", 168, 1)
+# A2A (SPEC 2.12, docs/a2a.md): the agent cards and JSON-RPC endpoint are mounted only when enabled.
+A2A_ENABLED: bool = env.bool("LOOMCYCLE_A2A_ENABLED", default=False)
+# The A2A client (an agent's a2a__<peer>__<skill> tools): how long a call is followed inline before
+# the run parks on it, how often beat then asks the peer, and when a peer that never answers is given up.
+A2A_CALL_INLINE_SECONDS: int = _at_least("LOOMCYCLE_A2A_CALL_INLINE_SECONDS", 30, 1)
+A2A_CALL_POLL_SECONDS: int = _at_least("LOOMCYCLE_A2A_CALL_POLL_SECONDS", 5, 1)
+A2A_CALL_TIMEOUT_SECONDS: int = _at_least("LOOMCYCLE_A2A_CALL_TIMEOUT_SECONDS", 3600, 1)
 # Completion webhooks (outbound, a run's `webhook`; docs/api.md "Completion webhooks"): the signing
 # secret of a webhook that names no `secret_ref` (unset: such a webhook is refused at run creation),
 # the POST attempts before a delivery is `failed`, and one attempt's timeout.
@@ -679,6 +686,11 @@ class RuntimeSettings:
     webhooks_allow_unauthenticated: bool
     webhooks_env_allowlist: tuple[str, ...]
     webhooks_delivery_retention_hours: int
+    # A2A server and client (apps.a2a).
+    a2a_enabled: bool
+    a2a_call_inline_seconds: int
+    a2a_call_poll_seconds: int
+    a2a_call_timeout_seconds: int
     # Completion webhooks (apps.runs.completion).
     run_webhook_secret: str | None
     run_webhook_max_attempts: int

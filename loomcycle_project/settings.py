@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "apps.snapshots",  # spans the apps above: each exports and restores its own tables
     "apps.lifecycle",  # spans the apps above: retention, run-tree deletes' listeners, a person's erasure
     "apps.grpcapi",  # the gRPC transport over the apps above (`manage.py grpc`)
+    "apps.a2a",  # the A2A transport over the apps above (apps.a2a.http, mounted by asgi.py)
     "apps.console",  # the web console at /ui (server-rendered pages over the apps above)
     # Last: what spans the apps (the `up`, `boot`, `doctor`, `init`, `token`
     # and `hash` commands, boot's yaml load, /healthz), so apps/core stays the floor.
@@ -303,6 +304,10 @@ LOOMCYCLE = E.RuntimeSettings(
     webhooks_allow_unauthenticated=E.WEBHOOKS_ALLOW_UNAUTHENTICATED,
     webhooks_env_allowlist=tuple(E.WEBHOOKS_ENV_ALLOWLIST),
     webhooks_delivery_retention_hours=E.WEBHOOKS_DELIVERY_RETENTION_HOURS,
+    a2a_enabled=E.A2A_ENABLED,
+    a2a_call_inline_seconds=E.A2A_CALL_INLINE_SECONDS,
+    a2a_call_poll_seconds=E.A2A_CALL_POLL_SECONDS,
+    a2a_call_timeout_seconds=E.A2A_CALL_TIMEOUT_SECONDS,
     run_webhook_secret=E.RUN_WEBHOOK_SECRET,
     run_webhook_max_attempts=E.RUN_WEBHOOK_MAX_ATTEMPTS,
     run_webhook_timeout_ms=E.RUN_WEBHOOK_TIMEOUT_MS,
@@ -353,6 +358,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     interrupts_sweep_s=LOOMCYCLE.interruption_sweep_ms / 1000.0,
     scheduler_tick_s=LOOMCYCLE.scheduler_tick_seconds if LOOMCYCLE.scheduler_enabled else None,
     retention_sweep_s=float(LOOMCYCLE.retention_sweep_seconds),
+    a2a_poll_s=float(LOOMCYCLE.a2a_call_poll_seconds),
 )
 
 

@@ -145,6 +145,8 @@ def stack_env(django_db_setup: None) -> dict[str, str]:
     credentials = {"LOOMCYCLE_TENANT_CREDENTIAL_ENV": "acme:LOOMCYCLE_WH_SECRET"}
     # Completion webhooks with no secret_ref are signed with this one (tests/runs/test_webhooks.py).
     credentials["LOOMCYCLE_RUN_WEBHOOK_SECRET"] = RUN_WEBHOOK_SECRET
+    # An A2A call is followed inline this long before its run parks on it (tests/a2a/test_client.py).
+    credentials["LOOMCYCLE_A2A_CALL_INLINE_SECONDS"] = "2"
     return {**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **network, **credentials}
 
 

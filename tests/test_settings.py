@@ -124,6 +124,7 @@ def test_beat_periods_come_from_the_runtime_settings() -> None:
         "retention-sweep": float(conf.retention_sweep_seconds),
         "erasure-resume": float(conf.retention_sweep_seconds),
         "run-webhooks-sweep": conf.sweep_seconds,
+        "a2a-calls-due": float(conf.a2a_call_poll_seconds),
     }  # the scheduler tick is absent: LOOMCYCLE_SCHEDULER_ENABLED is off in tests
     assert all(entry["options"]["expires"] == max(entry["schedule"], 1.0) for entry in schedule.values())
 

@@ -23,6 +23,7 @@ def beat_schedule(
     interrupts_sweep_s: float,
     scheduler_tick_s: float | None = None,
     retention_sweep_s: float = 300.0,
+    a2a_poll_s: float = 5.0,
 ) -> dict[str, dict[str, Any]]:
     """`scheduler_tick_s` None: no scheduler tick (LOOMCYCLE_SCHEDULER_ENABLED unset). One
     tick entry, not one entry per schedule: the due schedules are read from Postgres by the
@@ -45,4 +46,5 @@ def beat_schedule(
         "retention-sweep": _every("maintenance.retention_sweep", retention_sweep_s),
         "erasure-resume": _every("maintenance.erasure_resume", retention_sweep_s),
         "run-webhooks-sweep": _every("maintenance.run_webhooks_sweep", sweep_s),
+        "a2a-calls-due": _every("maintenance.a2a_calls_due", a2a_poll_s),
     }

@@ -20,7 +20,16 @@ app.conf.task_routes = TASK_ROUTES
 app.conf.task_default_queue = RUNS
 app.conf.task_create_missing_queues = True
 app.autodiscover_tasks(
-    ["apps.runs", "apps.gateway", "apps.memory", "apps.channels", "apps.triggers", "apps.budgets", "apps.lifecycle"]
+    [
+        "apps.runs",
+        "apps.gateway",
+        "apps.memory",
+        "apps.channels",
+        "apps.triggers",
+        "apps.budgets",
+        "apps.lifecycle",
+        "apps.a2a",
+    ]
 )
 
 import workers.signals  # noqa: E402,F401  (connects worker signal handlers)

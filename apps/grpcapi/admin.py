@@ -113,5 +113,7 @@ class AdminRpcs:
     MCPServerDef = _def_rpc("mcpserver", "/v1/_mcpserverdef")
     ScheduleDef = _def_rpc("schedule", "/v1/_scheduledef")
     WebhookDef = _def_rpc("webhook", "/v1/_webhookdef")
+    A2AServerCardDef = _def_rpc("a2aservercard", "/v1/_a2aservercarddef")
+    A2AAgentDef = _def_rpc("a2aagent", "/v1/_a2aagentdef")
     OperatorTokenDef = _def_rpc("operatortoken", "/v1/_operatortokendef")
     VolumeDef = _def_rpc("volume", "/v1/_volumedef")

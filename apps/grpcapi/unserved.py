@@ -25,8 +25,6 @@ UNSERVED: dict[str, str] = {
     "Decide": ABSENT + " (decision models)",
     "ListDecisionModels": ABSENT + " (decision models)",
     "ResolveProbe": ABSENT + " (resolver matrix probe)",
-    "A2AServerCardDef": ABSENT + " (A2A)",
-    "A2AAgentDef": ABSENT + " (A2A)",
     "MemoryBackendDef": ABSENT,
     "DocumentSourceDef": ABSENT + " (documents)",
     "TeamDef": ABSENT + " (teams)",

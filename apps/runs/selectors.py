@@ -115,6 +115,23 @@ def run_first_announcement_seq(*, run_id: str, upto: int) -> int | None:
     return found.values_list("seq", flat=True).first()
 
 
+def run_final_text(*, run_id: str) -> str:
+    """The text of the run's last assistant turn ("" before it has one)."""
+    last = (
+        TranscriptEntry.objects.filter(run_id=run_id, role="assistant")
+        .order_by("-idx")
+        .values_list("content", flat=True)
+        .first()
+    )
+    return "".join(b.get("text", "") for b in last or [] if b.get("type") == "text")
+
+
+def run_status_seq(*, run_id: str) -> tuple[str, int] | None:
+    """The run's status and the seq of its last committed event."""
+    row = Run.objects.filter(id=run_id).values_list("status", "last_seq").first()
+    return (str(row[0]), int(row[1])) if row is not None else None
+
+
 def run_status(*, run_id: str) -> str | None:
     return Run.objects.filter(id=run_id).values_list("status", flat=True).first()
 

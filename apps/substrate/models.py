@@ -144,6 +144,36 @@ class WebhookDefActive(DefPointer):
         verbose_name = "webhook def pointer"
 
 
+class A2AServerCardDef(VersionedDef):
+    """Which agents this runtime exposes over A2A, and the card it serves for them (apps.a2a.server)."""
+
+    class Meta(VersionedDef.Meta):
+        verbose_name = "A2A server card def"
+
+
+class A2AServerCardDefActive(DefPointer):
+    active_def = models.ForeignKey(A2AServerCardDef, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    static_def = models.ForeignKey(A2AServerCardDef, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+
+    class Meta(DefPointer.Meta):
+        verbose_name = "A2A server card def pointer"
+
+
+class A2AAgentDef(VersionedDef):
+    """A remote A2A peer an agent may call as a tool (apps.a2a.client)."""
+
+    class Meta(VersionedDef.Meta):
+        verbose_name = "A2A agent def"
+
+
+class A2AAgentDefActive(DefPointer):
+    active_def = models.ForeignKey(A2AAgentDef, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    static_def = models.ForeignKey(A2AAgentDef, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+
+    class Meta(DefPointer.Meta):
+        verbose_name = "A2A agent def pointer"
+
+
 class ChannelScope(models.TextChoices):
     AGENT = "agent", "agent"
     USER = "user", "user"

@@ -46,7 +46,9 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.request import split_domain_port, validate_host
 
+from apps.core.errors import ApplicationError, Forbidden, Invalid
 from apps.core.middleware import HybridMiddleware
+from apps.core.types import Principal
 from apps.substrate import auth_cache
 from apps.substrate.tokens import live_admin_token_exists, live_token_exists
 
@@ -243,3 +245,20 @@ class OpenModeHostMiddleware(HybridMiddleware):
                 return refusal
         get_response: Callable[[HttpRequest], Awaitable[HttpResponse]] = self.get_response
         return await get_response(request)
+
+
+def host_refusal(headers: dict[str, str], principal: Principal | None) -> ApplicationError | None:
+    """What Django's middleware would refuse for this Host/Origin, for the ASGI apps mounted ahead of it
+    (MCP, A2A), which Django's middleware does not see (principal None: not yet known)."""
+    domain = split_domain_port(headers.get("host", ""))[0]
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return Invalid("the Host header names a host this runtime does not serve", code="disallowed_host")
+    if principal is None or not principal.open_mode:
+        return None
+    if not host_allowed_in_open_mode(domain):
+        return Invalid(OPEN_MODE_HOST_MESSAGE, code="open_mode_host")
+    origin = headers.get("origin")
+    cross = headers.get("sec-fetch-site", "").lower() == "cross-site"
+    if cross or (origin is not None and not origin_allowed_in_open_mode(origin)):
+        return Forbidden(CROSS_SITE_MESSAGE, code="cross_site_request")
+    return None

@@ -42,7 +42,7 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("POST", "/v1/_channels/_await"): "long-polls up to its timeout by design",
     **{
         ("POST", f"/v1/_{kind}def"): "op-dispatch: each op requires its own fields, which one body schema does not say"
-        for kind in ("agent", "skill", "mcpserver", "schedule", "webhook", "operatortoken")
+        for kind in ("agent", "skill", "mcpserver", "schedule", "webhook", "operatortoken", "a2aservercard", "a2aagent")
     },
     **{
         ("POST", path): "needs a configured model, and a message's required fields depend on its role"

@@ -66,6 +66,8 @@ PROBES: dict[str, Callable[[Ids], Any]] = {
     "MCPServerDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
     "ScheduleDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
     "WebhookDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
+    "A2AServerCardDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
+    "A2AAgentDef": lambda i: sub({"op": "get", "def_id": i["def_id"]}),
     "OperatorTokenDef": lambda i: sub({"op": "list"}),
     "VolumeDef": lambda i: sub({"op": "get", "name": i["volume"]}),
     "PauseRuntime": lambda i: pb.PauseRuntimeRequest(timeout_ms=1),

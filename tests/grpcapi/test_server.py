@@ -24,7 +24,8 @@ SERVED = {
     "BroadcastChannels",
     "Health", "Run", "Continue", "StreamRun", "GetRun", "GetAgent", "CancelAgent", "RunInput", "GetTranscript",
     "ListUserAgents", "PauseRuntime", "ResumeRuntime", "GetRuntimeState", "ListChildRuns", "StreamUserRunStates",
-    "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef",
+    "AgentDef", "SkillDef", "MCPServerDef", "ScheduleDef", "WebhookDef", "OperatorTokenDef", "A2AServerCardDef",
+    "A2AAgentDef",
     "CreateSnapshot", "ListSnapshots", "GetSnapshot", "ExportSnapshot", "RestoreSnapshot", "DeleteSnapshot",
     "DeleteRunTree", "ErasureReport", "ErasureExecute", "RetentionOverride", "TokenLimit", "UsageReport",
 }  # fmt: skip

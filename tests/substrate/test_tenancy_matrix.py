@@ -92,7 +92,7 @@ BODIES: dict[tuple[str, str], dict[str, Any] | list[dict[str, Any]]] = {
             {"op": "fork", "name": f"{{{kind}def}}", "overlay": {"description": "from another tenant"}},
             {"op": "retire", "def_id": f"{{{kind}def_id}}"},
         ]
-        for kind in ("agent", "skill", "mcpserver", "schedule", "webhook")
+        for kind in ("agent", "skill", "mcpserver", "schedule", "webhook", "a2aservercard", "a2aagent")
     },
     # An erasure names a person of the caller's tenant: acme's alice is nobody in the prober's.
     ("POST", "/v1/_erasure"): {"subject": "{user_id}", "dry_run": False, "confirm": "{user_id}"},
@@ -270,6 +270,8 @@ def _seed(http: httpx.Client, alice: dict[str, str], web: str) -> Acme:
     define("mcpserver", {"url": "https://example.com/mcp", "transport": "http"})
     schedule = define("schedule", {"agent": "echo", "schedule": "0 0 1 1 *", "prompt": MARK, "enabled": False})
     define("webhook", {"agent": "echo", "auth": {"signing_secret_env": "LOOMCYCLE_WH_SECRET"}})
+    define("a2aservercard", {"description": MARK, "exposed_agents": [{"agent_name": "echo"}]})
+    define("a2aagent", {"endpoint": "https://example.com/a2a", "description": MARK})
     acme.values["schedule_id"] = str(schedule["def_id"])
     ok(http.post("/v1/_volumedef", headers=alice, json={"op": "create", "name": f"acme-vol-{MARK}"}))
     acme.values["volumedef"] = f"acme-vol-{MARK}"
@@ -318,7 +320,7 @@ def _acme_view(http: httpx.Client, alice: dict[str, str], acme: Acme) -> dict[st
         "hooks": sorted(h["id"] for h in get("/v1/hooks")[1]["hooks"]),
         "defs": [
             post(f"/v1/_{k}def", {"op": "list", "name": v[f"{k}def"]})
-            for k in ("agent", "skill", "mcpserver", "schedule", "webhook")
+            for k in ("agent", "skill", "mcpserver", "schedule", "webhook", "a2aservercard", "a2aagent")
         ],
         "schedule": get(f"/v1/_schedules/{v['schedule_id']}/state")[0],
     }

@@ -31,20 +31,13 @@ import json
 import logging
 from typing import Any
 
-from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from apps.core.errors import ApplicationError, Forbidden, Invalid
+from apps.core.errors import ApplicationError
 from apps.core.types import Principal
 from apps.mcp.server.server import Ctx, build_server
 from apps.substrate.auth import AuthUnavailable, aauthenticate_for, bearer_from_headers
-from apps.substrate.openmode import (
-    CROSS_SITE_MESSAGE,
-    OPEN_MODE_HOST_MESSAGE,
-    host_allowed_in_open_mode,
-    origin_allowed_in_open_mode,
-)
+from apps.substrate.openmode import host_refusal
 
 log = logging.getLogger("loomcycle.mcp.server")
 
@@ -111,31 +104,15 @@ async def _refuse(send: Any, exc: ApplicationError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _host_refusal(headers: dict[str, str], principal: Principal | None) -> ApplicationError | None:
-    """What Django's middleware would refuse for this Host/Origin (principal None: not yet known)."""
-    domain = split_domain_port(headers.get("host", ""))[0]
-    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
-        return Invalid("the Host header names a host this runtime does not serve", code="disallowed_host")
-    if principal is None or not principal.open_mode:
-        return None
-    if not host_allowed_in_open_mode(domain):
-        return Invalid(OPEN_MODE_HOST_MESSAGE, code="open_mode_host")
-    origin = headers.get("origin")
-    cross = headers.get("sec-fetch-site", "").lower() == "cross-site"
-    if cross or (origin is not None and not origin_allowed_in_open_mode(origin)):
-        return Forbidden(CROSS_SITE_MESSAGE, code="cross_site_request")
-    return None
-
-
 async def _principal(scope: dict[str, Any], headers: dict[str, str]) -> Principal:
     """The caller, authorised for `/v1/_mcp`, and the Host checks passed; raises the refusal."""
-    refusal = _host_refusal(headers, None)
+    refusal = host_refusal(headers, None)
     if refusal is not None:
         raise refusal
     client = scope.get("client")
     addr = client[0] if client else None
     principal = await aauthenticate_for(bearer_from_headers(headers), addr, scope.get("method", "POST"), PATH)
-    refusal = _host_refusal(headers, principal)
+    refusal = host_refusal(headers, principal)
     if refusal is not None:
         raise refusal
     return principal

@@ -51,6 +51,9 @@ def _check_url(url: str, what: str, strict: bool) -> str:
     return url
 
 
+check_peer_url = _check_url  # the same registration gate for other remote peers (kinds.a2a)
+
+
 def _check_literal_address(host: str, what: str) -> None:
     """An IP-literal host is refused at registration when the egress guard would refuse
     dialling it (a non-public address whose host is not privately allowlisted), even

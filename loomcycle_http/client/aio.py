@@ -57,6 +57,7 @@ class AsyncClient:
         self.agents = AsyncAgents(self)
         self.skills, self.mcp_servers = AsyncDefs(self, "skill"), AsyncDefs(self, "mcpserver")
         self.schedule_defs, self.webhook_defs = AsyncDefs(self, "schedule"), AsyncDefs(self, "webhook")
+        self.a2a_server_cards, self.a2a_agents = AsyncDefs(self, "a2aservercard"), AsyncDefs(self, "a2aagent")
         self.volumes, self.tokens = AsyncVolumes(self), AsyncTokens(self)
         self.memory = AsyncMemory(self)
         self.channels = AsyncChannels(self)

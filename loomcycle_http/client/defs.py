@@ -1,7 +1,8 @@
 """Versioned substrate definitions (POST /v1/_{kind}def, GET /v1/_{kind}def/names; docs/api.md,
 "Substrate definitions"): one `Defs` per kind (`agent`, `skill`, `mcpserver`, `schedule`,
-`webhook`), each op one request. `op` sends any op as the API takes it; the named methods are
-its common uses. Op ids in `b.op` tags name the kind as `{kind}` (the resource's `kind`)."""
+`webhook`, `a2aservercard`, `a2aagent`), each op one request. `op` sends any op as the API
+takes it; the named methods are its common uses. Op ids in `b.op` tags name the kind as
+`{kind}` (the resource's `kind`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from loomcycle_http.client.sync import Client
 
 Row = dict[str, Any]
-KINDS = ("agent", "skill", "mcpserver", "schedule", "webhook")
+KINDS = ("agent", "skill", "mcpserver", "schedule", "webhook", "a2aservercard", "a2aagent")
 
 
 def op_call(kind: str, op: str, fields: dict[str, Any]) -> b.Call:

@@ -57,6 +57,7 @@ class Client:
         self.agents = Agents(self)  # the def kinds (loomcycle_http.client.defs)
         self.skills, self.mcp_servers = Defs(self, "skill"), Defs(self, "mcpserver")
         self.schedule_defs, self.webhook_defs = Defs(self, "schedule"), Defs(self, "webhook")
+        self.a2a_server_cards, self.a2a_agents = Defs(self, "a2aservercard"), Defs(self, "a2aagent")
         self.volumes, self.tokens = Volumes(self), Tokens(self)
         self.memory = Memory(self)
         self.channels = Channels(self)

@@ -36,14 +36,18 @@ def _no_limits(agents: None) -> Iterator[None]:
 
 @pytest.mark.parametrize(("window", "hours"), [("month", 0), ("hours", 3)])  # a calendar and a rolling window
 def test_concurrent_runs_on_two_workers_overshoot_by_at_most_one_call_per_run(
-    stack: procs.WorkerPool, window: str, hours: int
+    workers: procs.WorkerPool, window: str, hours: int
 ) -> None:
-    assert len(stack.procs) >= 2  # two worker processes take the runs' iterations
     spec = services.LimitSpec(
         tenant_id="", scope="user", scope_id="u-race", window=window, window_hours=hours, hard_limit=Decimal(HARD)
     )
     services.limit_put(spec=spec, updated_by="test")
+    # Every run is admitted before any spends (on a slow host the first runs could otherwise use
+    # the budget up while the last ones are still being created): the workers start after.
+    workers.stop()
     runs = [start("stepper", f"race {i}", user_id="u-race") for i in range(RUNS)]
+    workers.ensure()
+    assert len(workers.procs) >= 2  # two worker processes take the runs' iterations
     ended = [wait_status(r.id, RunStatus.COMPLETED, RunStatus.FAILED, timeout=60) for r in runs]
     assert {r.status for r in ended} == {RunStatus.COMPLETED}
     assert any(r.stop_reason == "token_limit_exceeded" for r in ended)  # the budget did run out

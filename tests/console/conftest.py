@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize
 
-from tests.factories.observability import CHROMIUM, CHROMIUM_ARGS
+from tests.factories.browser import launched
 
 PHONE: ViewportSize = {"width": 390, "height": 844}
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
@@ -29,16 +29,8 @@ def bearer(headers: dict[str, str]) -> str:
 
 @pytest.fixture
 def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
-    # Playwright's sync API runs an event loop on this thread, and Django then refuses ORM calls
-    # here; these tests make them between browser steps, never concurrently (Playwright's advice).
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with launched(monkeypatch) as chromium:
+        yield chromium
 
 
 @dataclass

@@ -19,7 +19,7 @@ import pytest
 from django.conf import settings
 from django.contrib.admin.utils import quote as admin_quote
 from django.contrib.auth.models import Permission, User
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -31,8 +31,8 @@ from loomcycle_project import env as E
 from loomcycle_project.management.commands import up
 from tests import procs
 from tests.conftest import wait_for, wait_status
+from tests.factories.browser import launched
 from tests.factories.live import REPLY, sent_times
-from tests.factories.observability import CHROMIUM, CHROMIUM_ARGS
 
 # The web process first: started beside booting workers on a busy host, its first /healthz can miss the 1 s probe.
 pytestmark = pytest.mark.usefixtures("web", "agents")
@@ -56,16 +56,8 @@ def artifacts() -> Path:
 
 @pytest.fixture
 def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
-    # Playwright's sync API runs an event loop on this thread, and Django then refuses ORM calls
-    # here; these tests make them between browser steps, never concurrently (Playwright's advice).
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with launched(monkeypatch) as chromium:
+        yield chromium
 
 
 @pytest.fixture

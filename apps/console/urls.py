@@ -34,6 +34,7 @@ urlpatterns = [
     path("runs/<str:run_id>/fork", runs.run_fork_view, name="run-fork"),
     path("playground/", playground.playground, name="playground"),
     path("playground/start", require_POST(playground.playground_start), name="playground-start"),
+    path("playground/adhoc", require_POST(playground.playground_adhoc), name="playground-adhoc"),
     path("playground/<str:run_id>/", playground.chat, name="chat"),
     path("playground/<str:run_id>/input", require_POST(playground.chat_input), name="chat-input"),
     path("playground/<str:run_id>/turn-cancel", require_POST(playground.chat_turn_cancel), name="chat-turn-cancel"),

@@ -1,4 +1,5 @@
-"""The playground in a real browser against the real stack: a chat with a named agent shows
+"""The playground in a real browser against the real stack: a chat with a named agent (or an
+ad-hoc one, saved as a version of the tenant's agent as POST /v1/_agentdef would) shows
 the model's tokens before the turn ends, is steered mid-turn from the page, has a turn
 cancelled from the page, shows usage per turn from the ledger, and is continued later from
 the conversation list."""
@@ -8,13 +9,14 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 
 from apps.core.types import Principal
 from apps.runs import services
 from apps.runs.models import Run, RunStatus
 from tests.conftest import wait_status
-from tests.console.conftest import Console, bearer
+from tests.console.conftest import Console, bearer, csrf_of, http_sign_in
 from tests.factories.live import REPLY, sent_times
 
 pytestmark = pytest.mark.usefixtures("web", "agents", "stack")
@@ -83,3 +85,31 @@ def test_a_conversation_is_continued_from_the_list(console: Console, people: dic
     second = Run.objects.get(id=page.url.rstrip("/").rsplit("/", 1)[-1])
     assert second.session_id == first.session_id and second.id != first.id
     console.shot(page, "chat-continued")
+
+
+def test_an_ad_hoc_agent_is_a_version_of_the_tenants_agent_and_a_member_is_refused_it(
+    console: Console, web: str, people: dict[str, dict[str, str]]
+) -> None:
+    page = console.sign_in(bearer(people["alice"]))
+    page.goto(console.url("/ui/playground/"))
+    page.fill("#adhoc_name", "scratch")
+    page.fill("#adhoc_provider", "mock")
+    page.fill("#adhoc_model", "mock-script")
+    page.fill("#adhoc_system_prompt", "Answer in one line.")
+    page.fill("#adhoc_message", "MOCK_SCRIPT: " + json.dumps([{"text": "ad hoc answer"}]))
+    page.click("#adhoc-form button")
+    page.locator("#chat li.assistant", has_text="ad hoc answer").wait_for(timeout=30_000)
+    console.shot(page, "chat-ad-hoc")
+    run = Run.objects.get(id=page.url.rstrip("/").rsplit("/", 1)[-1])
+    assert (run.tenant_id, run.agent_name) == ("acme", "scratch")
+    with httpx.Client(base_url=web, timeout=30, headers=people["alice"]) as rest:  # the same version REST sees
+        got = rest.post("/v1/_agentdef", json={"op": "get", "def_id": run.agent_def_id}).json()
+    assert got["definition"]["system_prompt"] == "Answer in one line." and got["definition"]["model"] == "mock-script"
+    services.run_cancel(principal=ALICE, run_id=run.id, reason="test over")
+
+    with httpx.Client(base_url=web, timeout=30) as member:  # runs:create + runs:read: no agent writes, as REST
+        http_sign_in(member, bearer(people["bob"]))
+        page_html = member.get("/ui/playground/").text
+        form = {"name": "scratch", "provider": "mock", "model": "mock-script", "message": "hi"}
+        refused = member.post("/ui/playground/adhoc", data={**form, "csrfmiddlewaretoken": csrf_of(page_html)})
+    assert refused.status_code == 403 and "insufficient_scope" in refused.text

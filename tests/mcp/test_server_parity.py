@@ -177,7 +177,7 @@ def test_hook_tools_register_list_and_delete_within_the_callers_tenant(
     assert over_http(web, people["alice"], delete) == (False, {"deleted": made["id"]})
 
 
-def test_scheduledef_webhookdef_and_operatortokendef_run_their_op_dispatch(
+def test_scheduledef_webhookdef_a2a_defs_and_operatortokendef_run_their_op_dispatch(
     web: str, people: dict[str, dict[str, str]]
 ) -> None:
     async def tenant(client: Client) -> tuple[Reply, Reply, Reply]:
@@ -189,6 +189,15 @@ def test_scheduledef_webhookdef_and_operatortokendef_run_their_op_dispatch(
     (s_error, schedules), (w_error, webhooks), (t_error, refused) = over_http(web, people["alice"], tenant)
     assert s_error and schedules["code"] == "not_found" and schedules["details"] == {"tool": "ScheduleDef"}
     assert not w_error and webhooks == {"name": "no-such-hook", "versions": []}
+
+    async def a2a(client: Client) -> tuple[Reply, Reply]:
+        cards = await call(client, "a2aservercarddef", {"op": "list", "name": "no-such-card"})
+        peers = await call(client, "a2aagentdef", {"op": "get", "def_id": "def_0000000000000000"})
+        return cards, peers
+
+    (c_error, cards), (p_error, peers) = over_http(web, people["alice"], a2a)
+    assert not c_error and cards == {"name": "no-such-card", "versions": []}
+    assert p_error and peers["code"] == "not_found" and peers["details"] == {"tool": "A2AAgentDef"}
     assert t_error and refused["code"] == "insufficient_scope"
 
     async def admin(client: Client) -> Reply:

@@ -1,7 +1,8 @@
 """The rest of loomcycle's MCP meta-tools whose capability this runtime has, under
 loomcycle's names and input shapes, each calling what its REST route calls:
 
-- `scheduledef`, `webhookdef` (`POST /v1/_scheduledef`, `/v1/_webhookdef`; substrate:tenant)
+- `scheduledef`, `webhookdef`, `a2aservercarddef`, `a2aagentdef` (`POST /v1/_scheduledef`,
+  `/v1/_webhookdef`, `/v1/_a2aservercarddef`, `/v1/_a2aagentdef`; substrate:tenant)
   and `operatortokendef` (`POST /v1/_operatortokendef`; substrate:admin);
 - the six snapshot tools (`/v1/_snapshots...`; substrate:admin: a snapshot spans tenants);
 - `register_hook` / `list_hooks` / `delete_hook` (`/v1/hooks`; substrate:tenant);
@@ -188,6 +189,8 @@ async def pause_runtime(principal: Principal, args: PauseArgs) -> dict[str, Any]
 register(
     def_tool("schedule", "scheduledef"),
     def_tool("webhook", "webhookdef"),
+    def_tool("a2aservercard", "a2aservercarddef"),
+    def_tool("a2aagent", "a2aagentdef"),
     McpTool(
         "operatortokendef",
         "OperatorTokenDef op-dispatch (create, rotate, retire, get, list).",

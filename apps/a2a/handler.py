@@ -60,6 +60,7 @@ from apps.a2a import presenters, push, runs
 from apps.a2a.cards import Exposed, exposed_for
 from apps.core.errors import ApplicationError
 from apps.core.types import Principal
+from apps.gateway.fairness.streams import StreamSlot, astream_slot
 from apps.runs.models import Run
 from apps.runs.streams import KEEPALIVE, admitted_from, keepalive_seconds, run_frames
 from apps.substrate.auth import authorize
@@ -92,6 +93,15 @@ def _refused(exc: ApplicationError, *, task_lookup: bool = False) -> NoReturn:
     if exc.status in (400, 404, 409, 413, 422):
         raise InvalidParamsError(message=exc.message, data=data) from exc
     raise InvalidRequestError(message=exc.message, data=data) from exc
+
+
+async def _slot(principal: Principal) -> StreamSlot:
+    """One of the principal's stream slots (LOOMCYCLE_MAX_STREAMS_PER_PRINCIPAL, shared with SSE,
+    WebSocket and gRPC streams), taken before anything starts: over the cap, nothing does."""
+    try:
+        return await astream_slot(principal)
+    except ApplicationError as exc:
+        _refused(exc)
 
 
 async def _call(fn: Any, *args: Any, task_lookup: bool = False, **kwargs: Any) -> Any:
@@ -171,11 +181,25 @@ class RunsRequestHandler(RequestHandler):
     async def _view(self, run_id: str) -> presenters.RunView:
         return await sync_to_async(runs.run_view_unscoped, thread_sensitive=False)(run_id)
 
+    async def _admit_holding(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> tuple[Run, int, StreamSlot]:
+        """`_admit` for a request held open while its task runs: a stream slot first."""
+        slot = await _slot(_allowed(context, "POST", "/v1/runs"))
+        try:
+            run, from_seq = await self._admit(params, context)
+        except BaseException:
+            await slot.release()  # no run was started: the slot was never held
+            raise
+        return run, from_seq, slot
+
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
-        run, from_seq = await self._admit(params, context)
         principal = _principal(context)
-        if not params.configuration.return_immediately:
-            async with aclosing(self._events(run.id, from_seq)) as events:
+        if params.configuration.return_immediately:
+            run, _ = await self._admit(params, context)
+        else:  # the request waits for the task to settle: it holds a stream slot as a stream does
+            run, from_seq, slot = await self._admit_holding(params, context)
+            async with slot.held(), aclosing(self._events(run.id, from_seq)) as events:
                 async for _ in events:
                     pass
         return presenters.task(await _call(runs.run_view, principal, run.id, task_lookup=True))
@@ -183,11 +207,12 @@ class RunsRequestHandler(RequestHandler):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
-        run, from_seq = await self._admit(params, context)
-        yield presenters.task(await _call(runs.run_view, _principal(context), run.id, task_lookup=True))
-        async with aclosing(self._events(run.id, from_seq)) as events:
-            async for event in events:
-                yield event
+        run, from_seq, slot = await self._admit_holding(params, context)
+        async with slot.held():
+            yield presenters.task(await _call(runs.run_view, _principal(context), run.id, task_lookup=True))
+            async with aclosing(self._events(run.id, from_seq)) as events:
+                async for event in events:
+                    yield event
 
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
@@ -197,7 +222,8 @@ class RunsRequestHandler(RequestHandler):
         yield presenters.task(view)
         if view.status not in presenters.SETTLED:
             last_seq = await _call(runs.run_last_seq, principal, params.id, task_lookup=True)
-            async with aclosing(self._events(params.id, last_seq)) as events:
+            slot = await _slot(principal)
+            async with slot.held(), aclosing(self._events(params.id, last_seq)) as events:
                 async for event in events:
                     yield event
 

@@ -3,15 +3,18 @@
 Seven hosts (tests/netns_cluster.py) and, while the infrastructure-restart workload
 (tests/chaos/infra_workload.py) runs through the public API, every fault of
 tests/chaos/partitions.py in turn: a worker host cut off from Postgres, from Redis, from both
-(each three leases long), a web host cut off from Redis (a stream follower there carries on from
-its last seq on the other web host) and from Postgres (503 within a bound), 20 % packet loss
-between every worker and Postgres/Redis for a minute, a worker host lost whole and a new one
-added, and the Redis host replaced by an empty Redis on the same address. Then the contract
-through SQL and the fairness slots; prints one line per fault (runs hit, the slowest recovery
-during the fault and after its heal) and exits non-zero on any violation.
+(each three leases long), a web host cut off from Redis and from its clients (a stream follower
+there re-attaches to the other web host with Last-Event-ID and carries on from its last seq) and
+from Postgres (503 within a bound), 20 % packet loss between every worker and Postgres/Redis for a
+minute, a delay of 200 ms ± 100 ms on every chunk between every worker and Postgres/Redis for a
+minute (a user-space proxy on each worker host, tests/netns_delay.py: this kernel has no netem), a
+worker host lost whole and a new one added, and the Redis host replaced by an empty Redis on the
+same address. Then the contract through SQL and the fairness slots; prints one line per fault
+(runs hit, the slowest recovery during the fault and after its heal) and exits non-zero on any
+violation.
 
-Needs root, iproute2 and nftables. Delay (netem) is not run: this machine's kernel has no
-sch_netem (tests/netns.py). PARTITIONS_RUNS sets the workload's tool runs (default 12).
+Needs root, iproute2 and nftables. PARTITIONS_RUNS sets the workload's tool runs (default 12),
+PARTITIONS_LOSS_S and PARTITIONS_DELAY_S the lossy and slow links' length (60 s each).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from tests.netns_cluster import ENGINE_ENV, WEB_HOSTS, WORKER_HOSTS, Cluster, cl
 RUNS = int(os.environ.get("PARTITIONS_RUNS", "12"))
 LEASE_S = float(ENGINE_ENV["LOOMCYCLE_LEASE_SECONDS"])
 LOSS_S = float(os.environ.get("PARTITIONS_LOSS_S", "60"))
+DELAY_S = float(os.environ.get("PARTITIONS_DELAY_S", "60"))
 WEB_BOUND_S = 40.0
 FAIRNESS = {
     "LOOMCYCLE_MAX_CONCURRENT_RUNS_PER_USER": "40",
@@ -65,6 +69,8 @@ def faults_run(c: Cluster) -> tuple[list[faults.Outcome], list[str]]:
         out.append(faults.web_cut_from_postgres(c, WEB_HOSTS[1], bound_s=WEB_BOUND_S))
         faults.add_slow(http, w, "bp", 6, sleep_ms=4000)
         out.append(faults.lossy_workers(c, workers, 20, seconds=LOSS_S))
+        faults.add_slow(http, w, "bp", 6, sleep_ms=4000)
+        out.append(faults.slow_workers(c, seconds=DELAY_S))
         faults.add_slow(http, w, "bp", 4, sleep_ms=2500)
         out.append(faults.lose_worker_host(c, workers, "w4"))
         faults.add_slow(http, w, "bp", 4, sleep_ms=2500)
@@ -72,6 +78,9 @@ def faults_run(c: Cluster) -> tuple[list[faults.Outcome], list[str]]:
         wl.unpark(http, c, w)
         wl.finish(http, c, w, timeout=300)
         broken = wl.contract_violations(c, w, "bp") + faults.slot_violations(c)
+    streamed = next(o for o in out if o.kind.startswith("web cut from redis"))
+    if not streamed.detail["seqs_from_other"]:
+        broken.append(f"web cut from redis: the follower never read from the other web host {streamed.detail}")
     web = next(o for o in out if o.kind == "web cut from pg")
     for method in ("GET", "POST"):
         if web.detail[f"{method}_status"] != "503:database_unavailable" or web.detail[f"{method}_s"] >= WEB_BOUND_S:
@@ -87,7 +96,7 @@ def main() -> int:
     data = Path(tempfile.mkdtemp(prefix="run-", dir=DATA))
     t0 = time.monotonic()
     try:
-        with cluster(data, DATA / "template", extra_env=FAIRNESS) as c:
+        with cluster(data, DATA / "template", extra_env=FAIRNESS, delay_proxy=True) as c:
             print(f"cluster up in {time.monotonic() - t0:.0f} s on {c.net.subnet}", flush=True)
             outcomes, broken = faults_run(c)
     finally:

@@ -12,8 +12,8 @@ Faults are nftables rules inside a host's namespace (table `inet lc_fault`), bot
   no reset, no ICMP; a peer's open connections hang, as across a cut link);
 - `loss(host, peers, percent)`: each such packet dropped with that probability (nft numgen);
 - `heal(host)`: the table deleted.
-Delay (netem) is not offered: this machine's kernel is built without sch_netem (no qdisc but htb
-and pfifo), and nftables cannot hold a packet back.
+Delay (netem) is not offered here: this machine's kernel is built without sch_netem (no qdisc but
+htb and pfifo), and nftables cannot hold a packet back; tests/netns_delay.py delays in user space.
 
 Every name carries a run id (`lc<6 hex>`), and the /24 is one no route of the root namespace uses,
 so a leftover of a crashed run never collides with a new one. `close()` kills every process left in
@@ -135,8 +135,8 @@ class Net:
 
     # --- faults ------------------------------------------------------------------------------
 
-    def _rules(self, host: str, peers: list[str], verdict: str) -> None:
-        addrs = ", ".join(self.hosts[p].ip for p in peers)
+    def _rules(self, host: str, peers: list[str], verdict: str, clients: bool = False) -> None:
+        addrs = ", ".join([self.hosts[p].ip for p in peers] + ([self.root_ip] if clients else []))
         script = (
             f"table inet {FAULT_TABLE} {{\n"
             f"  chain out {{ type filter hook output priority 0; ip daddr {{ {addrs} }} {verdict}; }}\n"
@@ -146,9 +146,10 @@ class Net:
         self.heal(host)
         run("ip", "netns", "exec", self.hosts[host].ns, "nft", "-f", "-", input_text=script)
 
-    def partition(self, host: str, peers: list[str]) -> None:
-        """Drop every packet between `host` and each of `peers` (both ways)."""
-        self._rules(host, peers, "drop")
+    def partition(self, host: str, peers: list[str], clients: bool = False) -> None:
+        """Drop every packet between `host` and each of `peers` (both ways); with `clients`, between
+        it and the root namespace too (the workload's HTTP clients: a web host's client link)."""
+        self._rules(host, peers, "drop", clients)
 
     def loss(self, host: str, peers: list[str], percent: int) -> None:
         """Drop `percent` % of the packets between `host` and each of `peers`, at random."""

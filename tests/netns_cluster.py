@@ -11,6 +11,10 @@ The harness itself reads the database through Postgres's unix socket and Redis t
 socket: out of band, so a partition never hides the contract check. Every process dies with
 the test process (PR_SET_PDEATHSIG) and `close()` kills whatever is left and deletes the
 namespaces, even when a start failed half way.
+
+With `delay_proxy=True` each worker host also runs tests/netns_delay.py, a TCP proxy on its own
+address, and its workers' DATABASE_URL and REDIS_URL name that proxy: `slow_links()` turns a
+200 ms ± 100 ms delay on and off (this kernel has no netem).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import json
 import os
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,6 +57,8 @@ ENGINE_ENV = {
     "LOOMCYCLE_SWEEP_SECONDS": "1",
     "LOOMCYCLE_REQUEUE_GRACE_SECONDS": "10",
     "LOOMCYCLE_FLOWER_ENABLED": "0",
+    # A keepalive every 2 s: a stream follower tells a cut link from a quiet run within seconds.
+    "LOOMCYCLE_SSE_KEEPALIVE_MS": "2000",
 }
 
 
@@ -64,6 +72,8 @@ class Cluster:
     socket_dir: str = ""
     procs: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
     concurrency: int = 8
+    delay_proxy: bool = False  # workers reach Postgres and Redis through tests/netns_delay.py on their host
+    proxies: dict[str, int] = field(default_factory=dict)  # worker host -> its delay proxy's pid
     _workers: int = 0
     _worker_pids: set[int] = field(default_factory=set)
 
@@ -138,7 +148,26 @@ class Cluster:
         self._workers += 1
         argv = [*CELERY, "--quiet", "worker", "--pool", "threads", "-c", str(self.concurrency)]
         argv += ["-Q", "runs,maintenance", "-n", f"{host}-{self._workers}@%h", "--without-gossip", "--without-mingle"]
-        self._worker_pids.add(self._spawn(host, [*argv, "--loglevel", "INFO"], "worker"))
+        env = self._via_proxy(host) if self.delay_proxy else self.env
+        self._worker_pids.add(self._spawn(host, [*argv, "--loglevel", "INFO"], "worker", env))
+
+    def _via_proxy(self, host: str) -> dict[str, str]:
+        """The host's delay proxy (started once), and an environment whose URLs name it."""
+        ip, pg, rd = self.net.hosts[host].ip, self.net.hosts["pg"].ip, self.net.hosts["redis"].ip
+        if host not in self.proxies:
+            routes = [f"{PG_PORT}:{pg}:{PG_PORT}", f"{REDIS_PORT}:{rd}:{REDIS_PORT}"]
+            self.proxies[host] = self._spawn(host, [sys.executable, "-m", "tests.netns_delay", ip, *routes], "delay")
+            wait_until(lambda: _listens(ip, PG_PORT) and _listens(ip, REDIS_PORT), 60, f"{host}'s delay proxy")
+        env = dict(self.env)
+        env["DATABASE_URL"] = env["DATABASE_URL"].replace(f"@{pg}:", f"@{ip}:")
+        env["REDIS_URL"] = env["REDIS_URL"].replace(f"@{rd}:", f"@{ip}:")
+        return env
+
+    def slow_links(self, on: bool) -> None:
+        """Every worker host's delay proxy holds each chunk back 200 ms ± 100 ms (on) or not (off)."""
+        for pid in self.proxies.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1 if on else signal.SIGUSR2)
 
     def start_beat(self, host: str) -> None:
         argv = [*CELERY, "--quiet", "beat", "--loglevel", "INFO", "-s", str(self.logs / "beat-schedule")]
@@ -147,6 +176,7 @@ class Cluster:
     def lose_host(self, host: str) -> None:
         """Every process of the host killed, its namespace deleted."""
         self.net.remove_host(host)
+        self.proxies.pop(host, None)
         for proc in self.procs.pop(host, []):
             proc.wait(10)
 
@@ -166,6 +196,14 @@ class Cluster:
         if (self.data_dir / "pg" / "postmaster.pid").exists():
             with contextlib.suppress(subprocess.CalledProcessError):
                 infra._pg_ctl(self.data_dir, "-w", "-m", "immediate", "stop")
+
+
+def _listens(ip: str, port: int) -> bool:
+    try:
+        socket.create_connection((ip, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _pings(client: redis.Redis) -> bool:
@@ -260,11 +298,16 @@ def _env(cluster: Cluster, extra: dict[str, str]) -> dict[str, str]:
 
 @contextmanager
 def cluster(
-    data_dir: Path, template_root: Path, *, extra_env: dict[str, str] | None = None, concurrency: int = 8
+    data_dir: Path,
+    template_root: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    concurrency: int = 8,
+    delay_proxy: bool = False,
 ) -> Iterator[Cluster]:
     """The seven hosts and their processes (module docstring); all gone on exit."""
     net = Net()
-    c = Cluster(net, data_dir, concurrency=concurrency)
+    c = Cluster(net, data_dir, concurrency=concurrency, delay_proxy=delay_proxy)
     try:
         net.open()
         for host in ("pg", "redis", *WEB_HOSTS, *WORKER_HOSTS):

@@ -55,6 +55,8 @@ class SseFollower:
     headers: dict[str, str] = field(default_factory=dict)  # a cluster's bearer (tests/netns_cluster.py)
     alternates: list[str] = field(default_factory=list)  # other web processes, tried in turn when a stream breaks
     seqs: list[int] = field(default_factory=list)
+    served_by: list[str] = field(default_factory=list)  # the web process each seq came from
+    read_timeout: float = 30.0  # a keepalive comes at least every 30 s: a longer silence is a hang
     resumes: int = 0
     errors: list[str] = field(default_factory=list)
     ended_at: float | None = None
@@ -82,16 +84,17 @@ class SseFollower:
 
     def _read_once(self) -> bool:
         """One connection; True once the server ended the stream cleanly."""
-        params = {"from_seq": self.seqs[-1]} if self.seqs else {}
-        timeout = httpx.Timeout(30.0)  # a keepalive comes at least every 30 s: a longer silence is a hang
+        resume = {"Last-Event-ID": str(self.seqs[-1])} if self.seqs else {}  # as EventSource re-attaches
         url = f"{self.base_url}/v1/runs/{self.run_id}/stream"
-        with httpx.stream("GET", url, params=params, headers=self.headers, timeout=timeout) as r:
+        timeout = httpx.Timeout(self.read_timeout)
+        with httpx.stream("GET", url, headers={**self.headers, **resume}, timeout=timeout) as r:
             if r.status_code != 200:
                 self.errors.append(f"status {r.status_code}: {r.read()[:200]!r}")
                 return False
             for line in r.iter_lines():
                 if line.startswith("id: "):
                     self.seqs.append(int(line[4:]))
+                    self.served_by.append(self.base_url)
         return True
 
     def join(self, timeout: float) -> None:

@@ -199,21 +199,39 @@ def replace_redis(c: Cluster, hosts: list[str]) -> Outcome:
 
 
 def web_cut_from_redis(c: Cluster, w: wl.Workload, run_id: str, seconds: float) -> Outcome:
-    """A stream follower on the second web host, which is cut off from Redis: the follower must
-    carry on from its last seq on the first web host (checked with the workload's followers)."""
+    """A stream follower on the second web host, which loses Redis and its client link: the
+    follower re-attaches to the first web host with Last-Event-ID (its read timeout, 3 keepalives,
+    tells the cut), which must carry on from its last seq; the contract check then wants every
+    event once, in seq order (tests/chaos/infra_workload.py)."""
     web, other = WEB_HOSTS[1], WEB_HOSTS[0]
-    follower = wl.SseFollower(c.url(web), run_id, headers=c.headers, alternates=[c.url(other)])
+    follower = wl.SseFollower(c.url(web), run_id, headers=c.headers, alternates=[c.url(other)], read_timeout=6.0)
     follower.start()
     w.followers.append(follower)
     wait_until(lambda: follower.seqs, 60, "the follower's first event")
-    out = Outcome("web cut from redis", web, [run_id])
+    out = Outcome("web cut from redis+clients", web, [run_id])
     at = db_now(c)
-    c.net.partition(web, ["redis"])
+    before = len(follower.seqs)
+    c.net.partition(web, ["redis"], clients=True)
     try:
         hold(seconds)
     finally:
         c.net.heal(web)
     out.detail["resumes"] = follower.resumes
+    out.detail["seqs_from_other"] = follower.served_by[before:].count(c.url(other))
+    return measure(c, out, at, db_now(c))
+
+
+def slow_workers(c: Cluster, seconds: float) -> Outcome:
+    """Every worker host's link to Postgres and Redis delays each chunk 200 ms ± 100 ms (the delay
+    proxies of tests/netns_delay.py; this kernel has no netem) for `seconds`."""
+    affected = [r for h in c.proxies for r in leased_on(c, h)]
+    out = Outcome("workers delayed 200±100ms pg+redis", "all", affected, detail={"held_s": seconds})
+    at = db_now(c)
+    c.slow_links(True)
+    try:
+        hold(seconds)
+    finally:
+        c.slow_links(False)
     return measure(c, out, at, db_now(c))
 
 

@@ -7,6 +7,8 @@ it. While the infrastructure-restart workload (tool runs, parked parents, channe
 interactive runs, Interruption asks, an SSE follower) runs through the public API:
 - a worker host is cut off from Postgres and Redis for three leases, then healed: its runs finish
   on other workers, its late commits meet the fence;
+- a web host cut off from Redis and from its clients: an SSE follower of a streamed run there
+  re-attaches to the other web host with Last-Event-ID and sees every event once, in seq order;
 - a web host cut off from Postgres answers 503 `database_unavailable` within a bound (never a 500
   or a hang), and serves again once healed;
 - a whole worker host is lost (its processes killed, its namespace deleted) and a new one added.
@@ -65,15 +67,18 @@ def test_a_cluster_across_namespaces_keeps_its_contract_through_partitions_and_a
         wl.wait_parked(c, w)
         faults.add_slow(http, w, "np", 4, sleep_ms=2500)
         cut = faults.partition_worker(c, workers, ["pg", "redis"], seconds=3 * LEASE_S)
+        (followed,) = faults.add_slow(http, w, "np", 1, sleep_ms=4000)
+        streamed = faults.web_cut_from_redis(c, w, followed, seconds=2 * LEASE_S)
         web = faults.web_cut_from_postgres(c, "web2", bound_s=WEB_BOUND_S)
         faults.add_slow(http, w, "np", 4, sleep_ms=2500)
         lost = faults.lose_worker_host(c, workers, "w4")
         wl.unpark(http, c, w)
         wl.finish(http, c, w, timeout=180)
-        for outcome in (cut, web, lost):
+        for outcome in (cut, streamed, web, lost):
             print(outcome.row())
         assert wl.contract_violations(c, w, "np") == []
         assert faults.slot_violations(c) == []
     assert web.detail["GET_status"] == web.detail["POST_status"] == "503:database_unavailable", web.detail
     assert max(web.detail["GET_s"], web.detail["POST_s"]) < WEB_BOUND_S, web.detail
+    assert streamed.detail["resumes"] >= 1 and streamed.detail["seqs_from_other"] > 0, streamed.detail
     assert cut.affected and lost.affected  # each worker fault hit runs in flight

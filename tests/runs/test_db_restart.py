@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,17 @@ from workers.queues import RUNS
 pytestmark = pytest.mark.usefixtures("agents")
 
 RUNS_COUNT = 20
+
+
+@pytest.fixture(autouse=True)
+def _pool_left_clean() -> Iterator[None]:
+    """The session's Postgres is restarted here and kept: this process's idle pooled connections
+    died with it. Each test leaves none of them behind, or a later test of this process is lent
+    one (its first query: `terminating connection due to administrator command`)."""
+    yield
+    connection.close()
+    if connection.pool is not None and not connection.pool.closed:
+        connection.pool.check()
 
 
 def _restart_postgres() -> None:

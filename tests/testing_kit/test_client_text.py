@@ -15,7 +15,8 @@ LONG = "Hello there, wide world of many words"
 
 def test_result_text_is_the_whole_text_of_the_last_model_call(web: str) -> None:
     with httpx.Client(base_url=web) as http:
-        result = run_agent(http, "scripted", script({"text": LONG}))
+        # Sent in pieces over ~0.5 s, so live frames reach the stream before the step commits.
+        result = run_agent(http, "scripted", script({"text": LONG, "chunk_chars": 4, "chunk_ms": 50}))
         assert any(data.get("live") for event, data in result.events if event == "text")  # it did stream live
         assert result.text == LONG
         turn = run_agent(http, "scripted", script({"text": "first turn"}, {"text": LONG}), interactive=True)

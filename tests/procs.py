@@ -63,9 +63,16 @@ class WorkerPool:
     """N Celery worker processes (threads pool); can kill one and top up."""
 
     def __init__(
-        self, env: dict[str, str], logdir: Path, size: int = 2, concurrency: int = 16, tag: str = "test"
+        self,
+        env: dict[str, str],
+        logdir: Path,
+        size: int = 2,
+        concurrency: int = 16,
+        tag: str = "test",
+        queues: str = "runs,maintenance",
     ) -> None:
         self.env, self.logdir, self.size, self.concurrency, self.tag = env, logdir, size, concurrency, tag
+        self.queues = queues
         self.procs: list[subprocess.Popen[bytes]] = []
         self.beat: subprocess.Popen[bytes] | None = None
         self._n = 0
@@ -80,7 +87,7 @@ class WorkerPool:
             "-c",
             str(self.concurrency),
             "-Q",
-            "runs,maintenance",
+            self.queues,
             "-n",
             f"{self.tag}{self._n}@%h",
             "--without-gossip",

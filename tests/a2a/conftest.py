@@ -11,6 +11,8 @@ import pytest
 from a2a.client import Client, ClientConfig, create_client
 from a2a.types import Message, Part, Role, SendMessageRequest
 
+from apps.substrate import services as substrate
+from apps.substrate.kinds import get_kind
 from tests.conftest import daphne
 
 
@@ -38,3 +40,18 @@ def send_request(message: Message, **configuration: Any) -> SendMessageRequest:
     for key, value in configuration.items():
         setattr(request.configuration, key, value)
     return request
+
+
+CARD = {
+    "description": "acme's desk",
+    "exposed_agents": [
+        {"agent_name": "echo", "skill_id": "echo", "description": "answers ok"},
+        {"agent_name": "asker", "skill_id": "asker"},
+        {"agent_name": "very-slow", "skill_id": "slow"},
+    ],
+}
+
+
+def expose(tenant_id: str = "acme", name: str = "desk", card: dict[str, Any] = CARD) -> None:
+    author = substrate.Author(tenant_id=tenant_id, subject="test")
+    substrate.def_create(get_kind("a2aservercard"), author, {"name": name, "overlay": card})

@@ -24,28 +24,12 @@ from a2a.types import (
 from a2a.utils.errors import A2AError, InvalidParamsError, PushNotificationNotSupportedError, TaskNotFoundError
 
 from apps.runs.models import Run, RunStatus
-from apps.substrate import services as substrate
-from apps.substrate.kinds import get_kind
 from tests.a2a import peer
-from tests.a2a.conftest import sdk_client, send_request, user_message
+from tests.a2a.conftest import CARD, expose, sdk_client, send_request, user_message
 from tests.conftest import wait_for, wait_status
 from tests.factories.runs import ASK
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
-
-CARD = {
-    "description": "acme's desk",
-    "exposed_agents": [
-        {"agent_name": "echo", "skill_id": "echo", "description": "answers ok"},
-        {"agent_name": "asker", "skill_id": "asker"},
-        {"agent_name": "very-slow", "skill_id": "slow"},
-    ],
-}
-
-
-def expose(tenant_id: str = "acme", name: str = "desk", card: dict[str, Any] = CARD) -> None:
-    author = substrate.Author(tenant_id=tenant_id, subject="test")
-    substrate.def_create(get_kind("a2aservercard"), author, {"name": name, "overlay": card})
 
 
 def run(coro: Any) -> Any:

@@ -17,8 +17,7 @@ from a2a.utils.errors import A2AError
 
 from apps.runs.models import Run
 from apps.substrate import tokens
-from tests.a2a.conftest import sdk_client, send_request, user_message
-from tests.a2a.test_server import expose
+from tests.a2a.conftest import expose, sdk_client, send_request, user_message
 from tests.conftest import daphne, wait_for
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")

@@ -188,10 +188,13 @@ def test_a_sub_agent_gets_its_parents_volumes_never_wider_and_ephemeral_ones_are
 def unsandboxed(workers: WorkerPool, stack_env: dict[str, str], logdir: Path) -> Iterator[WorkerPool]:
     """Workers that run Bash unsandboxed (LOOMCYCLE_BASH_UNSANDBOXED=1), for the tests that look a
     command's `$$` or `$PPID` up on the host: a sandboxed command has its own PID namespace (its pids
-    mean nothing outside). The session's workers stop meanwhile, so these take every run.
-    test_sandbox_runs.py covers the sandboxed command's cancel."""
+    mean nothing outside). The session's workers stop meanwhile, so these take every run; they
+    take no maintenance task (beat's sweeps wait for the session's workers), so a worker's
+    Postgres sessions are its iterations' alone. test_sandbox_runs.py covers the sandboxed
+    command's cancel."""
     workers.stop()
-    pool = WorkerPool({**stack_env, "LOOMCYCLE_BASH_UNSANDBOXED": "1"}, logdir, tag="unsandboxed")
+    env = {**stack_env, "LOOMCYCLE_BASH_UNSANDBOXED": "1"}
+    pool = WorkerPool(env, logdir, tag="unsandboxed", queues="runs")
     pool.ensure()
     try:
         yield pool

@@ -112,8 +112,8 @@ async def _serve(
                 task.cancel()
         else:
             await asyncio.gather(*pending, return_exceptions=True)
-    except (OSError, TimeoutError):
-        pass
+    except (OSError, TimeoutError) as exc:  # the target is unreachable or a side reset: both are closed below
+        print(f"netns_delay: connection to {target[0]}:{target[1]} ended: {exc!r}", flush=True)
     finally:
         for writer in (client_w, up_w):
             if writer is not None:

@@ -118,6 +118,11 @@ def people(settings: Any, tmp_path: Path) -> dict[str, dict[str, str]]:
     settings.LOOMCYCLE = dataclasses.replace(
         settings.LOOMCYCLE, auth_token=None, audit_log_path=str(tmp_path / "audit.jsonl")
     )
+    if connection.pool is not None and not connection.in_atomic_block:
+        # tests/runs/test_db_restart.py restarts this session's Postgres: a connection of this
+        # process that was lent before it is dead; drop every such one before this test's first query.
+        connection.close()
+        connection.pool.check()
     tokens.token_create(name="ops", tenant_id="ops")
     out = {}
     for who, tenant, scopes in (

@@ -83,9 +83,8 @@ class _Turn:
     agent_id: str
     run_id: str = ""
     first_seq: int = 0  # this call's persisted events are those after it
-    resumed: bool = (
-        False  # a later turn (send_input): the `agent` and `session` frames that open its stream are not its
-    )
+    # A later turn (send_input): the `agent` and `session` frames its stream opens with are not its own.
+    resumed: bool = False
     events: tuple[Event, ...] = ()
 
     @property

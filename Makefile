@@ -7,7 +7,10 @@
 VENV  := .venv
 PY    := $(VENV)/bin/python
 RUN_REQS := requirements/base.txt requirements/embedded.txt requirements/build.txt
-RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | sha256sum | cut -c1-12)
+# The client's pyproject too: its editable install is where the `loomcycle` script and the testing
+# kit's pytest11 entry point come from, and pip writes those only when it installs.
+CLIENT_PROJECT := loomcycle_http/pyproject.toml
+RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) $(CLIENT_PROJECT) | sha256sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(shell cat $(RUN_REQS) requirements/dev.txt | sha256sum | cut -c1-12)
 STEP := python3 loomcycle_project/steps.py
 PIP := $(PY) -m pip install --disable-pip-version-check
@@ -27,12 +30,13 @@ $(PROTO_GEN): $(PROTO) $(RUN_STAMP)
 	@$(STEP) "generating the gRPC stubs (grpcio-tools' protoc)" -- $(PY) -m apps.grpcapi.stubs
 
 # Running: base + embedded servers + build (protoc), and the `loomcycle` command.
-$(RUN_STAMP): $(RUN_REQS)
+$(RUN_STAMP): $(RUN_REQS) $(CLIENT_PROJECT)
 	@test -x $(PY) || $(STEP) "creating the virtualenv $(VENV) (python3 -m venv)" -- python3 -m venv $(VENV)
 	@$(STEP) "installing the runtime's requirements into $(VENV) (base, embedded Postgres and Valkey; a minute on a first run)" -- \
 	  $(PIP) $(foreach r,$(RUN_REQS),-r $(r))
-	@# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md). Not the root
-	@# project: that would register the pytest11 plugin and shadow this checkout's apps.
+	@# .venv/bin/loomcycle: the client-only distribution, editable (docs/cli.md); it also registers
+	@# the testing kit's pytest11 entry point (loomcycle_http.testing: loading it starts nothing).
+	@# Not the root project: that would shadow this checkout's apps.
 	@$(STEP) "installing the loomcycle command (./loomcycle_http, editable)" -- $(PIP) --no-deps -e ./loomcycle_http
 	@# A .venv made before the rename: its editable `loomcycle-client` would shadow PyPI's `loomcycle`.
 	@if $(PY) -m pip show --quiet loomcycle-client 2>/dev/null; then $(PY) -m pip uninstall --quiet -y loomcycle-client; fi
@@ -71,7 +75,7 @@ lint: $(STAMP) $(PROTO_GEN)
 	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP) $(PROTO_GEN)
-	$(PY) -m mypy apps workers loomcycle_project loomcycle_testing loomcycle_http
+	$(PY) -m mypy apps workers loomcycle_project loomcycle_http
 
 bench: $(STAMP)
 	$(PY) bench/loop.py

@@ -1,11 +1,11 @@
 """A user's test of their own agent, against a real loomcycle runtime.
 
-Run it with:  pytest -p loomcycle_testing test_my_agent.py
+Run it with:  pytest -p loomcycle_http.testing test_my_agent.py
 """
 
 import json
 
-from loomcycle_testing import assert_tool_called
+from loomcycle_http.testing import assert_tool_called
 
 # What the `mock-script` model does, step by step: call Memory, then answer.
 SCRIPT = [
@@ -29,5 +29,4 @@ def test_the_agent_remembers_the_colour(define_agent, run_agent, loomcycle_clien
     assert result.status == "completed"
     assert_tool_called(result, "Memory", op="set", key="colour", value="blue")
     assert result.text == "Saved."
-    stored = loomcycle_client.get("/v1/_memory/scopes/user/alice/keys/colour").json()
-    assert stored["entry"]["value"] == "blue"
+    assert loomcycle_client.memory.get("user", "alice", "colour") == "blue"  # a loomcycle_http Client

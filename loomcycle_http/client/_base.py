@@ -10,6 +10,8 @@ Invariants:
   after a reconnect any seq already passed is skipped.
 - A `Reconnect` bounds how long a followed stream may stay away: its clock starts at the
   first failure since a stream last delivered a frame, so each drop gets the full timeout.
+  With a `deadline` it also bounds the whole follow: no wait (back-off, headers, a frame)
+  runs past it by more than MIN_READ_TIMEOUT_S, and once it has passed nothing more is read.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from loomcycle_http.client.errors import LoomcycleError
+from loomcycle_http.client.errors import ConnectionFailed, FollowTimeout, LoomcycleError
 from loomcycle_http.client.events import Event, RunRef
 from loomcycle_http.client.live import LiveText
 
 DEFAULT_URL = "http://127.0.0.1:8787"
 RECONNECT_TIMEOUT_S = 60.0  # how long a followed stream keeps trying to come back
 STREAM_READ_TIMEOUT_S = 60.0  # silence longer than this (keepalives come every 20 s) is a dropped connection
+MIN_READ_TIMEOUT_S = 2.0  # a follow with a deadline never waits less for headers or a frame, however near it
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.1, 2.0
 RETRYABLE_STATUSES = frozenset({502, 503, 504})  # a restarting web process or proxy, while reconnecting
 
@@ -118,6 +121,7 @@ class Cursor:
     seen: set[str] = field(default_factory=set)  # the live-only frames (`agent`, `session`) already yielded
     live: LiveText = field(default_factory=LiveText)  # the live text the caller has (across re-attaches)
     live_frames: bool = True  # False: ask for committed events only (`?live=false`)
+    until_input: bool = False  # True: an `awaiting_input` event ends the follow too (an interactive run's turn)
 
     def accept(self, event: Event) -> bool:
         """Whether to hand `event` to the caller (and note it)."""
@@ -132,8 +136,23 @@ class Cursor:
             if event.seq <= self.last_seq:
                 return False  # replayed after a reconnect
             self.last_seq = event.seq
-        self.finished = event.is_terminal
+        self.finished = event.is_terminal or (self.until_input and event.type == "awaiting_input")
         return True
+
+    def run_call(self) -> Call:
+        """GET the followed run: by its run_id once known, else by its agent_id."""
+        if self.run_id:
+            return Call("GET", f"/v1/runs/{seg(self.run_id)}")
+        return Call("GET", f"/v1/agents/{seg(self.agent_id)}")
+
+
+def found_run_id(cursor: Cursor, run: Mapping[str, Any] | None) -> str:
+    """The run_id the lookup of a followed run's agent_id found. None (a 404: the POST that
+    makes the run may still be on its way) is a dropped connection: looked up again after a
+    back-off, within the reconnect timeout and the deadline."""
+    if run is None:
+        raise ConnectionFailed(f"no run has agent_id {cursor.agent_id} yet")
+    return str(run["run_id"])
 
 
 class StreamLost(Exception):
@@ -150,26 +169,57 @@ class Reconnect:
     event; it paces re-opens of a stream the server ends without a terminal event."""
 
     timeout: float
+    deadline: float | None = None  # time.monotonic() past which the follow ends (FollowTimeout); None: never
     failing_since: float | None = None
     attempt: int = 0
     quiet: int = 0
 
+    @classmethod
+    def of(cls, reconnect_timeout: float, timeout: float | None) -> Reconnect:
+        """The pacing of a follow that may take `timeout` seconds from now in all (None: no bound)."""
+        return cls(reconnect_timeout, None if timeout is None else time.monotonic() + timeout)
+
     def delivered(self) -> None:
         self.failing_since, self.attempt = None, 0
 
+    @property
+    def late(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def read_timeout(self) -> float:
+        """How long to wait for headers or a frame: the silence that means a dropped connection,
+        or less when the deadline comes first (never under MIN_READ_TIMEOUT_S)."""
+        if self.deadline is None:
+            return STREAM_READ_TIMEOUT_S
+        return min(STREAM_READ_TIMEOUT_S, max(MIN_READ_TIMEOUT_S, self.deadline - time.monotonic()))
+
+    def _bounded(self, wait: float) -> float:
+        return wait if self.deadline is None else max(0.0, min(wait, self.deadline - time.monotonic()))
+
     def after_drop(self) -> float:
-        """The wait before the next attempt; StreamLost once the outage outlasts the timeout."""
+        """The wait before the next attempt (the follow's loop then sees a passed deadline); StreamLost
+        once the outage outlasts the reconnect timeout before the deadline."""
         now = time.monotonic()
         self.failing_since = self.failing_since or now
-        if now - self.failing_since > self.timeout:
+        if now - self.failing_since > self.timeout and not self.late:
             raise StreamLost
         self.attempt += 1
-        return backoff(self.attempt - 1)
+        return self._bounded(backoff(self.attempt - 1))
 
     def after_clean_close(self, progressed: bool) -> float:
         """The wait before re-opening a stream that ended without a terminal event."""
         self.quiet = 0 if progressed else self.quiet + 1
-        return backoff(self.quiet)
+        return self._bounded(backoff(self.quiet))
+
+    def check(self, cursor: Cursor) -> None:
+        """Raise FollowTimeout once the deadline has passed."""
+        if self.late:
+            raise FollowTimeout(
+                f"run {cursor.run_id or cursor.agent_id or '?'} did not end within the follow's timeout",
+                run_id=cursor.run_id,
+                agent_id=cursor.agent_id,
+                last_seq=cursor.last_seq,
+            )
 
 
 def run_body(agent: str, prompt: str | None, fields: dict[str, Any]) -> dict[str, Any]:

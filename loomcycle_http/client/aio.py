@@ -113,17 +113,35 @@ class Runs:
 
     @b.op("runs_create")
     def start(
-        self, agent: str, prompt: str | None = None, *, reconnect_timeout: float = b.RECONNECT_TIMEOUT_S, **fields: Any
+        self,
+        agent: str,
+        prompt: str | None = None,
+        *,
+        reconnect_timeout: float = b.RECONNECT_TIMEOUT_S,
+        timeout: float | None = None,
+        until_input: bool = False,
+        **fields: Any,
     ) -> AsyncIterator[Event]:
         """Start a run and stream its events (POST /v1/runs, SSE) to the end. The run
         gets a client-made `agent_id` unless `fields` has one, so a stream that drops
-        before it named the run still finds it. A refusal raises before the first event."""
-        return self.follow_post("/v1/runs", b.run_body(agent, prompt, fields), reconnect_timeout)
+        before it named the run still finds it. A refusal raises before the first event.
+        `timeout` and `until_input` as for `stream`."""
+        body = b.run_body(agent, prompt, fields)
+        return self.follow_post("/v1/runs", body, reconnect_timeout, timeout=timeout, until_input=until_input)
 
-    def follow_post(self, path: str, body: dict[str, Any], reconnect_timeout: float) -> AsyncIterator[Event]:
+    def follow_post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        reconnect_timeout: float,
+        *,
+        timeout: float | None = None,
+        until_input: bool = False,
+    ) -> AsyncIterator[Event]:
         """POST `body` (naming its run by `agent_id`) to a route answering a run's stream; follow the run."""
-        cursor = b.Cursor(agent_id=str(body["agent_id"]))
-        return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(path, body))
+        cursor = b.Cursor(agent_id=str(body["agent_id"]), until_input=until_input)
+        pace = b.Reconnect.of(reconnect_timeout, timeout)
+        return self._follow(cursor, pace, first=lambda: self._post_opener(path, body, pace))
 
     @b.op("runs_stream")
     def stream(
@@ -133,14 +151,17 @@ class Runs:
         from_seq: int = 0,
         reconnect_timeout: float = b.RECONNECT_TIMEOUT_S,
         live: bool = True,
+        timeout: float | None = None,
+        until_input: bool = False,
     ) -> AsyncIterator[Event]:
         """Follow a run (GET /v1/runs/{id}/stream) from after `from_seq` to its end.
         A dropped or silent connection is re-opened with `Last-Event-ID` (the last seq
         seen), so no event is lost or repeated; after `reconnect_timeout` seconds without
         getting a connection back, ConnectionFailed. `live=False`: committed events only, each
-        whole (no live text and thinking frames)."""
-        cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live)
-        return self._follow(cursor, reconnect_timeout, first=None)
+        whole (no live text and thinking frames). `timeout`: seconds the whole follow may take,
+        then FollowTimeout (the run goes on). `until_input`: end after an `awaiting_input` event too."""
+        cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live, until_input=until_input)
+        return self._follow(cursor, b.Reconnect.of(reconnect_timeout, timeout), first=None)
 
     @b.op("runs_get")
     async def get(self, run_id: str) -> Run:
@@ -267,28 +288,39 @@ class Runs:
                 if not b.is_keepalive(sse.event, sse.data):
                     yield event_from_sse(sse.event, sse.data, "")
 
-    def _post_opener(self, path: str, body: dict[str, Any]) -> AbstractAsyncContextManager[httpx.Response]:
-        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+    def _post_opener(
+        self, path: str, body: dict[str, Any], pace: b.Reconnect
+    ) -> AbstractAsyncContextManager[httpx.Response]:
+        timeout = httpx.Timeout(30.0, read=pace.read_timeout())
         return self._c.http.stream("POST", path, json=body, timeout=timeout)
 
-    async def _get_opener(self, cursor: b.Cursor) -> AbstractAsyncContextManager[httpx.Response]:
+    async def _get_opener(self, cursor: b.Cursor, pace: b.Reconnect) -> AbstractAsyncContextManager[httpx.Response]:
         if not cursor.run_id:  # the POST's answer never named the run: find it by its handle
-            cursor.run_id = str((await self.get_by_agent_id(cursor.agent_id))["run_id"])
+            cursor.run_id = b.found_run_id(cursor, await self._lookup(cursor, pace))
         headers = {"Last-Event-ID": str(cursor.last_seq)}
-        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+        timeout = httpx.Timeout(30.0, read=pace.read_timeout())
         url = f"/v1/runs/{b.seg(cursor.run_id)}/stream" + ("" if cursor.live_frames else "?live=false")
         return self._c.http.stream("GET", url, headers=headers, timeout=timeout)
 
-    async def _follow(self, cursor: b.Cursor, reconnect_timeout: float, first: _Opener | None) -> AsyncIterator[Event]:
-        pace = b.Reconnect(reconnect_timeout)
+    async def _lookup(self, cursor: b.Cursor, pace: b.Reconnect) -> Run | None:
+        """The followed run (None: no run has its agent_id yet; the POST may still be on its way)."""
+        try:
+            return cast(Run, await self._c.send(cursor.run_call(), timeout=pace.read_timeout()))
+        except NotFound:
+            if cursor.run_id:
+                raise
+            return None
+
+    async def _follow(self, cursor: b.Cursor, pace: b.Reconnect, first: _Opener | None) -> AsyncIterator[Event]:
         while not cursor.finished:
+            pace.check(cursor)  # FollowTimeout once the deadline has passed
             posting, first = first, None  # a POST is sent once: later attempts re-attach by GET
             before = cursor.last_seq
             try:
-                opener = posting() if posting else await self._get_opener(cursor)
+                opener = posting() if posting else await self._get_opener(cursor, pace)
                 async for event in self._read(opener, cursor, pace):
                     yield event
-                if cursor.finished or await self._has_ended(cursor):
+                if cursor.finished or await self._has_ended(cursor, pace):
                     return
             except _DROPPED as exc:
                 if posting is not None and isinstance(exc, httpx.ConnectError):
@@ -297,10 +329,10 @@ class Runs:
                 continue
             await asyncio.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end
 
-    async def _has_ended(self, cursor: b.Cursor) -> bool:
+    async def _has_ended(self, cursor: b.Cursor, pace: b.Reconnect) -> bool:
         """Whether the run of a stream that closed without a terminal event has ended (asked of the runtime)."""
-        run = await (self.get(cursor.run_id) if cursor.run_id else self.get_by_agent_id(cursor.agent_id))
-        cursor.finished = str(run.get("state") or "") in TERMINAL_STATES
+        run = await self._lookup(cursor, pace)
+        cursor.finished = run is not None and str(run.get("state") or "") in TERMINAL_STATES
         return cursor.finished
 
     async def _read(
@@ -323,6 +355,7 @@ class Runs:
                         yield shown
                 if cursor.finished:
                     return
+                pace.check(cursor)
 
 
 def _drop_wait(pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:

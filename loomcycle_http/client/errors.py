@@ -30,6 +30,17 @@ class ConnectionFailed(LoomcycleError):
     code = "connection_failed"
 
 
+class FollowTimeout(LoomcycleError):
+    """A followed run did not end (or, with `until_input`, park) within the follow's `timeout`. The
+    run is left as it is: cancel it with `runs.cancel(agent_id)` if it should not go on."""
+
+    code = "follow_timeout"
+
+    def __init__(self, message: str, *, run_id: str, agent_id: str, last_seq: int) -> None:
+        super().__init__(message)
+        self.run_id, self.agent_id, self.last_seq = run_id, agent_id, last_seq
+
+
 class ApiError(LoomcycleError):
     """The runtime answered with an error status. `status` is the HTTP status, `code` the body's."""
 

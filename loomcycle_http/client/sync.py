@@ -113,18 +113,36 @@ class Runs:
 
     @b.op("runs_create")
     def start(
-        self, agent: str, prompt: str | None = None, *, reconnect_timeout: float = b.RECONNECT_TIMEOUT_S, **fields: Any
+        self,
+        agent: str,
+        prompt: str | None = None,
+        *,
+        reconnect_timeout: float = b.RECONNECT_TIMEOUT_S,
+        timeout: float | None = None,
+        until_input: bool = False,
+        **fields: Any,
     ) -> Iterator[Event]:
         """Start a run and stream its events (POST /v1/runs, SSE) to the end. The run
         gets a client-made `agent_id` unless `fields` has one, so a stream that drops
-        before it named the run still finds it. A refusal raises before the first event."""
-        return self.follow_post("/v1/runs", b.run_body(agent, prompt, fields), reconnect_timeout)
+        before it named the run still finds it. A refusal raises before the first event.
+        `timeout` and `until_input` as for `stream`."""
+        body = b.run_body(agent, prompt, fields)
+        return self.follow_post("/v1/runs", body, reconnect_timeout, timeout=timeout, until_input=until_input)
 
-    def follow_post(self, path: str, body: dict[str, Any], reconnect_timeout: float) -> Iterator[Event]:
+    def follow_post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        reconnect_timeout: float,
+        *,
+        timeout: float | None = None,
+        until_input: bool = False,
+    ) -> Iterator[Event]:
         """POST `body` (which names its run by `agent_id`) to a route answering a run's stream, and
         follow that run to its end (runs.start, sessions.message)."""
-        cursor = b.Cursor(agent_id=str(body["agent_id"]))
-        return self._follow(cursor, reconnect_timeout, first=lambda: self._post_opener(path, body))
+        cursor = b.Cursor(agent_id=str(body["agent_id"]), until_input=until_input)
+        pace = b.Reconnect.of(reconnect_timeout, timeout)
+        return self._follow(cursor, pace, first=lambda: self._post_opener(path, body, pace))
 
     @b.op("runs_stream")
     def stream(
@@ -134,14 +152,17 @@ class Runs:
         from_seq: int = 0,
         reconnect_timeout: float = b.RECONNECT_TIMEOUT_S,
         live: bool = True,
+        timeout: float | None = None,
+        until_input: bool = False,
     ) -> Iterator[Event]:
         """Follow a run (GET /v1/runs/{id}/stream) from after `from_seq` to its end.
         A dropped or silent connection is re-opened with `Last-Event-ID` (the last seq
         seen), so no event is lost or repeated; after `reconnect_timeout` seconds without
         getting a connection back, ConnectionFailed. `live=False`: committed events only, each
-        whole (no live text and thinking frames)."""
-        cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live)
-        return self._follow(cursor, reconnect_timeout, first=None)
+        whole (no live text and thinking frames). `timeout`: seconds the whole follow may take,
+        then FollowTimeout (the run goes on). `until_input`: end after an `awaiting_input` event too."""
+        cursor = b.Cursor(run_id=run_id, last_seq=from_seq, live_frames=live, until_input=until_input)
+        return self._follow(cursor, b.Reconnect.of(reconnect_timeout, timeout), first=None)
 
     @b.op("runs_get")
     def get(self, run_id: str) -> Run:
@@ -274,44 +295,49 @@ class Runs:
                 if not b.is_keepalive(sse.event, sse.data):
                     yield event_from_sse(sse.event, sse.data, "")
 
-    def _post_opener(self, path: str, body: dict[str, Any]) -> AbstractContextManager[httpx.Response]:
-        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+    def _post_opener(
+        self, path: str, body: dict[str, Any], pace: b.Reconnect
+    ) -> AbstractContextManager[httpx.Response]:
+        timeout = httpx.Timeout(30.0, read=pace.read_timeout())
         return self._c.http.stream("POST", path, json=body, timeout=timeout)
 
-    def _get_opener(self, cursor: b.Cursor) -> AbstractContextManager[httpx.Response]:
+    def _get_opener(self, cursor: b.Cursor, pace: b.Reconnect) -> AbstractContextManager[httpx.Response]:
         if not cursor.run_id:  # the POST's answer never named the run: find it by its handle
-            cursor.run_id = str(self.get_by_agent_id(cursor.agent_id)["run_id"])
+            cursor.run_id = b.found_run_id(cursor, self._lookup(cursor, pace))
         headers = {"Last-Event-ID": str(cursor.last_seq)}
-        timeout = httpx.Timeout(30.0, read=b.STREAM_READ_TIMEOUT_S)
+        timeout = httpx.Timeout(30.0, read=pace.read_timeout())
         url = f"/v1/runs/{b.seg(cursor.run_id)}/stream" + ("" if cursor.live_frames else "?live=false")
         return self._c.http.stream("GET", url, headers=headers, timeout=timeout)
 
-    def _follow(self, cursor: b.Cursor, reconnect_timeout: float, first: _Opener | None) -> Iterator[Event]:
-        pace = b.Reconnect(reconnect_timeout)
+    def _lookup(self, cursor: b.Cursor, pace: b.Reconnect) -> Run | None:
+        """The followed run (None: no run has its agent_id yet; the POST may still be on its way)."""
+        try:
+            return cast(Run, self._c.send(cursor.run_call(), timeout=pace.read_timeout()))
+        except NotFound:
+            if cursor.run_id:
+                raise
+            return None
+
+    def _follow(self, cursor: b.Cursor, pace: b.Reconnect, first: _Opener | None) -> Iterator[Event]:
         while not cursor.finished:
+            pace.check(cursor)  # FollowTimeout once the deadline has passed
             posting, first = first, None  # a POST is sent once: later attempts re-attach by GET
             before = cursor.last_seq
             try:
-                yield from self._read(posting() if posting else self._get_opener(cursor), cursor, pace)
-                if cursor.finished or self._has_ended(cursor):
+                yield from self._read(posting() if posting else self._get_opener(cursor, pace), cursor, pace)
+                if cursor.finished or self._has_ended(cursor, pace):
                     return
             except _DROPPED as exc:
                 if posting is not None and isinstance(exc, httpx.ConnectError):
                     raise ConnectionFailed(f"POST to {self._c.url} starting a run: {exc!r}") from exc
-                time.sleep(self._drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
+                time.sleep(_drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout and the deadline
                 continue
             time.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end: not a busy loop
 
-    def _drop_wait(self, pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:
-        try:
-            return pace.after_drop()
-        except b.StreamLost:
-            raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
-
-    def _has_ended(self, cursor: b.Cursor) -> bool:
+    def _has_ended(self, cursor: b.Cursor, pace: b.Reconnect) -> bool:
         """Whether the run of a stream that closed without a terminal event has ended (asked of the runtime)."""
-        run = self.get(cursor.run_id) if cursor.run_id else self.get_by_agent_id(cursor.agent_id)
-        cursor.finished = str(run.get("state") or "") in TERMINAL_STATES
+        run = self._lookup(cursor, pace)
+        cursor.finished = run is not None and str(run.get("state") or "") in TERMINAL_STATES
         return cursor.finished
 
     def _read(
@@ -333,6 +359,14 @@ class Runs:
                     yield from cursor.live.feed(event)
                 if cursor.finished:
                     return
+                pace.check(cursor)
+
+
+def _drop_wait(pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:
+    try:
+        return pace.after_drop()
+    except b.StreamLost:
+        raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
 
 
 __all__ = ["ApiError", "Client"]

@@ -9,11 +9,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
 
-from loomcycle_http.client import AsyncClient, Client
+from loomcycle_http.client import AsyncClient, Client, FollowTimeout
 from loomcycle_http.client.events import Event
 
 RUN = "r_00000000000000aa"
@@ -99,17 +100,51 @@ def agent_frame() -> tuple[str, dict[str, object], None]:
     return ("agent", {"run_id": RUN, "agent_id": AGENT}, None)
 
 
-def follow_sync(script: Script, *, timeout: float = 60.0, start: bool = False, from_seq: int = 0) -> list[Event]:
+def follow_sync(
+    script: Script,
+    *,
+    timeout: float = 60.0,
+    start: bool = False,
+    from_seq: int = 0,
+    seen: list[Event] | None = None,
+    within: float | None = None,
+    until_input: bool = False,
+) -> list[Event]:
+    """The events of a followed run; `seen` gets each as it comes (kept when the follow raises).
+    `timeout` is the reconnect timeout, `within` the follow's own `timeout`."""
+    seen = [] if seen is None else seen
+    options: dict[str, Any] = {"timeout": within, "until_input": until_input}
     with Client("http://runtime.test", transport=httpx.MockTransport(script)) as lc:
         if start:
-            return list(lc.runs.start("scripted", "hi", agent_id=AGENT, reconnect_timeout=timeout))
-        return list(lc.runs.stream(RUN, from_seq=from_seq, reconnect_timeout=timeout))
+            follow = lc.runs.start("scripted", "hi", agent_id=AGENT, reconnect_timeout=timeout, **options)
+        else:
+            follow = lc.runs.stream(RUN, from_seq=from_seq, reconnect_timeout=timeout, **options)
+        seen.extend(follow)
+        return seen
 
 
-def follow_async(script: Script, *, timeout: float = 60.0, from_seq: int = 0) -> list[Event]:
+def follow_async(
+    script: Script,
+    *,
+    timeout: float = 60.0,
+    start: bool = False,
+    from_seq: int = 0,
+    seen: list[Event] | None = None,
+    within: float | None = None,
+    until_input: bool = False,
+) -> list[Event]:
+    seen = [] if seen is None else seen
+    options: dict[str, Any] = {"timeout": within, "until_input": until_input}
+
     async def go() -> list[Event]:
         async with AsyncClient("http://runtime.test", transport=httpx.MockTransport(script)) as lc:
-            return [e async for e in lc.runs.stream(RUN, from_seq=from_seq, reconnect_timeout=timeout)]
+            if start:
+                follow = lc.runs.start("scripted", "hi", agent_id=AGENT, reconnect_timeout=timeout, **options)
+            else:
+                follow = lc.runs.stream(RUN, from_seq=from_seq, reconnect_timeout=timeout, **options)
+            async for event in follow:
+                seen.append(event)
+            return seen
 
     return asyncio.run(go())
 
@@ -195,3 +230,63 @@ def test_a_post_dropped_before_its_agent_frame_still_yields_it_on_reattach(clock
     events = follow_sync(script, start=True)
     assert [e.type for e in events] == ["agent", "session", "done"]
     assert events[0].data["run_id"] == RUN
+
+
+@pytest.mark.parametrize("follow", FOLLOWERS)
+def test_a_run_not_there_yet_after_a_dropped_post_is_looked_up_again(
+    clock: Clock, follow: Callable[..., list[Event]]
+) -> None:
+    """The POST broke before its answer and the run is not found by its agent_id yet (the request
+    may still be on its way): a drop, looked up again after a back-off, not a NotFound."""
+    looked: list[int] = []
+
+    def script(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return sse([], clock, drop_after=0.5)
+        if request.url.path == f"/v1/agents/{AGENT}":
+            looked.append(1)
+            if len(looked) < 3:
+                return httpx.Response(404, json={"error": {"code": "unknown_agent_id", "message": "no such run"}})
+            return httpx.Response(200, json={"run_id": RUN, "agent_id": AGENT, "state": "running"})
+        return sse([agent_frame(), ("done", {}, 2)], clock)
+
+    events = follow(script, start=True)
+    assert [e.type for e in events] == ["agent", "done"]
+    assert len(looked) == 3 and len(clock.slept) == 3  # the drop of the POST, then two looks that found nothing
+
+
+@pytest.mark.parametrize("follow", FOLLOWERS)
+def test_until_input_ends_the_follow_at_awaiting_input(clock: Clock, follow: Callable[..., list[Event]]) -> None:
+    """An interactive run's turn: the follow ends after the `awaiting_input` event, on the stream
+    that brought it, without asking the run or re-opening."""
+    calls: list[str] = []
+    frames: FrameList = [agent_frame(), ("text", {"text": "a"}, 1), ("awaiting_input", {}, 2), ("text", {}, 3)]
+
+    def script(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return sse(frames, clock)
+
+    events = follow(script, until_input=True)
+    assert [(e.type, e.seq) for e in events] == [("agent", None), ("text", 1), ("awaiting_input", 2)]
+    assert calls == [f"/v1/runs/{RUN}/stream"]
+
+
+@pytest.mark.parametrize("follow", FOLLOWERS)
+def test_a_follow_past_its_timeout_raises_follow_timeout(clock: Clock, follow: Callable[..., list[Event]]) -> None:
+    """A stream that keeps breaking before the run ends: re-attached until the follow's `timeout`
+    (well inside `reconnect_timeout`), then FollowTimeout with the run's ids and last seq. Each wait
+    for headers or a frame is the time left, but never under 2 s."""
+    reads: list[float] = []
+
+    def script(request: httpx.Request) -> httpx.Response:
+        reads.append(request.extensions["timeout"]["read"])
+        seq = len(reads)
+        return sse([agent_frame(), ("text", {"text": "x"}, seq)], clock, drop_after=4)
+
+    seen: list[Event] = []
+    with pytest.raises(FollowTimeout) as late:
+        follow(script, timeout=60.0, seen=seen, within=10.0)
+    assert (late.value.run_id, late.value.agent_id, late.value.last_seq) == (RUN, AGENT, len(reads))
+    assert [e.seq for e in seen if e.type == "text"] == list(range(1, len(reads) + 1))
+    assert reads[0] == 10.0 and reads[-1] == 2.0 and len(reads) == 3  # 10 s, then ~6 s, then under 2 s left
+    assert sum(clock.slept) <= 10.0

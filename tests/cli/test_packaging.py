@@ -1,7 +1,7 @@
 """The client-only distribution (loomcycle_http/pyproject.toml): it installs into a fresh venv
 without the runtime (offline: no index, no build isolation), gives the `loomcycle` command,
-and imports without Django; its pins are the runtime's; the runtime's distribution does
-not ship it."""
+and imports without Django; with its `testing` extra, pytest loads the testing kit by its entry
+point; its ranges hold the runtime's pins; the runtime's distribution ships none of it."""
 
 from __future__ import annotations
 
@@ -39,10 +39,15 @@ def test_the_client_takes_compatible_ranges_that_hold_the_runtimes_pins_and_the_
     project = _project()
     library = [Requirement(line) for line in project["dependencies"]]
     cli = [Requirement(line) for line in project["optional-dependencies"]["cli"]]
+    testing = [Requirement(line) for line in project["optional-dependencies"]["testing"]]
     assert {r.name.lower() for r in library} == {"httpx", "httpx-sse"}
     assert {r.name.lower() for r in cli} == {"click", "rich", "pyyaml"}
-    runtime = _pins((ROOT / "requirements" / "base.txt").read_text().splitlines())
-    for req in library + cli:
+    assert {r.name.lower() for r in testing} == {"pytest"}
+    requirements = ROOT / "requirements"
+    runtime = _pins(
+        [*(requirements / "base.txt").read_text().splitlines(), *(requirements / "dev.txt").read_text().splitlines()]
+    )
+    for req in library + cli + testing:
         assert not any(spec.operator == "==" for spec in req.specifier), req  # a range, never a pin
         assert "<" in str(req.specifier), req  # bounded above: the next major may break us
         assert req.specifier.contains(runtime[req.name.lower()]), (req, runtime[req.name.lower()])
@@ -106,8 +111,25 @@ def test_the_client_installs_alone_and_imports_without_django(tmp_path: Path) ->
     assert "Usage: loomcycle" in _run(venv / "bin" / "loomcycle", "--help", cwd=tmp_path)
     check = "import loomcycle_http.client, loomcycle_http.cli, sys; assert 'django' not in sys.modules, 'django'"
     _run(venv / "bin" / "python", "-c", check, cwd=tmp_path)
+    _the_testing_extra_loads_the_kit(venv, site, tmp_path)
     installed = _run(*vpip, "list", "--format=freeze").lower()
     assert "django" not in installed and "celery" not in installed
+
+
+def _the_testing_extra_loads_the_kit(venv: Path, site: Path, cwd: Path) -> None:
+    """Without pytest the kit does not import; with the `testing` extra's requirements, pytest
+    loads it by its pytest11 entry point (no `-p`), named as the module, and nothing of Django."""
+    python = venv / "bin" / "python"
+    assert subprocess.run([python, "-c", "import loomcycle_http.testing"], capture_output=True, cwd=cwd).returncode
+    _copy_installed(_closure([Requirement(line).name for line in _project()["optional-dependencies"]["testing"]]), site)
+    _run(python, "-m", "pip", "--disable-pip-version-check", "check")
+    names = "from importlib import metadata; print(*[e.name for e in metadata.entry_points(group='pytest11')])"
+    assert _run(python, "-c", names, cwd=cwd).split().count("loomcycle_http.testing") == 1  # (anyio has one too)
+    assert "--loomcycle-url" in _run(python, "-m", "pytest", "-p", "no:cacheprovider", "--help", cwd=cwd)
+    both = "-p loomcycle_http.testing"  # the entry point and `-p` register it once (one name)
+    assert "--loomcycle-url" in _run(python, "-m", "pytest", *both.split(), "-p", "no:cacheprovider", "--help", cwd=cwd)
+    check = "import loomcycle_http.testing, sys; assert not {'django', 'celery'} & set(sys.modules), 'django'"
+    _run(python, "-c", check, cwd=cwd)
 
 
 def test_the_runtime_distribution_ships_neither_the_client_nor_its_command() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.procs import ROOT
 
 DATA = ("templates", "static")
-SOURCES = ("pyproject.toml", "README.md", "requirements", "apps", "loomcycle_project", "workers", "loomcycle_testing")
+SOURCES = ("pyproject.toml", "README.md", "requirements", "apps", "loomcycle_project", "workers")
 
 
 def _data_files() -> set[str]:
@@ -47,3 +47,7 @@ def test_the_wheel_holds_every_template_static_file_help_topic_and_preset(tmp_pa
     (wheel,) = tmp_path.glob("*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert sorted(wanted - shipped) == []
+    # The testing kit and its pytest11 entry point are the client distribution's (loomcycle_http/testing).
+    assert not [name for name in shipped if name.startswith(("loomcycle_testing/", "loomcycle_http/"))]
+    entry_points = [name for name in shipped if name.endswith(".dist-info/entry_points.txt")]
+    assert not any("pytest11" in zipfile.ZipFile(wheel).read(name).decode() for name in entry_points)

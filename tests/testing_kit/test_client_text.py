@@ -3,10 +3,10 @@ live frames and a committed frame carrying only the rest (docs/api.md, "Live tex
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from loomcycle_testing.client import run_agent, send_input
+from loomcycle_http.client import Client
+from loomcycle_http.testing.client import run_agent, send_input
 from tests.cli.conftest import script
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
@@ -14,11 +14,11 @@ LONG = "Hello there, wide world of many words"
 
 
 def test_result_text_is_the_whole_text_of_the_last_model_call(web: str) -> None:
-    with httpx.Client(base_url=web) as http:
+    with Client(web, token="") as lc:
         # Sent in pieces over ~0.5 s, so live frames reach the stream before the step commits.
-        result = run_agent(http, "scripted", script({"text": LONG, "chunk_chars": 4, "chunk_ms": 50}))
+        result = run_agent(lc, "scripted", script({"text": LONG, "chunk_chars": 4, "chunk_ms": 50}))
         assert any(data.get("live") for event, data in result.events if event == "text")  # it did stream live
         assert result.text == LONG
-        turn = run_agent(http, "scripted", script({"text": "first turn"}, {"text": LONG}), interactive=True)
+        turn = run_agent(lc, "scripted", script({"text": "first turn"}, {"text": LONG}), interactive=True)
         assert (turn.status, turn.text) == ("awaiting_input", "first turn")
-        assert send_input(http, turn, "more").text == LONG  # this turn's, after the previous one's
+        assert send_input(lc, turn, "more").text == LONG  # this turn's, after the previous one's

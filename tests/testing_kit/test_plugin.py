@@ -1,5 +1,5 @@
-"""The user-facing pytest plugin (loomcycle_testing), run as a user runs it:
-a separate pytest process with `-p loomcycle_testing`, its own ini (our
+"""The user-facing pytest plugin (loomcycle_http.testing), run as a user runs it:
+a separate pytest process with `-p loomcycle_http.testing`, its own ini (our
 addopts do not apply), and a Django project of its own in the environment.
 The documented example runs verbatim; the runtime it starts leaves nothing
 behind, whether the session ends or its pytest is killed; the user's Celery,
@@ -92,7 +92,7 @@ def _pytest(tmp: Path, *files: Path) -> list[str]:
     for file in files:
         (tmp / file.name).write_bytes(file.read_bytes())
     ini = str(tmp / "pytest.ini")
-    return [sys.executable, "-m", "pytest", "-p", "loomcycle_testing", "-c", ini, "-v", *(f.name for f in files)]
+    return [sys.executable, "-m", "pytest", "-p", "loomcycle_http.testing", "-c", ini, "-v", *(f.name for f in files)]
 
 
 def _alive(pid: int) -> bool:
@@ -171,7 +171,7 @@ def test_importing_the_plugin_touches_nothing_of_the_runtime() -> None:
     """What a user's pytest process gets from loading the plugin: no Django
     settings module, none of the runtime's packages, no Celery, no Django."""
     probe = (
-        "import os, sys, loomcycle_testing; "
+        "import os, sys, loomcycle_http.testing; "
         "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'apps', 'workers', 'loomcycle_project', 'django', "
         "'celery', 'kombu'}); print(os.environ.get('DJANGO_SETTINGS_MODULE'), loaded)"
     )

@@ -1,4 +1,4 @@
-"""The runtime side of loomcycle_testing, in-process: what the child's
+"""The runtime side of loomcycle_http.testing, in-process: what the child's
 environment holds, and the clear refusals that come before anything is
 spawned (the plugin as a user runs it is tests/testing_kit/test_plugin.py)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from apps.core.secrets import PROVIDER_KEY_NAMES
-from loomcycle_testing import runtime as R
+from loomcycle_http.testing import runtime as R
 from tests.procs import ROOT
 
 MARKER = "0123456789abcdef"
@@ -97,7 +97,7 @@ def test_loomcycle_python_that_cannot_import_the_runtime_is_refused(tmp_path: Pa
 def test_the_plugins_transcript_renders_segments_as_the_runtime_does() -> None:
     """The plugin cannot import apps.runs.prompt, so it keeps its own renderer: this keeps it in step."""
     from apps.runs.prompt import UNTRUSTED_KINDS, Segment, split_segments
-    from loomcycle_testing import transcript
+    from loomcycle_http.testing import transcript
 
     segments = [
         {"role": "user", "type": "trusted-text", "text": "plain <b>"},

@@ -1,5 +1,5 @@
 """Run by tests/testing_kit/test_plugin.py in a user-like pytest process
-(`-p loomcycle_testing`, its own ini, a Django project of its own), together
+(`-p loomcycle_http.testing`, its own ini, a Django project of its own), together
 with examples/test_my_agent.py. Not collected by the project's suite."""
 
 import json
@@ -10,14 +10,21 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 import psutil
 import pytest
 from kit_record import record_runtime
 
-from loomcycle_testing import LoomcycleError, RunTimeout, RuntimeStartError, assert_tool_called, define_agent, run_agent
-from loomcycle_testing.processes import SESSION_MARKER, marked_processes
-from loomcycle_testing.runtime import start_runtime
+from loomcycle_http.client import Client
+from loomcycle_http.testing import (
+    LoomcycleError,
+    RunTimeout,
+    RuntimeStartError,
+    assert_tool_called,
+    define_agent,
+    run_agent,
+)
+from loomcycle_http.testing.processes import SESSION_MARKER, marked_processes
+from loomcycle_http.testing.runtime import start_runtime
 
 MEMORY_GET = {"op": "get", "scope": "user", "key": "colour"}
 
@@ -56,9 +63,9 @@ def test_result_carries_events_tool_calls_and_transcript(run_agent):
 
 
 def test_define_agent_forks_a_static_agent_for_a_tenant(loomcycle_runtime, loomcycle_client):
-    mint = {"op": "create", "name": "acme-dev", "tenant_id": "acme", "scopes": ["substrate:tenant"]}
-    token = loomcycle_client.post("/v1/_operatortokendef", json=mint).json()["token"]
-    with httpx.Client(base_url=loomcycle_runtime.url, headers={"Authorization": f"Bearer {token}"}) as acme:
+    mint = {"name": "acme-dev", "tenant_id": "acme", "scopes": ["substrate:tenant"]}
+    token = loomcycle_client.tokens.op("create", **mint)["token"]
+    with Client(loomcycle_runtime.url, token=token) as acme:
         row = define_agent(acme, "greeter", system_prompt="Greet warmly.")
         assert row["promoted"] is True and row["parent_def_id"] and row["tenant_id"] == "acme"
         assert row["definition"]["model"] == "mock-tool-loop?tool=Context&calls=1"  # merged onto the yaml entry
@@ -67,12 +74,12 @@ def test_define_agent_forks_a_static_agent_for_a_tenant(loomcycle_runtime, loomc
 
 
 def test_define_agent_refuses_a_static_name_in_the_shared_tenant(define_agent):
-    with pytest.raises(LoomcycleError, match="'greeter' is a static yaml entry and this client is in the shared"):
+    with pytest.raises(LoomcycleError, match="'greeter' is a static yaml entry and this caller is in the shared"):
         define_agent("greeter", system_prompt="never used")
 
 
 def test_only_the_users_config_is_loaded(loomcycle_client):
-    names = {row["name"] for row in loomcycle_client.get("/v1/_agentdef/names").json()["names"]}
+    names = {row["name"] for row in loomcycle_client.agents.names()}
     assert "greeter" in names and "echo" not in names  # no bundled loomcycle.yaml underneath
 
 
@@ -90,7 +97,7 @@ def test_a_failed_run_has_status_failed_its_stop_reason_and_its_error(define_age
 
 def _wait_cancelled(client, agent_id):
     deadline = time.monotonic() + 30
-    while client.get(f"/v1/agents/{agent_id}").json()["state"] != "cancelled":
+    while client.runs.get_by_agent_id(agent_id)["state"] != "cancelled":
         assert time.monotonic() < deadline, f"the cancel of {agent_id} did not land"
         time.sleep(0.1)
 
@@ -124,7 +131,7 @@ def test_an_interactive_run_answers_turn_by_turn(define_agent, run_agent, send_i
     assert [m["role"] for m in second.transcript] == ["user", "assistant", "user", "assistant"]
     third = send_input(second.run_id, "and then?")  # by run id: from the run's last event now
     assert (third.status, third.text) == ("awaiting_input", "ok")  # past the script's last step
-    loomcycle_client.post(f"/v1/agents/{third.agent_id}/cancel", json={"reason": "enough"})
+    loomcycle_client.runs.cancel(third.agent_id, reason="enough")
     _wait_cancelled(loomcycle_client, third.agent_id)
     with pytest.raises(LoomcycleError, match=r"HTTP 404 not_in_flight"):
         send_input(third, "too late")

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import httpx
 
-from loomcycle_testing.processes import (
+from loomcycle_http.testing.processes import (
     SESSION_MARKER,
     command_line,
     descendants,
@@ -114,7 +114,7 @@ def _libc() -> ctypes.CDLL:
 def _refuse_non_linux() -> None:
     if not sys.platform.startswith("linux"):
         raise RuntimeStartError(
-            f"loomcycle_testing starts a runtime on Linux only (it uses prctl and /proc), not on {sys.platform}: "
+            f"loomcycle_http.testing starts a runtime on Linux only (it uses prctl and /proc), not on {sys.platform}: "
             "start one yourself and point the tests at it with --loomcycle-url"
         )
 

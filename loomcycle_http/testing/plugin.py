@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from loomcycle_testing import client as C
-from loomcycle_testing.runtime import Runtime, start_runtime
+from loomcycle_http.client import Client
+from loomcycle_http.testing import client as C
+from loomcycle_http.testing.runtime import Runtime, start_runtime
 
 DEFAULT_START_TIMEOUT_S = 180.0
 DEFAULT_BEARER_ENV = "LOOMCYCLE_AUTH_TOKEN"
@@ -28,7 +28,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("loomcycle", "loomcycle runtime for tests (loomcycle_testing)")
+    group = parser.getgroup("loomcycle", "loomcycle runtime for tests (loomcycle_http.testing)")
     group.addoption(
         "--loomcycle-config",
         action="append",
@@ -130,15 +130,15 @@ def loomcycle_runtime(pytestconfig: pytest.Config, tmp_path_factory: pytest.Temp
 
 
 @pytest.fixture
-def loomcycle_client(loomcycle_runtime: Runtime) -> Iterator[httpx.Client]:
-    """An httpx client on the runtime's URL (with its bearer token, if any)."""
-    headers = {"Authorization": f"Bearer {loomcycle_runtime.token}"} if loomcycle_runtime.token else {}
-    with httpx.Client(base_url=loomcycle_runtime.url, headers=headers, timeout=30.0) as client:
+def loomcycle_client(loomcycle_runtime: Runtime) -> Iterator[Client]:
+    """A loomcycle_http client of the runtime (with its bearer token, if any; never LOOMCYCLE_TOKEN's:
+    "" is no token); `.http` is its httpx client, for a route by hand."""
+    with Client(loomcycle_runtime.url, token=loomcycle_runtime.token or "", timeout=30.0) as client:
         yield client
 
 
 @pytest.fixture(name="run_agent")
-def run_agent_fixture(loomcycle_client: httpx.Client) -> Callable[..., C.Result]:
+def run_agent_fixture(loomcycle_client: Client) -> Callable[..., C.Result]:
     """`run_agent(agent, prompt, *, timeout=60, **fields) -> Result` on the session's runtime."""
 
     def run(agent: str, prompt: str, **fields: Any) -> C.Result:
@@ -148,7 +148,7 @@ def run_agent_fixture(loomcycle_client: httpx.Client) -> Callable[..., C.Result]
 
 
 @pytest.fixture(name="send_input")
-def send_input_fixture(loomcycle_client: httpx.Client) -> Callable[..., C.Result]:
+def send_input_fixture(loomcycle_client: Client) -> Callable[..., C.Result]:
     """`send_input(run, text, *, timeout=60) -> Result` on the session's runtime (run: a Result or a run id)."""
 
     def send(run: C.Result | str, text: str, **options: Any) -> C.Result:
@@ -158,7 +158,7 @@ def send_input_fixture(loomcycle_client: httpx.Client) -> Callable[..., C.Result
 
 
 @pytest.fixture(name="define_agent")
-def define_agent_fixture(loomcycle_client: httpx.Client) -> Callable[..., dict[str, Any]]:
+def define_agent_fixture(loomcycle_client: Client) -> Callable[..., dict[str, Any]]:
     """`define_agent(name, **overlay) -> dict` on the session's runtime."""
 
     def define(name: str, **overlay: Any) -> dict[str, Any]:

@@ -57,14 +57,15 @@ doctor: $(RUN_STAMP) $(PROTO_GEN)
 
 # TEST_WORKERS pytest-xdist workers (0: one process), each with its own embedded Postgres,
 # Redis, Celery workers and web (docs/architecture.md, "The test suite"); --dist loadfile
-# keeps each module, and the processes its module-scoped fixtures start, on one worker.
+# keeps each module, and the processes its module-scoped fixtures start, on one worker; the
+# modules are handed out longest first (tests/order.py: xdist's own reorder is off).
 # Tests marked `solo` (wall-clock sensitive: the two-beat fast-clock test) then run alone, in one
 # process, after the parallel part. Exit status: a failing part's; 5 ("no tests collected") only
 # when neither part collected a test.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) $(PROTO_GEN)
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not solo" $(PYTEST_ARGS); main=$$?; \
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not solo" $(PYTEST_ARGS); main=$$?; \
 	$(PY) -m pytest -m solo $(PYTEST_ARGS); solo=$$?; \
 	for rc in $$main $$solo; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
 	if [ $$main -eq 5 ] && [ $$solo -eq 5 ]; then exit 5; fi; exit 0

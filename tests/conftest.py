@@ -25,6 +25,7 @@ from apps.core.types import Principal
 from apps.runs.models import TERMINAL, Run
 from apps.substrate import auth_cache, tokens
 from tests import procs
+from tests.order import longest_first
 from tests.yaml_rows import yaml_rows_load
 
 # The shapes test modules share (tests/factories/) assert too: their failures read as a test's do.
@@ -43,6 +44,10 @@ def fast_transport() -> bool:
 needs_fast_transport = pytest.mark.skipif(
     not fast_transport(), reason="tests workers/transport.py or hand-built doorbells: LOOMCYCLE_FAST_TRANSPORT=0"
 )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    longest_first(items)  # the longest modules go to the xdist workers first (tests/order.py)
 
 
 @pytest.fixture(autouse=True)

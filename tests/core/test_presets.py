@@ -6,6 +6,7 @@ substrate:admin) and by `manage.py presets`."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.core.management import call_command
 
 from apps.core import presets
 from apps.core.config import load_config, runtime_config
@@ -113,27 +115,31 @@ def test_the_units_are_read_over_http_by_an_admin_only(http: httpx.Client, peopl
         assert http.get(path, headers=people["alice"]).status_code == 403  # a tenant admin is not the operator
 
 
-def test_manage_py_presets_lists_shows_and_prints_the_template(stack_env: dict[str, str]) -> None:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "presets", *args],
-            cwd=ROOT,
-            env=stack_env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+def test_manage_py_presets_lists_shows_and_prints_the_template() -> None:
+    def run(*args: str) -> str:
+        out = io.StringIO()
+        call_command("presets", *args, stdout=out)
+        return out.getvalue()
 
-    listed = run()
-    assert listed.returncode == 0, listed.stderr
-    assert [line.split()[:2] for line in listed.stdout.splitlines()] == [
+    assert [line.split()[:2] for line in run().splitlines()] == [
         ["base", "preset"],
         ["chat", "bundle"],
         ["local", "preset"],
     ]
-    assert run("show", "local").stdout == presets.unit_get("local").text
-    assert run("env-template").stdout == presets.env_template()
-    unknown = run("show", "nope")
+    assert run("show", "local") == presets.unit_get("local").text
+    assert run("env-template") == presets.env_template()
+
+
+def test_manage_py_presets_names_an_unknown_unit_and_exits_1(stack_env: dict[str, str]) -> None:
+    """The command as an operator runs it (its own process), for the exit status and message."""
+    unknown = subprocess.run(
+        [sys.executable, "manage.py", "presets", "show", "nope"],
+        cwd=ROOT,
+        env=stack_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (
         unknown.returncode == 1 and "unknown preset or bundle 'nope' (there are: base, chat, local)" in unknown.stderr
     )

@@ -76,18 +76,23 @@ def insert_run(
 
 # --- Writes outside the iteration: heartbeat, answers, cancel, input, pause, sweeps.
 
+# An adopted lease (armed by a step commit, unowned: apps.runs.store.adopt) is extended by
+# its token and named this worker's by its first beat; a released one (no lease_until) is not.
 _HEARTBEAT_SQL = """
-UPDATE runs_run r SET lease_until = now() + make_interval(secs => %s), last_heartbeat_at = now()
-FROM unnest(%s::text[], %s::bigint[]) AS l(id, tok)
-WHERE r.id = l.id AND r.lease_token = l.tok AND r.lease_owner = %s
+UPDATE runs_run r SET lease_until = now() + make_interval(secs => %(lease)s), last_heartbeat_at = now(),
+  lease_owner = %(owner)s
+FROM unnest(%(ids)s::text[], %(toks)s::bigint[]) AS l(id, tok)
+WHERE r.id = l.id AND r.lease_token = l.tok
+  AND (r.lease_owner = %(owner)s OR (r.lease_owner = '' AND r.lease_until IS NOT NULL))
 """
 
 
 def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, int]]) -> None:
     """One UPDATE for every run in flight in this process. Fenced: only leases
-    `owner` still holds with these tokens are extended."""
+    `owner` still holds, or adopted, with these tokens are extended."""
+    params = {"lease": lease_seconds, "owner": owner, "ids": [r for r, _ in leased], "toks": [t for _, t in leased]}
     with connection.cursor() as cur:
-        cur.execute(_HEARTBEAT_SQL, [lease_seconds, [r for r, _ in leased], [t for _, t in leased], owner])
+        cur.execute(_HEARTBEAT_SQL, params)
 
 
 # The run row locked first (answers to one run are serialised), with the call's

@@ -185,16 +185,16 @@ def test_a_cancel_between_iterations_ends_the_run_within_a_second(no_workers: No
     run = scripted([CONTEXT, CONTEXT, {"text": "done"}])
     step, kwargs = doorbell(run.id)
     assert engine.run_iterate(run_id=run.id, step=step, **kwargs) == engine.Outcome.REQUEUE
-    assert run_row(run.id).lease_until is not None  # armed for step 1: held, so the cancel only flags it
+    armed = run_row(run.id)
+    assert armed.lease_until is not None and armed.lease_owner == ""  # armed for step 1, not adopted yet
     t0 = time.monotonic()
-    services.run_cancel(principal=ALICE, run_id=run.id)
-    assert run_row(run.id).status == RunStatus.RUNNING
-    step, kwargs = doorbell(run.id)
-    assert engine.run_iterate(run_id=run.id, step=step, **kwargs) == engine.Outcome.FINISH  # adopted, then ended
+    services.run_cancel(principal=ALICE, run_id=run.id)  # no worker owns the lease: finished here, at once
     elapsed = time.monotonic() - t0
     done = run_row(run.id)
-    assert (done.status, done.stop_reason) == (RunStatus.CANCELLED, "cancelled by api")
+    assert (done.status, done.stop_reason, done.lease_until) == (RunStatus.CANCELLED, "cancelled by api", None)
     assert elapsed < 1.0, f"cancel took {elapsed:.2f} s"
+    step, kwargs = doorbell(run.id)  # the armed doorbell, delivered after the cancel: nothing left to adopt
+    assert engine.run_iterate(run_id=run.id, step=step, **kwargs) == engine.Outcome.NOOP
     assert event_types(run.id)[-1] == "done"
     assert_consecutive(run.id)
 

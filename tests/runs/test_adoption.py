@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from typing import Any
 
@@ -130,7 +131,7 @@ def test_redis_refusing_the_adoption_key_costs_a_claim_not_the_iteration(
         refuse(False)
     assert not client.exists(adopt_key(run.id, step, kwargs["token"]))
     done = run_row(run.id)
-    # the claim took the armed lease (its token moved on) without counting a second attempt
+    # the claim took the armed lease: its token moved on
     assert (done.status, done.lease_token) == (RunStatus.COMPLETED, kwargs["token"] + 1)
     assert event_types(run.id).count("text") == 1
     assert_consecutive(run.id)
@@ -208,3 +209,22 @@ def test_a_cancel_between_iterations_on_workers_lands_within_a_second(stack: Wor
     elapsed = time.monotonic() - t0
     assert elapsed < 1.0, f"cancel took {elapsed:.2f} s"
     assert_consecutive(run.id)
+
+
+def test_a_duplicate_delivery_beside_the_iteration_in_one_process_leaves_its_heartbeat(no_workers: None) -> None:
+    """A redelivered doorbell and the sweeper's re-ring can reach the process that runs the
+    iteration: the duplicate's no-op must not take the iteration's lease out of the heartbeat."""
+    run = scripted([{"text": "done", "sleep_ms": 5000}])  # longer than the 3 s lease
+    step, kwargs = doorbell(run.id)
+    outcome: list[engine.Outcome] = []
+    worker = threading.Thread(target=lambda: outcome.append(engine.run_iterate(run_id=run.id, step=step, **kwargs)))
+    worker.start()
+    try:
+        leased = wait_for(lambda: (r := run_row(run.id)).lease_owner and r, timeout=10)
+        assert engine.run_iterate(run_id=run.id, step=step) == engine.Outcome.NOOP  # the duplicate, in this process
+        beat = leased.last_heartbeat_at
+        wait_for(lambda: run_row(run.id).last_heartbeat_at > beat, timeout=5)  # the iteration's lease is still beaten
+    finally:
+        worker.join(timeout=30)
+    assert outcome == [engine.Outcome.FINISH]
+    assert run_row(run.id).lease_token == 1  # claimed once: the lease never expired

@@ -76,7 +76,7 @@ def _iterate(run_id: str, step: int, token: int | None, waited: float) -> Outcom
         run = _claim(run_id, step, token)
         if run is None:
             return Outcome.NOOP
-        LIVE.set_token(run_id, run.lease_token)
+        LIVE.set_token(run_id, run.lease_token, cancel)
         logcontext.update(tenant=run.tenant_id)
         span = tracing.iteration_start(run, WORKER_ID)
         with tracing.active(span):

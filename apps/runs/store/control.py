@@ -90,7 +90,8 @@ WHERE r.id = l.id AND r.lease_token = l.tok
 def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, int]]) -> None:
     """One UPDATE for every run in flight in this process. Fenced: only leases
     `owner` still holds, or adopted, with these tokens are extended."""
-    params = {"lease": lease_seconds, "owner": owner, "ids": [r for r, _ in leased], "toks": [t for _, t in leased]}
+    ids, toks = [r for r, _ in leased], [t for _, t in leased]
+    params: dict[str, Any] = {"lease": lease_seconds, "owner": owner, "ids": ids, "toks": toks}
     with connection.cursor() as cur:
         cur.execute(_HEARTBEAT_SQL, params)
 

@@ -91,9 +91,9 @@ WITH s AS ({_ASYNC_COMMIT}), c AS (
     status = CASE WHEN status = '{RunStatus.QUEUED.value}' THEN '{RunStatus.RUNNING.value}' ELSE status END,
     {_advance("(started_at IS NULL)::int")},
     started_at = COALESCE(started_at, now()),
-    -- taking an armed lease no worker has adopted yet (its doorbell found Redis away, or a doorbell
-    -- without its token): the attempt was counted when the step commit armed it
-    attempts = attempts + CASE WHEN lease_until > now() THEN 0 ELSE 1 END,
+    -- taking an armed lease no worker owns (its doorbell found Redis away, or one without its token)
+    -- counts an attempt too: an adopter may have started the step already
+    attempts = attempts + 1,
     lease_owner = %(owner)s,
     lease_until = now() + make_interval(secs => %(lease)s),
     lease_token = lease_token + 1,

@@ -1,6 +1,7 @@
 """Doorbells written straight to the broker's list, one pipelined round trip.
 
-A doorbell is a `runs.iterate(run_id, step)` task message. Celery's
+A doorbell is a `runs.iterate(run_id, step)` task message (with the kwarg
+`token` when the step commit armed the step's lease: apps.runs.engine.adopt). Celery's
 `send_task` spends ~400 us of CPU on each one (routing, option merging,
 signals, a producer from a pool, kombu's message preparation), about a tenth
 of an iteration's CPU in a worker. The message itself is small and fixed: the
@@ -65,8 +66,9 @@ def _timelimit(task_name: str) -> list[int | None]:
     return [getattr(task, "time_limit", None), getattr(task, "soft_time_limit", None)]
 
 
-def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
-    """The message `send_task(task_name, args=args)` would LPUSH to `queue`."""
+def envelope(task_name: str, args: tuple[Any, ...], queue: str, kwargs: dict[str, Any] | None = None) -> str:
+    """The message `send_task(task_name, args=args, kwargs=kwargs)` would LPUSH to `queue`."""
+    kwargs = kwargs or {}
     task_id = str(uuid.uuid4())
     root_id: str | None = task_id
     parent_id: str | None = None
@@ -75,7 +77,8 @@ def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
         root_id = parent.request.root_id or parent.request.id
         parent_id = parent.request.id
     argsrepr = repr(args)
-    body = json.dumps([list(args), {}, _EMBED]).encode()
+    kwargsrepr = repr(kwargs)
+    body = json.dumps([list(args), kwargs, _EMBED]).encode()
     headers: dict[str, Any] = {
         "lang": "py",
         "task": task_name,
@@ -90,7 +93,7 @@ def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
         "root_id": root_id,
         "parent_id": parent_id,
         "argsrepr": argsrepr,
-        "kwargsrepr": "{}",
+        "kwargsrepr": kwargsrepr,
         "origin": anon_nodename(),
         "ignore_result": None,
         "replaced_task_nesting": 0,
@@ -109,7 +112,7 @@ def envelope(task_name: str, args: tuple[Any, ...], queue: str) -> str:
                 "correlation_id": task_id,
                 "reply_to": current_app.thread_oid,
                 "argsrepr": argsrepr,
-                "kwargsrepr": "{}",
+                "kwargsrepr": kwargsrepr,
                 "delivery_mode": 2,
                 "delivery_info": {"exchange": "", "routing_key": queue},
                 "priority": 0,
@@ -132,8 +135,8 @@ class DoorbellPipe:
     def publish(self, channel: str, message: str) -> None:
         self._pipe.publish(channel, message)
 
-    def doorbell(self, task_name: str, args: tuple[Any, ...], queue: str) -> None:
-        self._pipe.lpush(queue, envelope(task_name, args, queue))
+    def doorbell(self, task_name: str, args: tuple[Any, ...], queue: str, kwargs: dict[str, Any] | None = None) -> None:
+        self._pipe.lpush(queue, envelope(task_name, args, queue, kwargs))
 
     def send(self) -> None:
         if len(self._pipe):

@@ -3,7 +3,9 @@ finish of a run that no worker holds. Invariants:
 - the root of a tree is flagged before its descendants are read (a child inserted
   meanwhile is read, or inserted under a flagged parent);
 - a run that holds a lease is only flagged and signalled: its worker finishes it; a run
-  no worker holds is finished here, in one transaction with its `done` event;
+  no worker holds is finished here, in one transaction with its `done` event (a lease its
+  step commit armed is held by no worker until an adopter's heartbeat names it the owner:
+  such a run is finished here, and signalled too, for an adopter that has not beaten yet);
 - a finished run's after-effects are apps.runs.lifecycle.run_ended, as for a run its
   worker finished; the deployment's run_finished receivers run once the whole tree is
   finished or signalled.
@@ -77,16 +79,14 @@ def _cancel_tree(run: Run, reason: str) -> list[Run]:
     (run_orphans_cancel)."""
     # Descendants hold the parent's credentials or fewer (apps.runs.children.spawn): its redactor covers them.
     redactor = run_redactor_of(run_id=run.id, sealed=run.credentials_sealed)
-    signal: list[str] = []
     finished: list[signals.Delivery] = []
-    if not _finish_announced(run, reason, redactor, finished):
-        signal.append(run.id)
+    _finish_announced(run, reason, redactor, finished)
     descendants = _live_descendants(run)
     for target in descendants:
-        if not _finish_announced(target, "parent run cancelled", redactor, finished):
-            signal.append(target.id)
-    if signal:
-        publish_cancel(signal)  # leased runs: the worker holding the lease finishes them
+        _finish_announced(target, "parent run cancelled", redactor, finished)
+    # Every run of the tree: the worker holding a leased one finishes it; one finished here may
+    # have an adopter that has not beaten yet (its commit is fenced out; this stops its calls).
+    publish_cancel([run.id, *(d.id for d in descendants)])
     # The deployment's run_finished receivers run after every run of the tree is finished or signalled.
     transaction.on_commit(lambda: signals.deliver_all(finished))
     return descendants

@@ -1,4 +1,5 @@
-"""Doorbells and wake-ups. The message is a doorbell carrying (run_id, step);
+"""Doorbells and wake-ups. The message is a doorbell carrying (run_id, step) and,
+when the step commit armed the step's lease, its token (kwarg `token`);
 Postgres is the truth. Everything here is called only AFTER a commit."""
 
 from __future__ import annotations
@@ -39,31 +40,35 @@ def enqueue_iteration(run_id: str, step: int) -> None:
     wake_and_enqueue(run_id, None, step)
 
 
-def wake_and_enqueue(run_id: str, last_seq: int | None, step: int | None) -> None:
+def wake_and_enqueue(run_id: str, last_seq: int | None, step: int | None, token: int | None = None) -> None:
     """After a commit: wake stream readers (if `last_seq`) and ring the doorbell
-    for `step` (if given), in one Redis round trip (workers/doorbell.py)."""
+    for `step` (if given), in one Redis round trip (workers/doorbell.py). `token`:
+    the lease the step commit armed for `step`, which the doorbell's worker adopts
+    (apps.runs.engine.adopt); without one, it claims."""
+    kwargs = {} if token is None else {"token": token}
     if step is not None and not doorbell.direct():
         if last_seq is not None:
             notify_events(run_id, last_seq)
-        _send_task(run_id, step)
+        _send_task(run_id, step, kwargs)
         return
     pipe = doorbell.DoorbellPipe()
     if last_seq is not None:
         pipe.publish(run_channel(run_id), str(last_seq))
     if step is not None:
-        pipe.doorbell(ITERATE_TASK, (run_id, step), RUNS)
+        pipe.doorbell(ITERATE_TASK, (run_id, step), RUNS, kwargs)
     pipe.send()
 
 
-def _send_task(run_id: str, step: int) -> None:
+def _send_task(run_id: str, step: int, kwargs: dict[str, int]) -> None:
     # `argsrepr` spares Celery a saferepr of the arguments; `declare=[]` skips
     # re-binding a copy of the routed queue on every publish (the broker needs
     # no declaration to deliver: on Redis a queue is a list the workers read).
     current_app.send_task(
         ITERATE_TASK,
         args=(run_id, step),
+        kwargs=kwargs,
         argsrepr=f"({run_id!r}, {step})",
-        kwargsrepr="{}",
+        kwargsrepr=repr(kwargs),
         declare=[],
     )
 

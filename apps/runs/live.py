@@ -29,10 +29,24 @@ log = logging.getLogger("loomcycle.live")
 CANCEL_CHANNEL = "lc:cancel"
 
 
+class _Tracked:
+    """One delivery of a run's doorbell in flight here: its cancel event and, once it
+    holds the lease, its token (-1 before). Compared by identity: two deliveries of one
+    run (a duplicate doorbell's no-op beside the iteration) are two entries."""
+
+    __slots__ = ("event", "token")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.token = -1
+
+
 class _Live:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[str, tuple[threading.Event, int]] = {}
+        # Per run, every delivery in flight here: a duplicate doorbell's no-op must not
+        # drop the iteration's entry (its heartbeat and its cancel) when it ends.
+        self._runs: dict[str, list[_Tracked]] = {}
         self._started = False
         self._stopping = threading.Event()
 
@@ -52,19 +66,24 @@ class _Live:
     def track(self, run_id: str) -> Iterator[threading.Event]:
         """Register before the claim so a cancel published meanwhile is not missed."""
         self._ensure_threads()
-        event = threading.Event()
+        entry = _Tracked()
         with self._lock:
-            self._runs[run_id] = (event, -1)
+            self._runs.setdefault(run_id, []).append(entry)
         try:
-            yield event
+            yield entry.event
         finally:
             with self._lock:
-                self._runs.pop(run_id, None)
+                entries = self._runs.get(run_id, [])
+                entries[:] = [e for e in entries if e is not entry]
+                if not entries:
+                    self._runs.pop(run_id, None)
 
-    def set_token(self, run_id: str, token: int) -> None:
+    def set_token(self, run_id: str, token: int, event: threading.Event) -> None:
+        """The lease token of the delivery `track` gave `event` (it claimed or adopted the run)."""
         with self._lock:
-            if run_id in self._runs:
-                self._runs[run_id] = (self._runs[run_id][0], token)
+            for entry in self._runs.get(run_id, []):
+                if entry.event is event:
+                    entry.token = token
 
     def _cancel_listener(self) -> None:
         while not self._stopping.is_set():
@@ -74,9 +93,9 @@ class _Live:
                 for message in pubsub.listen():
                     run_id = message["data"].decode()
                     with self._lock:
-                        entry = self._runs.get(run_id)
-                    if entry is not None:
-                        entry[0].set()
+                        events = [entry.event for entry in self._runs.get(run_id, [])]
+                    for event in events:
+                        event.set()
             except (RedisError, OSError) as exc:  # the listener must outlive Redis restarts; log and reconnect
                 if self._stopping.is_set():
                     return
@@ -89,7 +108,7 @@ class _Live:
         while not self._stopping.is_set():
             time.sleep(period)
             with self._lock:
-                leased = [(rid, tok) for rid, (_, tok) in self._runs.items() if tok >= 0]
+                leased = [(rid, e.token) for rid, entries in self._runs.items() for e in entries if e.token >= 0]
             if not leased:
                 continue
             try:

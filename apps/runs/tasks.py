@@ -20,9 +20,10 @@ log = logging.getLogger("loomcycle.runs")
 
 
 @shared_task(base=AgentTask, name=ITERATE_TASK)
-def run_iterate_task(run_id: str, step: int, **_: Any) -> str:
-    """One agent-loop iteration; duplicates and stale steps are no-ops."""
-    return engine.run_iterate(run_id=run_id, step=step)
+def run_iterate_task(run_id: str, step: int, token: int | None = None, **_: Any) -> str:
+    """One agent-loop iteration; duplicates and stale steps are no-ops. `token`: the
+    lease its step commit armed, adopted instead of claimed (apps.runs.engine.adopt)."""
+    return engine.run_iterate(run_id=run_id, step=step, token=token)
 
 
 @shared_task(base=AgentTask, name="maintenance.run_leases_sweep")

@@ -127,6 +127,31 @@ def test_a_doorbell_is_the_message_send_task_writes() -> None:
 
 
 @needs_fast_transport
+def test_a_doorbell_with_an_armed_token_is_the_message_send_task_writes_with_the_kwarg() -> None:
+    """A doorbell for a step whose lease its commit armed carries the token as the kwarg
+    `token` (apps.runs.engine.adopt), exactly as send_task writes it."""
+    queue, client = "lc-test-doorbell-token", sync_client()
+    client.delete(queue)
+    app.send_task(
+        ITERATE_TASK,
+        args=("r_0123456789abcdef", 7),
+        kwargs={"token": 12},
+        queue=queue,
+        argsrepr="('r_0123456789abcdef', 7)",
+        kwargsrepr="{'token': 12}",
+        declare=[],
+    )
+    pipe = doorbell.DoorbellPipe()
+    pipe.doorbell(ITERATE_TASK, ("r_0123456789abcdef", 7), queue, {"token": 12})
+    pipe.send()
+    ours, celerys = client.lrange(queue, 0, -1)
+    client.delete(queue)
+    assert _wire(ours) == _wire(celerys)
+    body = json.loads(base64.b64decode(json.loads(ours)["body"]))
+    assert body[:2] == [["r_0123456789abcdef", 7], {"token": 12}]
+
+
+@needs_fast_transport
 def test_run_doorbells_go_to_the_runs_list_in_one_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     from apps.runs import dispatch
 

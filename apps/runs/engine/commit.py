@@ -42,6 +42,7 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
         status=write.status,
         advance=write.advance,
         finish=write.next == Next.FINISH,
+        requeue=write.next == Next.REQUEUE,
         stop_reason=write.stop_reason,
         error=write.error,
         usage=write.usage,
@@ -52,10 +53,10 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
     )
     try:
         if not write.spawns and not write.parks and not _signalled(write) and not _announced(run, write):
-            return commit()  # one autocommit statement: the hot path when no signal of this step has a receiver
+            return _armed(run, write, commit())  # one autocommit statement: the hot path when no signal has a receiver
         # Children, waits and the signals' outbox rows exist iff the parent's fenced step commits.
         with transaction.atomic():
-            status = commit()
+            status = _armed(run, write, commit())
             if status != write.status:  # fence lost, or a cancel turned the park into a doorbell
                 spawns_abandon(write.spawns, [park for _, park in write.parks])
                 write.spawns, write.parks = [], []
@@ -74,6 +75,16 @@ def commit_write(run: ClaimedRun, write: StepWrite) -> str | None:
         connection.close()
 
 
+def _armed(run: ClaimedRun, write: StepWrite, committed: tuple[str, bool] | None) -> str | None:
+    """The committed status; `write.armed` set to the token the next doorbell carries
+    when the commit armed the next step's lease (store.commit_step)."""
+    if committed is None:
+        return None
+    status, armed = committed
+    write.armed = run.lease_token + 1 if armed else None
+    return status
+
+
 def after_commit(run: ClaimedRun, write: StepWrite) -> None:
     committed = RunStatus.RUNNING if write.next == Next.REQUEUE else write.status
     if committed != run.status:  # a park or an end: the user's run-state streams hear it (apps.runs.statebus)
@@ -83,6 +94,7 @@ def after_commit(run: ClaimedRun, write: StepWrite) -> None:
         run.id,
         run.last_seq + len(write.events) if write.events else None,
         run.step + int(write.advance) if write.next == Next.REQUEUE else None,
+        write.armed,
     )
     children_enqueue(write.child_ids)
     for call_id, park in write.parks:

@@ -3,14 +3,16 @@
 Invariants:
 - A delivery does work only if it wins the claim: `step` matches, the run is
   runnable and no live lease exists (compare-and-set, zero rows = someone
-  else won or the doorbell is stale).
+  else won or the doorbell is stale), or, carrying the token of the lease its
+  step commit armed, adopts that lease (apps.runs.engine.adopt: a Redis SET NX
+  and one plain SELECT, no write).
 - No transaction or DB connection is held across the provider or tool calls.
 - Everything the iteration produced (transcript rows, events with
   consecutive seq, usage, step+1, next status) commits in ONE transaction
   whose UPDATE is fenced on (step, lease_token); a lost fence discards it.
 - Doorbells and stream notifications go out only after that commit.
-Commits per iteration: the claim, the tool-call start records (only when the
-model called tools) and the step commit.
+Write commits per iteration: the step commit, and a claim for the first
+iteration after any wake-up (an adopted iteration writes nothing before its commit).
 
 A tool may park its call (`ToolResult.park`): the step commits with the run
 parked and the wait recorded in the same transaction; whoever answers the
@@ -37,6 +39,7 @@ from apps.runs import statebus, store, tracing
 from apps.runs.dispatch import notify_events, record_timing, wake_and_enqueue
 from apps.runs.engine import metrics
 from apps.runs.engine.admission import ADMISSION
+from apps.runs.engine.adopt import CLAIM, Claim, adopt
 from apps.runs.engine.commit import after_commit, commit_write
 from apps.runs.engine.step import execute, open_credentials
 from apps.runs.engine.write import Next, StepWrite
@@ -58,21 +61,22 @@ class Outcome(StrEnum):
     FINISH = Next.FINISH.value
 
 
-def run_iterate(*, run_id: str, step: int) -> Outcome:
-    """Execute iteration `step` of `run_id` if this delivery wins the claim
-    (after this process admits it: apps.runs.engine.admission). Log records made
-    meanwhile carry the run's ids (apps.core.logcontext)."""
+def run_iterate(*, run_id: str, step: int, token: int | None = None) -> Outcome:
+    """Execute iteration `step` of `run_id` if this delivery wins the claim, or
+    adopts the lease armed with `token` (apps.runs.engine.adopt), after this
+    process admits it (apps.runs.engine.admission). Log records made meanwhile
+    carry the run's ids (apps.core.logcontext)."""
     with logcontext.bound(run_id=run_id, step=step), ADMISSION.admitted() as waited:
-        return _iterate(run_id, step, waited)
+        return _iterate(run_id, step, token, waited)
 
 
-def _iterate(run_id: str, step: int, waited: float) -> Outcome:
+def _iterate(run_id: str, step: int, token: int | None, waited: float) -> Outcome:
     started = time.perf_counter()
     with LIVE.track(run_id) as cancel:
-        run = _claim(run_id, step)
+        run = _claim(run_id, step, token)
         if run is None:
             return Outcome.NOOP
-        LIVE.set_token(run_id, run.lease_token)
+        LIVE.set_token(run_id, run.lease_token, cancel)
         logcontext.update(tenant=run.tenant_id)
         span = tracing.iteration_start(run, WORKER_ID)
         with tracing.active(span):
@@ -183,9 +187,12 @@ def _flush_metrics(write: StepWrite, outcome: Outcome, committed: str | None, el
     batch.flush()
 
 
-def _claim(run_id: str, step: int) -> ClaimedRun | None:
+def _claim(run_id: str, step: int, token: int | None) -> ClaimedRun | None:
     lease = settings.LOOMCYCLE.lease_seconds
     try:
+        adopted = CLAIM if token is None else adopt(run_id, step, token)
+        if not isinstance(adopted, Claim):
+            return adopted  # adopted (no write), or None: a duplicate of this doorbell adopted it
         run = store.claim(run_id=run_id, step=step, owner=WORKER_ID, lease_seconds=lease)
     except (psycopg.OperationalError, OperationalError):  # the database stayed away (store._hot retried for a lease)
         wake_and_enqueue(run_id, None, step)  # the claim did not commit: no attempt, and the doorbell rings on

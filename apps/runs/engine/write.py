@@ -53,6 +53,7 @@ class StepWrite:
     compact: list[compacting.Request] = field(default_factory=list)  # compaction requests drained this step
     budget_held: bool = False  # budgets were in scope: settle after the commit (apps.runs.engine.budget)
     budget_wait: Crossing | None = None  # the deferring limit a waiting_budget park waits on
+    armed: int | None = None  # the token of the next step's lease the commit armed (its doorbell carries it)
 
 
 def end_turn(run: ClaimedRun, write: StepWrite, stop_reason: str) -> StepWrite:

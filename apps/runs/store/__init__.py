@@ -9,7 +9,8 @@ apps.runs.selectors (reads); tests/test_architecture.py checks it.
   parked call, a cancel and run creation all use it, so seqs stay
   consecutive, without duplicates, whichever of them races.
 - `hot`: the engine's two writes per iteration (claim, step commit, which
-  records the tool calls), prepared statements on pooled connections.
+  records the tool calls and arms the next step's lease), prepared statements on pooled connections.
+- `adopt`: the one plain SELECT that adopts an armed lease instead of the claim.
 - `control`: run creation, heartbeat, answers, cancel, input, pause/resume,
   sweeps, the child report, an operator's retry of a failed run.
 - `admission`: the backpressure lock, count, promotion and withdrawal.
@@ -29,6 +30,7 @@ Every public name is re-exported here: `store.X` and
 """
 
 from apps.runs.store.admission import admission_lock_and_count, waiting_promote, waiting_withdraw
+from apps.runs.store.adopt import adopt
 from apps.runs.store.budget import budget_waiting_spenders, budget_waiting_wake
 from apps.runs.store.compaction import CompactQueued, compact_request_queue
 from apps.runs.store.control import (
@@ -103,6 +105,7 @@ __all__ = [
     "_hot",
     "_prepared",
     "admission_lock_and_count",
+    "adopt",
     "answer_append",
     "answer_lock",
     "budget_waiting_spenders",

@@ -76,18 +76,24 @@ def insert_run(
 
 # --- Writes outside the iteration: heartbeat, answers, cancel, input, pause, sweeps.
 
+# An adopted lease (armed by a step commit, unowned: apps.runs.store.adopt) is extended by
+# its token and named this worker's by its first beat; a released one (no lease_until) is not.
 _HEARTBEAT_SQL = """
-UPDATE runs_run r SET lease_until = now() + make_interval(secs => %s), last_heartbeat_at = now()
-FROM unnest(%s::text[], %s::bigint[]) AS l(id, tok)
-WHERE r.id = l.id AND r.lease_token = l.tok AND r.lease_owner = %s
+UPDATE runs_run r SET lease_until = now() + make_interval(secs => %(lease)s), last_heartbeat_at = now(),
+  lease_owner = %(owner)s
+FROM unnest(%(ids)s::text[], %(toks)s::bigint[]) AS l(id, tok)
+WHERE r.id = l.id AND r.lease_token = l.tok
+  AND (r.lease_owner = %(owner)s OR (r.lease_owner = '' AND r.lease_until IS NOT NULL))
 """
 
 
 def leases_extend(*, owner: str, lease_seconds: float, leased: list[tuple[str, int]]) -> None:
     """One UPDATE for every run in flight in this process. Fenced: only leases
-    `owner` still holds with these tokens are extended."""
+    `owner` still holds, or adopted, with these tokens are extended."""
+    ids, toks = [r for r, _ in leased], [t for _, t in leased]
+    params: dict[str, Any] = {"lease": lease_seconds, "owner": owner, "ids": ids, "toks": toks}
     with connection.cursor() as cur:
-        cur.execute(_HEARTBEAT_SQL, [lease_seconds, [r for r, _ in leased], [t for _, t in leased], owner])
+        cur.execute(_HEARTBEAT_SQL, params)
 
 
 # The run row locked first (answers to one run are serialised), with the call's
@@ -176,15 +182,16 @@ _CANCEL_FLAG_SQL = f"""
 UPDATE runs_run SET cancel_requested = true, cancel_reason = %s WHERE id = %s AND status NOT IN ({_in(TERMINAL)})
 """
 
-# Conditional: only a run no live worker holds is finished here; bumping
-# lease_token voids any fence a slow, lease-expired worker still has.
+# Conditional: only a run no live worker holds is finished here (an armed lease no worker
+# has named itself the owner of holds none: apps.runs.store.adopt); bumping lease_token
+# voids any fence a slow, lease-expired worker, or an adopter yet to beat, still has.
 _CANCEL_FINISH_SQL = f"""
 WITH d AS (SELECT %(rows)s::jsonb AS j), cnl AS (
   UPDATE runs_run SET status = '{RunStatus.CANCELLED.value}', stop_reason = %(reason)s,
     completed_at = now(), updated_at = now(), lease_owner = '', lease_until = NULL, credentials_sealed = '',
     lease_token = lease_token + 1, step = step + 1, {_advance("%(n_e)s")}
   WHERE id = %(run_id)s AND status IN ({_in((*RUNNABLE, *PARKED))})
-    AND (lease_until IS NULL OR lease_until < now())
+    AND (lease_until IS NULL OR lease_until < now() OR lease_owner = '')
   RETURNING id, last_seq, step - 1 AS cancelled_step, {_bases("%(n_e)s")}
 ), {_append(run="cnl", sources="cnl, d", rows="d.j", step="cnl.cancelled_step", transcript=False)}
 SELECT last_seq FROM cnl
@@ -271,8 +278,9 @@ def runs_resume_paused() -> list[tuple[str, int]]:
 
 def runs_stale_release(*, grace_seconds: float, limit: int = 1000) -> list[tuple[str, int]]:
     """Inside a transaction: runnable runs whose lease expired, or that sat
-    unleased past the grace, lose their lease and get `updated_at` now (one
-    doorbell per grace period); their (id, step). Postgres's clock throughout."""
+    unleased (or armed, no worker having adopted it: apps.runs.store.adopt) past
+    the grace, lose their lease and get `updated_at` now (one doorbell per grace
+    period); their (id, step). Postgres's clock throughout."""
 
     now = Now()
     grace = timedelta(seconds=grace_seconds)
@@ -281,7 +289,8 @@ def runs_stale_release(*, grace_seconds: float, limit: int = 1000) -> list[tuple
         Run.objects.select_for_update(skip_locked=True)
         .filter(
             Q(lease_until__lt=now)
-            | Q(lease_until__isnull=True, updated_at__lt=ExpressionWrapper(now - grace, DateTimeField())),
+            | Q(Q(lease_until__isnull=True) | Q(lease_owner=""))
+            & Q(updated_at__lt=ExpressionWrapper(now - grace, DateTimeField())),
             status__in=RUNNABLE,
         )
         .values_list("id", "step")[:limit]

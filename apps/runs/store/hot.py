@@ -91,6 +91,8 @@ WITH s AS ({_ASYNC_COMMIT}), c AS (
     status = CASE WHEN status = '{RunStatus.QUEUED.value}' THEN '{RunStatus.RUNNING.value}' ELSE status END,
     {_advance("(started_at IS NULL)::int")},
     started_at = COALESCE(started_at, now()),
+    -- taking an armed lease no worker owns (its doorbell found Redis away, or one without its token)
+    -- counts an attempt too: an adopter may have started the step already
     attempts = attempts + 1,
     lease_owner = %(owner)s,
     lease_until = now() + make_interval(secs => %(lease)s),
@@ -98,7 +100,7 @@ WITH s AS ({_ASYNC_COMMIT}), c AS (
     last_heartbeat_at = now(),
     updated_at = now()
   WHERE id = %(id)s AND step = %(step)s AND status IN ({_in(RUNNABLE)})
-    AND (lease_until IS NULL OR lease_until < now())
+    AND (lease_until IS NULL OR lease_until < now() OR lease_owner = '')
   RETURNING {", ".join(_CLAIM_COLUMNS)}, started_at = now() AS first_claim, {_bases("(started_at = now())::int")}
 ), st AS (SELECT c.*, CASE WHEN c.first_claim THEN '{{"e": [{{"type": "started"}}]}}'::jsonb END AS j FROM c),
 {_append(run="st", sources="st", rows="st.j", step="0", transcript=False, version="%(version)s")}
@@ -113,19 +115,32 @@ FROM c, s
 # `waiting_session`, which only run creation sets.
 PARKED_STATUSES = tuple(s.value for s in PARKED if s not in (RunStatus.WAITING_SLOT, RunStatus.WAITING_SESSION))
 
+# A park is not committed while input or a cancel is already waiting: such a run
+# commits `running` and the engine rings its doorbell (no wake-up is lost; the
+# values are those of the row as this UPDATE sees it, after any writer it waited for).
+_COMMITTED_STATUS = f"""CASE
+      WHEN %(status)s = '{RunStatus.AWAITING_INPUT.value}' AND pending_inputs > %(consumed)s
+        THEN '{RunStatus.RUNNING.value}'
+      WHEN %(status)s IN ({_in(PARKED_STATUSES)}) AND cancel_requested THEN '{RunStatus.RUNNING.value}'
+      ELSE %(status)s END"""
+
+# Whether the commit arms the lease of the step the engine rings right after it: the
+# committed status is `running` and the engine rings (it meant to, or a park turned into a
+# doorbell). Armed: the next token, unowned until adopted (docs/architecture.md, "Lease adoption").
+_RUNNING = RunStatus.RUNNING.value
+_ARMS = f"(({_COMMITTED_STATUS}) = '{_RUNNING}' AND (%(requeue)s OR %(status)s <> '{_RUNNING}'))"
+
 _COMMIT_SQL = f"""
 WITH d AS (SELECT %(rows)s::jsonb AS j),
 r AS (
   UPDATE runs_run SET
-    -- A park is not committed while input or a cancel is already waiting: such a run
-    -- commits `running` and the engine rings its doorbell (no wake-up is lost; the
-    -- values are those of the row as this UPDATE sees it, after any writer it waited for).
-    status = CASE
-      WHEN %(status)s = '{RunStatus.AWAITING_INPUT.value}' AND pending_inputs > %(consumed)s
-        THEN '{RunStatus.RUNNING.value}'
-      WHEN %(status)s IN ({_in(PARKED_STATUSES)}) AND cancel_requested THEN '{RunStatus.RUNNING.value}'
-      ELSE %(status)s END,
-    attempts = 0, lease_owner = '', lease_until = NULL,
+    status = {_COMMITTED_STATUS},
+    -- the adoption of an armed lease is counted here: a lost adopter's successor claims attempt 2
+    attempts = CASE WHEN {_ARMS} THEN 1 ELSE 0 END, lease_owner = '',
+    lease_until = CASE WHEN {_ARMS} THEN now() + make_interval(secs => %(lease)s) END,
+    -- a commit that arms, or leaves the step where it was, moves the token on: whoever still
+    -- holds this one (an adopter doubled by a Redis that lost its keys) can commit nothing
+    lease_token = lease_token + CASE WHEN {_ARMS} OR NOT %(advance)s THEN 1 ELSE 0 END,
     -- a step that parks for input ended its turn: a turn-cancel still pending has nothing left to stop
     turn_cancel_requested = turn_cancel_requested AND %(status)s <> '{RunStatus.AWAITING_INPUT.value}',
     step = %(new_step)s, {_advance("%(n_e)s", "%(n_t)s")},
@@ -140,7 +155,7 @@ r AS (
     credentials_sealed = CASE WHEN %(finish)s THEN '' ELSE credentials_sealed END,
     updated_at = now(), last_heartbeat_at = now()
   WHERE id = %(id)s AND step = %(step)s AND lease_token = %(token)s
-  RETURNING id, status, {_bases("%(n_e)s", "%(n_t)s")}
+  RETURNING id, status, lease_until IS NOT NULL AS armed, {_bases("%(n_e)s", "%(n_t)s")}
 ), {_append(run="r", sources="r, d", rows="d.j", step="%(step)s", version="%(version)s")}, i AS (
   UPDATE runs_runinput SET consumed_step = %(step)s
   FROM r, d WHERE runs_runinput.run_id = r.id
@@ -170,7 +185,7 @@ r AS (
   ON CONFLICT (run_id, step, call_id) DO UPDATE SET
     status = EXCLUDED.status, is_error = EXCLUDED.is_error, finished_at = EXCLUDED.finished_at
 )
-SELECT status FROM r
+SELECT status, armed FROM r
 """
 
 
@@ -329,11 +344,15 @@ def pool_purge() -> None:
 
 
 def claim(*, run_id: str, step: int, owner: str, lease_seconds: float) -> ClaimedRun | None:
-    """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere."""
+    """Compare-and-set: None means a duplicate/stale doorbell or a live lease elsewhere
+    (an armed lease no worker has adopted is not one: the claim takes it, apps.runs.store.adopt)."""
     params = {"owner": owner, "lease": lease_seconds, "id": run_id, "step": step, "version": _version()}
     row = _hot(_CLAIM_SQL, params)
-    if row is None:
-        return None
+    return None if row is None else claimed_of(row)
+
+
+def claimed_of(row: Any) -> ClaimedRun:
+    """A ClaimedRun from a row of the claim's shape (the adoption's SELECT returns the same)."""
     values = dict(zip((*_CLAIM_COLUMNS, "first_claim"), row, strict=False))
     for key in ("system", "tools", "usage", "routing", "allowed_hosts", "volumes"):
         values[key] = _json(values[key])
@@ -381,6 +400,7 @@ def commit_step(
     status: str,
     advance: bool,
     finish: bool,
+    requeue: bool,
     stop_reason: str,
     error: str,
     usage: dict[str, Any] | None,
@@ -388,10 +408,12 @@ def commit_step(
     pending_calls: int = 0,
     switched: Switched | None = None,
     redactor: Redactor,
-) -> str | None:
+) -> tuple[str, bool] | None:
     """The fenced step commit: the status committed (`running` instead of a park
-    when input or a cancel was already waiting), None when the fence was lost
-    (nothing written). `switched`: set after a provider fallback. Events,
+    when input or a cancel was already waiting) and whether it armed the lease of
+    the step the engine rings next (`requeue`: the engine means to ring it; the token
+    armed is the run's next one), None when the fence was lost (nothing written).
+    `switched`: set after a provider fallback. Events,
     transcript rows, the error and the stop reason are stored redacted; a
     finishing commit clears the run's sealed credentials."""
     packed = {
@@ -405,6 +427,9 @@ def commit_step(
         "step": run.step,
         "token": run.lease_token,
         "status": status,
+        "advance": advance,
+        "requeue": requeue,
+        "lease": settings.LOOMCYCLE.lease_seconds,
         "new_step": run.step + 1 if advance else run.step,
         "n_e": len(rows.events),
         "n_t": len(rows.transcript),
@@ -427,7 +452,7 @@ def commit_step(
     }
     landed = functools.partial(_step_landed, run, params["new_step"]) if advance else None
     row = _hot(_COMMIT_SQL, params, landed=landed)
-    return str(row[0]) if row else None
+    return (str(row[0]), bool(row[1])) if row else None
 
 
 def _tool_records(rows: StepRows, redactor: Redactor) -> list[list[Any]]:
@@ -441,11 +466,14 @@ def _tool_records(rows: StepRows, redactor: Redactor) -> list[list[Any]]:
 
 def _step_landed(run: ClaimedRun, new_step: int) -> Any:
     """After a lost connection: the run as our step commit leaves it (step
-    advanced, our token, no lease), or None. Only a commit with this token
-    advances the step: a sweeper or a later claim changes one or the other."""
+    advanced, unowned, and either our token with no lease or the next one armed),
+    or None. Only a commit with this token advances the step with it: a sweeper
+    or a later claim changes one or the other (a later claim's commit leaves its
+    own token, ours + 1, unarmed, or arms ours + 2)."""
     with _prepared() as cur:
         cur.execute(
-            "SELECT status FROM runs_run WHERE id = %s AND step = %s AND lease_token = %s AND lease_owner = ''",
-            [run.id, new_step, run.lease_token],
+            "SELECT status, lease_until IS NOT NULL FROM runs_run WHERE id = %s AND step = %s AND lease_owner = ''"
+            " AND ((lease_token = %s AND lease_until IS NULL) OR (lease_token = %s AND lease_until IS NOT NULL))",
+            [run.id, new_step, run.lease_token, run.lease_token + 1],
         )
         return cur.fetchone()

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from celery import current_app
 
 from apps.core.redis import sync_client
 from apps.runs.models import RunEvent, RunStatus
-from tests.conftest import run_row, wait_status
+from tests.conftest import run_row, wait_for, wait_status
 from tests.factories.runs import event_types, start
 from tests.procs import WorkerPool
 
@@ -41,7 +39,7 @@ def test_a_lost_doorbell_is_rung_again_by_the_sweeper(stack: WorkerPool) -> None
     current_app.control.cancel_consumer("runs", reply=True, timeout=5, limit=len(stack.pids()))
     try:
         run = start("echo")
-        time.sleep(0.3)
+        wait_for(lambda: sync_client().llen("runs") == 1)  # the doorbell is in the broker, read by no worker
         assert sync_client().delete("runs") == 1  # the doorbell is gone from the broker
     finally:
         current_app.control.add_consumer("runs", reply=True, timeout=5, limit=len(stack.pids()))

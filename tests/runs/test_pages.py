@@ -101,8 +101,10 @@ def test_children_are_listed_for_their_parent_only_in_its_tenant(
 
 
 def test_sessions_list_a_users_conversations_latest_activity_first(
-    http: httpx.Client, people: dict[str, dict[str, str]]
+    http: httpx.Client, people: dict[str, dict[str, str]], no_workers: None
 ) -> None:
+    # No worker runs them: a run's update is activity, and one that ran `first` after `second` was
+    # created would make `first`'s conversation the latest.
     first = _start("acme", user="ann", prompt="plan the trip to Lisbon")
     second = _start("acme", user="ann", prompt="other", metadata={"title": "Taxes 2026", "topic": "tax"})
     _start("acme", user="ben")

@@ -44,6 +44,10 @@ def options() -> list[tuple[str, Any]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", conf.grpc_min_ping_interval_ms),
         ("grpc.http2.max_ping_strikes", 2),
+        # gRPC sets SO_REUSEPORT by default on Linux: a second server on a port in use would bind it
+        # too, and the kernel would split new connections between the two (each with its own database,
+        # config and tokens). Off, the second one fails to listen, with an error that says so.
+        ("grpc.so_reuseport", 0),
     ]
 
 

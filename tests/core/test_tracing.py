@@ -25,9 +25,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from apps.runs.models import Run, RunStatus
 from loomcycle_project import env as E
 from loomcycle_project import telemetry
-from tests import procs
 from tests.conftest import daphne, run_row, wait_for, wait_status
-from tests.factories.grpc import grpc_stub, pb, user_text, wait_serving
+from tests.factories.grpc import grpc_server, grpc_stub, pb, user_text
 from tests.factories.mcp import call, over_stdio
 from tests.factories.observability import Receiver, Span, otel_env, otlp_receiver
 from tests.procs import ROOT, WorkerPool
@@ -394,16 +393,12 @@ def test_a_run_created_over_grpc_is_one_trace_from_its_call(
 ) -> None:
     """gRPC calls join a run's trace as HTTP requests do: the run's root is a child of the
     Run call's server span (the OTel gRPC interceptor of `manage.py grpc`)."""
-    target = f"127.0.0.1:{procs.free_port()}"
-    argv = [sys.executable, "manage.py", "grpc", "--addr", target]
-    proc = procs.spawn(argv, {**stack_env, **otel_env(receiver)}, logdir / "grpc-traced.log")
-    try:
-        wait_serving(target)
-        with grpc.insecure_channel(target) as channel:
-            request = pb.RunRequest(agent="echo", segments=user_text(SECRET_PROMPT))
-            events = list(grpc_stub(channel).Run(request, timeout=60))
-    finally:
-        procs.stop(proc)
+    with (
+        grpc_server({**stack_env, **otel_env(receiver)}, logdir / "grpc-traced.log") as target,
+        grpc.insecure_channel(target) as channel,
+    ):
+        request = pb.RunRequest(agent="echo", segments=user_text(SECRET_PROMPT))
+        events = list(grpc_stub(channel).Run(request, timeout=60))
     assert events[-1].type == "done"
     run_id = json.loads(events[1].error)["run_id"]  # the `agent` frame (apps.grpcapi.convert)
     spans = wait_for(lambda: _grpc_spans(receiver, run_id), timeout=20)

@@ -4,7 +4,6 @@ when missing or older than the .proto, as `make test` does through `make proto`)
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,27 +11,19 @@ import grpc
 import pytest
 
 from apps.grpcapi import stubs
-from tests import procs
 
 if stubs.stale():
     stubs.generate()
 
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
-from tests.factories.grpc import wait_serving
+from tests.factories.grpc import grpc_server
 
 
 @pytest.fixture(scope="module")
 def grpc_target(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
-    """`manage.py grpc` on a free loopback port; its `host:port`."""
-    port = procs.free_port()
-    target = f"127.0.0.1:{port}"
-    argv = [sys.executable, "manage.py", "grpc", "--addr", target]
-    proc = procs.spawn(argv, stack_env, logdir / "grpc.log")
-    try:
-        wait_serving(target)
+    """`manage.py grpc` on a loopback port the kernel picks; its `host:port`."""
+    with grpc_server(stack_env, logdir / "grpc.log") as target:
         yield target
-    finally:
-        procs.stop(proc)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ a user's runs, pause/resume with a run refused meanwhile, and the client's typed
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,8 @@ from loomcycle import LoomcycleClient, RunHandle
 from loomcycle import errors as lc
 
 from apps.runs.models import RunStatus
-from tests import procs
 from tests.conftest import wait_status
-from tests.factories.grpc import wait_serving
+from tests.factories.grpc import grpc_server
 
 pytestmark = pytest.mark.usefixtures("agents", "stack")
 
@@ -230,14 +228,8 @@ CAPPED = {"LOOMCYCLE_MAX_CONCURRENT_RUNS": "1", "LOOMCYCLE_MAX_QUEUE_DEPTH": "0"
 @pytest.fixture
 def capped_target(stack_env: dict[str, str], logdir: Path) -> Iterator[str]:
     """A second gRPC server whose admission allows one run at a time and queues none."""
-    target = f"127.0.0.1:{procs.free_port()}"
-    argv = [sys.executable, "manage.py", "grpc", "--addr", target]
-    proc = procs.spawn(argv, {**stack_env, **CAPPED}, logdir / "grpc-capped.log")
-    try:
-        wait_serving(target)
+    with grpc_server({**stack_env, **CAPPED}, logdir / "grpc-capped.log") as target:
         yield target
-    finally:
-        procs.stop(proc)
 
 
 def test_backpressure_is_the_clients_backpressure_error(capped_target: str) -> None:

@@ -4,6 +4,7 @@ as a status (the server and the connection go on), the container healthcheck."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from apps.grpcapi import servicer, unserved
 from apps.grpcapi.proto import loomcycle_pb2 as pb
 from apps.grpcapi.proto import loomcycle_pb2_grpc as pb_grpc
-from apps.grpcapi.server import options
+from apps.grpcapi.server import build, options
 from tests.procs import ROOT, free_port
 
 SERVED = {
@@ -95,6 +96,19 @@ def test_keepalive_and_limits_come_from_settings(settings: object) -> None:
     assert opts["grpc.max_send_message_length"] == 64 * 1024 * 1024
     assert opts["grpc.keepalive_time_ms"] == 30_000 and opts["grpc.keepalive_timeout_ms"] == 10_000
     assert opts["grpc.http2.min_recv_ping_interval_without_data_ms"] == 10_000
+
+
+def test_a_second_server_on_a_port_in_use_fails_to_listen_instead_of_sharing_it() -> None:
+    async def two_on_one_port() -> None:
+        first, port, _ = await build("127.0.0.1:0")
+        await first.start()
+        try:
+            with pytest.raises((OSError, RuntimeError)):
+                await build(f"127.0.0.1:{port}")
+        finally:
+            await first.stop(None)
+
+    asyncio.run(two_on_one_port())
 
 
 def test_the_container_healthcheck_asks_grpc_health(grpc_target: str, stack_env: dict[str, str]) -> None:

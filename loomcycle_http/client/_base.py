@@ -222,6 +222,15 @@ class Reconnect:
             )
 
 
+def drop_wait(pace: Reconnect, cursor: Cursor, exc: Exception) -> float:
+    """The wait before re-attaching a followed stream that dropped with `exc`; ConnectionFailed once
+    the outage has outlasted the reconnect timeout (the sync and async followers' shared step)."""
+    try:
+        return pace.after_drop()
+    except StreamLost:
+        raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
+
+
 def run_body(agent: str, prompt: str | None, fields: dict[str, Any]) -> dict[str, Any]:
     """The POST /v1/runs body, with an agent_id made here when the caller gave none."""
     body: dict[str, Any] = {"agent": agent, **{k: v for k, v in fields.items() if v is not None}}

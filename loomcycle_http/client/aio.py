@@ -325,7 +325,7 @@ class Runs:
             except _DROPPED as exc:
                 if posting is not None and isinstance(exc, httpx.ConnectError):
                     raise ConnectionFailed(f"POST to {self._c.url} starting a run: {exc!r}") from exc
-                await asyncio.sleep(_drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
+                await asyncio.sleep(b.drop_wait(pace, cursor, exc))  # backoff, bounded by reconnect_timeout
                 continue
             await asyncio.sleep(pace.after_clean_close(cursor.last_seq > before))  # closed without an end
 
@@ -356,13 +356,6 @@ class Runs:
                 if cursor.finished:
                     return
                 pace.check(cursor)
-
-
-def _drop_wait(pace: b.Reconnect, cursor: b.Cursor, exc: Exception) -> float:
-    try:
-        return pace.after_drop()
-    except b.StreamLost:
-        raise ConnectionFailed(f"lost the stream of {cursor.run_id or cursor.agent_id}: {exc!r}") from exc
 
 
 __all__ = ["ApiError", "AsyncClient"]
